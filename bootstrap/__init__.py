@@ -1,0 +1,1 @@
+"""kiln's launcher: host lists, topology, SSH mesh and training runs across nodes."""

@@ -1,0 +1,129 @@
+"""One cluster session: hosts, ssh settings, facts, mesh, preflight and sync (I/O)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from bootstrap import commands, mesh, preflight
+from bootstrap.commands import SshOptions
+from bootstrap.errors import KilnError, RemoteError
+from bootstrap.hosts import Host
+from bootstrap.mesh import Node
+from bootstrap.ssh import HostFailure, Remote
+
+REMOTE_ROOT = "kiln"
+
+
+@dataclass
+class Cluster:
+    """The hosts of one cluster and how to reach them."""
+
+    name: str
+    hosts: list[Host]
+    remote: Remote
+    python: str
+    nodes: list[Node] = field(default_factory=list)
+
+    @classmethod
+    def connect(cls, name: str, hosts: Sequence[Host], options: SshOptions, *, python: str, fanout: int,
+                timeout: float, accept_new: bool = False) -> Cluster:
+        """Set up ssh for the cluster: its pinned known_hosts, trust on first use if asked."""
+        folder = mesh.cluster_dir(name)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pinned = folder / "known_hosts"
+        options = replace(options, known_hosts=(str(pinned),))
+        remote = Remote(options, fanout=fanout, timeout=timeout)
+        if accept_new:
+            first_contact = folder / "known_hosts.first-contact"
+            users = remote.user_known_hosts(hosts[0]) if hosts else ()
+            remote.options = replace(options, accept_new_into=str(first_contact), user_known_hosts=users)
+        return cls(name, list(hosts), remote, python)
+
+    def facts(self, hosts: Sequence[Host] | None = None, *, ports: Sequence[int] = (),
+              names: Sequence[str] = ()) -> tuple[dict[Host, dict], dict[Host, str]]:
+        """Facts from every host in one call each; (facts, unreachable reasons)."""
+        args = (",".join(map(str, ports)), ",".join(names))
+        return self.remote.map(hosts or self.hosts, lambda h: self.remote.node(h, self.python, "facts", *args))
+
+    def require_facts(self, step: str, **kwargs) -> list[Node]:
+        facts, failures = self.facts(**kwargs)
+        if failures:
+            raise RemoteError(step, {h.label: reason for h, reason in failures.items()})
+        self.nodes = mesh.nodes_from_facts(facts)
+        return self.nodes
+
+    def apply_mesh(self) -> dict[str, list[str]]:
+        """Authorize the cluster key on every node, pin every host key, make every
+        hostname resolve to its routable address. Returns what changed, per host."""
+        nodes = self.nodes or self.require_facts("mesh")
+        private_key, public_key = mesh.ensure_cluster_key(self.name)
+        payload = mesh.mesh_payload(self.name, nodes, private_key, public_key)
+        (mesh.cluster_dir(self.name) / "known_hosts").write_text(payload["known_hosts"])
+        text = json.dumps(payload)
+        by_host = {node.host: node for node in nodes}
+
+        def install(host: Host) -> list[str]:
+            if by_host[host].facts.get("uid") == 0:
+                return self.remote.node(host, self.python, "mesh", "ssh", "hosts", input=text)["changed"]
+            changed = self.remote.node(host, self.python, "mesh", "ssh", input=text)["changed"]
+            return changed + self.remote.node(host, self.python, "mesh", "hosts", input=text, sudo=True)["changed"]
+
+        changed = self.remote.map_or_raise("mesh", self.hosts, install)
+        return {host.label: files for host, files in changed.items()}
+
+    def verify_mesh(self) -> dict[str, str]:
+        """Each node reaches the next one (a ring) by name over the cluster key with
+        host keys checked; returns failures by host."""
+        nodes = self.nodes
+        if len(nodes) < 2:
+            return {}
+        following = {node.host: nodes[(i + 1) % len(nodes)] for i, node in enumerate(nodes)}
+
+        def reach(host: Host) -> None:
+            target = following[host].name
+            got = self.remote.check(host, shlex.join(["ssh", "-o", "BatchMode=yes", target, "hostname"]),
+                                    timeout=30).strip()
+            if got != target:
+                raise HostFailure(f"ssh {target} answered {got!r}")
+
+        _, failures = self.remote.map(self.hosts, reach)
+        return {host.label: f"to {following[host].name}: {reason}" for host, reason in failures.items()}
+
+    def preflight(self, ports: Sequence[int] = (), mesh_check: bool = True) -> tuple[str, bool]:
+        """Run every check; (table, all passed)."""
+        facts, unreachable = self.facts(ports=ports, names=[])
+        if facts:
+            first = mesh.nodes_from_facts(facts)
+            names = [node.name for node in first]
+            facts, more = self.facts(list(facts), ports=ports, names=names)
+            unreachable.update(more)
+        findings: list[preflight.Finding] = []
+        try:
+            self.nodes = mesh.nodes_from_facts(facts)
+        except KilnError as error:
+            raise KilnError(f"preflight: {error}") from None
+        findings += preflight.check_nodes(self.nodes, ports=ports)
+        if mesh_check and not unreachable:
+            findings += [preflight.Finding(h, "mesh", reason) for h, reason in self.verify_mesh().items()]
+        labels = [h.label for h in self.hosts]
+        table = preflight.format_table(labels, findings, {h.label: r for h, r in unreachable.items()})
+        return table, not findings and not unreachable
+
+    def sync(self, source: str, destination: str) -> None:
+        """Mirror the code folder to the same path on every node."""
+        def push(host: Host) -> None:
+            self.remote.rsync(host, commands.rsync_push_argv(source, host, destination, self.remote.options))
+
+        self.remote.map_or_raise("sync", self.hosts, push)
+
+    def home(self, host: Host) -> str:
+        for node in self.nodes:
+            if node.host == host:
+                return node.facts["home"]
+        raise KilnError(f"no facts for {host.label}")
+
+    def remote_root(self, host: Host) -> str:
+        return f"{self.home(host)}/{REMOTE_ROOT}"

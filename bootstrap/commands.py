@@ -1,0 +1,139 @@
+"""argv builders: ssh, rsync, horovodrun, the trainer and detached launches (pure)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bootstrap.hosts import Host
+
+SYNC_EXCLUDES = (".git/", ".venv/", "runs/", ".kiln/", "__pycache__/", "*.pyc", ".pytest_cache/", ".ruff_cache/")
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How every ssh and rsync call reaches the nodes.
+
+    `known_hosts` are the pinned files (consulted besides the user's own);
+    `accept_new_into` switches on trust-on-first-use, recording into that file.
+    """
+
+    config_file: str | None = None
+    identity: str | None = None
+    known_hosts: tuple[str, ...] = ()
+    accept_new_into: str | None = None
+    user_known_hosts: tuple[str, ...] = ()
+    connect_timeout: int = 10
+    control_path: str | None = None
+    control_persist: int = 60
+
+
+def ssh_option_args(options: SshOptions) -> list[str]:
+    """Options shared by every connection. Host keys are always checked."""
+    args = []
+    if options.config_file:
+        args += ["-F", options.config_file]
+    if options.identity:
+        args += ["-i", options.identity, "-o", "IdentitiesOnly=yes"]
+    args += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={options.connect_timeout}"]
+    args += ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+    if options.known_hosts:
+        args += ["-o", "GlobalKnownHostsFile=" + " ".join((*options.known_hosts, "/etc/ssh/ssh_known_hosts"))]
+    if options.accept_new_into:
+        files = (options.accept_new_into, *options.user_known_hosts)
+        args += ["-o", "UserKnownHostsFile=" + " ".join(files), "-o", "StrictHostKeyChecking=accept-new"]
+    else:
+        args += ["-o", "StrictHostKeyChecking=yes"]
+    if options.control_path:
+        args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={options.control_path}"]
+        args += ["-o", f"ControlPersist={options.control_persist}"]
+    return args
+
+
+def host_args(host: Host) -> list[str]:
+    """`-l user -p port` where the host list gave them; ssh config fills the rest."""
+    args = []
+    if host.user:
+        args += ["-l", host.user]
+    if host.port:
+        args += ["-p", str(host.port)]
+    return args
+
+
+def ssh_argv(host: Host, remote_command: str, options: SshOptions) -> list[str]:
+    """Run one shell command string on `host`."""
+    return ["ssh", *ssh_option_args(options), *host_args(host), "--", host.address, remote_command]
+
+
+def control_argv(host: Host, operation: str, options: SshOptions) -> list[str]:
+    """`ssh -O check|exit` on the shared connection to `host`."""
+    return ["ssh", *ssh_option_args(options), *host_args(host), "-O", operation, host.address]
+
+
+def remote_command(argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None) -> str:
+    """The string that crosses SSH: optional `cd`, environment, and a remote-side
+    timeout so a command outlives no dropped connection."""
+    parts = list(argv)
+    if env:
+        parts = ["env", *(f"{key}={value}" for key, value in env.items()), *parts]
+    if timeout:
+        parts = ["timeout", "-k", "5", f"{timeout:g}", *parts]
+    command = shlex.join(parts)
+    return f"cd {shlex.quote(cwd)} && {command}" if cwd else command
+
+
+def rsync_target(host: Host, path: str) -> str:
+    address = f"[{host.address}]" if host.is_ipv6 else host.address
+    return f"{address}:{path}"
+
+
+def rsync_ssh_command(host: Host, options: SshOptions) -> str:
+    return shlex.join(["ssh", *ssh_option_args(options), *host_args(host)])
+
+
+def rsync_push_argv(source_dir: str, host: Host, dest_dir: str, options: SshOptions,
+                    excludes: Sequence[str] = SYNC_EXCLUDES, timeout: int = 60) -> list[str]:
+    """Mirror `source_dir` to `dest_dir` on `host` (deleting what is gone here)."""
+    excluded = [f"--exclude={pattern}" for pattern in excludes]
+    return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath", *excluded,
+            "-e", rsync_ssh_command(host, options), source_dir.rstrip("/") + "/",
+            rsync_target(host, dest_dir.rstrip("/") + "/")]
+
+
+def rsync_pull_argv(host: Host, source_dir: str, dest_dir: str, options: SshOptions, timeout: int = 60) -> list[str]:
+    """Copy `source_dir` from `host` into the local `dest_dir`."""
+    return ["rsync", "-a", f"--timeout={timeout}", "--mkpath", "-e", rsync_ssh_command(host, options),
+            rsync_target(host, source_dir.rstrip("/") + "/"), dest_dir.rstrip("/") + "/"]
+
+
+def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, extra: Sequence[str] = ()) -> list[str]:
+    """The default entry point: kiln's reference trainer."""
+    return [python, "-m", "trainer", "--strategy", strategy, "--run-dir", run_dir, "--model-dir", model_dir, *extra]
+
+
+def horovodrun_argv(horovodrun: str, *, processes: int, hostfile: str, entry: Sequence[str], nic: str | None,
+                    mpi: bool = False, output_dir: str | None = None, start_timeout: int = 60) -> list[str]:
+    """One horovodrun over a generated hostfile; Gloo unless `mpi`."""
+    argv = [horovodrun, "-np", str(processes), "--hostfile", hostfile, "--mpi" if mpi else "--gloo",
+            "--start-timeout", str(start_timeout)]
+    if nic:
+        argv += ["--network-interfaces", nic]
+    if output_dir:
+        argv += ["--output-filename", output_dir]
+    return [*argv, *entry]
+
+
+def detached_command(argv: Sequence[str], *, cwd: str, run_dir: str, task: str, env: Mapping[str, str]) -> str:
+    """Start `argv` in its own session so it outlives the SSH connection.
+
+    It leaves `<task>.pid` (its process group), `<task>.log` and, when it ends,
+    `<task>.exit` holding the exit status.
+    """
+    run = shlex.quote(run_dir)
+    pid, log, status = (shlex.quote(f"{run_dir}/{task}.{suffix}") for suffix in ("pid", "log", "exit"))
+    inner = (f"echo $$ > {pid}; cd {shlex.quote(cwd)} && "
+             f"{remote_command(argv, env=env)} > {log} 2>&1; "
+             f"echo $? > {status}.tmp && mv {status}.tmp {status}")
+    return f"mkdir -p {run} && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"

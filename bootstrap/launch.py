@@ -1,0 +1,222 @@
+"""Launch plans (pure) and their execution: start, watch, stop, collect."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from bootstrap import commands, topology
+from bootstrap.errors import RemoteError, RunFailed, UsageError
+from bootstrap.hosts import Host
+
+MODES = ("horovod", "tf-config")
+HOROVOD_TASK = "horovodrun"
+_HOROVOD_FAILED_RANK = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process to start: on which host (index), under which task name, how."""
+
+    host: int
+    task: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    files: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a run starts, decided before anything is started."""
+
+    run_id: str
+    mode: str
+    names: tuple[str, ...]
+    launches: tuple[Launch, ...]
+    finishing: tuple[str, ...]
+    rank_hosts: tuple[str, ...] = ()
+
+    def tasks_on(self, host: int) -> list[str]:
+        return [launch.task for launch in self.launches if launch.host == host]
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where a run lives on a node (the same on every node: same user, same home)."""
+
+    root: str
+
+    @property
+    def code(self) -> str:
+        return f"{self.root}/code"
+
+    def run(self, run_id: str) -> str:
+        return f"{self.root}/runs/{run_id}"
+
+
+def process_env(run_id: str, python: str, paths: NodePaths) -> dict[str, str]:
+    """What every training process gets: its run id (to find and stop it), the
+    synced code on PYTHONPATH, legacy Keras, and kiln's ssh shim first on PATH."""
+    python_bin = str(PurePosixPath(python).parent)
+    return {
+        "KILN_RUN_ID": run_id,
+        "PYTHONPATH": paths.code,
+        "PYTHONUNBUFFERED": "1",
+        "TF_USE_LEGACY_KERAS": "1",
+        "PATH": f"{paths.code}/bootstrap/shim:{python_bin}:{SYSTEM_PATH}",
+    }
+
+
+def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
+                 trainer_args: Sequence[str], nic: str | None, mpi: bool = False) -> RunPlan:
+    """One horovodrun on the first node over a generated hostfile."""
+    run_dir = paths.run(run_id)
+    entry = commands.trainer_argv(python, "horovod", run_dir=run_dir, model_dir=f"{run_dir}/model",
+                                  extra=trainer_args)
+    horovodrun = str(PurePosixPath(python).parent / "horovodrun")
+    argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=f"{run_dir}/hostfile", entry=entry,
+                                    nic=nic, mpi=mpi, output_dir=f"{run_dir}/ranks")
+    launch = Launch(0, HOROVOD_TASK, tuple(argv), process_env(run_id, python, paths),
+                    {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)})
+    return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),
+                   tuple(topology.horovod_rank_hosts(names, slots)))
+
+
+def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: NodePaths,
+                   trainer_args: Sequence[str]) -> RunPlan:
+    """One process per role, each with its own TF_CONFIG."""
+    strategy = "ps" if any(p.role == "ps" for p in topo.processes) else "multiworker"
+    run_dir = paths.run(run_id)
+    launches = []
+    for process in topo.processes:
+        env = {**process_env(run_id, python, paths),
+               "TF_CONFIG": json.dumps(topology.tf_config(topo, process), separators=(",", ":"))}
+        argv = commands.trainer_argv(python, strategy, run_dir=run_dir, model_dir=f"{run_dir}/model",
+                                     extra=trainer_args)
+        launches.append(Launch(process.host, process.task, tuple(argv), env))
+    finishing = tuple(p.task for p in topology.finishing_tasks(topo))
+    return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing)
+
+
+def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
+    """The shell command that writes the launch's files and starts it detached."""
+    run_dir = paths.run(run_id)
+    writes = "".join(f"printf %s {shlex.quote(text)} > {shlex.quote(path)} && " for path, text in launch.files.items())
+    start = commands.detached_command(launch.argv, cwd=paths.code, run_dir=run_dir, task=launch.task, env=launch.env)
+    return f"mkdir -p {shlex.quote(run_dir)} && {writes}{start}"
+
+
+def describe_plan(plan: RunPlan, hosts: Sequence[Host]) -> str:
+    """The plan as a person reads it (`--dry-run`)."""
+    lines = [f"run {plan.run_id}: mode {plan.mode}, {len(hosts)} host(s)"]
+    for launch in plan.launches:
+        lines.append(f"[{hosts[launch.host].label} as {plan.names[launch.host]}] {launch.task}")
+        for key, value in launch.env.items():
+            if key in ("TF_CONFIG", "KILN_RUN_ID"):
+                lines.append(f"    {key}={value}")
+        lines.append("    " + shlex.join(launch.argv))
+        for path, text in launch.files.items():
+            lines.append(f"    file {path}:")
+            lines += [f"      {line}" for line in text.splitlines()]
+    if plan.rank_hosts:
+        lines.append("ranks: " + ", ".join(f"{rank}={host}" for rank, host in enumerate(plan.rank_hosts)))
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where a run stands after one look at every process."""
+
+    done: bool
+    failed: tuple[tuple[str, str, int | None], ...] = ()   # (host, task, exit code or None if lost)
+
+
+def judge(plan: RunPlan, states: Mapping[int, Mapping[str, dict]]) -> Verdict:
+    """Decide from per-host task states: failed if any process exited non-zero or
+    vanished; done once every finishing process exited 0 (pure)."""
+    failed = []
+    finished = set()
+    for launch in plan.launches:
+        state = states.get(launch.host, {}).get(launch.task, {"state": "starting"})
+        host = plan.names[launch.host]
+        if state["state"] == "exited":
+            if state["code"] != 0:
+                failed.append((host, launch.task, state["code"]))
+            else:
+                finished.add(launch.task)
+                if launch.task not in plan.finishing:
+                    failed.append((host, launch.task, 0))
+        elif state["state"] == "lost":
+            failed.append((host, launch.task, None))
+    if failed:
+        return Verdict(True, tuple(failed))
+    return Verdict(set(plan.finishing) <= finished)
+
+
+def horovod_failed_host(plan: RunPlan, log_text: str) -> tuple[int, str] | None:
+    """The rank horovodrun names as the first to fail, and its host."""
+    match = _HOROVOD_FAILED_RANK.search(log_text)
+    if not match or not plan.rank_hosts:
+        return None
+    rank = int(match.group(1))
+    return rank, plan.rank_hosts[rank] if rank < len(plan.rank_hosts) else "?"
+
+
+def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> str:
+    parts = []
+    for host, task, code in verdict.failed:
+        what = "vanished without an exit code" if code is None else (
+            "exited 0 before the run was done" if code == 0 else f"exited with status {code}")
+        parts.append(f"{task} on {host} {what}")
+    culprit = horovod_failed_host(plan, horovod_log)
+    if culprit:
+        parts.append(f"rank {culprit[0]} on {culprit[1]} failed first")
+    return "; ".join(parts)
+
+
+class Watch:
+    """Poll every host's processes until the run is done, failed, or out of time."""
+
+    def __init__(self, cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 2.0):
+        self.cluster, self.plan, self.paths, self.interval = cluster, plan, paths, interval
+
+    def states(self) -> dict[int, dict[str, dict]]:
+        hosts = self.cluster.hosts
+        wanted = {i: self.plan.tasks_on(i) for i in range(len(hosts)) if self.plan.tasks_on(i)}
+        run_dir = self.paths.run(self.plan.run_id)
+
+        def look(host: Host) -> dict:
+            return self.cluster.remote.node(host, self.cluster.python, "status", run_dir,
+                                            *wanted[hosts.index(host)], timeout=30)
+
+        results, failures = self.cluster.remote.map([hosts[i] for i in wanted], look)
+        if failures:
+            raise RemoteError("status", {h.label: r for h, r in failures.items()})
+        return {hosts.index(h): states for h, states in results.items()}
+
+    def until_done(self, timeout: float, on_poll=None) -> Verdict:
+        deadline = time.monotonic() + timeout
+        while True:
+            verdict = judge(self.plan, self.states())
+            if on_poll:
+                on_poll(verdict)
+            if verdict.done:
+                return verdict
+            if time.monotonic() > deadline:
+                raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
+            time.sleep(self.interval)
+
+
+def validate_mode(mode: str, *, ps: int, evaluator: bool, mpi: bool) -> None:
+    if mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "horovod" and (ps or evaluator):
+        raise UsageError("--ps and --evaluator belong to --mode tf-config")
+    if mode == "tf-config" and mpi:
+        raise UsageError("--mpi belongs to --mode horovod")

@@ -1,0 +1,138 @@
+"""Per-cluster keys, pinned host keys and the node-to-node SSH mesh."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+
+
+@dataclass(frozen=True)
+class Node:
+    """A host as the cluster sees it: its hostname, routable address and facts."""
+
+    host: Host
+    name: str
+    address: str
+    iface: str
+    facts: dict
+
+
+def kiln_home() -> Path:
+    return Path(os.environ.get("KILN_HOME", Path.home() / ".kiln"))
+
+
+def default_cluster_name(hosts: Sequence[Host], ssh_config: str | None) -> str:
+    """A stable name for an unnamed cluster, from its host list and ssh config."""
+    identity = "\n".join([ssh_config or "", *(h.endpoint() for h in hosts)])
+    return "h-" + hashlib.sha256(identity.encode()).hexdigest()[:10]
+
+
+def validate_cluster_name(name: str) -> str:
+    if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or len(name) > 40:
+        raise UsageError(f"cluster name {name!r}: use letters, digits, '-' and '_' (at most 40)")
+    return name
+
+
+def cluster_dir(cluster: str) -> Path:
+    return kiln_home() / "clusters" / cluster
+
+
+def ensure_cluster_key(cluster: str) -> tuple[str, str]:
+    """The cluster's own ed25519 key pair, made once; (private key text, public key line)."""
+    folder = cluster_dir(cluster)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = folder / "id_ed25519"
+    if not key.exists():
+        try:
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-{cluster}", "-f", str(key)],
+                           check=True, capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise KilnError(f"could not generate the cluster key in {folder}: {error}") from None
+    public = (folder / "id_ed25519.pub").read_text().strip()
+    return key.read_text(), public
+
+
+def choose_address(facts: dict) -> tuple[str, str]:
+    """The node's cluster address and interface: the one the operator reached if
+    the node owns it, else its first private (then any) global IPv4 address."""
+    addresses = facts.get("addresses", [])
+    connection = (facts.get("ssh_connection") or "").split()
+    if len(connection) >= 3:
+        for entry in addresses:
+            if entry["address"] == connection[2]:
+                return entry["address"], entry["iface"]
+    ipv4 = [e for e in addresses if ":" not in e["address"]]
+    ranked = sorted(ipv4, key=lambda e: not ipaddress.ip_address(e["address"]).is_private)
+    if not ranked:
+        raise KilnError("no global IPv4 address on the node")
+    return ranked[0]["address"], ranked[0]["iface"]
+
+
+def nodes_from_facts(facts_by_host: dict[Host, dict]) -> list[Node]:
+    """Node records in host-list order; hostnames must be unique."""
+    nodes = []
+    seen: dict[str, Host] = {}
+    for host, facts in facts_by_host.items():
+        name = facts["hostname"]
+        if name in seen:
+            raise KilnError(f"{host.label} and {seen[name].label} both have the hostname {name!r}: "
+                            "every node needs its own hostname")
+        seen[name] = host
+        try:
+            address, iface = choose_address(facts)
+        except KilnError as error:
+            raise KilnError(f"{host.label}: {error}") from None
+        nodes.append(Node(host, name, address, iface, facts))
+    return nodes
+
+
+def known_hosts_text(nodes: Sequence[Node]) -> str:
+    """Every node's host keys under its hostname, its address, and the name the operator uses."""
+    lines = []
+    for node in nodes:
+        names = dict.fromkeys([node.name, node.address, node.host.address])
+        patterns = ",".join(f"[{n}]:{node.host.port}" if node.host.port and node.host.port != 22 else n
+                            for n in names)
+        lines += [f"{patterns} {key}\n" for key in node.facts["host_keys"]]
+    return "".join(lines)
+
+
+def node_ssh_config(cluster: str, nodes: Sequence[Node]) -> str:
+    """The ssh config every node includes: the cluster key and pinned keys for cluster names only."""
+    base = f"~/.ssh/kiln/{cluster}"
+    blocks = []
+    for node in nodes:
+        extra = "".join([f"  Port {node.host.port}\n" if node.host.port else "",
+                         f"  User {node.host.user}\n" if node.host.user else ""])
+        if extra:
+            blocks.append(f"Host {node.name} {node.address}\n{extra}")
+    names = " ".join(f"{n.name} {n.address}" for n in nodes)
+    blocks.append(
+        f"Host {names}\n"
+        f"  IdentityFile {base}/id_ed25519\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {base}/known_hosts\n"
+        "  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+        "  ConnectTimeout 10\n"
+    )
+    return f"# kiln cluster {cluster}: written by `fab cluster.mesh`\n" + "".join(blocks)
+
+
+def mesh_payload(cluster: str, nodes: Sequence[Node], private_key: str, public_key: str) -> dict:
+    return {
+        "cluster": cluster,
+        "private_key": private_key,
+        "public_key": public_key,
+        "known_hosts": known_hosts_text(nodes),
+        "ssh_config": node_ssh_config(cluster, nodes),
+        "hosts": [[node.address, node.name] for node in nodes],
+    }

@@ -1,0 +1,264 @@
+"""The node side of the launcher: sent as `python -c <this file> VERB ...`.
+
+Standard library only, no kiln imports: it runs on nodes before any code is
+synced. Each verb prints one JSON object on stdout.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HOSTS_FILE = "/etc/hosts"
+
+
+def facts(ports, names):
+    """What the launcher needs to know about this node, gathered in one go."""
+    hostname = socket.gethostname()
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover - Python < 3.8
+        metadata = None
+    packages = {}
+    for name in ("tensorflow", "tf-keras", "horovod"):
+        try:
+            packages[name] = metadata.version(name) if metadata else None
+        except Exception:
+            packages[name] = None
+    return {
+        "hostname": hostname,
+        "uid": os.getuid(),
+        "home": os.path.expanduser("~"),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "ssh_connection": os.environ.get("SSH_CONNECTION", ""),
+        "packages": packages,
+        "addresses": addresses(),
+        "host_keys": host_keys(),
+        "resolve": {name: resolve(name) for name in [hostname, *names]},
+        "ports": {str(port): port_free(port) for port in ports},
+    }
+
+
+def addresses():
+    try:
+        out = subprocess.run(["ip", "-j", "addr", "show", "scope", "global"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    result = []
+    for link in json.loads(out or "[]"):
+        for info in link.get("addr_info", []):
+            if info.get("family") in ("inet", "inet6"):
+                result.append({"iface": link["ifname"], "address": info["local"], "prefix": info["prefixlen"]})
+    return result
+
+
+def host_keys():
+    keys = []
+    for name in sorted(os.listdir("/etc/ssh")) if os.path.isdir("/etc/ssh") else []:
+        if name.startswith("ssh_host_") and name.endswith("_key.pub"):
+            with open(os.path.join("/etc/ssh", name)) as handle:
+                fields = handle.read().split()
+            if len(fields) >= 2:
+                keys.append(f"{fields[0]} {fields[1]}")
+    return keys
+
+
+def resolve(name):
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror:
+        return []
+    return sorted({info[4][0] for info in infos})
+
+
+def port_free(port):
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_if_changed(path, text, mode=0o600):
+    """Write `text` to `path` unless it already holds it; True if it changed."""
+    try:
+        with open(path) as handle:
+            if handle.read() == text and (os.stat(path).st_mode & 0o777) == mode:
+                return False
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.kiln-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True
+
+
+def replace_block(text, marker, block):
+    """Put `block` between BEGIN/END lines of `marker` at the top of `text`."""
+    begin, end = f"# BEGIN {marker}\n", f"# END {marker}\n"
+    lines = text.splitlines(keepends=True)
+    if begin in lines and end in lines:
+        del lines[lines.index(begin) : lines.index(end) + 1]
+    return begin + block + end + "".join(lines)
+
+
+def hosts_text(text, marker, entries):
+    """/etc/hosts with kiln's block on top and any other line that maps one of
+    the cluster's names to a different address commented out, so every name
+    resolves to its routable address only."""
+    names = {name: address for address, name in entries}
+    kept = []
+    for line in text.splitlines(keepends=True):
+        fields = line.split("#", 1)[0].split()
+        clash = fields and any(names.get(name, fields[0]) != fields[0] for name in fields[1:])
+        kept.append(f"# {marker}: {line}" if clash else line)
+    block = "".join(f"{address} {name}\n" for address, name in entries)
+    return replace_block("".join(kept), marker, block)
+
+
+def mesh(payload, parts):
+    """Install the cluster key, pinned known_hosts and ssh config ("ssh", as the
+    login user) and the cluster's names in /etc/hosts ("hosts", as root)."""
+    changed = []
+    if "ssh" in parts:
+        changed += mesh_ssh(payload)
+    if "hosts" in parts:
+        entries = [tuple(entry) for entry in payload["hosts"]]
+        with open(HOSTS_FILE) as handle:
+            current = handle.read()
+        wanted = hosts_text(current, f"kiln {payload['cluster']}", entries)
+        if wanted != current:
+            with open(HOSTS_FILE, "w") as handle:  # in place: /etc/hosts may be a bind mount
+                handle.write(wanted)
+            changed.append(HOSTS_FILE)
+    return {"changed": changed}
+
+
+def mesh_ssh(payload):
+    cluster = payload["cluster"]
+    ssh_dir = os.path.expanduser("~/.ssh")
+    os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
+    base = os.path.join(ssh_dir, "kiln", cluster)
+    for folder in (os.path.dirname(base), base):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    changed = []
+    files = {
+        "id_ed25519": payload["private_key"],
+        "id_ed25519.pub": payload["public_key"] + "\n",
+        "known_hosts": payload["known_hosts"],
+        "config": payload["ssh_config"],
+    }
+    for name, text in files.items():
+        if write_if_changed(os.path.join(base, name), text):
+            changed.append(f"~/.ssh/kiln/{cluster}/{name}")
+    config = os.path.join(ssh_dir, "config")
+    current = read_text(config)
+    if write_if_changed(config, replace_block(current, f"kiln {cluster}", f"Include {base}/config\n")):
+        changed.append("~/.ssh/config")
+    authorized = os.path.join(ssh_dir, "authorized_keys")
+    current = read_text(authorized)
+    line = payload["public_key"] + "\n"
+    if line not in current.splitlines(keepends=True):
+        if current and not current.endswith("\n"):
+            current += "\n"
+        write_if_changed(authorized, current + line)
+        changed.append("~/.ssh/authorized_keys")
+    return changed
+
+
+def read_text(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+def run_processes(run_id):
+    """Processes of this run on this machine, found by the KILN_RUN_ID they carry."""
+    needle = f"KILN_RUN_ID={run_id}".encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle in handle.read() + b"\0":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def stop(run_id, grace):
+    """TERM every process of the run, KILL what is left after `grace` seconds."""
+    pids = run_processes(run_id)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and run_processes(run_id):
+            time.sleep(0.1)
+        pids = run_processes(run_id)
+        if not pids:
+            break
+    return {"left": run_processes(run_id)}
+
+
+def status(run_dir, tasks):
+    """For each task: running, exited with its code, or lost (gone without a code)."""
+    result = {}
+    for task in tasks:
+        path = os.path.join(run_dir, task)
+        try:
+            with open(f"{path}.exit") as handle:
+                result[task] = {"state": "exited", "code": int(handle.read().strip() or -1)}
+                continue
+        except FileNotFoundError:
+            pass
+        try:
+            with open(f"{path}.pid") as handle:
+                pid = int(handle.read().strip())
+            os.kill(pid, 0)
+            result[task] = {"state": "running", "pid": pid}
+        except (FileNotFoundError, ValueError):
+            result[task] = {"state": "starting"}
+        except ProcessLookupError:
+            result[task] = {"state": "lost"}
+    return result
+
+
+def main(argv):
+    verb, args = argv[0], argv[1:]
+    if verb == "facts":
+        ports = [int(p) for p in args[0].split(",") if p] if args else []
+        names = [n for n in args[1].split(",") if n] if len(args) > 1 else []
+        result = facts(ports, names)
+    elif verb == "mesh":
+        result = mesh(json.load(sys.stdin), args or ["ssh", "hosts"])
+    elif verb == "stop":
+        result = stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
+    elif verb == "status":
+        result = status(args[0], args[1:])
+    else:
+        raise SystemExit(f"unknown verb {verb!r}")
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,105 @@
+"""Preflight: judge what the nodes reported before anything is started (pure)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bootstrap.mesh import Node
+
+CHECKS = ("reach", "hostname", "resolve", "versions", "ports", "mesh")
+VERSIONED = ("python", "tensorflow", "tf-keras", "horovod")
+
+
+@dataclass(frozen=True)
+class Finding:
+    host: str
+    check: str
+    problem: str
+
+
+def versions_of(facts: dict) -> dict[str, str | None]:
+    return {"python": facts.get("python"), **{k: facts.get("packages", {}).get(k) for k in VERSIONED[1:]}}
+
+
+def check_nodes(nodes: Sequence[Node], *, ports: Sequence[int] = (), required: Sequence[str] = ("tensorflow",),
+                ) -> list[Finding]:
+    """Every problem found in the facts: duplicate or loopback-bound hostnames,
+    names that don't resolve to the node's address, mismatched versions, busy ports."""
+    findings: list[Finding] = []
+    by_name: dict[str, list[Node]] = {}
+    for node in nodes:
+        by_name.setdefault(node.name, []).append(node)
+    for name, same in by_name.items():
+        if len(same) > 1:
+            for node in same:
+                findings.append(Finding(node.host.label, "hostname", f"hostname {name!r} is not unique"))
+    for node in nodes:
+        findings += _resolution(node, nodes)
+        findings += [Finding(node.host.label, "ports", f"port {port} is in use")
+                     for port in ports if not node.facts.get("ports", {}).get(str(port), True)]
+    findings += _versions(nodes, required)
+    return findings
+
+
+def _resolution(node: Node, nodes: Sequence[Node]) -> list[Finding]:
+    found = []
+    resolved = node.facts.get("resolve", {})
+    own = resolved.get(node.name, [])
+    loopback = [a for a in own if ipaddress.ip_address(a.split("%")[0]).is_loopback]
+    if not own:
+        found.append(Finding(node.host.label, "resolve", f"own hostname {node.name!r} does not resolve"))
+    elif loopback:
+        found.append(Finding(node.host.label, "resolve",
+                             f"own hostname {node.name!r} resolves to loopback {', '.join(loopback)} "
+                             "(Gloo would bind there); run cluster.mesh"))
+    for other in nodes:
+        if other is node or other.name not in resolved:
+            continue
+        addresses = resolved[other.name]
+        if addresses != [other.address]:
+            shown = ", ".join(addresses) or "nothing"
+            found.append(Finding(node.host.label, "resolve",
+                                 f"{other.name!r} resolves to {shown}, expected {other.address}"))
+    return found
+
+
+def _versions(nodes: Sequence[Node], required: Sequence[str]) -> list[Finding]:
+    found = []
+    for node in nodes:
+        for package in required:
+            if not versions_of(node.facts).get(package):
+                found.append(Finding(node.host.label, "versions",
+                                     f"{package} is not installed for {node.facts.get('executable')}"))
+    if not nodes:
+        return found
+    reference = versions_of(nodes[0].facts)
+    for node in nodes[1:]:
+        mine = versions_of(node.facts)
+        for key in VERSIONED:
+            if mine[key] != reference[key]:
+                found.append(Finding(node.host.label, "versions",
+                                     f"{key} {mine[key] or 'missing'} differs from {reference[key] or 'missing'} "
+                                     f"on {nodes[0].host.label}"))
+    return found
+
+
+def format_table(hosts: Sequence[str], findings: Sequence[Finding], unreachable: Mapping[str, str]) -> str:
+    """A per-host table of checks (ok / FAIL), then what failed, host by host."""
+    failed = {(f.host, f.check) for f in findings} | {(h, "reach") for h in unreachable}
+    width = max([len("host"), *(len(h) for h in hosts)])
+    lines = ["  ".join(["host".ljust(width), *(c.ljust(8) for c in CHECKS)]).rstrip()]
+    for host in hosts:
+        cells = []
+        for check in CHECKS:
+            if host in unreachable and check != "reach":
+                cells.append("-".ljust(8))
+            else:
+                cells.append(("FAIL" if (host, check) in failed else "ok").ljust(8))
+        lines.append("  ".join([host.ljust(width), *cells]).rstrip())
+    problems = [f"{h}: reach: {reason}" for h, reason in unreachable.items()]
+    problems += [f"{f.host}: {f.check}: {f.problem}" for f in findings]
+    if problems:
+        lines += ["", *problems]
+    return "\n".join(lines)

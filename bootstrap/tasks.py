@@ -1,0 +1,388 @@
+"""Fabric tasks `cluster.*`: thin wrappers that parse, plan, then execute."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fabric import task
+from invoke.exceptions import Exit
+
+from bootstrap import commands, launch, mesh, runs, topology
+from bootstrap import hosts as hostlists
+from bootstrap.cluster import REMOTE_ROOT, Cluster
+from bootstrap.commands import SshOptions
+from bootstrap.errors import KilnError, RemoteError, RunFailed, UsageError
+from bootstrap.hosts import Host
+
+HOST_HELP = {
+    "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
+    "cluster": "the cluster's name; its key and pinned host keys live in ~/.kiln/clusters/NAME",
+    "slots": "processes per host for hosts given with -H (default 1)",
+    "python": "the Python on the nodes with TensorFlow and Horovod (default: this Python's path)",
+    "fanout": "talk to at most this many hosts at once (default 64)",
+    "accept_new_host_keys": "trust and record host keys seen for the first time (default: refuse unknown keys)",
+    "dry_run": "print the plan and change nothing",
+}
+
+
+def cluster_task(**task_kwargs):
+    """A task that runs once over all hosts (see bootstrap.executor) and turns
+    kiln's errors into a message and exit code, without a traceback."""
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(c, *args, **kwargs):
+            try:
+                return function(c, *args, **kwargs)
+            except KilnError as error:
+                raise Exit(f"kiln: {error}", code=error.exit_code) from None
+
+        made = task(**task_kwargs)(wrapper)
+        made.kiln_cluster = True
+        return made
+    return decorate
+
+
+def host_list(c, hostfile: str | None, slots: int | None) -> list[Host]:
+    given = c.config.get("kiln_hosts")
+    if given and hostfile:
+        raise UsageError("give hosts either with -H or with --hostfile, not both")
+    if hostfile:
+        try:
+            text = Path(hostfile).read_text()
+        except OSError as error:
+            raise UsageError(f"cannot read hostfile {hostfile}: {error.strerror}") from None
+        found = hostlists.parse_hostfile(text, source=hostfile)
+        return hostlists.with_slots(found, slots) if slots else found
+    if not given:
+        raise UsageError("no hosts: give them with -H h1,h2,... or --hostfile FILE")
+    return hostlists.with_slots(hostlists.parse_host_list(given), slots or 1)
+
+
+def ssh_options(c) -> SshOptions:
+    """Fabric's own flags: -S ssh config, -i identity, -t connect timeout."""
+    config = c.config
+    key = config.connect_kwargs.get("key_filename")
+    if isinstance(key, (list, tuple)):
+        key = key[0] if key else None
+    ssh_config = config.get("ssh_config_path") or getattr(config, "_runtime_ssh_path", None)
+    timeout = config.connect_kwargs.get("timeout") or config.timeouts.connect or 10
+    return SshOptions(config_file=ssh_config or None, identity=key, connect_timeout=int(timeout))
+
+
+def open_cluster(c, hosts: list[Host], *, cluster: str | None, python: str | None, fanout: int,
+                 accept_new_host_keys: bool = False) -> Cluster:
+    options = ssh_options(c)
+    name = mesh.validate_cluster_name(cluster) if cluster else mesh.default_cluster_name(hosts, options.config_file)
+    return Cluster.connect(name, hosts, options, python=python or sys.executable, fanout=fanout,
+                           timeout=float(c.config.timeouts.command or 300), accept_new=accept_new_host_keys)
+
+
+def print_changes(changed: dict[str, list[str]]) -> None:
+    for host, files in changed.items():
+        print(f"{host}: {'changed ' + ', '.join(files) if files else 'ok (nothing to change)'}")
+
+
+@cluster_task(name="mesh", help=HOST_HELP)
+def mesh_(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, accept_new_host_keys=False,
+          dry_run=False):
+    """Set up passwordless SSH between all nodes with a per-cluster key and pinned host keys."""
+    hosts = host_list(c, hostfile, slots)
+    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
+                         accept_new_host_keys=accept_new_host_keys)
+    if dry_run:
+        print(f"cluster {group.name}: key {mesh.cluster_dir(group.name)}/id_ed25519 (made if missing)")
+        print("on every node: ~/.ssh/kiln/<cluster>/{id_ed25519,known_hosts,config}, an Include in ~/.ssh/config,")
+        print("the key in ~/.ssh/authorized_keys, and every node's name in /etc/hosts")
+        print("hosts: " + ", ".join(h.label for h in hosts))
+        return
+    group.require_facts("mesh")
+    print_changes(group.apply_mesh())
+
+
+@cluster_task(help={**HOST_HELP, "ports": "comma-separated ports that must be free on every node",
+                    "ring": "also check that every node reaches the next one by name (default on)"})
+def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ports="", ring=True,
+          accept_new_host_keys=False, dry_run=False):
+    """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh."""
+    hosts = host_list(c, hostfile, slots)
+    wanted_ports = [int(p) for p in str(ports).split(",") if p.strip()]
+    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
+                         accept_new_host_keys=accept_new_host_keys)
+    if dry_run:
+        print(f"would check {len(hosts)} host(s): " + ", ".join(h.label for h in hosts))
+        return
+    table, passed = group.preflight(ports=wanted_ports, mesh_check=ring)
+    print(table)
+    if not passed:
+        raise KilnError("preflight failed (see the table above)")
+
+
+@cluster_task(help={**HOST_HELP, "source": "the folder to copy (default: the current one)"})
+def sync(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, source=".", accept_new_host_keys=False,
+         dry_run=False):
+    """Copy the training code to ~/kiln/code on every node."""
+    hosts = host_list(c, hostfile, slots)
+    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
+                         accept_new_host_keys=accept_new_host_keys)
+    if dry_run:
+        print(f"would mirror {Path(source).resolve()} to ~/{REMOTE_ROOT}/code on " + ", ".join(h.label for h in hosts))
+        return
+    group.sync(source, f"{REMOTE_ROOT}/code")
+    print(f"synced {Path(source).resolve()} to ~/{REMOTE_ROOT}/code on {len(hosts)} host(s)")
+
+
+TRAIN_HELP = {
+    **HOST_HELP,
+    "mode": "horovod (one horovodrun over a hostfile) or tf-config (one process per role)",
+    "ps": "tf-config: number of parameter servers (adds a chief as coordinator)",
+    "chief": "tf-config: add a chief to a multi-worker run",
+    "evaluator": "tf-config: add an evaluator on the last host",
+    "mpi": "horovod: run over MPI instead of Gloo",
+    "nic": "the network interface the nodes use between them (default: found)",
+    "base_port": f"tf-config: first port for the processes on each host (default {topology.DEFAULT_BASE_PORT})",
+    "args": "extra arguments for the trainer, e.g. '--epochs 3 --batch-size 64'",
+    "run_id": "name the run (default: time stamp + random)",
+    "detach": "start the run and return; follow it with cluster.status / cluster.logs",
+    "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
+}
+
+
+@cluster_task(help=TRAIN_HELP)
+def train(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, accept_new_host_keys=False,
+          mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
+          base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, dry_run=False):
+    """Train across the hosts: mesh, preflight, sync, start every process, watch, collect."""
+    launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
+    hosts = host_list(c, hostfile, slots)
+    run_id = run_id or runs.new_run_id()
+    trainer_args = shlex.split(args)
+    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
+                         accept_new_host_keys=accept_new_host_keys)
+    if dry_run:
+        names = [h.address for h in hosts]
+        plan = make_plan(mode, run_id, names, hosts, group.python, launch.NodePaths(f"~/{REMOTE_ROOT}"),
+                         trainer_args, nic or "(found at run time)", ps=int(ps), chief=chief, evaluator=evaluator,
+                         mpi=mpi, base_port=int(base_port))
+        print(launch.describe_plan(plan, hosts))
+        return
+    nodes = group.require_facts("connect")
+    group.apply_mesh()
+    topo_ports = []
+    if mode == "tf-config":
+        probe = topology.plan_tf_config([n.name for n in nodes], [h.slots for h in hosts], ps=int(ps), chief=chief,
+                                        evaluator=evaluator, base_port=int(base_port))
+        topo_ports = sorted({p.port for p in probe.processes})
+    table, passed = group.preflight(ports=topo_ports)
+    if not passed:
+        print(table)
+        raise KilnError("preflight failed (see the table above); nothing was started")
+    paths = launch.NodePaths(same_root(group))
+    group.sync(".", f"{REMOTE_ROOT}/code")
+    names = [n.name for n in group.nodes]
+    chosen_nic = nic or topology.common_interface({n.name: n.iface for n in group.nodes})
+    plan = make_plan(mode, run_id, names, hosts, group.python, paths, trainer_args, chosen_nic, ps=int(ps),
+                     chief=chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
+    record = save_record(group, plan, paths)
+    start_run(group, plan, paths)
+    print(f"run {run_id} started: {len(plan.launches)} process(es) on {len(hosts)} host(s)")
+    if detach:
+        print(f"follow it with: fab cluster.status --run-id {run_id} / cluster.logs --run-id {run_id}")
+        return
+    finish_run(group, plan, paths, record, float(timeout))
+
+
+def make_plan(mode, run_id, names, hosts, python, paths, trainer_args, nic, *, ps, chief, evaluator, mpi, base_port):
+    slots = [h.slots for h in hosts]
+    if mode == "horovod":
+        return launch.plan_horovod(run_id, names, slots, python=python, paths=paths, trainer_args=trainer_args,
+                                   nic=nic, mpi=mpi)
+    topo = topology.plan_tf_config(names, slots, ps=ps, chief=chief, evaluator=evaluator, base_port=base_port)
+    return launch.plan_tf_config(run_id, topo, python=python, paths=paths, trainer_args=trainer_args)
+
+
+def same_root(group: Cluster) -> str:
+    roots = {group.remote_root(h) for h in group.hosts}
+    if len(roots) != 1:
+        raise KilnError(f"nodes have different home folders ({', '.join(sorted(roots))}); "
+                        "horovodrun needs the same path everywhere: use the same user on every node")
+    return roots.pop()
+
+
+def save_record(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths) -> dict:
+    options = group.remote.options
+    record = {
+        "run_id": plan.run_id, "mode": plan.mode, "cluster": group.name, "python": group.python,
+        "hosts": [h.endpoint() for h in group.hosts], "slots": [h.slots for h in group.hosts],
+        "names": list(plan.names), "root": paths.root, "rank_hosts": list(plan.rank_hosts),
+        "tasks": [{"host": plan.names[item.host], "host_index": item.host, "task": item.task}
+                  for item in plan.launches],
+        "finishing": list(plan.finishing),
+        "ssh": {"config_file": options.config_file, "identity": options.identity,
+                "connect_timeout": options.connect_timeout},
+        "started": time.time(),
+    }
+    runs.save_json(runs.run_folder(plan.run_id) / "run.json", record)
+    return record
+
+
+def start_run(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths) -> None:
+    """Make the run folder on every node, then start every process detached."""
+    run_dir = shlex.quote(paths.run(plan.run_id))
+    group.remote.map_or_raise("prepare", group.hosts, lambda h: group.remote.check(h, f"mkdir -p {run_dir}"))
+    by_host: dict[int, list[launch.Launch]] = {}
+    for item in plan.launches:
+        by_host.setdefault(item.host, []).append(item)
+
+    def start(host: Host) -> None:
+        index = group.hosts.index(host)
+        command = " && ".join(launch.launch_command(item, paths, plan.run_id) for item in by_host[index])
+        group.remote.check(host, command, timeout=60)
+
+    _, failures = group.remote.map([group.hosts[i] for i in by_host], start)
+    if failures:
+        stop_everywhere(group, plan.run_id)
+        raise RemoteError("start", {h.label: r for h, r in failures.items()})
+
+
+def stop_everywhere(group: Cluster, run_id: str) -> dict[str, str]:
+    """Stop every process of the run on every host; failures by host."""
+    _, failures = group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", run_id, "5",
+                                                                            timeout=60))
+    return {h.label: r for h, r in failures.items()}
+
+
+def collect(group: Cluster, plan_names, run_id: str, paths: launch.NodePaths) -> Path:
+    folder = runs.run_folder(run_id)
+
+    def pull(host: Host) -> None:
+        name = plan_names[group.hosts.index(host)]
+        group.remote.rsync(host, commands.rsync_pull_argv(host, paths.run(run_id), str(folder / "hosts" / name),
+                                                          group.remote.options))
+
+    _, failures = group.remote.map(group.hosts, pull)
+    for host, reason in failures.items():
+        print(f"warning: could not collect from {host.label}: {reason}", file=sys.stderr)
+    return folder
+
+
+def finish_run(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, record: dict, timeout: float) -> None:
+    started = time.monotonic()
+    watch = launch.Watch(group, plan, paths)
+    failure = None
+    try:
+        verdict = watch.until_done(timeout)
+    except RunFailed as error:
+        verdict, failure = launch.Verdict(True, ()), str(error)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the run goes on; stop it with fab cluster.stop --run-id {plan.run_id}")
+        raise Exit(code=130) from None
+    left = stop_everywhere(group, plan.run_id)
+    folder = collect(group, list(plan.names), plan.run_id, paths)
+    if verdict.failed:
+        log = read_text(folder / "hosts" / plan.names[0] / f"{launch.HOROVOD_TASK}.log")
+        failure = launch.describe_failure(plan, verdict, log)
+    if left:
+        failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
+    data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=folder,
+                        wall=time.monotonic() - started)
+    runs.save_json(folder / "summary.json", data)
+    print(runs.format_rows([runs.result_row(data)]))
+    print(f"run folder: {folder}")
+    if failure:
+        raise RunFailed(f"run {plan.run_id} failed: {failure}")
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def reopen(c, run_id: str | None, fanout: int = 64) -> tuple[dict, Cluster, launch.NodePaths]:
+    """A cluster session from a saved run record, so run tasks need no -H."""
+    record = runs.load_record(run_id)
+    hosts = hostlists.parse_host_list(",".join(record["hosts"]))
+    ssh = record["ssh"]
+    options = SshOptions(config_file=ssh["config_file"], identity=ssh["identity"],
+                         connect_timeout=ssh["connect_timeout"])
+    group = Cluster.connect(record["cluster"], hosts, options, python=record["python"], fanout=fanout,
+                            timeout=float(c.config.timeouts.command or 300))
+    return record, group, launch.NodePaths(record["root"])
+
+
+def plan_from_record(record: dict) -> launch.RunPlan:
+    launches = tuple(launch.Launch(t["host_index"], t["task"], (), {}) for t in record["tasks"])
+    return launch.RunPlan(record["run_id"], record["mode"], tuple(record["names"]), launches,
+                          tuple(record["finishing"]), tuple(record["rank_hosts"]))
+
+
+RUN_HELP = {"run_id": "the run (default: the newest in runs/)"}
+
+
+@cluster_task(help=RUN_HELP)
+def status(c, run_id=None):
+    """Show each process of a run: running, exited (with its code) or lost."""
+    record, group, paths = reopen(c, run_id)
+    plan = plan_from_record(record)
+    states = launch.Watch(group, plan, paths).states()
+    for item in plan.launches:
+        state = states.get(item.host, {}).get(item.task, {})
+        detail = f" (exit {state['code']})" if state.get("state") == "exited" else ""
+        print(f"{plan.names[item.host]:<20} {item.task:<12} {state.get('state', '?')}{detail}")
+    verdict = launch.judge(plan, states)
+    summary = "failed: " + launch.describe_failure(plan, verdict) if verdict.failed else (
+        "done" if verdict.done else "running")
+    print(f"run {plan.run_id}: {summary}")
+
+
+@cluster_task(help={**RUN_HELP, "host": "only this node (its hostname)", "follow": "keep printing new lines",
+                    "lines": "how many last lines (default 50)"})
+def logs(c, run_id=None, host=None, follow=False, lines=50):
+    """Print (or follow) the logs of a run's processes, per host."""
+    record, group, paths = reopen(c, run_id)
+    plan = plan_from_record(record)
+    chosen = [i for i, name in enumerate(plan.names) if host in (None, name)]
+    if not chosen:
+        raise UsageError(f"no host {host!r} in run {plan.run_id} (hosts: {', '.join(plan.names)})")
+    run_dir = paths.run(plan.run_id)
+    printer = threading.Lock()
+
+    def show(index: int) -> None:
+        files = [f"{run_dir}/{task}.log" for task in plan.tasks_on(index)]
+        if not files:
+            return
+        argv = ["tail", "-n", str(lines), *(["-F"] if follow else []), *files]
+        command = commands.ssh_argv(group.hosts[index], shlex.join(argv), group.remote.options)
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              stdin=subprocess.DEVNULL) as process:
+            for line in process.stdout:
+                with printer:
+                    print(f"[{plan.names[index]}] {line}", end="")
+
+    threads = [threading.Thread(target=show, args=(i,), daemon=True) for i in chosen]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join(timeout=None if follow else float(c.config.timeouts.command or 300))
+    except KeyboardInterrupt:
+        pass
+
+
+@cluster_task(help=RUN_HELP)
+def stop(c, run_id=None):
+    """Stop every process of a run on every host and collect what it left."""
+    record, group, paths = reopen(c, run_id)
+    left = stop_everywhere(group, record["run_id"])
+    folder = collect(group, record["names"], record["run_id"], paths)
+    print(f"stopped run {record['run_id']}; run folder: {folder}")
+    if left:
+        raise RemoteError("stop", left)
+

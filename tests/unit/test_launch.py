@@ -1,0 +1,101 @@
+import json
+
+from bootstrap import topology
+from bootstrap.launch import (
+    Launch,
+    NodePaths,
+    RunPlan,
+    Verdict,
+    describe_failure,
+    judge,
+    launch_command,
+    plan_horovod,
+    plan_tf_config,
+    process_env,
+)
+
+PATHS = NodePaths("/root/kiln")
+NAMES = ("node1", "node2", "node3")
+PY = "/v/bin/python"
+
+
+def test_process_env_puts_the_shim_first_and_tags_the_run():
+    assert process_env("r1", PY, PATHS) == {
+        "KILN_RUN_ID": "r1",
+        "PYTHONPATH": "/root/kiln/code",
+        "PYTHONUNBUFFERED": "1",
+        "TF_USE_LEGACY_KERAS": "1",
+        "PATH": "/root/kiln/code/bootstrap/shim:/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+
+
+def test_horovod_plan_is_one_horovodrun_on_the_first_node():
+    plan = plan_horovod("r1", NAMES, [1, 1, 1], python=PY, paths=PATHS, trainer_args=["--epochs", "2"], nic="eth0")
+    run = "/root/kiln/runs/r1"
+    assert plan == RunPlan("r1", "horovod", NAMES, (Launch(
+        0, "horovodrun",
+        ("/v/bin/horovodrun", "-np", "3", "--hostfile", f"{run}/hostfile", "--gloo", "--start-timeout", "60",
+         "--network-interfaces", "eth0", "--output-filename", f"{run}/ranks",
+         PY, "-m", "trainer", "--strategy", "horovod", "--run-dir", run, "--model-dir", f"{run}/model",
+         "--epochs", "2"),
+        process_env("r1", PY, PATHS),
+        {f"{run}/hostfile": "node1 slots=1\nnode2 slots=1\nnode3 slots=1\n"},
+    ),), ("horovodrun",), ("node1", "node2", "node3"))
+
+
+def test_tf_config_plan_gives_each_process_its_own_tf_config():
+    topo = topology.plan_tf_config(NAMES, [1, 1, 1], ps=1)
+    plan = plan_tf_config("r2", topo, python=PY, paths=PATHS, trainer_args=[])
+    assert [(launch.host, launch.task) for launch in plan.launches] == [
+        (0, "chief-0"), (0, "worker-0"), (1, "worker-1"), (2, "worker-2"), (0, "ps-0")]
+    assert plan.finishing == ("chief-0",)
+    configs = [json.loads(launch.env["TF_CONFIG"]) for launch in plan.launches]
+    assert configs[4] == {"cluster": {"chief": ["node1:23456"],
+                                      "worker": ["node1:23457", "node2:23456", "node3:23456"],
+                                      "ps": ["node1:23458"]},
+                          "task": {"type": "ps", "index": 0}}
+    assert plan.launches[1].argv == (PY, "-m", "trainer", "--strategy", "ps", "--run-dir", "/root/kiln/runs/r2",
+                                     "--model-dir", "/root/kiln/runs/r2/model")
+
+
+def test_multiworker_plan_uses_the_multiworker_strategy():
+    topo = topology.plan_tf_config(NAMES[:2], [1, 1])
+    plan = plan_tf_config("r3", topo, python=PY, paths=PATHS, trainer_args=["--epochs", "1"])
+    assert {launch.argv[4] for launch in plan.launches} == {"multiworker"}
+    assert plan.finishing == ("worker-0", "worker-1")
+
+
+def test_launch_command_writes_files_before_starting():
+    launch = Launch(0, "horovodrun", ("hr",), {}, {"/r/hostfile": "node1 slots=1\n"})
+    command = launch_command(launch, NodePaths("/r0"), "x")
+    assert command.startswith("mkdir -p /r0/runs/x && printf %s 'node1 slots=1\n' > /r/hostfile && mkdir -p")
+
+
+def _plan():
+    topo = topology.plan_tf_config(NAMES, [1, 1, 1], ps=1)
+    return plan_tf_config("r", topo, python=PY, paths=PATHS, trainer_args=[])
+
+
+def test_judge_running_done_and_failed():
+    plan = _plan()
+    running = {0: {"chief-0": {"state": "running"}, "worker-0": {"state": "running"}, "ps-0": {"state": "running"}},
+               1: {"worker-1": {"state": "running"}}, 2: {"worker-2": {"state": "starting"}}}
+    assert judge(plan, running) == Verdict(False)
+    done = {**running, 0: {**running[0], "chief-0": {"state": "exited", "code": 0}}}
+    assert judge(plan, done) == Verdict(True)
+    killed = {**running, 2: {"worker-2": {"state": "exited", "code": 137}}}
+    assert judge(plan, killed) == Verdict(True, (("node3", "worker-2", 137),))
+    lost = {**running, 1: {"worker-1": {"state": "lost"}}}
+    assert judge(plan, lost) == Verdict(True, (("node2", "worker-1", None),))
+
+
+def test_failure_message_names_host_and_horovod_rank():
+    plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, trainer_args=[], nic=None)
+    verdict = Verdict(True, (("node1", "horovodrun", 1),))
+    log = ("[1]<stderr>:Killed\nProcess 2 exit with status code 137.\n"
+           "Terminating remaining workers after failure of Process 2.\n")
+    assert describe_failure(plan, verdict, log) == (
+        "horovodrun on node1 exited with status 1; rank 2 on node3 failed first")
+    verdict = Verdict(True, (("node2", "worker-1", None), ("node3", "ps-0", 0)))
+    assert describe_failure(_plan(), verdict) == (
+        "worker-1 on node2 vanished without an exit code; ps-0 on node3 exited 0 before the run was done")

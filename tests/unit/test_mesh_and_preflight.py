@@ -1,0 +1,125 @@
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from bootstrap import mesh, preflight
+from bootstrap.errors import KilnError
+from bootstrap.hosts import Host
+from bootstrap.ssh import describe_failure
+
+_spec = importlib.util.spec_from_file_location("node_side", Path(mesh.__file__).with_name("node.py"))
+node_side = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(node_side)
+
+
+def facts(hostname, address, *, resolve=None, tf="2.18.1", ports=None, connection=True):
+    return {
+        "hostname": hostname, "uid": 0, "home": "/root", "python": "3.11.2", "executable": "/v/bin/python",
+        "ssh_connection": f"10.9.0.1 5000 {address} 22" if connection else "",
+        "packages": {"tensorflow": tf, "tf-keras": "2.18.0", "horovod": "0.28.1"},
+        "addresses": [{"iface": "eth1", "address": "172.17.0.9", "prefix": 16},
+                      {"iface": "eth0", "address": address, "prefix": 16}],
+        "host_keys": [f"ssh-ed25519 KEY{hostname}"],
+        "resolve": resolve if resolve is not None else {hostname: [address]},
+        "ports": ports or {},
+    }
+
+
+def three_nodes(**overrides):
+    data = {Host("n1"): facts("node1", "10.9.0.2"), Host("n2", 2222): facts("node2", "10.9.0.3"),
+            Host("n3"): facts("node3", "10.9.0.4")}
+    data.update(overrides)
+    return mesh.nodes_from_facts(data)
+
+
+def test_cluster_address_is_the_one_the_operator_reached():
+    assert mesh.choose_address(facts("node1", "10.9.0.2")) == ("10.9.0.2", "eth0")
+    public = facts("node1", "10.9.0.2", connection=False)
+    public["ssh_connection"] = "1.2.3.4 5000 54.1.2.3 22"  # NAT: the public address is not on the node
+    assert mesh.choose_address(public) == ("172.17.0.9", "eth1")
+
+
+def test_duplicate_hostnames_are_refused():
+    with pytest.raises(KilnError, match="n2 and n1 both have the hostname 'node1'"):
+        mesh.nodes_from_facts({Host("n1"): facts("node1", "10.9.0.2"), Host("n2"): facts("node1", "10.9.0.3")})
+
+
+def test_known_hosts_pin_every_name_a_node_is_reached_by():
+    nodes = three_nodes()
+    assert mesh.known_hosts_text(nodes) == (
+        "node1,10.9.0.2,n1 ssh-ed25519 KEYnode1\n"
+        "[node2]:2222,[10.9.0.3]:2222,[n2]:2222 ssh-ed25519 KEYnode2\n"
+        "node3,10.9.0.4,n3 ssh-ed25519 KEYnode3\n"
+    )
+
+
+def test_node_ssh_config_uses_the_cluster_key_and_pins():
+    text = mesh.node_ssh_config("demo", three_nodes())
+    assert text == (
+        "# kiln cluster demo: written by `fab cluster.mesh`\n"
+        "Host node2 10.9.0.3\n  Port 2222\n"
+        "Host node1 10.9.0.2 node2 10.9.0.3 node3 10.9.0.4\n"
+        "  IdentityFile ~/.ssh/kiln/demo/id_ed25519\n  IdentitiesOnly yes\n"
+        "  UserKnownHostsFile ~/.ssh/kiln/demo/known_hosts\n  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n  ConnectTimeout 10\n"
+    )
+
+
+def test_hosts_file_gets_the_block_on_top_and_loopback_mappings_commented():
+    before = "127.0.0.1 localhost\n127.0.1.1 node1\n10.9.0.3 node2\n"
+    entries = [("10.9.0.2", "node1"), ("10.9.0.3", "node2")]
+    after = node_side.hosts_text(before, "kiln demo", entries)
+    assert after == ("# BEGIN kiln demo\n10.9.0.2 node1\n10.9.0.3 node2\n# END kiln demo\n"
+                     "127.0.0.1 localhost\n# kiln demo: 127.0.1.1 node1\n10.9.0.3 node2\n")
+    assert node_side.hosts_text(after, "kiln demo", entries) == after
+
+
+def test_preflight_passes_a_good_cluster():
+    nodes = three_nodes()
+    for node in nodes:
+        node.facts["resolve"].update({n.name: [n.address] for n in nodes})
+    assert preflight.check_nodes(nodes, ports=[23456]) == []
+
+
+def test_preflight_names_loopback_names_version_skew_and_busy_ports():
+    bad = facts("node2", "10.9.0.3", resolve={"node2": ["127.0.1.1"], "node3": []}, tf="2.17.0",
+                ports={"23456": False})
+    nodes = mesh.nodes_from_facts({Host("n1"): facts("node1", "10.9.0.2"), Host("n2"): bad,
+                                   Host("n3"): facts("node3", "10.9.0.4")})
+    found = preflight.check_nodes(nodes, ports=[23456])
+    assert found == [
+        preflight.Finding("n2", "resolve", "own hostname 'node2' resolves to loopback 127.0.1.1 (Gloo would bind "
+                                           "there); run cluster.mesh"),
+        preflight.Finding("n2", "resolve", "'node3' resolves to nothing, expected 10.9.0.4"),
+        preflight.Finding("n2", "ports", "port 23456 is in use"),
+        preflight.Finding("n2", "versions", "tensorflow 2.17.0 differs from 2.18.1 on n1"),
+    ]
+    table = preflight.format_table(["n1", "n2", "n3", "n4"], found, {"n4": "unreachable: connection timed out"})
+    assert table.splitlines()[:5] == [
+        "host  reach     hostname  resolve   versions  ports     mesh",
+        "n1    ok        ok        ok        ok        ok        ok",
+        "n2    ok        ok        FAIL      FAIL      FAIL      ok",
+        "n3    ok        ok        ok        ok        ok        ok",
+        "n4    FAIL      -         -         -         -         -",
+    ]
+    assert "n4: reach: unreachable: connection timed out" in table
+
+
+@pytest.mark.parametrize(
+    ("stderr", "reason"),
+    [
+        ("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@", "host key verification failed"),
+        ("No ED25519 host key is known for node9 and you have requested strict checking.", "host key unknown"),
+        ("root@node1: Permission denied (publickey).", "authentication refused (wrong key or user)"),
+        ("ssh: connect to host 10.9.9.9 port 22: Connection timed out", "unreachable: connection timed out"),
+        ("ssh: connect to host 10.9.0.2 port 22: Connection refused", "unreachable: connection refused"),
+        ("ssh: Could not resolve hostname nowhere: Name or service not known", "unknown host name"),
+    ],
+)
+def test_ssh_failures_become_one_readable_reason(stderr, reason):
+    assert describe_failure(255, stderr).startswith(reason)
+
+
+def test_other_failures_keep_the_last_line_and_code():
+    assert describe_failure(3, "Traceback...\nValueError: boom\n") == "exit 3: ValueError: boom"
