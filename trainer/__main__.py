@@ -1,0 +1,52 @@
+"""``python -m trainer``: parse, check who this process is, then train.
+
+Importing the ``trainer`` package pins TF_USE_LEGACY_KERAS before TensorFlow
+loads. Bad input is checked before TensorFlow is imported, and reported as one
+``trainer: error: ...`` line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from trainer.cli import parse_args
+from trainer.cluster import (
+    cluster_of,
+    load_tf_config,
+    process_environment,
+    resolve_task,
+    training_workers,
+)
+from trainer.errors import TrainerError
+from trainer.plan import per_replica_batch_size
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.time()
+    try:
+        config = parse_args(sys.argv[1:] if argv is None else argv)
+        task, cluster = None, {}
+        if config.strategy != "horovod":
+            tf_config = load_tf_config(os.environ.get("TF_CONFIG"))
+            task = resolve_task(config.strategy, tf_config)
+            cluster = cluster_of(tf_config) if tf_config else {}
+        if config.strategy == "multiworker":
+            # Fail before MultiWorkerMirroredStrategy blocks waiting for its peers.
+            per_replica_batch_size(config.batch_size, training_workers(cluster))
+        os.environ.update(process_environment(config.strategy))
+
+        from trainer import report, run  # imports TensorFlow
+
+        result = run.train(config, task, cluster, started=started)
+    except TrainerError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary_line(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

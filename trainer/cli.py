@@ -1,0 +1,133 @@
+"""Command line → :class:`TrainConfig` (pure: no TensorFlow, no I/O)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from trainer.errors import TrainerError
+
+STRATEGIES = ("onedevice", "mirrored", "multiworker", "ps", "horovod")
+DATASETS = ("digits", "synthetic")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything the user asked for, validated; nothing derived yet."""
+
+    strategy: str = "onedevice"
+    data: str = "digits"
+    epochs: int = 5
+    batch_size: int = 64
+    steps_per_epoch: int | None = None
+    learning_rate: float = 0.01
+    seed: int = 42
+    model_dir: Path = Path("model")
+    run_dir: Path = Path(".")
+    log_every: int = 10
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise TrainerError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser behind ``python -m trainer``."""
+    defaults = TrainConfig()
+    parser = _Parser(
+        prog="trainer",
+        description="kiln's reference TensorFlow trainer: a small dense net on scikit-learn's "
+        "digits (or synthetic data) under one tf.distribute strategy or Horovod.",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=defaults.strategy,
+        help="distribution strategy; multiworker and ps read TF_CONFIG, horovod expects "
+        "horovodrun (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--data",
+        choices=DATASETS,
+        default=defaults.data,
+        help="digits: scikit-learn's bundled 8x8 digits; synthetic: random features of the "
+        "same shape, for throughput runs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--epochs", type=_positive_int, default=defaults.epochs,
+        help="training epochs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=defaults.batch_size,
+        help="GLOBAL batch size, split evenly over the replicas (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps-per-epoch", type=_positive_int, default=None,
+        help="steps per epoch (default: ceil(train examples / global batch))",
+    )
+    parser.add_argument(
+        "--learning-rate", type=_positive_float, default=defaults.learning_rate,
+        help="base learning rate, scaled linearly by the replicas in one synchronous step "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=defaults.seed,
+        help="seed for python, numpy, TensorFlow and the data split (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, default=defaults.model_dir,
+        help="where the chief saves the final SavedModel (default: ./%(default)s)",
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, default=defaults.run_dir,
+        help="where this process writes metrics.<task>.jsonl and result.<task>.json "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-every", type=_positive_int, default=defaults.log_every,
+        help="write a metrics line every N steps (default: %(default)s)",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> TrainConfig:
+    """Parse ``argv`` (without the program name); raise TrainerError on bad input."""
+    ns = build_parser().parse_args(list(argv))
+    return TrainConfig(
+        strategy=ns.strategy,
+        data=ns.data,
+        epochs=ns.epochs,
+        batch_size=ns.batch_size,
+        steps_per_epoch=ns.steps_per_epoch,
+        learning_rate=ns.learning_rate,
+        seed=ns.seed,
+        model_dir=ns.model_dir,
+        run_dir=ns.run_dir,
+        log_every=ns.log_every,
+    )

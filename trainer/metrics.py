@@ -1,0 +1,145 @@
+"""Per-step metrics: a Keras callback that writes ``metrics.<task>.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, tf.distribute.experimental.coordinator.RemoteValue):
+        value = value.fetch()
+    return float(np.asarray(value))
+
+
+def _fetch_logs(logs: Any) -> dict[str, float]:
+    """Turn batch logs (tensors, or a RemoteValue under ParameterServerStrategy)
+    into floats; fetching a RemoteValue waits for that step."""
+    if isinstance(logs, tf.distribute.experimental.coordinator.RemoteValue):
+        logs = logs.fetch()
+    return {key: _to_float(value) for key, value in (logs or {}).items()}
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    steps: int
+    first_loss: float
+    final_loss: float
+    examples_per_sec: float
+    wall_time: float
+
+
+class MetricsLogger(keras.callbacks.Callback):
+    """Write one JSON line every ``log_every`` steps (and on the first and last),
+    print one line per epoch, and summarise the run.
+
+    ``examples_per_step`` is what this process consumes per step, so
+    ``examples_per_sec`` is this process's throughput.
+
+    ``summed_replicas``: under MirroredStrategy and MultiWorkerMirroredStrategy
+    tf_keras sums each replica's running loss and accuracy into the *batch* logs
+    (its "auto" reduction is "sum"; epoch logs are right). Dividing by the
+    number of replicas reports their mean, which is the global value when the
+    replicas' batches are equal.
+    """
+
+    def __init__(
+        self, path: Path, *, log_every: int, examples_per_step: int, task_name: str, summed_replicas: int = 1
+    ):
+        super().__init__()
+        self._summed_replicas = summed_replicas
+        # Take tensors / RemoteValues as they are: converting happens only on the
+        # steps that are logged, so ParameterServerStrategy steps stay asynchronous.
+        self._supports_tf_logs = True
+        self._path = path
+        self._log_every = log_every
+        self._examples_per_step = examples_per_step
+        self._task_name = task_name
+        self._file: IO[str] | None = None
+        self._start = 0.0
+        self._after_first_step = 0.0
+        self._last_time = 0.0
+        self._last_step = 0
+        self._step = 0
+        self._epoch = 0
+        self._total_steps: int | None = None
+        self._first_loss: float | None = None
+        self._final_loss: float | None = None
+        self._wall_time = 0.0
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self._path.open("w")
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        self._total_steps = epochs * steps if epochs and steps else None
+        self._start = self._last_time = time.monotonic()
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._step += 1
+        last = self._step == self._total_steps
+        if self._step == 1 or self._step % self._log_every == 0 or last:
+            values = _fetch_logs(logs)
+            self._write({key: value / self._summed_replicas for key, value in values.items()})
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        values = _fetch_logs(logs)
+        self._final_loss = values.get("loss", self._final_loss)
+        print(
+            f"trainer: {self._task_name} epoch {epoch + 1}/{self.params.get('epochs')} "
+            f"loss={values.get('loss', float('nan')):.4f} "
+            f"accuracy={values.get('accuracy', float('nan')):.4f}",
+            flush=True,
+        )
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._wall_time = time.monotonic() - self._start
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, values: dict[str, float]) -> None:
+        now = time.monotonic()
+        if self._step == 1:
+            self._first_loss = values.get("loss")
+            self._after_first_step = now
+        interval = max(now - self._last_time, 1e-9)
+        record = {
+            "step": self._step,
+            "epoch": self._epoch,
+            "loss": values.get("loss"),
+            "accuracy": values.get("accuracy"),
+            "examples_per_sec": (self._step - self._last_step) * self._examples_per_step / interval,
+            "wall_time": now - self._start,
+        }
+        self._last_time, self._last_step = now, self._step
+        assert self._file is not None
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def summary(self) -> TrainingSummary:
+        """Totals after training. Throughput leaves out the first step, which
+        includes tracing the step function, unless it was the only one."""
+        if self._step > 1:
+            seconds = self._wall_time - (self._after_first_step - self._start)
+            examples = (self._step - 1) * self._examples_per_step
+        else:
+            seconds, examples = self._wall_time, self._step * self._examples_per_step
+        if self._first_loss is None or self._final_loss is None:
+            raise RuntimeError("training ran no steps")
+        return TrainingSummary(
+            steps=self._step,
+            first_loss=self._first_loss,
+            final_loss=self._final_loss,
+            examples_per_sec=examples / max(seconds, 1e-9),
+            wall_time=self._wall_time,
+        )

@@ -1,0 +1,89 @@
+"""Batch sizes, learning rate and steps derived from the config and the replica
+layout (pure: no TensorFlow)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainer.cli import TrainConfig
+from trainer.errors import TrainerError
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """How a strategy lays out replicas.
+
+    ``in_sync``: replicas whose gradients form one synchronous step (the global
+    batch is split over them); ``in_process``: of those, how many this process
+    runs; ``world_size``: the training replicas/ranks/workers reported.
+    """
+
+    in_sync: int
+    in_process: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    world_size: int
+    replicas_in_sync: int
+    global_batch_size: int
+    per_replica_batch_size: int
+    process_batch_size: int
+    learning_rate: float
+    steps_per_epoch: int
+    epochs: int
+
+
+def replicas_for(strategy: str, num_replicas_in_sync: int, workers: int = 1) -> Replicas:
+    """Return the replica layout of ``strategy``.
+
+    ``num_replicas_in_sync`` is the tf.distribute strategy's (horovod: the
+    number of ranks); ``workers`` the number of worker processes.
+    ParameterServerStrategy steps are asynchronous: each step runs the whole
+    global batch on one worker, and the coordinator dispatches all of them.
+    """
+    if strategy == "multiworker":
+        return Replicas(num_replicas_in_sync, max(1, num_replicas_in_sync // workers), num_replicas_in_sync)
+    if strategy == "ps":
+        return Replicas(num_replicas_in_sync, num_replicas_in_sync, workers)
+    if strategy == "horovod":
+        return Replicas(num_replicas_in_sync, 1, num_replicas_in_sync)
+    return Replicas(num_replicas_in_sync, num_replicas_in_sync, num_replicas_in_sync)
+
+
+def per_replica_batch_size(global_batch_size: int, replicas: int) -> int:
+    """Split the global batch evenly; raise TrainerError when a replica would get none."""
+    if global_batch_size < replicas:
+        raise TrainerError(
+            f"--batch-size {global_batch_size} is smaller than the {replicas} replicas: "
+            "each replica needs at least one example per step"
+        )
+    return global_batch_size // replicas
+
+
+def scaled_learning_rate(base: float, replicas: int) -> float:
+    """Linear scaling rule: the learning rate grows with the replicas in one step."""
+    return base * replicas
+
+
+def default_steps_per_epoch(train_size: int, global_batch_size: int) -> int:
+    """Steps for one pass over the training split (the last batch may be partial)."""
+    return max(1, math.ceil(train_size / global_batch_size))
+
+
+def plan_training(config: TrainConfig, replicas: Replicas, train_size: int) -> TrainPlan:
+    """Derive everything the training loop needs from the config and the layout."""
+    per_replica = per_replica_batch_size(config.batch_size, replicas.in_sync)
+    global_batch = per_replica * replicas.in_sync
+    return TrainPlan(
+        world_size=replicas.world_size,
+        replicas_in_sync=replicas.in_sync,
+        global_batch_size=global_batch,
+        per_replica_batch_size=per_replica,
+        process_batch_size=per_replica * replicas.in_process,
+        learning_rate=scaled_learning_rate(config.learning_rate, replicas.in_sync),
+        steps_per_epoch=config.steps_per_epoch or default_steps_per_epoch(train_size, global_batch),
+        epochs=config.epochs,
+    )

@@ -1,0 +1,169 @@
+"""The training driver: set up the strategy, fit, evaluate, save, report."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer import data, evaluator, report, strategies
+from trainer.cli import TrainConfig
+from trainer.cluster import Task, horovod_task, is_chief, training_workers
+from trainer.metrics import MetricsLogger
+from trainer.model import build_model, compile_model, evaluate_accuracy, save_model
+from trainer.plan import TrainPlan, plan_training, replicas_for
+
+
+@dataclass
+class Setup:
+    """What differs between strategies, decided before the model is built."""
+
+    task: Task
+    chief: bool
+    strategy: tf.distribute.Strategy
+    plan: TrainPlan
+    train_input: Any  # a tf.data.Dataset, or a DatasetCreator for ParameterServerStrategy
+    wrap_optimizer: Callable[[Any], Any] | None = None
+    callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
+
+
+def _setup_horovod(config: TrainConfig, split: data.Split) -> Setup:
+    hvd = strategies.import_horovod()
+    hvd.init()
+    plan = plan_training(config, replicas_for("horovod", hvd.size()), split.train_size)
+    task = horovod_task(hvd.rank())
+    dataset = data.train_dataset(
+        split, plan.per_replica_batch_size, config.seed, shard=(hvd.size(), hvd.rank())
+    )
+    return Setup(
+        task=task,
+        chief=is_chief(task),
+        strategy=tf.distribute.get_strategy(),
+        plan=plan,
+        train_input=dataset,
+        wrap_optimizer=hvd.DistributedOptimizer,
+        callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            # Before MetricsLogger, so the epoch loss it reports is the ranks' mean.
+            hvd.callbacks.MetricAverageCallback(),
+        ],
+    )
+
+
+def _ps_dataset_creator(split: data.Split, global_batch_size: int, seed: int) -> Any:
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return data.train_dataset(
+            split,
+            context.get_per_replica_batch_size(global_batch_size),
+            seed,
+            shard=(context.num_input_pipelines, context.input_pipeline_id),
+        )
+
+    return keras.utils.experimental.DatasetCreator(dataset_fn)
+
+
+def _setup_tf_distribute(
+    config: TrainConfig, split: data.Split, task: Task, cluster: dict[str, list[str]]
+) -> Setup:
+    strategy = strategies.build(config.strategy)
+    workers = len(cluster.get("worker", [])) if config.strategy == "ps" else training_workers(cluster) or 1
+    replicas = replicas_for(config.strategy, strategy.num_replicas_in_sync, workers)
+    plan = plan_training(config, replicas, split.train_size)
+    if config.strategy == "ps":
+        train_input = _ps_dataset_creator(split, plan.global_batch_size, config.seed)
+    else:
+        # MirroredStrategy variants take the GLOBAL batch and split it over replicas.
+        train_input = data.train_dataset(
+            split,
+            plan.global_batch_size,
+            config.seed,
+            auto_shard_data=config.strategy == "multiworker",
+        )
+    return Setup(task=task, chief=is_chief(task, cluster), strategy=strategy, plan=plan, train_input=train_input)
+
+
+def _save(model: keras.Model, config: TrainConfig, setup: Setup) -> None:
+    """The chief saves to --model-dir. MultiWorkerMirroredStrategy needs every
+    worker to take part in saving, so the others save to a temporary directory
+    and delete it; Horovod's other ranks do not save."""
+    if setup.chief:
+        save_model(model, config.model_dir)
+    elif config.strategy == "multiworker":
+        scratch = Path(tempfile.mkdtemp(prefix=f"trainer-{setup.task.name}-"))
+        try:
+            save_model(model, scratch / "model")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def train(
+    config: TrainConfig, task: Task | None, cluster: dict[str, list[str]], *, started: float
+) -> dict[str, Any]:
+    """Train under ``config``; ``task`` is None for horovod (known after init);
+    ``started`` is when this process started (``time.time()``).
+
+    ParameterServerStrategy's ps and worker tasks serve until killed and never
+    return; the evaluator waits for the chief's model and evaluates it.
+    Returns the result record, also written to ``result.<task>.json``.
+    """
+    keras.utils.set_random_seed(config.seed)
+    tf.config.experimental.enable_op_determinism()
+    if task is not None and task.type == "evaluator":
+        return evaluator.evaluate(config, task, since=started)
+    if config.strategy == "ps" and task is not None and task.type in ("ps", "worker"):
+        strategies.serve(task, config.run_dir)
+    split = data.load_split(config.data, config.seed)
+    if config.strategy == "horovod":
+        setup = _setup_horovod(config, split)
+    else:
+        assert task is not None
+        setup = _setup_tf_distribute(config, split, task, cluster)
+    plan = setup.plan
+
+    with setup.strategy.scope():
+        model = build_model(config.seed)
+        compile_model(model, plan.learning_rate, setup.wrap_optimizer)
+    logger = MetricsLogger(
+        report.metrics_path(config.run_dir, setup.task.name),
+        log_every=config.log_every,
+        examples_per_step=plan.process_batch_size,
+        task_name=setup.task.name,
+        summed_replicas=plan.replicas_in_sync if config.strategy in ("mirrored", "multiworker") else 1,
+    )
+    model.fit(
+        setup.train_input,
+        epochs=plan.epochs,
+        steps_per_epoch=plan.steps_per_epoch,
+        callbacks=[*setup.callbacks, logger],
+        verbose=0,
+    )
+    summary = logger.summary()
+    weights = model.get_weights()
+    accuracy = evaluate_accuracy(weights, split.x_test, split.y_test, config.seed)
+    _save(model, config, setup)
+
+    result = {
+        "strategy": config.strategy,
+        "task": setup.task.name,
+        "world_size": plan.world_size,
+        "epochs": plan.epochs,
+        "steps": summary.steps,
+        "global_batch_size": plan.global_batch_size,
+        "per_replica_batch_size": plan.per_replica_batch_size,
+        "learning_rate": plan.learning_rate,
+        "first_loss": summary.first_loss,
+        "final_loss": summary.final_loss,
+        "test_accuracy": accuracy,
+        "examples_per_sec": summary.examples_per_sec,
+        "wall_time": summary.wall_time,
+        "weights_sha256": report.weights_sha256(weights),
+        "status": "ok",
+    }
+    report.write_json(report.result_path(config.run_dir, setup.task.name), result)
+    return result

@@ -1,0 +1,87 @@
+"""Building the distribution strategy for this process, and the roles that do
+not train: ParameterServerStrategy's ps and worker servers."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import tensorflow as tf
+
+from trainer import report
+from trainer.cluster import Task
+
+
+def onedevice() -> tf.distribute.Strategy:
+    """One device: the first GPU if one is visible, else the CPU."""
+    device = "/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0"
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+def mirrored() -> tf.distribute.Strategy:
+    """All visible devices of this machine (one replica on a CPU-only host)."""
+    return tf.distribute.MirroredStrategy()
+
+
+def multiworker() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """Synchronous data parallelism across the workers TF_CONFIG names."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    # TF's coordination service catches SIGTERM (a preemption notice for
+    # PreemptionCheckpointHandler, which this trainer does not use), so a worker
+    # would ignore a launcher's stop. Give SIGTERM back its default: terminate.
+    # (While the constructor above still waits for its peers, only SIGKILL works.)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return strategy
+
+
+def parameter_server() -> tf.distribute.ParameterServerStrategy:
+    """The coordinator's strategy: variables on the ps tasks, steps on the workers."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.ParameterServerStrategy(resolver)
+
+
+def build(name: str) -> tf.distribute.Strategy:
+    builders = {
+        "onedevice": onedevice,
+        "mirrored": mirrored,
+        "multiworker": multiworker,
+        "ps": parameter_server,
+    }
+    return builders[name]()
+
+
+def serve(task: Task, run_dir: Path) -> NoReturn:
+    """Run this ps or worker task's gRPC server for the coordinator until killed.
+
+    Writes ``result.<task>.json`` with status "serving" first, so a launcher can
+    tell a server that came up from one that did not.
+    """
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=task.type,
+        task_index=task.index,
+        protocol="grpc",
+        start=True,
+    )
+    report.write_json(
+        report.result_path(run_dir, task.name),
+        {"strategy": "ps", "task": task.name, "target": server.target, "status": "serving"},
+    )
+    print(f"trainer: strategy=ps task={task.name} serving {server.target}", flush=True)
+    server.join()
+    raise SystemExit(0)  # join() returns only if the server is stopped
+
+
+def import_horovod() -> ModuleType:
+    """Import ``horovod.tensorflow.keras`` bound to tf_keras, not Keras 3."""
+    import tf_keras
+
+    sys.modules["keras"] = tf_keras
+    import horovod.tensorflow.keras as hvd
+
+    return hvd
