@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -12,7 +11,7 @@ from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
 from bootstrap.mesh import Node
-from bootstrap.ssh import HostFailure, Remote
+from bootstrap.ssh import Remote
 
 REMOTE_ROOT = "kiln"
 
@@ -43,10 +42,16 @@ class Cluster:
         return cls(name, list(hosts), remote, python)
 
     def facts(self, hosts: Sequence[Host] | None = None, *, ports: Sequence[int] = (),
-              names: Sequence[str] = ()) -> tuple[dict[Host, dict], dict[Host, str]]:
-        """Facts from every host in one call each; (facts, unreachable reasons)."""
-        args = (",".join(map(str, ports)), ",".join(names))
-        return self.remote.map(hosts or self.hosts, lambda h: self.remote.node(h, self.python, "facts", *args))
+              names: Sequence[str] = (), probes: dict[Host, str] | None = None,
+              ) -> tuple[dict[Host, dict], dict[Host, str]]:
+        """Facts from every host in one call each; (facts, unreachable reasons).
+        `probes` maps a host to the node name it should log in to over the mesh."""
+        common = (",".join(map(str, ports)), ",".join(names))
+
+        def gather(host: Host) -> dict:
+            return self.remote.node(host, self.python, "facts", *common, (probes or {}).get(host, ""))
+
+        return self.remote.map(hosts or self.hosts, gather)
 
     def require_facts(self, step: str, **kwargs) -> list[Node]:
         facts, failures = self.facts(**kwargs)
@@ -72,42 +77,41 @@ class Cluster:
             return changed + self.remote.node(host, self.python, "mesh", "hosts", input=text, sudo=True)["changed"]
 
         changed = self.remote.map_or_raise("mesh", self.hosts, install)
+        saved = [{"endpoint": n.host.endpoint(), "name": n.name, "address": n.address, "iface": n.iface}
+                 for n in nodes]
+        (mesh.cluster_dir(self.name) / "nodes.json").write_text(json.dumps(saved, indent=1) + "\n")
         return {host.label: files for host, files in changed.items()}
 
-    def verify_mesh(self) -> dict[str, str]:
-        """Each node reaches the next one (a ring) by name over the cluster key with
-        host keys checked; returns failures by host."""
-        nodes = self.nodes
-        if len(nodes) < 2:
-            return {}
-        following = {node.host: nodes[(i + 1) % len(nodes)] for i, node in enumerate(nodes)}
+    def saved_names(self) -> list[str] | None:
+        """The node names `cluster.mesh` recorded for exactly these hosts, if any."""
+        path = mesh.cluster_dir(self.name) / "nodes.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if [entry["endpoint"] for entry in saved] != [h.endpoint() for h in self.hosts]:
+            return None
+        return [entry["name"] for entry in saved]
 
-        def reach(host: Host) -> None:
-            target = following[host].name
-            got = self.remote.check(host, shlex.join(["ssh", "-o", "BatchMode=yes", target, "hostname"]),
-                                    timeout=30).strip()
-            if got != target:
-                raise HostFailure(f"ssh {target} answered {got!r}")
+    def preflight(self, ports: Sequence[int] = (), probes: int = 8) -> tuple[str, bool]:
+        """Run every check in one round when the mesh's node names are known (two
+        otherwise); `probes` nodes log in to the next one. (table, all passed)"""
+        def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
+            edges = preflight.ring_probes(len(self.hosts), probes) if names else []
+            targets = {self.hosts[a]: names[b] for a, b in edges}
+            return self.facts(ports=ports, names=names or [], probes=targets)
 
-        _, failures = self.remote.map(self.hosts, reach)
-        return {host.label: f"to {following[host].name}: {reason}" for host, reason in failures.items()}
-
-    def preflight(self, ports: Sequence[int] = (), mesh_check: bool = True) -> tuple[str, bool]:
-        """Run every check; (table, all passed)."""
-        facts, unreachable = self.facts(ports=ports, names=[])
-        if facts:
-            first = mesh.nodes_from_facts(facts)
-            names = [node.name for node in first]
-            facts, more = self.facts(list(facts), ports=ports, names=names)
-            unreachable.update(more)
-        findings: list[preflight.Finding] = []
+        names = self.saved_names()
+        facts, unreachable = gather(names)
+        found = [facts[h]["hostname"] for h in self.hosts if h in facts]
+        if not unreachable and found != names:  # no mesh yet, or hostnames changed since
+            facts, unreachable = gather(found)
         try:
             self.nodes = mesh.nodes_from_facts(facts)
         except KilnError as error:
             raise KilnError(f"preflight: {error}") from None
-        findings += preflight.check_nodes(self.nodes, ports=ports)
-        if mesh_check and not unreachable:
-            findings += [preflight.Finding(h, "mesh", reason) for h, reason in self.verify_mesh().items()]
+        findings = preflight.check_nodes(self.nodes, ports=ports)
+        findings += preflight.check_probes(self.nodes)
         labels = [h.label for h in self.hosts]
         table = preflight.format_table(labels, findings, {h.label: r for h, r in unreachable.items()})
         return table, not findings and not unreachable

@@ -15,19 +15,10 @@ import time
 HOSTS_FILE = "/etc/hosts"
 
 
-def facts(ports, names):
-    """What the launcher needs to know about this node, gathered in one go."""
+def facts(ports, names, probe=None):
+    """What the launcher needs to know about this node, gathered in one go.
+    `probe` names another node to log in to over the mesh, to prove it works."""
     hostname = socket.gethostname()
-    try:
-        from importlib import metadata
-    except ImportError:  # pragma: no cover - Python < 3.8
-        metadata = None
-    packages = {}
-    for name in ("tensorflow", "tf-keras", "horovod"):
-        try:
-            packages[name] = metadata.version(name) if metadata else None
-        except Exception:
-            packages[name] = None
     return {
         "hostname": hostname,
         "uid": os.getuid(),
@@ -35,26 +26,78 @@ def facts(ports, names):
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "ssh_connection": os.environ.get("SSH_CONNECTION", ""),
-        "packages": packages,
+        "packages": packages(("tensorflow", "tf-keras", "horovod")),
         "addresses": addresses(),
         "host_keys": host_keys(),
         "resolve": {name: resolve(name) for name in [hostname, *names]},
         "ports": {str(port): port_free(port) for port in ports},
+        "probe": mesh_probe(probe) if probe else None,
     }
 
 
+def normalize(name):
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def packages(wanted):
+    """Installed versions from the dist-info folder names (cheaper than importlib.metadata)."""
+    import site
+
+    found = {name: None for name in wanted}
+    keys = {normalize(name): name for name in wanted}
+    for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.endswith(".dist-info") and "-" in entry:
+                project, version = entry[: -len(".dist-info")].rsplit("-", 1)
+                name = keys.get(normalize(project))
+                if name and not found[name]:
+                    found[name] = version
+    return found
+
+
 def addresses():
-    try:
-        out = subprocess.run(["ip", "-j", "addr", "show", "scope", "global"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+    """Global IPv4 (one per interface) and IPv6 addresses, with their interface."""
+    import fcntl
+    import struct
+
     result = []
-    for link in json.loads(out or "[]"):
-        for info in link.get("addr_info", []):
-            if info.get("family") in ("inet", "inet6"):
-                result.append({"iface": link["ifname"], "address": info["local"], "prefix": info["prefixlen"]})
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, iface in socket.if_nameindex():
+            request = struct.pack("256s", iface.encode()[:15])
+            try:
+                address = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), 0x8915, request)[20:24])  # SIOCGIFADDR
+                mask = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), 0x891B, request)[20:24])  # SIOCGIFNETMASK
+            except OSError:
+                continue
+            if not address.startswith("127."):
+                prefix = sum(bin(int(part)).count("1") for part in mask.split("."))
+                result.append({"iface": iface, "address": address, "prefix": prefix})
+    try:
+        with open("/proc/net/if_inet6") as handle:
+            for line in handle:
+                raw, _, prefix, scope, _, iface = line.split()
+                if scope == "00":
+                    address = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(raw))
+                    result.append({"iface": iface, "address": address, "prefix": int(prefix, 16)})
+    except OSError:
+        pass
     return result
+
+
+def mesh_probe(target):
+    """Log in to `target` the way horovodrun will: by name, cluster key, host key checked."""
+    try:
+        done = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", target, "hostname"],
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"target": target, "answer": None, "error": "no answer within 30s"}
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    return {"target": target, "answer": done.stdout.strip() if done.returncode == 0 else None,
+            "error": (lines[-1] if lines else f"exit {done.returncode}") if done.returncode else None}
 
 
 def host_keys():
@@ -248,7 +291,7 @@ def main(argv):
     if verb == "facts":
         ports = [int(p) for p in args[0].split(",") if p] if args else []
         names = [n for n in args[1].split(",") if n] if len(args) > 1 else []
-        result = facts(ports, names)
+        result = facts(ports, names, args[2] if len(args) > 2 and args[2] else None)
     elif verb == "mesh":
         result = mesh(json.load(sys.stdin), args or ["ssh", "hosts"])
     elif verb == "stop":

@@ -85,6 +85,26 @@ def _versions(nodes: Sequence[Node], required: Sequence[str]) -> list[Finding]:
     return found
 
 
+def ring_probes(count: int, probes: int) -> list[tuple[int, int]]:
+    """Which nodes prove the mesh by logging in to the next one: `probes` of them,
+    spread evenly round the ring (every node when there are that few)."""
+    if count < 2 or probes < 1:
+        return []
+    chosen = sorted({round(i * count / min(probes, count)) % count for i in range(min(probes, count))})
+    return [(i, (i + 1) % count) for i in chosen]
+
+
+def check_probes(nodes: Sequence[Node]) -> list[Finding]:
+    """A mesh probe must reach its target and get that node's hostname back."""
+    found = []
+    for node in nodes:
+        probe = node.facts.get("probe")
+        if probe and probe.get("answer") != probe["target"]:
+            reason = probe.get("error") or f"answered {probe.get('answer')!r}"
+            found.append(Finding(node.host.label, "mesh", f"ssh {probe['target']}: {reason}"))
+    return found
+
+
 def format_table(hosts: Sequence[str], findings: Sequence[Finding], unreachable: Mapping[str, str]) -> str:
     """A per-host table of checks (ok / FAIL), then what failed, host by host."""
     failed = {(f.host, f.check) for f in findings} | {(h, "reach") for h in unreachable}

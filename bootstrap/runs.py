@@ -91,6 +91,7 @@ def summary(record: dict, *, status: str, failure: str | None, folder: Path, wal
         "failure": failure,
         "nodes": record["names"],
         "processes": record["tasks"],
+        "world_size": len(record.get("rank_hosts") or []) or len(record["tasks"]),
         "exit_codes": exit_codes(folder),
         "results": results,
         **headline(results),
@@ -102,7 +103,7 @@ def result_row(data: dict) -> dict:
     def number(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"
 
-    return {"mode": data["mode"], "nodes": str(len(data["nodes"])), "processes": str(len(data["processes"])),
+    return {"mode": data["mode"], "nodes": str(len(data["nodes"])), "processes": str(data["world_size"]),
             "final_loss": number(data.get("final_loss"), 4), "accuracy": number(data.get("accuracy"), 3),
             "examples/s": number(data.get("examples_per_sec"), 0), "wall_s": number(data.get("wall_time"), 1),
             "status": data["status"]}

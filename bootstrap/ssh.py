@@ -92,13 +92,16 @@ class Remote:
             return Result(host, 124, "", f"no answer within {limit:g}s")
         return Result(host, done.returncode, done.stdout, done.stderr)
 
-    def run(self, host: Host, command: str, *, timeout: float | None = None, input: str | None = None) -> Result:
-        """Run one shell command string on `host`; the remote side is bounded too."""
+    def run(self, host: Host, command: str | Sequence[str], *, timeout: float | None = None,
+            input: str | None = None) -> Result:
+        """Run a shell command string, or an argv without a shell, on `host`; the
+        remote side is bounded by `timeout` too."""
         limit = timeout or self.timeout
-        wrapped = f"timeout -k 5 {limit:g} sh -c {shlex.quote(command)}"
-        return self._execute(host, commands.ssh_argv(host, wrapped, self.options), limit, input)
+        bound = ["timeout", "-k", "5", f"{limit:g}"]
+        argv = [*bound, "sh", "-c", command] if isinstance(command, str) else [*bound, *command]
+        return self._execute(host, commands.ssh_argv(host, shlex.join(argv), self.options), limit, input)
 
-    def check(self, host: Host, command: str, **kwargs) -> str:
+    def check(self, host: Host, command: str | Sequence[str], **kwargs) -> str:
         """Like run, but a failure raises HostFailure with a readable reason."""
         result = self.run(host, command, **kwargs)
         if result.code != 0:
@@ -108,8 +111,8 @@ class Remote:
     def node(self, host: Host, python: str, verb: str, *args: str, input: str | None = None,
              timeout: float | None = None, sudo: bool = False) -> dict:
         """Run a verb of bootstrap/node.py with the node's `python`; its JSON answer."""
-        command = shlex.join([*(["sudo", "-n"] if sudo else []), python, "-c", NODE_SCRIPT, verb, *args])
-        output = self.check(host, command, input=input, timeout=timeout)
+        argv = [*(["sudo", "-n"] if sudo else []), python, "-c", NODE_SCRIPT, verb, *args]
+        output = self.check(host, argv, input=input, timeout=timeout)
         try:
             return json.loads(output)
         except json.JSONDecodeError:

@@ -106,8 +106,8 @@ def mesh_(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ac
 
 
 @cluster_task(help={**HOST_HELP, "ports": "comma-separated ports that must be free on every node",
-                    "ring": "also check that every node reaches the next one by name (default on)"})
-def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ports="", ring=True,
+                    "probes": "how many nodes prove the mesh by logging in to the next (default 8, 0: none)"})
+def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ports="", probes=8,
           accept_new_host_keys=False, dry_run=False):
     """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh."""
     hosts = host_list(c, hostfile, slots)
@@ -117,7 +117,7 @@ def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, po
     if dry_run:
         print(f"would check {len(hosts)} host(s): " + ", ".join(h.label for h in hosts))
         return
-    table, passed = group.preflight(ports=wanted_ports, mesh_check=ring)
+    table, passed = group.preflight(ports=wanted_ports, probes=int(probes))
     print(table)
     if not passed:
         raise KilnError("preflight failed (see the table above)")

@@ -123,3 +123,18 @@ def test_ssh_failures_become_one_readable_reason(stderr, reason):
 
 def test_other_failures_keep_the_last_line_and_code():
     assert describe_failure(3, "Traceback...\nValueError: boom\n") == "exit 3: ValueError: boom"
+
+
+def test_ring_probes_spread_evenly_and_cover_small_clusters():
+    assert preflight.ring_probes(3, 8) == [(0, 1), (1, 2), (2, 0)]
+    assert preflight.ring_probes(16, 4) == [(0, 1), (4, 5), (8, 9), (12, 13)]
+    assert preflight.ring_probes(1, 8) == []
+    assert preflight.ring_probes(5, 0) == []
+
+
+def test_failed_mesh_probe_is_a_finding():
+    nodes = three_nodes()
+    nodes[0].facts["probe"] = {"target": "node2", "answer": "node2", "error": None}
+    nodes[1].facts["probe"] = {"target": "node3", "answer": None, "error": "Host key verification failed."}
+    assert preflight.check_probes(nodes) == [
+        preflight.Finding("n2:2222", "mesh", "ssh node3: Host key verification failed.")]
