@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from bootstrap import commands, mesh, preflight
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
-from bootstrap.hosts import Host
+from bootstrap.hosts import Host, format_hostfile, parse_hostfile
 from bootstrap.mesh import Node
 from bootstrap.ssh import Remote
 
@@ -31,11 +31,11 @@ class Cluster:
                 timeout: float, accept_new: bool = False) -> Cluster:
         """Set up ssh for the cluster: its pinned known_hosts, trust on first use if asked."""
         folder = mesh.cluster_dir(name)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         pinned = folder / "known_hosts"
         options = replace(options, known_hosts=(str(pinned),))
         remote = Remote(options, fanout=fanout, timeout=timeout)
         if accept_new:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             first_contact = folder / "known_hosts.first-contact"
             users = remote.user_known_hosts(hosts[0]) if hosts else ()
             remote.options = replace(options, accept_new_into=str(first_contact), user_known_hosts=users)
@@ -80,6 +80,7 @@ class Cluster:
         saved = [{"endpoint": n.host.endpoint(), "name": n.name, "address": n.address, "iface": n.iface}
                  for n in nodes]
         (mesh.cluster_dir(self.name) / "nodes.json").write_text(json.dumps(saved, indent=1) + "\n")
+        save_cluster_file(self.name, self.hosts, self.remote.options, self.python)
         return {host.label: files for host, files in changed.items()}
 
     def saved_names(self) -> list[str] | None:
@@ -131,3 +132,24 @@ class Cluster:
 
     def remote_root(self, host: Host) -> str:
         return f"{self.home(host)}/{REMOTE_ROOT}"
+
+
+def save_cluster_file(name: str, hosts: Sequence[Host], options: SshOptions, python: str) -> None:
+    """Record how to reach the cluster, so later tasks take `--cluster NAME` instead of -H."""
+    data = {"name": name, "hostfile": format_hostfile(hosts), "python": python,
+            "ssh": {"config_file": options.config_file, "identity": options.identity}}
+    path = mesh.cluster_dir(name) / "cluster.json"
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def load_cluster_file(name: str) -> dict | None:
+    path = mesh.cluster_dir(name) / "cluster.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise KilnError(f"cannot read {path}: {error}") from None
+    data["hosts"] = parse_hostfile(data["hostfile"], source=str(path))
+    return data

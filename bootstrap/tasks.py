@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from fabric import task
@@ -15,7 +16,7 @@ from invoke.exceptions import Exit
 
 from bootstrap import commands, launch, mesh, runs, topology
 from bootstrap import hosts as hostlists
-from bootstrap.cluster import REMOTE_ROOT, Cluster
+from bootstrap.cluster import REMOTE_ROOT, Cluster, load_cluster_file
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError, RunFailed, UsageError
 from bootstrap.hosts import Host
@@ -48,7 +49,8 @@ def cluster_task(**task_kwargs):
     return decorate
 
 
-def host_list(c, hostfile: str | None, slots: int | None) -> list[Host]:
+def host_list(c, hostfile: str | None, slots: int | None, saved: dict | None = None) -> list[Host]:
+    """Hosts from -H, from --hostfile, or from the cluster file of --cluster."""
     given = c.config.get("kiln_hosts")
     if given and hostfile:
         raise UsageError("give hosts either with -H or with --hostfile, not both")
@@ -59,27 +61,46 @@ def host_list(c, hostfile: str | None, slots: int | None) -> list[Host]:
             raise UsageError(f"cannot read hostfile {hostfile}: {error.strerror}") from None
         found = hostlists.parse_hostfile(text, source=hostfile)
         return hostlists.with_slots(found, slots) if slots else found
-    if not given:
-        raise UsageError("no hosts: give them with -H h1,h2,... or --hostfile FILE")
-    return hostlists.with_slots(hostlists.parse_host_list(given), slots or 1)
+    if given:
+        return hostlists.with_slots(hostlists.parse_host_list(given), slots or 1)
+    if saved:
+        return hostlists.with_slots(saved["hosts"], slots) if slots else saved["hosts"]
+    raise UsageError("no hosts: give them with -H h1,h2,..., --hostfile FILE, or --cluster NAME "
+                     "of a cluster that cluster.mesh has set up")
 
 
-def ssh_options(c) -> SshOptions:
-    """Fabric's own flags: -S ssh config, -i identity, -t connect timeout."""
+def ssh_options(c, saved: dict | None = None) -> SshOptions:
+    """Fabric's own flags (-S ssh config, -i identity, -t connect timeout), else the cluster file's."""
     config = c.config
     key = config.connect_kwargs.get("key_filename")
     if isinstance(key, (list, tuple)):
         key = key[0] if key else None
     ssh_config = config.get("ssh_config_path") or getattr(config, "_runtime_ssh_path", None)
     timeout = config.connect_kwargs.get("timeout") or config.timeouts.connect or 10
-    return SshOptions(config_file=ssh_config or None, identity=key, connect_timeout=int(timeout))
+    recorded = (saved or {}).get("ssh", {})
+    return SshOptions(config_file=ssh_config or recorded.get("config_file"), identity=key or recorded.get("identity"),
+                      connect_timeout=int(timeout))
 
 
-def open_cluster(c, hosts: list[Host], *, cluster: str | None, python: str | None, fanout: int,
-                 accept_new_host_keys: bool = False) -> Cluster:
-    options = ssh_options(c)
-    name = mesh.validate_cluster_name(cluster) if cluster else mesh.default_cluster_name(hosts, options.config_file)
-    return Cluster.connect(name, hosts, options, python=python or sys.executable, fanout=fanout,
+@dataclass
+class Target:
+    hosts: list[Host]
+    name: str
+    options: SshOptions
+    python: str
+
+
+def target(c, *, hostfile: str | None, cluster: str | None, slots: int | None, python: str | None) -> Target:
+    """Parse what the user named: hosts, the cluster's name, ssh settings, the nodes' Python."""
+    saved = load_cluster_file(mesh.validate_cluster_name(cluster)) if cluster else None
+    hosts = host_list(c, hostfile, slots, saved)
+    options = ssh_options(c, saved)
+    name = cluster or mesh.default_cluster_name(hosts, options.config_file)
+    return Target(hosts, name, options, python or (saved or {}).get("python") or sys.executable)
+
+
+def open_cluster(c, goal: Target, *, fanout: int, accept_new_host_keys: bool = False) -> Cluster:
+    return Cluster.connect(goal.name, goal.hosts, goal.options, python=goal.python, fanout=int(fanout),
                            timeout=float(c.config.timeouts.command or 300), accept_new=accept_new_host_keys)
 
 
@@ -92,15 +113,14 @@ def print_changes(changed: dict[str, list[str]]) -> None:
 def mesh_(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, accept_new_host_keys=False,
           dry_run=False):
     """Set up passwordless SSH between all nodes with a per-cluster key and pinned host keys."""
-    hosts = host_list(c, hostfile, slots)
-    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
-                         accept_new_host_keys=accept_new_host_keys)
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     if dry_run:
-        print(f"cluster {group.name}: key {mesh.cluster_dir(group.name)}/id_ed25519 (made if missing)")
+        print(f"cluster {goal.name}: key {mesh.cluster_dir(goal.name)}/id_ed25519 (made if missing)")
         print("on every node: ~/.ssh/kiln/<cluster>/{id_ed25519,known_hosts,config}, an Include in ~/.ssh/config,")
         print("the key in ~/.ssh/authorized_keys, and every node's name in /etc/hosts")
-        print("hosts: " + ", ".join(h.label for h in hosts))
+        print("hosts: " + ", ".join(h.label for h in goal.hosts))
         return
+    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     group.require_facts("mesh")
     print_changes(group.apply_mesh())
 
@@ -110,13 +130,12 @@ def mesh_(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ac
 def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ports="", probes=8,
           accept_new_host_keys=False, dry_run=False):
     """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh."""
-    hosts = host_list(c, hostfile, slots)
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     wanted_ports = [int(p) for p in str(ports).split(",") if p.strip()]
-    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
-                         accept_new_host_keys=accept_new_host_keys)
     if dry_run:
-        print(f"would check {len(hosts)} host(s): " + ", ".join(h.label for h in hosts))
+        print(f"would check {len(goal.hosts)} host(s): " + ", ".join(h.label for h in goal.hosts))
         return
+    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     table, passed = group.preflight(ports=wanted_ports, probes=int(probes))
     print(table)
     if not passed:
@@ -127,14 +146,13 @@ def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, po
 def sync(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, source=".", accept_new_host_keys=False,
          dry_run=False):
     """Copy the training code to ~/kiln/code on every node."""
-    hosts = host_list(c, hostfile, slots)
-    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
-                         accept_new_host_keys=accept_new_host_keys)
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
+    where = f"~/{REMOTE_ROOT}/code on {len(goal.hosts)} host(s)"
     if dry_run:
-        print(f"would mirror {Path(source).resolve()} to ~/{REMOTE_ROOT}/code on " + ", ".join(h.label for h in hosts))
+        print(f"would mirror {Path(source).resolve()} to {where}: " + ", ".join(h.label for h in goal.hosts))
         return
-    group.sync(source, f"{REMOTE_ROOT}/code")
-    print(f"synced {Path(source).resolve()} to ~/{REMOTE_ROOT}/code on {len(hosts)} host(s)")
+    open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys).sync(source, f"{REMOTE_ROOT}/code")
+    print(f"synced {Path(source).resolve()} to {where}")
 
 
 TRAIN_HELP = {
@@ -159,18 +177,18 @@ def train(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ac
           base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
-    hosts = host_list(c, hostfile, slots)
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
+    hosts = goal.hosts
     run_id = run_id or runs.new_run_id()
     trainer_args = shlex.split(args)
-    group = open_cluster(c, hosts, cluster=cluster, python=python, fanout=fanout,
-                         accept_new_host_keys=accept_new_host_keys)
     if dry_run:
         names = [h.address for h in hosts]
-        plan = make_plan(mode, run_id, names, hosts, group.python, launch.NodePaths(f"~/{REMOTE_ROOT}"),
+        plan = make_plan(mode, run_id, names, hosts, goal.python, launch.NodePaths(f"~/{REMOTE_ROOT}"),
                          trainer_args, nic or "(found at run time)", ps=int(ps), chief=chief, evaluator=evaluator,
                          mpi=mpi, base_port=int(base_port))
         print(launch.describe_plan(plan, hosts))
         return
+    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     nodes = group.require_facts("connect")
     group.apply_mesh()
     topo_ports = []

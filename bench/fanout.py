@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""usage: bench/fanout.py [--sizes 4,16,64,256] [--width 64]
+
+Time of `fab cluster.mesh` + `fab cluster.check` on N local nodes, as a ratio to
+a floor of plain parallel `ssh NODE true` over the same nodes (fresh connections,
+the same width), and the SSH handshakes each node's sshd accepted during kiln's
+steps: from the operator, and from the other nodes (check's ring test).
+Measured in one run; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "kb"
+STATE = Path("/run/kiln/local") / CLUSTER
+ACCEPTED = re.compile(r"Accepted publickey for \S+ from (\S+)")
+
+
+def local_cluster(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "local-cluster"), *args, "--name", CLUSTER],
+                   check=True, timeout=900, stdout=subprocess.DEVNULL)
+
+
+def accepted(nodes: int) -> dict[str, list[str]]:
+    """Per node, the source address of every login its sshd accepted so far."""
+    found = {}
+    for i in range(1, nodes + 1):
+        log = STATE / f"node{i}" / "etc-ssh" / "sshd.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found[f"node{i}"] = ACCEPTED.findall(text)
+    return found
+
+
+def floor(names: list[str], width: int) -> float:
+    config = str(STATE / "ssh_config")
+
+    def one(name: str) -> None:
+        subprocess.run(["ssh", "-F", config, "-o", "ControlMaster=no", "-o", "ControlPath=none", name, "true"],
+                       check=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(width) as pool:
+        list(pool.map(one, names))
+    return time.perf_counter() - start
+
+
+def kiln(names: list[str], width: int, home: str) -> float:
+    fab = [str(Path(sys.executable).with_name("fab")), "-S", str(STATE / "ssh_config"), "-H", ",".join(names)]
+    env = {**os.environ, "KILN_HOME": home}
+    start = time.perf_counter()
+    for task in ("cluster.mesh", "cluster.check"):
+        subprocess.run([*fab, task, "--fanout", str(width)], check=True, timeout=1800, env=env, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    parser.add_argument("--sizes", default="4,16,64,256")
+    parser.add_argument("--width", type=int, default=64)
+    options = parser.parse_args()
+    print(f"{'nodes':>5} {'floor_s':>8} {'kiln_s':>8} {'ratio':>6} {'op_handshakes/node':>19} "
+          f"{'node_handshakes/node':>21}", flush=True)
+    for size in (int(s) for s in options.sizes.split(",")):
+        names = [f"node{i}" for i in range(1, size + 1)]
+        local_cluster("down")
+        local_cluster("up", str(size))
+        try:
+            floor_s = floor(names, options.width)
+            before = accepted(size)
+            with tempfile.TemporaryDirectory() as home:
+                kiln_s = kiln(names, options.width, home)
+            after = accepted(size)
+            operator = sum(1 for n in names for src in after[n][len(before[n]):] if src.endswith(".0.1"))
+            peers = sum(len(after[n]) - len(before[n]) for n in names) - operator
+            print(f"{size:>5} {floor_s:>8.2f} {kiln_s:>8.2f} {kiln_s / floor_s:>6.2f} {operator / size:>19.2f} "
+                  f"{peers / size:>21.2f}", flush=True)
+        finally:
+            subprocess.run(["sh", "-c", f"for s in /tmp/kiln-ssh-{os.getuid()}/*; do ssh -O exit -S \"$s\" x; done"],
+                           capture_output=True, timeout=120)
+            local_cluster("down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

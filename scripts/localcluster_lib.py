@@ -1,0 +1,186 @@
+"""Pure planning for scripts/local-cluster: names, addresses, and the text of every file and batch it writes.
+
+Nothing here touches the system; scripts/local-cluster does the I/O.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+import subprocess
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_ROOT = Path("/run/kiln/local")  # STATE_ROOT/NAME: mode 700
+SSHD = "/usr/sbin/sshd"
+NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
+MAX_NODES = 1000
+# (path in the node's state dir, mountpoint); /tmp last, in case a source lies under it
+NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"),
+               ("tmp", "/tmp"))
+
+
+class ClusterError(Exception):
+    """A failure to report as one line; code 2 for usage errors, 1 otherwise."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    name: str   # node1: hostname and ssh alias
+    ip: str
+    netns: str  # kiln-n1
+    veth: str   # kiln-v1 (host side; eth0 inside the namespace)
+    mac: str    # eth0's, fixed so that neighbour entries can be static
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    subnet: ipaddress.IPv4Network
+    gateway: str  # the bridge's address
+    gateway_mac: str
+    nodes: tuple[Node, ...]
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"
+
+
+@dataclass(frozen=True)
+class NodeBoot:
+    node: Node
+    proc: subprocess.Popen  # ip netns exec ... exec sshd: becomes the node's sshd
+    known_hosts: list[str]
+
+
+def check_name(name: str) -> str:
+    """Return name if it is a valid cluster name (it becomes part of interface names)."""
+    if not NAME_RE.fullmatch(name):
+        raise ClusterError(f"invalid cluster name {name!r}: must match [a-z][a-z0-9]{{0,5}}", 2)
+    return name
+
+
+def candidate_subnets(name: str) -> list[ipaddress.IPv4Network]:
+    """Default subnets for a cluster, best first: 10.{200 + crc32(name) % 50}.0.0/16, then the next."""
+    start = zlib.crc32(name.encode()) % 50
+    return [ipaddress.IPv4Network(f"10.{200 + (start + k) % 50}.0.0/16") for k in range(50)]
+
+
+def parse_subnet(text: str, count: int) -> ipaddress.IPv4Network:
+    """Parse --subnet; it must be private IPv4 with room for the bridge and count nodes."""
+    try:
+        subnet = ipaddress.IPv4Network(text, strict=False)
+    except ValueError as exc:
+        raise ClusterError(f"invalid --subnet {text!r}: {exc}", 2) from None
+    if not subnet.is_private:
+        raise ClusterError(f"--subnet {subnet} is not a private range", 2)
+    if subnet.num_addresses - 2 < count + 1:
+        raise ClusterError(f"--subnet {subnet} is too small for a bridge and {count} nodes", 2)
+    return subnet
+
+
+def mac_address(name: str, index: int) -> str:
+    """A locally administered MAC for node index of cluster name (0: the bridge)."""
+    tag = zlib.crc32(name.encode()) & 0xFFFF
+    return "02:" + ":".join(f"{b:02x}" for b in (tag >> 8, tag & 255, index >> 16, (index >> 8) & 255, index & 255))
+
+
+def plan_cluster(name: str, count: int, subnet: ipaddress.IPv4Network) -> Cluster:
+    """Names and addresses: the bridge takes the first host address, node i the (i+1)-th."""
+    base = subnet.network_address
+    nodes = (Node(i, f"node{i}", str(base + 1 + i), f"{name}-n{i}", f"{name}-v{i}", mac_address(name, i))
+             for i in range(1, count + 1))
+    return Cluster(name, subnet, str(base + 1), mac_address(name, 0), tuple(nodes))
+
+
+def pick_subnet(candidates: list[ipaddress.IPv4Network],
+                used: list[tuple[str, ipaddress.IPv4Network]]) -> ipaddress.IPv4Network:
+    """The first candidate overlapping no (device, network) in use."""
+    for subnet in candidates:
+        clash = [(dev, net) for dev, net in used if net.overlaps(subnet)]
+        if not clash:
+            return subnet
+    raise ClusterError(f"subnet {subnet} overlaps {clash[0][1]} on {clash[0][0]}; choose another with --subnet", 2)
+
+
+def root_batch(cluster: Cluster) -> str:
+    """`ip -batch` input creating the bridge, the namespaces, the veth pairs and static neighbour entries.
+
+    Static entries keep operator <-> node traffic out of the ARP cache, whose size limit (gc_thresh3, 1024
+    by default) counts dynamic entries of all namespaces together: with hundreds of nodes it overflows.
+    """
+    br = cluster.bridge
+    lines = [f"link add {br} address {cluster.gateway_mac} type bridge",
+             f"addr add {cluster.gateway}/{cluster.subnet.prefixlen} dev {br}", f"link set {br} up"]
+    for n in cluster.nodes:
+        lines += [f"netns add {n.netns}", f"link add {n.veth} type veth peer name eth0 address {n.mac} netns {n.netns}",
+                  f"link set {n.veth} master {br} up", f"neigh replace {n.ip} lladdr {n.mac} dev {br} nud permanent"]
+    return "\n".join(lines) + "\n"
+
+
+def node_batch(cluster: Cluster, node: Node) -> str:
+    """`ip -n NETNS -batch` input configuring a node's interfaces, default route and gateway neighbour."""
+    return (f"link set lo up\naddr add {node.ip}/{cluster.subnet.prefixlen} dev eth0\nlink set eth0 up\n"
+            f"route add default via {cluster.gateway}\n"
+            f"neigh replace {cluster.gateway} lladdr {cluster.gateway_mac} dev eth0 nud permanent\n")
+
+
+def sshd_config_text(node: Node) -> str:
+    """The node's sshd_config (paths as seen inside the node)."""
+    return "\n".join([
+        f"ListenAddress {node.ip}", "Port 22", "HostKey /etc/ssh/ssh_host_ed25519_key",
+        "HostKey /etc/ssh/ssh_host_ecdsa_key", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "UsePAM no", "UseDNS no", "PidFile none", "MaxStartups 200:30:400",
+        "MaxSessions 128", "LogLevel INFO", "Subsystem sftp /usr/lib/openssh/sftp-server",
+        "AuthorizedKeysFile .ssh/authorized_keys", "PrintMotd no", ""])  # no AcceptEnv: nothing accepted
+
+
+def hosts_text(node: Node) -> str:
+    """A fresh cloud image's /etc/hosts: the hostname maps to loopback, no other nodes."""
+    return f"127.0.0.1 localhost\n::1 localhost\n127.0.1.1 {node.name}\n"
+
+
+def ssh_config_text(cluster: Cluster, state: Path) -> str:
+    """The operator's ssh_config: one Host block per node, then the shared settings."""
+    blocks = "".join(f"Host {n.name}\n  HostName {n.ip}\n" for n in cluster.nodes)
+    return blocks + (f"Host *\n  User root\n  IdentityFile {state / 'operator_key'}\n  IdentitiesOnly yes\n"
+                     f"  UserKnownHostsFile {state / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+                     "  BatchMode yes\n  ConnectTimeout 10\n")
+
+
+def known_hosts_lines(node: Node, public_keys: list[str]) -> list[str]:
+    """known_hosts lines pinning a node's host keys under its name and its address."""
+    return [f"{node.name},{node.ip} {' '.join(key.split()[:2])}" for key in public_keys]
+
+
+def fstab_text(node_dir: Path) -> str:
+    """The node's private mounts, for `mount --all --fstab` inside its mount namespace."""
+    binds = [f"{node_dir / src} {dst} none bind 0 0\n" for src, dst in NODE_MOUNTS]
+    return "".join(binds) + f"kiln-hidden {STATE_ROOT.parent} tmpfs size=64k,mode=755 0 0\n"  # hide state
+
+
+def boot_argv(node: Node, node_dir: Path) -> list[str]:
+    """argv that starts a node's sshd in its netns with its own UTS and mount namespace."""
+    script = (f"echo {node.name} > /proc/sys/kernel/hostname\n"
+              f"mount --all --fstab {shlex.quote(str(node_dir / 'fstab'))}\n"
+              f"exec {SSHD} -D -E /etc/ssh/sshd.log -f /etc/ssh/sshd_config")
+    return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "--propagation", "private",
+            "--", "/bin/sh", "-ec", script]
+
+
+def teardown_batch(netns: list[str], links: list[str]) -> str:
+    """`ip -force -batch` input deleting namespaces (their eth0 and its veth peer go too), then links."""
+    return "".join([f"netns del {ns}\n" for ns in netns] + [f"link del {link}\n" for link in links])
+
+
+def fab_command(state: Path, cluster: Cluster) -> str:
+    """The fab command line for this cluster (hostfile-based when the host list is long)."""
+    short = len(cluster.nodes) <= 16
+    hosts = ",".join(n.name for n in cluster.nodes) if short else f'"$(paste -sd, {state / "hostfile"})"'
+    return f"fab -S {state / 'ssh_config'} -H {hosts} cluster.check"

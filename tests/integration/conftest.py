@@ -1,0 +1,104 @@
+"""Fixtures that start real things: a local cluster of sshd nodes in network namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL_CLUSTER = ROOT / "scripts" / "local-cluster"
+FAB = Path(sys.executable).with_name("fab")
+
+
+def can_make_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    if not shutil.which("ip") or not shutil.which("sshd", path="/usr/sbin:/usr/bin"):
+        return "needs iproute2 and openssh-server"
+    return None
+
+
+@dataclass
+class LocalCluster:
+    name: str
+    state: Path
+    nodes: list[dict]
+    kiln_home: Path
+    runs: Path
+
+    @property
+    def ssh_config(self) -> str:
+        return str(self.state / "ssh_config")
+
+    @property
+    def names(self) -> list[str]:
+        return [node["name"] for node in self.nodes]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KILN_HOME": str(self.kiln_home), "KILN_RUNS": str(self.runs)}
+
+    def fab(self, *args: str, hosts: str | None = None, timeout: float = 300, check: bool = False):
+        """Run `fab -S <cluster ssh config> -H <hosts> ARGS` from the repository root."""
+        argv = [str(FAB), "-S", self.ssh_config, *(["-H", hosts] if hosts is not None else []), *args]
+        done = subprocess.run(argv, cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{argv} exited {done.returncode}\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def ssh(self, node: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Log in as the operator does (the cluster's own ssh config, host keys checked)."""
+        return subprocess.run(["ssh", "-F", self.ssh_config, node, command], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def node_dir(self, node: str) -> Path:
+        return self.state / node
+
+
+def local_cluster_command(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LOCAL_CLUSTER), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster(request, tmp_path_factory):
+    """A fresh 3-node local cluster for one test module, always torn down."""
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    name = getattr(request.module, "CLUSTER_NAME", "kt")
+    local_cluster_command("down", "--name", name)
+    up = local_cluster_command("up", "3", "--name", name)
+    if up.returncode != 0:
+        local_cluster_command("down", "--name", name)
+        raise AssertionError(f"local-cluster up failed:\n{up.stdout}\n{up.stderr}")
+    try:
+        state = Path("/run/kiln/local") / name
+        nodes = json.loads((state / "nodes.json").read_text())
+        if isinstance(nodes, dict):
+            nodes = nodes["nodes"]
+        home = tmp_path_factory.mktemp("kiln-home")
+        yield LocalCluster(name, state, nodes, home, tmp_path_factory.mktemp("runs"))
+    finally:
+        local_cluster_command("down", "--name", name)
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Processes on this machine (every local node shares its PID space) tagged with the run id."""
+    needle = f"KILN_RUN_ID={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle + b"\0" in (entry / "environ").read_bytes() + b"\0":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,233 @@
+"""The launcher against a real 3-node local cluster: mesh, preflight, training in
+both modes, and the failures a user meets (bad hosts, dead hosts, dead processes,
+changed host keys)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAB, ROOT, run_processes
+
+from bootstrap import launch, tasks
+from bootstrap.cluster import Cluster
+from bootstrap.commands import SshOptions
+from bootstrap.hosts import parse_host_list
+from bootstrap.mesh import default_cluster_name
+
+pytestmark = pytest.mark.integration
+CLUSTER_NAME = "kt"
+HOSTS = "node1,node2,node3"
+SHORT = "--epochs 2 --log-every 5"
+
+
+def summary(cluster, run_id: str) -> dict:
+    return json.loads((cluster.runs / run_id / "summary.json").read_text())
+
+
+def test_mesh_lets_every_node_reach_every_other_by_name(cluster):
+    first = cluster.fab("cluster.mesh", hosts=HOSTS, check=True)
+    assert first.stdout.count("changed") == 3
+    again = cluster.fab("cluster.mesh", hosts=HOSTS, check=True)
+    assert again.stdout.count("ok (nothing to change)") == 3, again.stdout
+    hop = cluster.ssh("node2", "ssh node3 hostname")
+    assert hop.returncode == 0, hop.stderr
+    assert hop.stdout.strip() == "node3"
+    config = cluster.ssh("node2", "ssh -G node3")
+    assert "stricthostkeychecking true" in config.stdout
+    hosts = cluster.ssh("node1", "getent ahostsv4 node1 | awk '{print $1}' | sort -u").stdout.split()
+    assert hosts == [cluster.nodes[0]["ip"]]
+
+
+def test_cluster_key_is_the_clusters_own(cluster):
+    keys = list(cluster.kiln_home.glob("clusters/*/id_ed25519.pub"))
+    assert len(keys) == 1
+    public = keys[0].read_text().split()[1]
+    authorized = cluster.ssh("node3", "cat ~/.ssh/authorized_keys").stdout
+    assert public in authorized
+    operator = (cluster.state / "operator_key.pub").read_text().split()[1]
+    assert operator != public
+
+
+def test_check_passes_and_shows_a_table(cluster):
+    done = cluster.fab("cluster.check", "--ports", "23456", hosts=HOSTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["host", "reach", "hostname", "resolve", "versions", "ports", "mesh"]
+    assert [line.split() for line in lines[1:4]] == [[n] + ["ok"] * 6 for n in ("node1", "node2", "node3")]
+
+
+def test_malformed_host_list_names_the_bad_item(cluster):
+    done = cluster.fab("cluster.train", hosts="node1,node2:99999")
+    assert done.returncode == 2
+    assert "node2:99999" in done.stderr and "port '99999'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unreachable_host_is_named_and_nothing_starts(cluster):
+    dead = "10.254.254.254"  # no route: nothing answers there
+    run_id = "unreachable-run"
+    started = time.monotonic()
+    done = cluster.fab("-t", "3", "cluster.train", "--run-id", run_id, hosts=f"node1,node2,{dead}", timeout=60)
+    assert done.returncode != 0
+    assert dead in done.stderr and "unreachable" in done.stderr, done.stderr
+    assert time.monotonic() - started < 45, "the connect timeout was not honoured"
+    assert run_processes(run_id) == []
+    for node in ("node1", "node2"):
+        assert cluster.ssh(node, f"test ! -e ~/kiln/runs/{run_id}").returncode == 0
+
+
+def test_horovod_ranks_agree_and_loss_falls(cluster):
+    done = cluster.fab("cluster.train", "--mode", "horovod", "--run-id", "hvd", "--args", SHORT, hosts=HOSTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = summary(cluster, "hvd")
+    assert data["status"] == "ok"
+    ranks = {task: result for task, result in data["results"].items() if task.startswith("rank-")}
+    assert sorted(ranks) == ["rank-0", "rank-1", "rank-2"]
+    assert {r["host"] for r in ranks.values()} == {"node1", "node2", "node3"}
+    assert len({r["weights_sha256"] for r in ranks.values()}) == 1
+    assert all(r["final_loss"] < r["first_loss"] for r in ranks.values())
+    assert run_processes("hvd") == []
+    assert "horovod" in done.stdout and "ok" in done.stdout
+
+
+def test_horovod_over_mpi(cluster):
+    done = cluster.fab("cluster.train", "--mode", "horovod", "--mpi", "--run-id", "hvd-mpi", "--args",
+                       "--epochs 1", hosts=HOSTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = summary(cluster, "hvd-mpi")["results"]
+    assert len({r["weights_sha256"] for r in results.values()}) == 1 and len(results) == 3
+
+
+def test_multiworker_tf_config_workers_agree(cluster):
+    done = cluster.fab("cluster.train", "--mode", "tf-config", "--run-id", "mw", "--args", SHORT, hosts=HOSTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = summary(cluster, "mw")
+    workers = {t: r for t, r in data["results"].items() if t.startswith("worker-")}
+    assert sorted(workers) == ["worker-0", "worker-1", "worker-2"]
+    assert len({r["weights_sha256"] for r in workers.values()}) == 1
+    assert all(r["final_loss"] < r["first_loss"] for r in workers.values())
+    plan = json.loads((cluster.runs / "mw" / "run.json").read_text())
+    assert [t["task"] for t in plan["tasks"]] == ["worker-0", "worker-1", "worker-2"]
+
+
+def test_parameter_server_run_trains_and_stops_its_servers(cluster):
+    done = cluster.fab("cluster.train", "--mode", "tf-config", "--ps", "1", "--run-id", "ps", "--args", SHORT,
+                       hosts=HOSTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = summary(cluster, "ps")
+    chief = data["results"]["chief-0"]
+    assert chief["final_loss"] < chief["first_loss"]
+    assert data["exit_codes"]["node1"]["chief-0"] == 0
+    assert run_processes("ps") == []
+
+
+MARKERS = {"worker-1": b'"type":"worker","index":1}', "rank-1": b"HOROVOD_RANK=1\0"}
+
+
+def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: float = 120) -> None:
+    """Once `task` on `node` has logged a step, kill -9 its Python (not the wrapper around it)."""
+    metrics = cluster.node_dir(node) / "kiln" / "runs" / run_id / f"metrics.{task}.jsonl"
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if metrics.exists() and metrics.stat().st_size:
+            for pid in run_processes(run_id):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    environ = Path(f"/proc/{pid}/environ").read_bytes() + b"\0"
+                except OSError:
+                    continue
+                if b"trainer" in argv and MARKERS[task] in environ:
+                    subprocess.run(["kill", "-9", str(pid)], check=False)
+                    return
+        time.sleep(0.5)
+    raise AssertionError(f"{task} on {node} never started training")
+
+
+@pytest.mark.parametrize(("mode", "task"), [("tf-config", "worker-1"), ("horovod", "rank-1")])
+def test_a_killed_process_fails_the_run_naming_its_host(cluster, mode, task):
+    run_id = f"kill-{mode}"
+    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", mode, "--run-id", run_id,
+            "--args", "--epochs 400 --log-every 1"]
+    with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as train:
+        try:
+            kill_when_training(cluster, run_id, "node2", task)
+            _, err = train.communicate(timeout=120)
+        finally:
+            if train.poll() is None:
+                train.kill()
+    assert train.returncode != 0
+    assert "node2" in err, err
+    data = summary(cluster, run_id)
+    assert data["status"] == "failed" and "node2" in data["failure"]
+    if mode == "tf-config":
+        assert f"{task} on node2 exited with status 137" in data["failure"]
+    else:
+        assert "rank 1 on node2 failed first" in data["failure"]
+    assert run_processes(run_id) == []
+
+
+def test_a_meshed_cluster_is_named_instead_of_listed(cluster):
+    cluster.fab("cluster.mesh", "--cluster", "named", hosts=HOSTS, check=True)
+    bare = [str(FAB), "cluster.check", "--cluster", "named"]
+    done = subprocess.run(bare, cwd=ROOT, env=cluster.env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()[1:4]] == ["node1", "node2", "node3"]
+    by_name = subprocess.run([*bare[:1], "cluster.train", "--cluster", "named", "--dry-run", "--run-id", "same"],
+                             cwd=ROOT, env=cluster.env(), capture_output=True, text=True, timeout=60)
+    by_list = cluster.fab("cluster.train", "--dry-run", "--run-id", "same", hosts=HOSTS)
+    assert by_name.returncode == 0 and by_name.stdout == by_list.stdout
+    missing = subprocess.run([*bare[:1], "cluster.check", "--cluster", "nosuch"], cwd=ROOT, env=cluster.env(),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "--cluster NAME of a cluster that cluster.mesh has set up" in missing.stderr
+
+
+def test_changed_host_key_is_refused_everywhere(cluster):
+    """Re-key node3 behind kiln's back: the operator, the other nodes and horovodrun all refuse it.
+    Runs last in this module: node3 keeps its new key."""
+    hosts = parse_host_list(HOSTS)
+    options = SshOptions(config_file=cluster.ssh_config)
+    name = default_cluster_name(hosts, cluster.ssh_config)
+    env = cluster.env()
+    saved = {k: os.environ.get(k) for k in ("KILN_HOME", "KILN_RUNS")}
+    os.environ.update({"KILN_HOME": env["KILN_HOME"], "KILN_RUNS": env["KILN_RUNS"]})
+    try:
+        group = Cluster.connect(name, hosts, options, python=str(FAB.with_name("python")),
+                                fanout=8, timeout=60)
+        group.require_facts("connect")
+        group.apply_mesh()
+        keys = cluster.node_dir("node3") / "etc-ssh"
+        for key in keys.glob("ssh_host_*_key*"):
+            key.unlink()
+        for kind in ("ed25519", "ecdsa"):
+            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
+                           check=True, timeout=30)
+        hop = cluster.ssh("node2", "ssh node3 hostname")
+        assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
+
+        paths = launch.NodePaths(group.remote_root(hosts[0]))
+        group.sync(".", "kiln/code")
+        plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
+                                   paths=paths, trainer_args=["--epochs", "1"], nic="eth0")
+        record = tasks.save_record(group, plan, paths)
+        tasks.start_run(group, plan, paths)
+        with pytest.raises(Exception, match="rekeyed failed"):
+            tasks.finish_run(group, plan, paths, record, timeout=120)
+        log = (cluster.runs / "rekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
+        assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log
+        assert run_processes("rekeyed") == []
+        group.remote.disconnect(hosts)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    done = cluster.fab("cluster.check", hosts=HOSTS)
+    assert done.returncode != 0
+    assert "node3: reach: host key verification failed" in done.stdout, done.stdout

@@ -1,0 +1,327 @@
+"""scripts/local-cluster: real namespaces, bridges and sshds, always torn down."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "local-cluster"
+STATE_ROOT = Path("/run/kiln/local")
+NAME = "lct"         # the module's cluster
+SCRATCH = "lcd"      # clusters that tests take down themselves
+
+
+def _load_script():
+    """scripts/local-cluster as a module (it has no .py suffix); it puts scripts/ on sys.path for its lib."""
+    loader = importlib.machinery.SourceFileLoader("local_cluster", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+cli = _load_script()
+plan = importlib.import_module("localcluster_lib")  # the pure half, the very module the script uses
+
+
+def _namespaces_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    if not shutil.which("ip") or not shutil.which("unshare"):
+        return "needs iproute2 and util-linux"
+    probe = subprocess.run(["unshare", "--net", "--mount", "--uts", "ip", "link", "show", "lo"],
+                           capture_output=True, text=True, timeout=10)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
+    if probe.returncode or listed.returncode:
+        return f"network namespaces do not work here: {probe.stderr.strip() or listed.stderr.strip()}"
+    return None
+
+
+NAMESPACES_UNAVAILABLE = _namespaces_unavailable()
+needs_namespaces = pytest.mark.skipif(bool(NAMESPACES_UNAVAILABLE), reason=str(NAMESPACES_UNAVAILABLE))
+
+
+def local_cluster(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def ssh(name: str, node: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(STATE_ROOT / name / "ssh_config"), node, command],
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def netns_of(name: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{name}-n")]
+
+
+def links_of(name: str) -> list[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+    return [link for link in names if link == f"{name}-br" or link.startswith(f"{name}-v")]
+
+
+def pids_in(netns_inodes: set[tuple[int, int]]) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            st = os.stat(entry / "ns" / "net")
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and (st.st_dev, st.st_ino) in netns_inodes:
+            pids.append(int(entry.name))
+    return pids
+
+
+def host_files() -> dict[str, tuple[int, bytes]]:
+    """Mode and content of the host files the nodes' bind mounts cover."""
+    found = {}
+    for top in (Path("/etc/hosts"), Path("/etc/ssh"), Path("/root/.ssh")):
+        for path in [top, *top.rglob("*")] if top.exists() else []:
+            st = path.lstat()
+            found[str(path)] = (st.st_mode, path.read_bytes() if path.is_file() else b"")
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 3-node cluster `lct`: yields (nodes.json, host files before up); always taken down."""
+    if NAMESPACES_UNAVAILABLE:
+        pytest.skip(NAMESPACES_UNAVAILABLE)
+    local_cluster("down", "--name", NAME)
+    before = host_files()
+    up = local_cluster("up", "3", "--name", NAME)
+    try:
+        assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+        nodes = json.loads((STATE_ROOT / NAME / "nodes.json").read_text())
+        yield nodes, before
+    finally:
+        local_cluster("down", "--name", NAME)
+
+
+# ---------------------------------------------------------------- pure code, exact output
+
+def test_plan_names_and_addresses_follow_the_convention():
+    cluster = plan.plan_cluster("kiln", 2, ipaddress.IPv4Network("10.9.0.0/16"))
+    tag = zlib.crc32(b"kiln") & 0xFFFF
+    mac = f"02:{tag >> 8:02x}:{tag & 255:02x}:00:00"
+    assert (cluster.gateway, cluster.gateway_mac) == ("10.9.0.1", f"{mac}:00")
+    assert cluster.nodes == (plan.Node(1, "node1", "10.9.0.2", "kiln-n1", "kiln-v1", f"{mac}:01"),
+                             plan.Node(2, "node2", "10.9.0.3", "kiln-n2", "kiln-v2", f"{mac}:02"))
+
+
+def test_default_subnet_is_derived_from_the_name():
+    first = plan.candidate_subnets("kiln")[0]
+    assert first == ipaddress.IPv4Network(f"10.{200 + zlib.crc32(b'kiln') % 50}.0.0/16")
+    assert len(set(plan.candidate_subnets("kiln"))) == 50
+
+
+def test_a_subnet_in_use_is_skipped():
+    used = [("kiln-br", ipaddress.IPv4Network("10.201.0.0/16"))]
+    candidates = [ipaddress.IPv4Network("10.201.0.0/16"), ipaddress.IPv4Network("10.202.0.0/16")]
+    assert plan.pick_subnet(candidates, used) == candidates[1]
+    with pytest.raises(plan.ClusterError, match="overlaps 10.201.0.0/16 on kiln-br"):
+        plan.pick_subnet(candidates[:1], used)
+
+
+def test_invalid_names_are_refused():
+    for bad in ("Kiln", "1abc", "kiln-2", "toolong1", ""):
+        with pytest.raises(plan.ClusterError):
+            plan.check_name(bad)
+
+
+def test_operator_ssh_config_pins_keys_and_names_every_node():
+    cluster = plan.plan_cluster("kiln", 2, ipaddress.IPv4Network("10.9.0.0/16"))
+    state = Path("/run/kiln/local/kiln")
+    assert plan.ssh_config_text(cluster, state) == (
+        "Host node1\n  HostName 10.9.0.2\nHost node2\n  HostName 10.9.0.3\n"
+        "Host *\n  User root\n  IdentityFile /run/kiln/local/kiln/operator_key\n  IdentitiesOnly yes\n"
+        "  UserKnownHostsFile /run/kiln/local/kiln/known_hosts\n  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n  ConnectTimeout 10\n")
+
+
+def test_ip_batches_build_the_network_with_static_neighbours():
+    cluster = plan.plan_cluster("kiln", 1, ipaddress.IPv4Network("10.9.0.0/16"))
+    node, gw_mac = cluster.nodes[0], cluster.gateway_mac
+    assert plan.root_batch(cluster).splitlines() == [
+        f"link add kiln-br address {gw_mac} type bridge", "addr add 10.9.0.1/16 dev kiln-br", "link set kiln-br up",
+        "netns add kiln-n1", f"link add kiln-v1 type veth peer name eth0 address {node.mac} netns kiln-n1",
+        "link set kiln-v1 master kiln-br up", f"neigh replace 10.9.0.2 lladdr {node.mac} dev kiln-br nud permanent"]
+    assert plan.node_batch(cluster, node).splitlines() == [
+        "link set lo up", "addr add 10.9.0.2/16 dev eth0", "link set eth0 up", "route add default via 10.9.0.1",
+        f"neigh replace 10.9.0.1 lladdr {gw_mac} dev eth0 nud permanent"]
+    assert plan.teardown_batch(["kiln-n1"], ["kiln-v1", "kiln-br"]).splitlines() == [
+        "netns del kiln-n1", "link del kiln-v1", "link del kiln-br"]
+
+
+def test_node_mounts_cover_the_private_paths_and_hide_the_state():
+    assert plan.fstab_text(Path("/run/kiln/local/kiln/node1")).splitlines() == [
+        "/run/kiln/local/kiln/node1/etc-ssh /etc/ssh none bind 0 0",
+        "/run/kiln/local/kiln/node1/hosts /etc/hosts none bind 0 0",
+        "/run/kiln/local/kiln/node1/ssh /root/.ssh none bind 0 0",
+        "/run/kiln/local/kiln/node1/kiln /root/kiln none bind 0 0",
+        "/run/kiln/local/kiln/node1/tmp /tmp none bind 0 0",
+        "kiln-hidden /run/kiln tmpfs size=64k,mode=755 0 0"]
+
+
+def test_known_hosts_lines_carry_name_and_address():
+    node = plan.Node(1, "node1", "10.9.0.2", "kiln-n1", "kiln-v1", "02:00:00:00:00:01")
+    assert plan.known_hosts_lines(node, ["ssh-ed25519 AAAA root@node1\n"]) == ["node1,10.9.0.2 ssh-ed25519 AAAA"]
+
+
+# ---------------------------------------------------------------- a running cluster
+
+def test_each_node_answers_ssh_with_its_own_hostname(cluster):
+    for i in (1, 2, 3):
+        done = ssh(NAME, f"node{i}", "hostname")
+        assert (done.returncode, done.stdout.strip()) == (0, f"node{i}"), done.stderr
+
+
+def test_each_node_has_its_own_work_directory(cluster):
+    assert ssh(NAME, "node1", "echo hello > /root/kiln/only-on-node1").returncode == 0
+    assert ssh(NAME, "node1", "cat /root/kiln/only-on-node1").stdout == "hello\n"
+    assert ssh(NAME, "node2", "test -e /root/kiln/only-on-node1").returncode == 1
+    assert not Path("/root/kiln/only-on-node1").exists()
+
+
+def test_node_hosts_file_maps_its_hostname_to_loopback_only(cluster):
+    hosts = ssh(NAME, "node2", "cat /etc/hosts").stdout
+    assert "127.0.1.1 node2" in hosts.splitlines()
+    assert "node1" not in hosts and "node3" not in hosts
+
+
+def test_nodes_have_distinct_host_keys_and_private_tmp(cluster):
+    keys = {ssh(NAME, f"node{i}", "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1] for i in (1, 2, 3)}
+    assert len(keys) == 3
+    assert ssh(NAME, "node1", "touch /tmp/lct-mark && stat -c %a /tmp").stdout.strip() == "1777"
+    assert ssh(NAME, "node2", "test -e /tmp/lct-mark").returncode == 1
+    assert not Path("/tmp/lct-mark").exists()
+
+
+def test_host_files_under_the_bind_mounts_are_unchanged(cluster):
+    _, before = cluster
+    after = host_files()
+    if "/root/.ssh" not in before:  # up may create the empty mountpoint, nothing more
+        assert after.pop("/root/.ssh") == (0o40700, b"")
+    assert after == before
+
+
+def test_each_node_authorizes_the_operator_key(cluster):
+    operator_key = (STATE_ROOT / NAME / "operator_key.pub").read_text()
+    assert ssh(NAME, "node2", "cat /root/.ssh/authorized_keys").stdout == operator_key
+
+
+def test_node_mounts_do_not_propagate_to_the_host(cluster):
+    assert str(STATE_ROOT / NAME) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_nodes_cannot_see_the_cluster_state_or_operator_key(cluster):
+    done = ssh(NAME, "node1", f"ls -A /run/kiln; test -e {STATE_ROOT / NAME / 'operator_key'}")
+    assert (done.returncode, done.stdout) == (1, "")
+
+
+def test_nodes_reach_each_other_over_the_bridge(cluster):
+    nodes, _ = cluster
+    node2_ip = nodes[1]["ip"]
+    probe = f'python3 -c "import socket; socket.create_connection((\\"{node2_ip}\\", 22), 2)"'
+    done = ssh(NAME, "node1", probe)
+    assert done.returncode == 0, done.stderr
+    assert ssh(NAME, "node3", f"bash -c 'exec 3<>/dev/tcp/{node2_ip}/22'").returncode == 0
+
+
+def test_status_json_lists_every_node_up(cluster):
+    done = local_cluster("status", "--name", NAME, "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["up"]
+    assert [(n["node"], n["netns_present"], n["sshd"]) for n in report["nodes"]] == [
+        ("node1", True, True), ("node2", True, True), ("node3", True, True)]
+
+
+def test_env_names_the_ssh_config_and_hosts(cluster):
+    done = local_cluster("env", "--name", NAME)
+    assert done.stdout.splitlines() == [f"KILN_SSH_CONFIG={STATE_ROOT / NAME / 'ssh_config'}",
+                                        "KILN_HOSTS=node1,node2,node3"]
+
+
+def test_up_refuses_a_cluster_that_exists(cluster):
+    done = local_cluster("up", "3", "--name", NAME)
+    assert done.returncode == 2
+    assert "already exists" in done.stderr and "down" in done.stderr
+    assert ssh(NAME, "node1", "true").returncode == 0
+
+
+def test_down_of_a_name_prefix_leaves_other_clusters_alone(cluster):
+    assert local_cluster("down", "--name", "lc").returncode == 0
+    assert len(netns_of(NAME)) == 3
+    assert ssh(NAME, "node3", "hostname").stdout.strip() == "node3"
+
+
+def test_up_with_an_invalid_name_exits_2_naming_it():
+    done = local_cluster("up", "--name", "Bad-Name")
+    assert done.returncode == 2
+    assert done.stderr.startswith("local-cluster: error:") and "'Bad-Name'" in done.stderr
+
+
+# ---------------------------------------------------------------- teardown
+
+@needs_namespaces
+def test_down_removes_everything_and_is_idempotent():
+    local_cluster("down", "--name", SCRATCH)
+    try:
+        assert local_cluster("up", "2", "--name", SCRATCH).returncode == 0
+        started = ssh(SCRATCH, "node1", "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!")
+        assert started.returncode == 0, started.stderr
+        inodes = {(st.st_dev, st.st_ino) for st in (os.stat(f"/run/netns/{ns}") for ns in netns_of(SCRATCH))}
+        assert len(inodes) == 2 and pids_in(inodes)
+
+        assert local_cluster("down", "--name", SCRATCH).returncode == 0
+
+        assert netns_of(SCRATCH) == [] and links_of(SCRATCH) == []
+        assert not (STATE_ROOT / SCRATCH).exists()
+        assert pids_in(inodes) == []
+        again = local_cluster("down", "--name", SCRATCH)
+        assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
+    finally:
+        local_cluster("down", "--name", SCRATCH)
+
+
+@needs_namespaces
+def test_down_works_without_the_state_directory():
+    local_cluster("down", "--name", SCRATCH)
+    try:
+        assert local_cluster("up", "2", "--name", SCRATCH).returncode == 0
+        shutil.rmtree(STATE_ROOT / SCRATCH)  # as after a crash
+
+        status = local_cluster("status", "--name", SCRATCH)
+        assert status.returncode == 1 and "node1" in status.stdout
+        assert local_cluster("down", "--name", SCRATCH).returncode == 0
+
+        assert netns_of(SCRATCH) == [] and links_of(SCRATCH) == []
+    finally:
+        local_cluster("down", "--name", SCRATCH)
+
+
+@needs_namespaces
+def test_a_failed_up_names_the_node_and_removes_what_it_made(monkeypatch, capsys):
+    real = plan.sshd_config_text
+    monkeypatch.setattr(plan, "sshd_config_text", lambda node: real(node) + "NoSuchOption yes\n" * (node.index == 2))
+    try:
+        assert cli.main(["up", "3", "--name", "lcf"]) == 1
+        assert "node2: sshd exited" in capsys.readouterr().err
+        assert netns_of("lcf") == [] and links_of("lcf") == [] and not (STATE_ROOT / "lcf").exists()
+    finally:
+        local_cluster("down", "--name", "lcf")
