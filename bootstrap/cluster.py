@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +13,7 @@ from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host, format_hostfile, parse_hostfile
 from bootstrap.mesh import Node
-from bootstrap.ssh import Remote
+from bootstrap.ssh import Remote, default_control_dir
 
 REMOTE_ROOT = "kiln"
 
@@ -32,7 +34,10 @@ class Cluster:
         """Set up ssh for the cluster: its pinned known_hosts, trust on first use if asked."""
         folder = mesh.cluster_dir(name)
         pinned = folder / "known_hosts"
-        options = replace(options, known_hosts=(str(pinned),))
+        # Connections are shared per cluster only: one made under another cluster's trust is never reused.
+        tag = hashlib.sha256(name.encode()).hexdigest()[:8]
+        options = replace(options, known_hosts=(str(pinned),),
+                          control_path=options.control_path or os.path.join(default_control_dir(), f"{tag}-%C"))
         remote = Remote(options, fanout=fanout, timeout=timeout)
         if accept_new:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)

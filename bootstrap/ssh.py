@@ -112,7 +112,12 @@ class Remote:
              timeout: float | None = None, sudo: bool = False) -> dict:
         """Run a verb of bootstrap/node.py with the node's `python`; its JSON answer."""
         argv = [*(["sudo", "-n"] if sudo else []), python, "-c", NODE_SCRIPT, verb, *args]
-        output = self.check(host, argv, input=input, timeout=timeout)
+        result = self.run(host, argv, input=input, timeout=timeout)
+        if result.code == 127 and python in result.stderr:
+            raise HostFailure(f"no {python} on the node: name the nodes' Python with --python PATH")
+        if result.code != 0:
+            raise HostFailure(describe_failure(result.code, result.stderr))
+        output = result.stdout
         try:
             return json.loads(output)
         except json.JSONDecodeError:

@@ -16,9 +16,9 @@ STATE_ROOT = Path("/run/kiln/local")  # STATE_ROOT/NAME: mode 700
 SSHD = "/usr/sbin/sshd"
 NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 MAX_NODES = 1000
-# (path in the node's state dir, mountpoint); /tmp last, in case a source lies under it
-NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"),
-               ("tmp", "/tmp"))
+# (path in the node's state dir, mountpoint). /tmp stays shared: the project and its
+# virtual environment may live there (a CI clone), and nodes share this machine's Python.
+NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"))
 
 
 class ClusterError(Exception):

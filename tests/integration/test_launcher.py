@@ -187,6 +187,31 @@ def test_a_meshed_cluster_is_named_instead_of_listed(cluster):
     assert missing.returncode == 2 and "--cluster NAME of a cluster that cluster.mesh has set up" in missing.stderr
 
 
+def test_unknown_host_keys_are_refused_unless_trusted_on_first_use(cluster, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    config = tmp_path / "ssh_config"
+    config.write_text("\n".join(f"  UserKnownHostsFile {empty}" if "UserKnownHostsFile" in line else line
+                                for line in Path(cluster.ssh_config).read_text().splitlines()) + "\n")
+    env = {**cluster.env(), "KILN_HOME": str(tmp_path / "home")}
+
+    def fab(*args):
+        return subprocess.run([str(FAB), "-S", str(config), "-H", HOSTS, *args, "--cluster", "tofu"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    refused = fab("cluster.mesh")
+    assert refused.returncode == 1
+    for node in ("node1", "node2", "node3"):
+        assert f"{node}: host key unknown" in refused.stderr, refused.stderr
+    trusted = fab("cluster.mesh", "--accept-new-host-keys")
+    assert trusted.returncode == 0, trusted.stderr
+    recorded = (tmp_path / "home" / "clusters" / "tofu" / "known_hosts.first-contact").read_text()
+    assert {line.split()[0] for line in recorded.splitlines()} == {n["ip"] for n in cluster.nodes}
+    assert empty.read_text() == "", "the user's own known_hosts must stay untouched"
+    pinned = fab("cluster.check")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+
+
 def test_changed_host_key_is_refused_everywhere(cluster):
     """Re-key node3 behind kiln's back: the operator, the other nodes and horovodrun all refuse it.
     Runs last in this module: node3 keeps its new key."""
