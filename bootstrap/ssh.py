@@ -29,10 +29,11 @@ T = TypeVar("T")
 NODE_SCRIPT = (Path(__file__).parent / "node.py").read_text()
 
 _FAILURES = (
-    (re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed"),
+    (re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED"),
      "host key verification failed: the node's key is not the pinned one"),
     (re.compile(r"No [A-Z0-9]+ host key is known|host key for .* is not known", re.I),
      "host key unknown: pin it (ssh-keyscan after checking it) or pass --accept-new-host-keys"),
+    (re.compile(r"Host key verification failed"), "host key verification failed"),
     (re.compile(r"Permission denied"), "authentication refused (wrong key or user)"),
     (re.compile(r"Connection timed out|timed out during banner|Operation timed out"),
      "unreachable: connection timed out"),

@@ -172,6 +172,32 @@ def test_a_killed_process_fails_the_run_naming_its_host(cluster, mode, task):
     assert run_processes(run_id) == []
 
 
+def test_detached_run_is_followed_and_stopped_from_its_run_id(cluster):
+    run_id = "detached"
+    started = cluster.fab("cluster.train", "--mode", "tf-config", "--detach", "--run-id", run_id, "--args",
+                          "--epochs 400 --log-every 1", hosts=HOSTS)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "started" in started.stdout
+    metrics = cluster.node_dir("node2") / "kiln" / "runs" / run_id / "metrics.worker-1.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status = cluster.fab("cluster.status", "--run-id", run_id)
+    assert status.returncode == 0, status.stderr
+    assert [line.split()[:3] for line in status.stdout.splitlines()[:3]] == [
+        ["node1", "worker-0", "running"], ["node2", "worker-1", "running"], ["node3", "worker-2", "running"]]
+    assert status.stdout.splitlines()[-1] == f"run {run_id}: running"
+    logs = cluster.fab("cluster.logs", "--run-id", run_id, "--host", "node2", "--lines", "5")
+    assert logs.returncode == 0 and logs.stdout
+    assert all(line.startswith("[node2] ") for line in logs.stdout.splitlines())
+    stopped = cluster.fab("cluster.stop", "--run-id", run_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert run_processes(run_id) == []
+    assert (cluster.runs / run_id / "hosts" / "node2" / "worker-1.log").exists()
+    after = cluster.fab("cluster.status", "--run-id", run_id)
+    assert "failed" in after.stdout.splitlines()[-1] or "lost" in after.stdout
+
+
 def test_a_meshed_cluster_is_named_instead_of_listed(cluster):
     cluster.fab("cluster.mesh", "--cluster", "named", hosts=HOSTS, check=True)
     bare = [str(FAB), "cluster.check", "--cluster", "named"]

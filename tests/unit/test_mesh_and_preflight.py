@@ -110,7 +110,9 @@ def test_preflight_names_loopback_names_version_skew_and_busy_ports():
     ("stderr", "reason"),
     [
         ("@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@", "host key verification failed"),
-        ("No ED25519 host key is known for node9 and you have requested strict checking.", "host key unknown"),
+        ("No ED25519 host key is known for node9 and you have requested strict checking.\n"
+         "Host key verification failed.", "host key unknown"),
+        ("Host key verification failed.", "host key verification failed"),
         ("root@node1: Permission denied (publickey).", "authentication refused (wrong key or user)"),
         ("ssh: connect to host 10.9.9.9 port 22: Connection timed out", "unreachable: connection timed out"),
         ("ssh: connect to host 10.9.0.2 port 22: Connection refused", "unreachable: connection refused"),
