@@ -1,7 +1,9 @@
-"""The node side of the launcher: sent as `python -c <this file> VERB ...`.
+"""The node side of the launcher: sent as `python -S -c <this file> VERB ...`.
 
 Standard library only, no kiln imports: it runs on nodes before any code is
-synced. Each verb prints one JSON object on stdout.
+synced, without `site` (faster start). Each verb prints one JSON object; the
+verb `serve` answers one JSON request per line on stdin, so one process per
+node serves a whole task.
 """
 
 import json
@@ -39,13 +41,25 @@ def normalize(name):
     return name.lower().replace("-", "_").replace(".", "_")
 
 
+def site_dirs():
+    """Where this Python's packages live, found without the `site` module: the
+    virtual environment's site-packages, and the system's unless the venv hides it."""
+    prefix = os.path.dirname(os.path.dirname(sys.executable))
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    folders = [os.path.join(prefix, "lib", version, "site-packages")]
+    config = os.path.join(prefix, "pyvenv.cfg")
+    isolated = os.path.exists(config) and "include-system-site-packages = false" in read_text(config)
+    if not isolated:
+        folders += [f"/usr/local/lib/{version}/dist-packages", "/usr/lib/python3/dist-packages",
+                    os.path.join(sys.base_prefix, "lib", version, "site-packages")]
+    return folders
+
+
 def packages(wanted):
     """Installed versions from the dist-info folder names (cheaper than importlib.metadata)."""
-    import site
-
     found = {name: None for name in wanted}
     keys = {normalize(name): name for name in wanted}
-    for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+    for folder in site_dirs():
         try:
             entries = os.listdir(folder)
         except OSError:
@@ -286,21 +300,38 @@ def status(run_dir, tasks):
     return result
 
 
-def main(argv):
-    verb, args = argv[0], argv[1:]
+def answer(verb, args, stdin):
     if verb == "facts":
         ports = [int(p) for p in args[0].split(",") if p] if args else []
         names = [n for n in args[1].split(",") if n] if len(args) > 1 else []
-        result = facts(ports, names, args[2] if len(args) > 2 and args[2] else None)
-    elif verb == "mesh":
-        result = mesh(json.load(sys.stdin), args or ["ssh", "hosts"])
-    elif verb == "stop":
-        result = stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
-    elif verb == "status":
-        result = status(args[0], args[1:])
+        return facts(ports, names, args[2] if len(args) > 2 and args[2] else None)
+    if verb == "mesh":
+        return mesh(json.loads(stdin()), args or ["ssh", "hosts"])
+    if verb == "stop":
+        return stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
+    if verb == "status":
+        return status(args[0], args[1:])
+    raise ValueError(f"unknown verb {verb!r}")
+
+
+def serve():
+    """One request per line: {"verb", "args", "input"} -> {"ok", "result"|"error"}."""
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            text = request["input"]
+            reply = {"ok": True, "result": answer(request["verb"], request["args"], lambda text=text: text)}
+        except Exception as error:  # reported to the operator, who names the host
+            reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def main(argv):
+    if argv[0] == "serve":
+        serve()
     else:
-        raise SystemExit(f"unknown verb {verb!r}")
-    json.dump(result, sys.stdout)
+        json.dump(answer(argv[0], argv[1:], sys.stdin.read), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,16 @@ OpenSSH's default key exchange and the user's ssh_config semantics.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import select
 import shlex
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -74,6 +78,89 @@ def default_control_dir() -> str:
     return str(path)
 
 
+class Agent:
+    """One `node.py serve` process on a host, answering requests for the life of a
+    task: one Python start per node per task instead of one per call."""
+
+    LIFETIME = 86400  # a safety net only: the agent ends when this process closes its stdin
+
+    def __init__(self, host: Host, python: str, options: SshOptions):
+        self.host, self.python = host, python
+        command = shlex.join(["timeout", "-k", "5", str(self.LIFETIME), python, "-S", "-c", NODE_SCRIPT, "serve"])
+        self.process = subprocess.Popen(commands.ssh_argv(host, command, options), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.buffer = b""
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def call(self, verb: str, args: Sequence[str], input: str | None, timeout: float) -> dict:
+        request = json.dumps({"verb": verb, "args": list(args), "input": input}).encode() + b"\n"
+        try:
+            self.process.stdin.write(request)
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self.failure() from None
+        reply = json.loads(self._readline(time.monotonic() + timeout, timeout))
+        if not reply["ok"]:
+            raise HostFailure(reply["error"])
+        return reply["result"]
+
+    def _readline(self, deadline: float, timeout: float) -> bytes:
+        descriptor = self.process.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise HostFailure(f"no answer within {timeout:g}s")
+            if select.select([descriptor], [], [], left)[0]:
+                chunk = os.read(descriptor, 1 << 16)
+                if not chunk:
+                    raise self.failure()
+                self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def failure(self) -> HostFailure:
+        """Why the agent is gone: ssh's reason, or the missing Python."""
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        stderr = self.process.stderr.read().decode(errors="replace")
+        if code == 127 and self.python in stderr:
+            return HostFailure(f"no {self.python} on the node: name the nodes' Python with --python PATH")
+        return HostFailure(describe_failure(code, stderr))
+
+    def close(self) -> None:
+        if self.process.stdin and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_AGENTS: dict[tuple, Agent] = {}
+_AGENTS_LOCK = threading.Lock()
+
+
+@atexit.register
+def close_agents() -> None:
+    """End every node agent (they would end anyway once this process's pipes close)."""
+    with _AGENTS_LOCK:
+        agents = list(_AGENTS.values())
+        _AGENTS.clear()
+    for agent in agents:
+        agent.close()
+
+
 class Remote:
     """Runs commands on many hosts, in parallel up to `fanout`, each with a timeout."""
 
@@ -83,6 +170,21 @@ class Remote:
         self.options = options
         self.fanout = max(1, fanout)
         self.timeout = timeout
+
+    def agent(self, host: Host, python: str) -> Agent:
+        """The host's agent, shared by every task of this `fab` run with the same ssh settings."""
+        key = (host, python, self.options)
+        with _AGENTS_LOCK:
+            agent = _AGENTS.get(key)
+            if agent is None or not agent.alive:
+                agent = _AGENTS[key] = Agent(host, python, self.options)
+            return agent
+
+    def forget(self, agent: Agent) -> None:
+        with _AGENTS_LOCK:
+            for key, known in list(_AGENTS.items()):
+                if known is agent:
+                    del _AGENTS[key]
 
     def _execute(self, host: Host, argv: Sequence[str], timeout: float, input: str | None) -> Result:
         limit = timeout + self.options.connect_timeout + 10
@@ -111,18 +213,25 @@ class Remote:
 
     def node(self, host: Host, python: str, verb: str, *args: str, input: str | None = None,
              timeout: float | None = None, sudo: bool = False) -> dict:
-        """Run a verb of bootstrap/node.py with the node's `python`; its JSON answer."""
-        argv = [*(["sudo", "-n"] if sudo else []), python, "-c", NODE_SCRIPT, verb, *args]
-        result = self.run(host, argv, input=input, timeout=timeout)
-        if result.code == 127 and python in result.stderr:
-            raise HostFailure(f"no {python} on the node: name the nodes' Python with --python PATH")
+        """Run a verb of bootstrap/node.py with the node's `python`; its JSON answer.
+        Calls go to the host's agent; with `sudo`, to a one-off root process."""
+        limit = timeout or self.timeout
+        if not sudo:
+            agent = self.agent(host, python)
+            try:
+                return agent.call(verb, args, input, limit + self.options.connect_timeout)
+            except HostFailure:
+                if not agent.alive:
+                    self.forget(agent)
+                raise
+        result = self.run(host, ["sudo", "-n", python, "-S", "-c", NODE_SCRIPT, verb, *args], input=input,
+                          timeout=limit)
         if result.code != 0:
             raise HostFailure(describe_failure(result.code, result.stderr))
-        output = result.stdout
         try:
-            return json.loads(output)
+            return json.loads(result.stdout)
         except json.JSONDecodeError:
-            raise HostFailure(f"unexpected answer from {python}: {output.strip()[:200]!r}") from None
+            raise HostFailure(f"unexpected answer from {python}: {result.stdout.strip()[:200]!r}") from None
 
     def rsync(self, host: Host, argv: Sequence[str], timeout: float | None = None) -> None:
         result = self._execute(host, argv, timeout or self.timeout, None)

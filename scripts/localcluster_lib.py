@@ -19,6 +19,9 @@ MAX_NODES = 1000
 # (path in the node's state dir, mountpoint). /tmp stays shared: the project and its
 # virtual environment may live there (a CI clone), and nodes share this machine's Python.
 NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"))
+# A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
+# which may run slow tools (pyenv init, ...) on every ssh command.
+NODE_DOTFILES = (".bashrc", ".profile")
 
 
 class ClusterError(Exception):
@@ -159,9 +162,11 @@ def known_hosts_lines(node: Node, public_keys: list[str]) -> list[str]:
     return [f"{node.name},{node.ip} {' '.join(key.split()[:2])}" for key in public_keys]
 
 
-def fstab_text(node_dir: Path) -> str:
-    """The node's private mounts, for `mount --all --fstab` inside its mount namespace."""
+def fstab_text(node_dir: Path, dotfiles: tuple[str, ...] = ()) -> str:
+    """The node's private mounts, for `mount --all --fstab` inside its mount namespace.
+    `dotfiles` are root's shell start-up files that the node gets fresh (see NODE_DOTFILES)."""
     binds = [f"{node_dir / src} {dst} none bind 0 0\n" for src, dst in NODE_MOUNTS]
+    binds += [f"{node_dir / 'dotfiles' / name} /root/{name} none bind 0 0\n" for name in dotfiles]
     return "".join(binds) + f"kiln-hidden {STATE_ROOT.parent} tmpfs size=64k,mode=755 0 0\n"  # hide state
 
 
