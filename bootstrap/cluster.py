@@ -47,14 +47,14 @@ class Cluster:
         return cls(name, list(hosts), remote, python)
 
     def facts(self, hosts: Sequence[Host] | None = None, *, ports: Sequence[int] = (),
-              names: Sequence[str] = (), probes: dict[Host, str] | None = None,
+              names: dict[Host, list[str]] | None = None, probes: dict[Host, str] | None = None,
               ) -> tuple[dict[Host, dict], dict[Host, str]]:
         """Facts from every host in one call each; (facts, unreachable reasons).
-        `probes` maps a host to the node name it should log in to over the mesh."""
-        common = (",".join(map(str, ports)), ",".join(names))
-
+        `names` are other nodes' names a host should resolve; `probes` the node
+        name it should log in to over the mesh."""
         def gather(host: Host) -> dict:
-            return self.remote.node(host, self.python, "facts", *common, (probes or {}).get(host, ""))
+            return self.remote.node(host, self.python, "facts", ",".join(map(str, ports)),
+                                    ",".join((names or {}).get(host, [])), (probes or {}).get(host, ""))
 
         return self.remote.map(hosts or self.hosts, gather)
 
@@ -105,7 +105,9 @@ class Cluster:
         def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
             edges = preflight.ring_probes(len(self.hosts), probes) if names else []
             targets = {self.hosts[a]: names[b] for a, b in edges}
-            return self.facts(ports=ports, names=names or [], probes=targets)
+            window = {host: [names[j] for j in preflight.neighbours(len(names), i)]
+                      for i, host in enumerate(self.hosts)} if names else {}
+            return self.facts(ports=ports, names=window, probes=targets)
 
         names = self.saved_names()
         facts, unreachable = gather(names)

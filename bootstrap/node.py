@@ -31,7 +31,7 @@ def facts(ports, names, probe=None):
         "packages": packages(("tensorflow", "tf-keras", "horovod")),
         "addresses": addresses(),
         "host_keys": host_keys(),
-        "resolve": {name: resolve(name) for name in [hostname, *names]},
+        "resolve": resolve_all([hostname, *names]),
         "ports": {str(port): port_free(port) for port in ports},
         "probe": mesh_probe(probe) if probe else None,
     }
@@ -123,6 +123,18 @@ def host_keys():
             if len(fields) >= 2:
                 keys.append(f"{fields[0]} {fields[1]}")
     return keys
+
+
+def resolve_all(names, budget=10.0):
+    """Every name's addresses, looked up in parallel within `budget` seconds: a
+    name that is not in /etc/hosts goes to DNS, which may be slow or absent."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    pool = ThreadPoolExecutor(max_workers=min(16, len(names) or 1))
+    futures = {name: pool.submit(resolve, name) for name in dict.fromkeys(names)}
+    done, _ = wait(futures.values(), timeout=budget)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return {name: future.result() if future in done else [] for name, future in futures.items()}
 
 
 def resolve(name):

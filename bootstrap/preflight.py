@@ -85,6 +85,13 @@ def _versions(nodes: Sequence[Node], required: Sequence[str]) -> list[Finding]:
     return found
 
 
+def neighbours(count: int, index: int, size: int = 8) -> list[int]:
+    """The nodes whose names node `index` resolves in preflight: the next `size`
+    round the ring (all others when there are that few), so the checks grow
+    linearly with the cluster, yet every name is looked up somewhere."""
+    return [(index + step) % count for step in range(1, min(size, count - 1) + 1)]
+
+
 def ring_probes(count: int, probes: int) -> list[tuple[int, int]]:
     """Which nodes prove the mesh by logging in to the next one: `probes` of them,
     spread evenly round the ring (every node when there are that few)."""

@@ -140,3 +140,10 @@ def test_failed_mesh_probe_is_a_finding():
     nodes[1].facts["probe"] = {"target": "node3", "answer": None, "error": "Host key verification failed."}
     assert preflight.check_probes(nodes) == [
         preflight.Finding("n2:2222", "mesh", "ssh node3: Host key verification failed.")]
+
+
+def test_each_node_resolves_a_bounded_window_of_names():
+    assert preflight.neighbours(3, 0) == [1, 2]
+    assert preflight.neighbours(3, 2) == [0, 1]
+    assert preflight.neighbours(100, 97, size=4) == [98, 99, 0, 1]
+    assert preflight.neighbours(1, 0) == []
