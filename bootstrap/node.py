@@ -8,11 +8,8 @@ node serves a whole task.
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 
 HOSTS_FILE = "/etc/hosts"
 
@@ -104,6 +101,8 @@ def addresses():
 
 def mesh_probe(target):
     """Log in to `target` the way horovodrun will: by name, cluster key, host key checked."""
+    import subprocess
+
     try:
         done = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", target, "hostname"],
                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
@@ -130,6 +129,8 @@ def resolve_all(names, budget=10.0):
     name that is not in /etc/hosts goes to DNS, which may be slow or absent."""
     from concurrent.futures import ThreadPoolExecutor, wait
 
+    if len(names) == 1:
+        return {names[0]: resolve(names[0])}
     pool = ThreadPoolExecutor(max_workers=min(16, len(names) or 1))
     futures = {name: pool.submit(resolve, name) for name in dict.fromkeys(names)}
     done, _ = wait(futures.values(), timeout=budget)
@@ -273,6 +274,9 @@ def run_processes(run_id):
 
 def stop(run_id, grace):
     """TERM every process of the run, KILL what is left after `grace` seconds."""
+    import signal
+    import time
+
     pids = run_processes(run_id)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:

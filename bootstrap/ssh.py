@@ -149,6 +149,16 @@ class Agent:
 
 _AGENTS: dict[tuple, Agent] = {}
 _AGENTS_LOCK = threading.Lock()
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def workers(fanout: int) -> ThreadPoolExecutor:
+    """One thread pool per fan-out width for the whole process: starting hundreds
+    of threads for every round would cost more than the round."""
+    with _AGENTS_LOCK:
+        if fanout not in _POOLS:
+            _POOLS[fanout] = ThreadPoolExecutor(max_workers=fanout, thread_name_prefix=f"kiln-{fanout}")
+        return _POOLS[fanout]
 
 
 @atexit.register
@@ -176,9 +186,16 @@ class Remote:
         key = (host, python, self.options)
         with _AGENTS_LOCK:
             agent = _AGENTS.get(key)
-            if agent is None or not agent.alive:
-                agent = _AGENTS[key] = Agent(host, python, self.options)
+        if agent is not None and agent.alive:
             return agent
+        fresh = Agent(host, python, self.options)  # started outside the lock: hosts start in parallel
+        with _AGENTS_LOCK:
+            agent = _AGENTS.get(key)
+            if agent is None or not agent.alive:
+                _AGENTS[key] = agent = fresh
+        if agent is not fresh:
+            fresh.close()
+        return agent
 
     def forget(self, agent: Agent) -> None:
         with _AGENTS_LOCK:
@@ -250,8 +267,7 @@ class Remote:
             except HostFailure as failure:
                 failures[host] = str(failure)
 
-        with ThreadPoolExecutor(max_workers=min(self.fanout, max(1, len(hosts)))) as pool:
-            list(pool.map(attempt, hosts))
+        list(workers(self.fanout).map(attempt, hosts))
         return {h: results[h] for h in hosts if h in results}, {h: failures[h] for h in hosts if h in failures}
 
     def map_or_raise(self, step: str, hosts: Iterable[Host], action: Callable[[Host], T]) -> dict[Host, T]:
