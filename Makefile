@@ -23,7 +23,7 @@ demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, resul
 
 test: lint unit integration ## everything CI runs
 
-lint: setup ## ruff, shellcheck, and the shim's no-StrictHostKeyChecking promise
+lint: setup ## ruff and shellcheck
 	$(VENV)/bin/ruff check .
 	shellcheck scripts/setup bootstrap/shim/ssh .ci/run
 

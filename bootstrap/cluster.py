@@ -79,7 +79,9 @@ class Cluster:
             if by_host[host].facts.get("uid") == 0:
                 return self.remote.node(host, self.python, "mesh", "ssh", "hosts", input=text)["changed"]
             changed = self.remote.node(host, self.python, "mesh", "ssh", input=text)["changed"]
-            return changed + self.remote.node(host, self.python, "mesh", "hosts", input=text, sudo=True)["changed"]
+            names_only = json.dumps({"cluster": self.name, "hosts": payload["hosts"]})  # root never sees the key
+            return changed + self.remote.node(host, self.python, "mesh", "hosts", input=names_only,
+                                              sudo=True)["changed"]
 
         changed = self.remote.map_or_raise("mesh", self.hosts, install)
         saved = [{"endpoint": n.host.endpoint(), "name": n.name, "address": n.address, "iface": n.iface}

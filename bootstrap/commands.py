@@ -37,6 +37,7 @@ def ssh_option_args(options: SshOptions) -> list[str]:
     if options.identity:
         args += ["-i", options.identity, "-o", "IdentitiesOnly=yes"]
     args += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={options.connect_timeout}"]
+    args += ["-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes"]
     args += ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
     if options.known_hosts:
         args += ["-o", "GlobalKnownHostsFile=" + " ".join((*options.known_hosts, "/etc/ssh/ssh_known_hosts"))]

@@ -109,7 +109,9 @@ def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
     run_dir = paths.run(run_id)
     writes = "".join(f"printf %s {shlex.quote(text)} > {shlex.quote(path)} && " for path, text in launch.files.items())
     start = commands.detached_command(launch.argv, cwd=paths.code, run_dir=run_dir, task=launch.task, env=launch.env)
-    return f"mkdir -p {shlex.quote(run_dir)} && {writes}{start}"
+    pid = shlex.quote(f"{run_dir}/{launch.task}.pid")
+    started = f"for _ in $(seq 50); do [ -s {pid} ] && break; sleep 0.1; done; [ -s {pid} ]"
+    return f"{writes}{start} && {started}"
 
 
 def describe_plan(plan: RunPlan, hosts: Sequence[Host]) -> str:

@@ -239,11 +239,15 @@ def mesh_ssh(payload):
         changed.append("~/.ssh/config")
     authorized = os.path.join(ssh_dir, "authorized_keys")
     current = read_text(authorized)
-    line = payload["public_key"] + "\n"
+    addresses = ",".join(address for address, _ in payload["hosts"])
+    line = (f'from="{addresses}",no-agent-forwarding,no-port-forwarding,no-X11-forwarding '
+            f'{payload["public_key"]}\n')
+    body = payload["public_key"].split()[1]
+    others = [old for old in current.splitlines(keepends=True) if body not in old.split()]
     if line not in current.splitlines(keepends=True):
-        if current and not current.endswith("\n"):
-            current += "\n"
-        write_if_changed(authorized, current + line)
+        if others and not others[-1].endswith("\n"):
+            others[-1] += "\n"
+        write_if_changed(authorized, "".join(others) + line)
         changed.append("~/.ssh/authorized_keys")
     return changed
 
@@ -258,14 +262,14 @@ def read_text(path):
 
 def run_processes(run_id):
     """Processes of this run on this machine, found by the KILN_RUN_ID they carry."""
-    needle = f"KILN_RUN_ID={run_id}".encode() + b"\0"
+    needle = f"\0KILN_RUN_ID={run_id}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read() + b"\0":
+                if needle in b"\0" + handle.read() + b"\0":
                     found.append(int(entry))
         except OSError:
             continue
@@ -311,8 +315,9 @@ def status(run_dir, tasks):
             result[task] = {"state": "running", "pid": pid}
         except (FileNotFoundError, ValueError):
             result[task] = {"state": "starting"}
-        except ProcessLookupError:
-            result[task] = {"state": "lost"}
+        except ProcessLookupError:  # gone: it may have written its exit code just now
+            code = read_text(f"{path}.exit").strip()
+            result[task] = {"state": "exited", "code": int(code)} if code else {"state": "lost"}
     return result
 
 

@@ -4,23 +4,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bootstrap.errors import UsageError
+from bootstrap.errors import KilnError, UsageError
 
 RESULT_COLUMNS = ("mode", "nodes", "processes", "final_loss", "accuracy", "examples/s", "wall_s", "status")
 
 
+PROJECT = Path(__file__).resolve().parent.parent
+
+
 def runs_root() -> Path:
-    return Path(os.environ.get("KILN_RUNS", "runs"))
+    """runs/ of the project (not of wherever `fab` was started), unless KILN_RUNS says otherwise."""
+    return Path(os.environ.get("KILN_RUNS", PROJECT / "runs"))
 
 
 def new_run_id(now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def validate_run_id(run_id: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", run_id):
+        raise UsageError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+    return run_id
 
 
 def run_folder(run_id: str) -> Path:
@@ -37,14 +48,21 @@ def save_json(path: Path, data: dict) -> None:
 def load_record(run_id: str | None) -> dict:
     """The saved plan of a run; the newest run when `run_id` is None."""
     if run_id is None:
-        candidates = sorted(p.parent.name for p in runs_root().glob("*/run.json"))
-        if not candidates:
+        records = [read_record(p) for p in runs_root().glob("*/run.json")]
+        if not records:
             raise UsageError(f"no runs in {runs_root()}/; start one with cluster.train")
-        run_id = candidates[-1]
-    path = run_folder(run_id) / "run.json"
+        return max(records, key=lambda record: record.get("started", 0))
+    path = run_folder(validate_run_id(run_id)) / "run.json"
     if not path.exists():
         raise UsageError(f"no run {run_id!r} in {runs_root()}/")
-    return json.loads(path.read_text())
+    return read_record(path)
+
+
+def read_record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise KilnError(f"cannot read {path}: {error}") from None
 
 
 def trainer_results(folder: Path) -> dict[str, dict]:

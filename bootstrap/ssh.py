@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from bootstrap import commands
 from bootstrap.commands import SshOptions
-from bootstrap.errors import RemoteError
+from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
 
 T = TypeVar("T")
@@ -47,7 +47,7 @@ _FAILURES = (
 )
 
 
-class HostFailure(Exception):
+class HostFailure(KilnError):
     """One host failed one call; the message is the reason shown to the user."""
 
 
@@ -102,10 +102,16 @@ class Agent:
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self.failure() from None
-        reply = json.loads(self._readline(time.monotonic() + timeout, timeout))
-        if not reply["ok"]:
-            raise HostFailure(reply["error"])
-        return reply["result"]
+        line = self._readline(time.monotonic() + timeout, timeout)
+        try:
+            reply = json.loads(line)
+            ok, result = reply["ok"], reply.get("result")
+        except (ValueError, KeyError, TypeError):
+            self.close()
+            raise HostFailure(f"unexpected answer from the node agent: {line[:200]!r}") from None
+        if not ok:
+            raise HostFailure(reply.get("error", "the node agent failed"))
+        return result
 
     def _readline(self, deadline: float, timeout: float) -> bytes:
         descriptor = self.process.stdout.fileno()
@@ -134,14 +140,18 @@ class Agent:
             return HostFailure(f"no {self.python} on the node: name the nodes' Python with --python PATH")
         return HostFailure(describe_failure(code, stderr))
 
-    def close(self) -> None:
+    def close_input(self) -> None:
+        """End of requests: the agent exits when it reads end of file."""
         if self.process.stdin and not self.process.stdin.closed:
             try:
                 self.process.stdin.close()
             except OSError:
                 pass
+
+    def close(self, wait: float = 5) -> None:
+        self.close_input()
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -168,7 +178,10 @@ def close_agents() -> None:
         agents = list(_AGENTS.values())
         _AGENTS.clear()
     for agent in agents:
-        agent.close()
+        agent.close_input()
+    deadline = time.monotonic() + 5
+    for agent in agents:
+        agent.close(max(0.1, deadline - time.monotonic()))
 
 
 class Remote:
@@ -266,6 +279,8 @@ class Remote:
                 results[host] = action(host)
             except HostFailure as failure:
                 failures[host] = str(failure)
+            except (OSError, ValueError) as error:  # no local ssh/rsync, out of descriptors, undecodable output
+                failures[host] = f"{type(error).__name__}: {error}"
 
         list(workers(self.fanout).map(attempt, hosts))
         return {h: results[h] for h in hosts if h in results}, {h: failures[h] for h in hosts if h in failures}

@@ -24,7 +24,7 @@ from bootstrap.hosts import Host
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
     "cluster": "the cluster's name; its key and pinned host keys live in ~/.kiln/clusters/NAME",
-    "slots": "processes per host for hosts given with -H (default 1)",
+    "slots": "processes per host (default: 1 for -H, the hostfile's slots=N)",
     "python": "the Python on the nodes with TensorFlow and Horovod (default: this Python's path)",
     "fanout": "talk to at most this many hosts at once (default 64)",
     "accept_new_host_keys": "trust and record host keys seen for the first time (default: refuse unknown keys)",
@@ -104,13 +104,30 @@ def open_cluster(c, goal: Target, *, fanout: int, accept_new_host_keys: bool = F
                            timeout=float(c.config.timeouts.command or 300), accept_new=accept_new_host_keys)
 
 
+def parse_ports(text: str) -> list[int]:
+    try:
+        ports = [int(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        raise UsageError(f"--ports {text!r}: give comma-separated port numbers") from None
+    if any(not 1 <= p <= 65535 for p in ports):
+        raise UsageError(f"--ports {text!r}: ports run from 1 to 65535")
+    return ports
+
+
+def split_args(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise UsageError(f"--args {text!r}: {error}") from None
+
+
 def print_changes(changed: dict[str, list[str]]) -> None:
     for host, files in changed.items():
         print(f"{host}: {'changed ' + ', '.join(files) if files else 'ok (nothing to change)'}")
 
 
 @cluster_task(name="mesh", help=HOST_HELP)
-def mesh_(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, accept_new_host_keys=False,
+def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           dry_run=False):
     """Set up passwordless SSH between all nodes with a per-cluster key and pinned host keys."""
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
@@ -127,11 +144,11 @@ def mesh_(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ac
 
 @cluster_task(help={**HOST_HELP, "ports": "comma-separated ports that must be free on every node",
                     "probes": "how many nodes prove the mesh by logging in to the next (default 8, 0: none)"})
-def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ports="", probes=8,
+def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=8,
           accept_new_host_keys=False, dry_run=False):
     """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh."""
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
-    wanted_ports = [int(p) for p in str(ports).split(",") if p.strip()]
+    wanted_ports = parse_ports(ports)
     if dry_run:
         print(f"would check {len(goal.hosts)} host(s): " + ", ".join(h.label for h in goal.hosts))
         return
@@ -142,11 +159,12 @@ def check(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, po
         raise KilnError("preflight failed (see the table above)")
 
 
-@cluster_task(help={**HOST_HELP, "source": "the folder to copy (default: the current one)"})
-def sync(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, source=".", accept_new_host_keys=False,
+@cluster_task(help={**HOST_HELP, "source": "the folder to copy (default: this project)"})
+def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, source=None, accept_new_host_keys=False,
          dry_run=False):
     """Copy the training code to ~/kiln/code on every node."""
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
+    source = source or str(runs.PROJECT)
     where = f"~/{REMOTE_ROOT}/code on {len(goal.hosts)} host(s)"
     if dry_run:
         print(f"would mirror {Path(source).resolve()} to {where}: " + ", ".join(h.label for h in goal.hosts))
@@ -160,7 +178,7 @@ TRAIN_HELP = {
     "mode": "horovod (one horovodrun over a hostfile) or tf-config (one process per role)",
     "ps": "tf-config: number of parameter servers (adds a chief as coordinator)",
     "chief": "tf-config: add a chief to a multi-worker run",
-    "evaluator": "tf-config: add an evaluator on the last host",
+    "evaluator": "tf-config: add an evaluator beside the chief; it evaluates the model the chief saves",
     "mpi": "horovod: run over MPI instead of Gloo",
     "nic": "the network interface the nodes use between them (default: found)",
     "base_port": f"tf-config: first port for the processes on each host (default {topology.DEFAULT_BASE_PORT})",
@@ -172,15 +190,15 @@ TRAIN_HELP = {
 
 
 @cluster_task(help=TRAIN_HELP)
-def train(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, accept_new_host_keys=False,
+def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
           base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     hosts = goal.hosts
-    run_id = run_id or runs.new_run_id()
-    trainer_args = shlex.split(args)
+    run_id = runs.validate_run_id(run_id) if run_id else runs.new_run_id()
+    trainer_args = split_args(args)
     if dry_run:
         names = [h.address for h in hosts]
         plan = make_plan(mode, run_id, names, hosts, goal.python, launch.NodePaths(f"~/{REMOTE_ROOT}"),
@@ -201,7 +219,7 @@ def train(c, hostfile=None, cluster=None, slots=None, python=None, fanout=64, ac
         print(table)
         raise KilnError("preflight failed (see the table above); nothing was started")
     paths = launch.NodePaths(same_root(group))
-    group.sync(".", f"{REMOTE_ROOT}/code")
+    group.sync(str(runs.PROJECT), f"{REMOTE_ROOT}/code")
     names = [n.name for n in group.nodes]
     chosen_nic = nic or topology.common_interface({n.name: n.iface for n in group.nodes})
     plan = make_plan(mode, run_id, names, hosts, group.python, paths, trainer_args, chosen_nic, ps=int(ps),
@@ -295,7 +313,7 @@ def finish_run(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, re
     failure = None
     try:
         verdict = watch.until_done(timeout)
-    except RunFailed as error:
+    except KilnError as error:  # out of time, or a node stopped answering: stop the rest all the same
         verdict, failure = launch.Verdict(True, ()), str(error)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the run goes on; stop it with fab cluster.stop --run-id {plan.run_id}")
@@ -400,6 +418,10 @@ def stop(c, run_id=None):
     record, group, paths = reopen(c, run_id)
     left = stop_everywhere(group, record["run_id"])
     folder = collect(group, record["names"], record["run_id"], paths)
+    failure = "could not stop: " + ", ".join(left) if left else None
+    data = runs.summary(record, status="stopped", failure=failure, folder=folder,
+                        wall=time.time() - record.get("started", time.time()))
+    runs.save_json(folder / "summary.json", data)
     print(f"stopped run {record['run_id']}; run folder: {folder}")
     if left:
         raise RemoteError("stop", left)

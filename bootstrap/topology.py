@@ -63,8 +63,8 @@ def plan_tf_config(
 ) -> Topology:
     """Place one worker per slot; with `ps` > 0 add a chief (the coordinator) and
     parameter servers. The chief goes on the first host, parameter server i on
-    host i mod n, the evaluator on the last host. Ports count up from
-    `base_port` on each host."""
+    host i mod n, the evaluator beside the chief (it reads the model the chief
+    writes). Ports count up from `base_port` on each host."""
     if not names:
         raise TopologyError("no hosts to place processes on")
     if len(names) != len(slots):
@@ -93,7 +93,7 @@ def plan_tf_config(
     for index in range(ps):
         place("ps", index, index % len(names))
     if evaluator:
-        place("evaluator", 0, len(names) - 1)
+        place("evaluator", 0, 0)
     return Topology(tuple(names), tuple(processes))
 
 
@@ -103,12 +103,12 @@ def tf_config(topology: Topology, process: Process) -> dict:
 
 
 def finishing_tasks(topology: Topology) -> list[Process]:
-    """The processes whose exit ends a run: the chief with parameter servers
-    (workers and servers then serve forever), otherwise chief and workers."""
+    """The processes whose exit ends a run: the chief (and evaluator) with
+    parameter servers (workers and servers then serve forever), otherwise chief,
+    workers and evaluator."""
     roles = {p.role for p in topology.processes}
-    if "ps" in roles:
-        return [p for p in topology.processes if p.role == "chief"]
-    return [p for p in topology.processes if p.role in ("chief", "worker")]
+    ending = ("chief", "evaluator") if "ps" in roles else ("chief", "worker", "evaluator")
+    return [p for p in topology.processes if p.role in ending]
 
 
 def horovod_hostfile(names: Sequence[str], slots: Sequence[int]) -> str:

@@ -74,11 +74,10 @@ def cluster(request, tmp_path_factory):
         pytest.skip(reason)
     name = getattr(request.module, "CLUSTER_NAME", "kt")
     local_cluster_command("down", "--name", name)
-    up = local_cluster_command("up", "3", "--name", name)
-    if up.returncode != 0:
-        local_cluster_command("down", "--name", name)
-        raise AssertionError(f"local-cluster up failed:\n{up.stdout}\n{up.stderr}")
     try:
+        up = local_cluster_command("up", "3", "--name", name)
+        if up.returncode != 0:
+            raise AssertionError(f"local-cluster up failed:\n{up.stdout}\n{up.stderr}")
         state = Path("/run/kiln/local") / name
         nodes = json.loads((state / "nodes.json").read_text())
         if isinstance(nodes, dict):

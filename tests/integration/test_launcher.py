@@ -69,7 +69,8 @@ def test_malformed_host_list_names_the_bad_item(cluster):
 
 
 def test_unreachable_host_is_named_and_nothing_starts(cluster):
-    dead = "10.254.254.254"  # no route: nothing answers there
+    subnet = cluster.nodes[0]["ip"].rsplit(".", 1)[0]
+    dead = f"{subnet}.250"  # in the cluster's own subnet, on no node: nothing answers, no packet leaves
     run_id = "unreachable-run"
     started = time.monotonic()
     done = cluster.fab("-t", "3", "cluster.train", "--run-id", run_id, hosts=f"node1,node2,{dead}", timeout=60)
@@ -194,8 +195,26 @@ def test_detached_run_is_followed_and_stopped_from_its_run_id(cluster):
     assert stopped.returncode == 0, stopped.stderr
     assert run_processes(run_id) == []
     assert (cluster.runs / run_id / "hosts" / "node2" / "worker-1.log").exists()
+    assert summary(cluster, run_id)["status"] == "stopped"
     after = cluster.fab("cluster.status", "--run-id", run_id)
     assert "failed" in after.stdout.splitlines()[-1] or "lost" in after.stdout
+
+
+def test_slots_place_several_ranks_per_host(cluster):
+    plan = cluster.fab("cluster.train", "--slots", "2", "--dry-run", "--run-id", "slots", hosts="node1,node2")
+    assert plan.returncode == 0, plan.stderr
+    assert "node1 slots=2" in plan.stdout and "-np 4" in plan.stdout
+    assert "ranks: 0=node1, 1=node1, 2=node2, 3=node2" in plan.stdout
+
+
+def test_chief_and_evaluator_beside_workers(cluster):
+    done = cluster.fab("cluster.train", "--mode", "tf-config", "--chief", "--evaluator", "--run-id", "eval",
+                       "--args", SHORT, hosts=HOSTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = summary(cluster, "eval")["results"]
+    assert {"chief-0", "worker-0", "worker-1", "worker-2", "evaluator-0"} <= set(results)
+    assert results["evaluator-0"]["weights_sha256"] == results["chief-0"]["weights_sha256"]
+    assert run_processes("eval") == []
 
 
 def test_a_meshed_cluster_is_named_instead_of_listed(cluster):

@@ -12,7 +12,8 @@ from bootstrap.commands import (
 )
 from bootstrap.hosts import Host
 
-BASE = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+BASE = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes",
+        "-o", "ServerAliveInterval=5",
         "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
 
 

@@ -68,7 +68,8 @@ def test_multiworker_plan_uses_the_multiworker_strategy():
 def test_launch_command_writes_files_before_starting():
     launch = Launch(0, "horovodrun", ("hr",), {}, {"/r/hostfile": "node1 slots=1\n"})
     command = launch_command(launch, NodePaths("/r0"), "x")
-    assert command.startswith("mkdir -p /r0/runs/x && printf %s 'node1 slots=1\n' > /r/hostfile && mkdir -p")
+    assert command.startswith("printf %s 'node1 slots=1\n' > /r/hostfile && mkdir -p /r0/runs/x && {")
+    assert command.endswith("; [ -s /r0/runs/x/horovodrun.pid ]")
 
 
 def _plan():

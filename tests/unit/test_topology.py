@@ -62,12 +62,12 @@ def test_parameter_servers_add_a_chief_and_spread_over_hosts():
 def test_evaluator_is_not_part_of_the_cluster():
     topo = plan_tf_config(("a", "b"), [1, 1], chief=True, evaluator=True)
     evaluator = topo.processes[-1]
-    assert evaluator == Process("evaluator", 0, 1, 23457)
+    assert evaluator == Process("evaluator", 0, 0, 23458)
     assert tf_config(topo, evaluator) == {
         "cluster": {"chief": ["a:23456"], "worker": ["a:23457", "b:23456"]},
         "task": {"type": "evaluator", "index": 0},
     }
-    assert [p.task for p in finishing_tasks(topo)] == ["chief-0", "worker-0", "worker-1"]
+    assert [p.task for p in finishing_tasks(topo)] == ["chief-0", "worker-0", "worker-1", "evaluator-0"]
 
 
 def test_ipv6_names_are_bracketed_in_addresses():
