@@ -129,12 +129,13 @@ def horovodrun_argv(horovodrun: str, *, processes: int, hostfile: str, entry: Se
 def detached_command(argv: Sequence[str], *, cwd: str, run_dir: str, task: str, env: Mapping[str, str]) -> str:
     """Start `argv` in its own session so it outlives the SSH connection.
 
-    It leaves `<task>.pid` (its process group), `<task>.log` and, when it ends,
-    `<task>.exit` holding the exit status.
+    It leaves `<task>.pid` (its process group), `<task>.log` (appended to, so a
+    restarted run keeps every attempt) and, when it ends, `<task>.exit` holding
+    the exit status.
     """
     run = shlex.quote(run_dir)
     pid, log, status = (shlex.quote(f"{run_dir}/{task}.{suffix}") for suffix in ("pid", "log", "exit"))
     inner = (f"echo $$ > {pid}; cd {shlex.quote(cwd)} && "
-             f"{remote_command(argv, env=env)} > {log} 2>&1; "
+             f"{remote_command(argv, env=env)} >> {log} 2>&1; "
              f"echo $? > {status}.tmp && mv {status}.tmp {status}")
     return f"mkdir -p {run} && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"

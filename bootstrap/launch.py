@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from bootstrap import commands, topology
-from bootstrap.errors import RemoteError, RunFailed, UsageError
+from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 
 MODES = ("horovod", "tf-config")
@@ -180,39 +179,6 @@ def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> 
     if culprit:
         parts.append(f"rank {culprit[0]} on {culprit[1]} failed first")
     return "; ".join(parts)
-
-
-class Watch:
-    """Poll every host's processes until the run is done, failed, or out of time."""
-
-    def __init__(self, cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 2.0):
-        self.cluster, self.plan, self.paths, self.interval = cluster, plan, paths, interval
-
-    def states(self) -> dict[int, dict[str, dict]]:
-        hosts = self.cluster.hosts
-        wanted = {i: self.plan.tasks_on(i) for i in range(len(hosts)) if self.plan.tasks_on(i)}
-        run_dir = self.paths.run(self.plan.run_id)
-
-        def look(host: Host) -> dict:
-            return self.cluster.remote.node(host, self.cluster.python, "status", run_dir,
-                                            *wanted[hosts.index(host)], timeout=30)
-
-        results, failures = self.cluster.remote.map([hosts[i] for i in wanted], look)
-        if failures:
-            raise RemoteError("status", {h.label: r for h, r in failures.items()})
-        return {hosts.index(h): states for h, states in results.items()}
-
-    def until_done(self, timeout: float, on_poll=None) -> Verdict:
-        deadline = time.monotonic() + timeout
-        while True:
-            verdict = judge(self.plan, self.states())
-            if on_poll:
-                on_poll(verdict)
-            if verdict.done:
-                return verdict
-            if time.monotonic() > deadline:
-                raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
-            time.sleep(self.interval)
 
 
 def validate_mode(mode: str, *, ps: int, evaluator: bool, mpi: bool) -> None:

@@ -100,8 +100,19 @@ def headline(results: dict[str, dict]) -> dict:
             "examples_per_sec": throughput or None}
 
 
-def summary(record: dict, *, status: str, failure: str | None, folder: Path, wall: float) -> dict:
+def summary(record: dict, *, status: str, failure: str | None, folder: Path, wall: float,
+            restarts: list[dict] | None = None) -> dict:
+    """What a run did, for summary.json. Each restart gets the step the chief had
+    logged when it failed and the step the chief resumed from."""
     results = trainer_results(folder)
+    resumed = next((results[t].get("resumed_from_step") for t in ("chief-0", "rank-0", "worker-0") if t in results),
+                   None)
+    restarts = [dict(r) for r in restarts or []]
+    if restarts and resumed is not None:
+        last = restarts[-1]
+        last["resumed_from_step"] = resumed
+        if last.get("at_step") is not None:
+            last["steps_redone"] = max(0, last["at_step"] - resumed)
     return {
         "run_id": record["run_id"],
         "mode": record["mode"],
@@ -114,6 +125,7 @@ def summary(record: dict, *, status: str, failure: str | None, folder: Path, wal
         "results": results,
         **headline(results),
         "wall_time": round(wall, 2),
+        "restarts": restarts,
     }
 
 

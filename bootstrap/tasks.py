@@ -18,8 +18,9 @@ from bootstrap import commands, launch, mesh, runs, topology
 from bootstrap import hosts as hostlists
 from bootstrap.cluster import REMOTE_ROOT, Cluster, load_cluster_file
 from bootstrap.commands import SshOptions
-from bootstrap.errors import KilnError, RemoteError, RunFailed, UsageError
+from bootstrap.errors import KilnError, RemoteError, UsageError
 from bootstrap.hosts import Host
+from bootstrap.supervisor import Supervisor
 
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
@@ -186,13 +187,15 @@ TRAIN_HELP = {
     "run_id": "name the run (default: time stamp + random)",
     "detach": "start the run and return; follow it with cluster.status / cluster.logs",
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
+    "max_restarts": "when a process fails, restart the run from the chief's last checkpoint up to N times",
 }
 
 
 @cluster_task(help=TRAIN_HELP)
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
-          base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, dry_run=False):
+          base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, max_restarts=0,
+          dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
@@ -225,12 +228,17 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     plan = make_plan(mode, run_id, names, hosts, group.python, paths, trainer_args, chosen_nic, ps=int(ps),
                      chief=chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
     record = save_record(group, plan, paths)
-    start_run(group, plan, paths)
-    print(f"run {run_id} started: {len(plan.launches)} process(es) on {len(hosts)} host(s)")
+    supervisor = Supervisor(group, plan, paths)
+    supervisor.start()
+    print(f"run {run_id} started: {len(plan.launches)} process(es) on {len(hosts)} host(s)", flush=True)
     if detach:
         print(f"follow it with: fab cluster.status --run-id {run_id} / cluster.logs --run-id {run_id}")
         return
-    finish_run(group, plan, paths, record, float(timeout))
+    try:
+        supervisor.run(record, float(timeout), max_restarts=int(max_restarts))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the run goes on; stop it with fab cluster.stop --run-id {run_id}")
+        raise Exit(code=130) from None
 
 
 def make_plan(mode, run_id, names, hosts, python, paths, trainer_args, nic, *, ps, chief, evaluator, mpi, base_port):
@@ -267,80 +275,6 @@ def save_record(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths) -
     return record
 
 
-def start_run(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths) -> None:
-    """Make the run folder on every node, then start every process detached."""
-    run_dir = shlex.quote(paths.run(plan.run_id))
-    group.remote.map_or_raise("prepare", group.hosts, lambda h: group.remote.check(h, f"mkdir -p {run_dir}"))
-    by_host: dict[int, list[launch.Launch]] = {}
-    for item in plan.launches:
-        by_host.setdefault(item.host, []).append(item)
-
-    def start(host: Host) -> None:
-        index = group.hosts.index(host)
-        command = " && ".join(launch.launch_command(item, paths, plan.run_id) for item in by_host[index])
-        group.remote.check(host, command, timeout=60)
-
-    _, failures = group.remote.map([group.hosts[i] for i in by_host], start)
-    if failures:
-        stop_everywhere(group, plan.run_id)
-        raise RemoteError("start", {h.label: r for h, r in failures.items()})
-
-
-def stop_everywhere(group: Cluster, run_id: str) -> dict[str, str]:
-    """Stop every process of the run on every host; failures by host."""
-    _, failures = group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", run_id, "5",
-                                                                            timeout=60))
-    return {h.label: r for h, r in failures.items()}
-
-
-def collect(group: Cluster, plan_names, run_id: str, paths: launch.NodePaths) -> Path:
-    folder = runs.run_folder(run_id)
-
-    def pull(host: Host) -> None:
-        name = plan_names[group.hosts.index(host)]
-        group.remote.rsync(host, commands.rsync_pull_argv(host, paths.run(run_id), str(folder / "hosts" / name),
-                                                          group.remote.options))
-
-    _, failures = group.remote.map(group.hosts, pull)
-    for host, reason in failures.items():
-        print(f"warning: could not collect from {host.label}: {reason}", file=sys.stderr)
-    return folder
-
-
-def finish_run(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, record: dict, timeout: float) -> None:
-    started = time.monotonic()
-    watch = launch.Watch(group, plan, paths)
-    failure = None
-    try:
-        verdict = watch.until_done(timeout)
-    except KilnError as error:  # out of time, or a node stopped answering: stop the rest all the same
-        verdict, failure = launch.Verdict(True, ()), str(error)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: the run goes on; stop it with fab cluster.stop --run-id {plan.run_id}")
-        raise Exit(code=130) from None
-    left = stop_everywhere(group, plan.run_id)
-    folder = collect(group, list(plan.names), plan.run_id, paths)
-    if verdict.failed:
-        log = read_text(folder / "hosts" / plan.names[0] / f"{launch.HOROVOD_TASK}.log")
-        failure = launch.describe_failure(plan, verdict, log)
-    if left:
-        failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
-    data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=folder,
-                        wall=time.monotonic() - started)
-    runs.save_json(folder / "summary.json", data)
-    print(runs.format_rows([runs.result_row(data)]))
-    print(f"run folder: {folder}")
-    if failure:
-        raise RunFailed(f"run {plan.run_id} failed: {failure}")
-
-
-def read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def reopen(c, run_id: str | None, fanout: int = 64) -> tuple[dict, Cluster, launch.NodePaths]:
     """A cluster session from a saved run record, so run tasks need no -H."""
     record = runs.load_record(run_id)
@@ -367,7 +301,7 @@ def status(c, run_id=None):
     """Show each process of a run: running, exited (with its code) or lost."""
     record, group, paths = reopen(c, run_id)
     plan = plan_from_record(record)
-    states = launch.Watch(group, plan, paths).states()
+    states = Supervisor(group, plan, paths).states()
     for item in plan.launches:
         state = states.get(item.host, {}).get(item.task, {})
         detail = f" (exit {state['code']})" if state.get("state") == "exited" else ""
@@ -416,8 +350,9 @@ def logs(c, run_id=None, host=None, follow=False, lines=50):
 def stop(c, run_id=None):
     """Stop every process of a run on every host and collect what it left."""
     record, group, paths = reopen(c, run_id)
-    left = stop_everywhere(group, record["run_id"])
-    folder = collect(group, record["names"], record["run_id"], paths)
+    supervisor = Supervisor(group, plan_from_record(record), paths)
+    left = supervisor.stop()
+    folder = supervisor.collect()
     failure = "could not stop: " + ", ".join(left) if left else None
     data = runs.summary(record, status="stopped", failure=failure, folder=folder,
                         wall=time.time() - record.get("started", time.time()))

@@ -16,8 +16,10 @@ from conftest import FAB, ROOT, run_processes
 from bootstrap import launch, tasks
 from bootstrap.cluster import Cluster
 from bootstrap.commands import SshOptions
+from bootstrap.errors import RunFailed
 from bootstrap.hosts import parse_host_list
 from bootstrap.mesh import default_cluster_name
+from bootstrap.supervisor import Supervisor
 
 pytestmark = pytest.mark.integration
 CLUSTER_NAME = "kt"
@@ -285,9 +287,10 @@ def test_changed_host_key_is_refused_everywhere(cluster):
         plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
                                    paths=paths, trainer_args=["--epochs", "1"], nic="eth0")
         record = tasks.save_record(group, plan, paths)
-        tasks.start_run(group, plan, paths)
-        with pytest.raises(Exception, match="rekeyed failed"):
-            tasks.finish_run(group, plan, paths, record, timeout=120)
+        supervisor = Supervisor(group, plan, paths)
+        supervisor.start()
+        with pytest.raises(RunFailed, match="rekeyed failed"):
+            supervisor.run(record, timeout=120)
         log = (cluster.runs / "rekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
         assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log
         assert run_processes("rekeyed") == []

@@ -70,6 +70,6 @@ def test_horovodrun_argv_is_exact():
 def test_detached_command_leaves_pid_log_and_exit_files():
     command = detached_command(["python", "-m", "trainer"], cwd="/w", run_dir="/r", task="worker-0",
                                env={"TF_CONFIG": '{"a": 1}'})
-    inner = ("echo $$ > /r/worker-0.pid; cd /w && env 'TF_CONFIG={\"a\": 1}' python -m trainer > /r/worker-0.log 2>&1; "
-             "echo $? > /r/worker-0.exit.tmp && mv /r/worker-0.exit.tmp /r/worker-0.exit")
+    inner = ("echo $$ > /r/worker-0.pid; cd /w && env 'TF_CONFIG={\"a\": 1}' python -m trainer "
+             ">> /r/worker-0.log 2>&1; echo $? > /r/worker-0.exit.tmp && mv /r/worker-0.exit.tmp /r/worker-0.exit")
     assert command == f"mkdir -p /r && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"

@@ -1,0 +1,156 @@
+"""A run's life on the nodes: start, watch, restart from the last checkpoint, stop, collect (I/O)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from bootstrap import commands, launch, runs
+from bootstrap.cluster import Cluster
+from bootstrap.errors import KilnError, RemoteError, RunFailed
+from bootstrap.hosts import Host
+from bootstrap.launch import NodePaths, RunPlan, Verdict
+
+CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
+
+
+class Supervisor:
+    """Everything kiln does to one run after its plan is made."""
+
+    def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 2.0):
+        self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
+        self.run_dir = paths.run(plan.run_id)
+        self.folder = runs.run_folder(plan.run_id)
+
+    def start(self) -> None:
+        """Make the run folder on every node (clearing a previous attempt's pid and
+        exit files), then start every process detached."""
+        run_dir = shlex.quote(self.run_dir)
+        prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit"
+        self.group.remote.map_or_raise("prepare", self.group.hosts, lambda h: self.group.remote.check(h, prepare))
+        by_host: dict[int, list[launch.Launch]] = {}
+        for item in self.plan.launches:
+            by_host.setdefault(item.host, []).append(item)
+
+        def start(host: Host) -> None:
+            items = by_host[self.group.hosts.index(host)]
+            command = " && ".join(launch.launch_command(item, self.paths, self.plan.run_id) for item in items)
+            self.group.remote.check(host, command, timeout=60)
+
+        _, failures = self.group.remote.map([self.group.hosts[i] for i in by_host], start)
+        if failures:
+            self.stop()
+            raise RemoteError("start", {h.label: r for h, r in failures.items()})
+
+    def states(self) -> dict[int, dict[str, dict]]:
+        """Each host's processes: running, exited (with the code) or lost."""
+        hosts = self.group.hosts
+        wanted = {i: self.plan.tasks_on(i) for i in range(len(hosts)) if self.plan.tasks_on(i)}
+
+        def look(host: Host) -> dict:
+            return self.group.remote.node(host, self.group.python, "status", self.run_dir,
+                                          *wanted[hosts.index(host)], timeout=30)
+
+        results = self.group.remote.map_or_raise("status", [hosts[i] for i in wanted], look)
+        return {hosts.index(h): states for h, states in results.items()}
+
+    def watch(self, timeout: float) -> Verdict:
+        deadline = time.monotonic() + timeout
+        while True:
+            verdict = launch.judge(self.plan, self.states())
+            if verdict.done:
+                return verdict
+            if time.monotonic() > deadline:
+                raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
+            time.sleep(self.interval)
+
+    def stop(self) -> dict[str, str]:
+        """Stop every process of the run on every host; failures by host."""
+        remote, python = self.group.remote, self.group.python
+        _, failures = remote.map(self.group.hosts,
+                                 lambda h: remote.node(h, python, "stop", self.plan.run_id, "5", timeout=60))
+        return {h.label: r for h, r in failures.items()}
+
+    def collect(self) -> Path:
+        """Copy every node's run folder into runs/<id>/hosts/<node>/."""
+        def pull(host: Host) -> None:
+            name = self.plan.names[self.group.hosts.index(host)]
+            argv = commands.rsync_pull_argv(host, self.run_dir, str(self.folder / "hosts" / name),
+                                            self.group.remote.options)
+            self.group.remote.rsync(host, argv)
+
+        _, failures = self.group.remote.map(self.group.hosts, pull)
+        for host, reason in failures.items():
+            print(f"warning: could not collect from {host.label}: {reason}", file=sys.stderr)
+        return self.folder
+
+    def spread_checkpoint(self) -> None:
+        """Give every node the chief's checkpoints (first node) before a restart,
+        so every process resumes from the same step without shared storage."""
+        source, others = self.group.hosts[0], self.group.hosts[1:]
+        checkpoints = f"{self.run_dir}/checkpoints"
+        local = self.folder / "checkpoints"
+        options = self.group.remote.options
+        present = self.group.remote.run(source, ["test", "-d", checkpoints], timeout=30).code == 0
+        if not present:
+            return
+        self.group.remote.rsync(source, commands.rsync_pull_argv(source, checkpoints, str(local), options))
+        self.group.remote.map_or_raise("spread checkpoints", others, lambda h: self.group.remote.rsync(
+            h, commands.rsync_push_argv(str(local), h, checkpoints, options, excludes=())))
+
+    def chief_step(self) -> int | None:
+        """The last step the chief logged, from the collected metrics."""
+        for task in CHIEF_TASKS:
+            path = self.folder / "hosts" / self.plan.names[0] / f"metrics.{task}.jsonl"
+            lines = read_text(path).strip().splitlines()
+            if lines:
+                try:
+                    return int(json.loads(lines[-1])["step"])
+                except (ValueError, KeyError):
+                    return None
+        return None
+
+    def run(self, record: dict, timeout: float, max_restarts: int = 0) -> dict:
+        """Watch the run to its end, restarting it up to `max_restarts` times from
+        the last checkpoint; stop, collect, and write summary.json."""
+        started = time.monotonic()
+        restarts = []
+        while True:
+            failure = None
+            try:
+                verdict = self.watch(timeout)
+            except KilnError as error:  # out of time, or a node stopped answering: stop the rest all the same
+                verdict, failure = Verdict(True, ()), str(error)
+            left = self.stop()
+            self.collect()
+            if verdict.failed:
+                log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log")
+                failure = launch.describe_failure(self.plan, verdict, log)
+            if left:
+                failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
+            if not failure or len(restarts) >= max_restarts or left:
+                break
+            restarts.append({"attempt": len(restarts) + 1, "failure": failure,
+                             "hosts": sorted({host for host, _, _ in verdict.failed}),
+                             "at_step": self.chief_step()})
+            print(f"restart {len(restarts)} of {max_restarts} after: {failure}", flush=True)
+            self.spread_checkpoint()
+            self.start()
+        data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
+                            wall=time.monotonic() - started, restarts=restarts)
+        runs.save_json(self.folder / "summary.json", data)
+        print(runs.format_rows([runs.result_row(data)]))
+        print(f"run folder: {self.folder}")
+        if failure:
+            raise RunFailed(f"run {self.plan.run_id} failed: {failure}")
+        return data
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
