@@ -1,0 +1,336 @@
+"""AWS clusters with boto3: create, find by tag, tear down. Decisions live in bootstrap.aws_plan.
+
+Region, profile and credentials come from boto3's standard chain; kiln never writes credentials.
+`KILN_AWS_ENDPOINT_URL` aims every client at another endpoint (the tests' moto server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bootstrap import aws_plan as plan
+from bootstrap import mesh
+from bootstrap.cluster import save_cluster_file
+from bootstrap.commands import SshOptions
+from bootstrap.errors import KilnError, UsageError
+
+ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
+RUNNING_TIMEOUT_S = 600
+TERMINATED_TIMEOUT_S = 600
+WAITER_DELAY_S = 5
+STATE_FILE = "aws.json"
+
+
+class AwsError(KilnError):
+    """A call to AWS failed; the message names the step."""
+
+
+@dataclass
+class Aws:
+    """The clients kiln uses; tests may hand in wrapped ones."""
+
+    ec2: object
+    sts: object
+    region: str
+
+
+def connect(region: str | None = None, profile: str | None = None) -> Aws:
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    try:
+        session = boto3.session.Session(region_name=region, profile_name=profile)
+    except botocore.exceptions.ProfileNotFound as error:
+        raise UsageError(f"AWS profile: {error}") from None
+    if not session.region_name:
+        raise UsageError("no AWS region: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
+    config = botocore.config.Config(connect_timeout=10, read_timeout=60,
+                                    retries={"max_attempts": 5, "mode": "standard"})
+    endpoint = os.environ.get(ENDPOINT_ENV) or None
+    return Aws(session.client("ec2", endpoint_url=endpoint, config=config),
+               session.client("sts", endpoint_url=endpoint, config=config), session.region_name)
+
+
+def describe_error(error: BaseException) -> str:
+    response = getattr(error, "response", None)
+    if isinstance(response, dict) and "Error" in response:
+        return f"{response['Error'].get('Code')}: {response['Error'].get('Message')}"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    return str(error) or type(error).__name__
+
+
+def error_code(error: BaseException) -> str:
+    response = getattr(error, "response", None)
+    return response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
+
+
+def caller(aws: Aws) -> str:
+    """The caller's ARN, which also proves there are credentials."""
+    import botocore.exceptions
+
+    try:
+        return aws.sts.get_caller_identity()["Arn"]
+    except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError):
+        raise UsageError("no AWS credentials: configure them for boto3 (aws configure, AWS_PROFILE, "
+                         "or environment variables)") from None
+    except botocore.exceptions.ClientError as error:
+        raise UsageError(f"AWS refused the credentials: {describe_error(error)}") from None
+
+
+def find_image(aws: Aws, request: plan.Request) -> str:
+    import botocore.exceptions
+
+    if request.ami:
+        try:
+            images = aws.ec2.describe_images(ImageIds=[request.ami])["Images"]
+        except botocore.exceptions.ClientError as error:
+            if error_code(error).startswith("InvalidAMIID"):
+                images = []
+            else:
+                raise
+        if not images:
+            raise UsageError(f"AMI {request.ami} does not exist in {aws.region}")
+        return request.ami
+    images = aws.ec2.describe_images(Owners=["self"], Filters=plan.image_filters(request.image_profile))["Images"]
+    newest = plan.newest_image(images)
+    if newest is None:
+        raise UsageError(f"no available AMI tagged {plan.TAG_PROFILE}={request.image_profile} in {aws.region}: "
+                         "bake one, or give --ami")
+    return newest["ImageId"]
+
+
+def find_resources(aws: Aws, name: str | None = None) -> list[plan.Resource]:
+    """Every kiln-tagged resource (of the cluster `name`, if given), found by tags alone."""
+    if name is None:
+        tagged = [{"Name": "tag-key", "Values": [plan.TAG_CLUSTER]}]
+    else:
+        tagged = [{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}]
+    found = []
+    live = ["pending", "running", "stopping", "stopped", "shutting-down"]
+    for page in aws.ec2.get_paginator("describe_instances").paginate(
+            Filters=[*tagged, {"Name": "instance-state-name", "Values": live}]):
+        for reservation in page["Reservations"]:
+            found += [plan.Resource("instance", i["InstanceId"], plan.tags_of(i), i["State"]["Name"])
+                      for i in reservation["Instances"]]
+    for page in aws.ec2.get_paginator("describe_volumes").paginate(Filters=tagged):
+        found += [plan.Resource("volume", v["VolumeId"], plan.tags_of(v), v["State"]) for v in page["Volumes"]]
+    for page in aws.ec2.get_paginator("describe_security_groups").paginate(Filters=tagged):
+        found += [plan.Resource("security-group", g["GroupId"], plan.tags_of(g)) for g in page["SecurityGroups"]]
+    found += [plan.Resource("key-pair", k["KeyName"], plan.tags_of(k))
+              for k in aws.ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]]
+    found += [plan.Resource("placement-group", g["GroupName"], plan.tags_of(g), g.get("State", ""))
+              for g in aws.ec2.describe_placement_groups(Filters=tagged)["PlacementGroups"]]
+    return found
+
+
+def wait(aws: Aws, waiter: str, instance_ids: list[str], timeout_s: float) -> None:
+    if instance_ids:
+        aws.ec2.get_waiter(waiter).wait(InstanceIds=instance_ids, WaiterConfig={
+            "Delay": WAITER_DELAY_S, "MaxAttempts": max(1, int(timeout_s // WAITER_DELAY_S))})
+
+
+def delete(aws: Aws, resource: plan.Resource) -> None:
+    """Delete one resource; one that is already gone is fine."""
+    import botocore.exceptions
+
+    calls = {"volume": lambda: aws.ec2.delete_volume(VolumeId=resource.id),
+             "security-group": lambda: aws.ec2.delete_security_group(GroupId=resource.id),
+             "key-pair": lambda: aws.ec2.delete_key_pair(KeyName=resource.id),
+             "placement-group": lambda: aws.ec2.delete_placement_group(GroupName=resource.id)}
+    try:
+        calls[resource.kind]()
+    except botocore.exceptions.ClientError as error:
+        if "NotFound" not in error_code(error):
+            raise
+
+
+def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINATED_TIMEOUT_S) -> list[str]:
+    """Terminate the instances, wait until they are gone, then delete the rest; what was removed."""
+    ordered = plan.teardown_order(resources)
+    instances = [r.id for r in ordered if r.kind == "instance"]
+    if instances:
+        aws.ec2.terminate_instances(InstanceIds=instances)
+        wait(aws, "instance_terminated", instances, timeout_s)
+    gone = {v["VolumeId"] for v in aws.ec2.describe_volumes(
+        Filters=[{"Name": "volume-id", "Values": [r.id for r in ordered if r.kind == "volume"]}])["Volumes"]} \
+        if any(r.kind == "volume" for r in ordered) else set()
+    for resource in ordered:
+        if resource.kind == "volume" and resource.id not in gone:
+            continue  # deleted with its instance
+        if resource.kind != "instance":
+            delete(aws, resource)
+    return [f"{r.kind} {r.id}" for r in ordered]
+
+
+def forget_local(name: str) -> None:
+    """Remove the local files of an AWS cluster (only where kiln's AWS state says it made them)."""
+    folder = mesh.cluster_dir(name)
+    if (folder / STATE_FILE).exists():
+        forget_key(folder)
+
+
+class Rollback:
+    """Undo actions, registered before each step so an interrupted call is undone too."""
+
+    def __init__(self) -> None:
+        self.undo: list[tuple[str, Callable[[], object]]] = []
+
+    def push(self, what: str, action: Callable[[], object]) -> None:
+        self.undo.append((what, action))
+
+    def run(self) -> list[str]:
+        """Undo in reverse order; the failures, as lines."""
+        failures = []
+        for what, action in reversed(self.undo):
+            try:
+                action()
+            except Exception as error:  # keep undoing the rest; report every failure
+                failures.append(f"{what}: {describe_error(error)}")
+        return failures
+
+
+def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
+       spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
+       ttl_hours: float = 24.0, *, region: str | None = None, profile: str | None = None, python: str = "python3",
+       aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S) -> dict:
+    """Create the cluster, write its cluster file, and return what was made. On any failure, undo it all."""
+    request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
+                                    image_profile=image_profile, spot=spot, max_price=max_price, user=user,
+                                    ttl_hours=ttl_hours)
+    aws = aws or connect(region, profile)
+    owner = caller(aws)
+    image = find_image(aws, request)
+    taken = find_resources(aws, request.name)
+    if taken:
+        raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) tagged "
+                         f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} (fab cluster.down --name "
+                         f"{request.name})")
+    tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
+    folder = mesh.cluster_dir(request.name)
+    rollback = Rollback()
+    step = "generate the cluster key"
+    try:
+        had_key = (folder / "id_ed25519").exists()
+        rollback.push("remove the local files", lambda: None if had_key else forget_key(folder))
+        _, public_key = mesh.ensure_cluster_key(request.name)
+        (folder / "id_ed25519").chmod(0o600)
+
+        def mine(kind: str) -> list[plan.Resource]:
+            return [r for r in find_resources(aws, request.name) if r.kind == kind]
+
+        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key)
+
+        step = "import the key pair"
+        rollback.push("delete the key pair", lambda: [delete(aws, r) for r in mine("key-pair")])
+        aws.ec2.import_key_pair(**steps.import_key_pair)
+
+        step = "create the security group"
+        rollback.push("delete the security group", lambda: [delete(aws, r) for r in mine("security-group")])
+        group_id = aws.ec2.create_security_group(**steps.create_security_group)["GroupId"]
+        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=group_id)
+
+        step = "allow SSH and cluster traffic in the security group"
+        aws.ec2.authorize_security_group_ingress(**steps.authorize_ingress)
+
+        step = "create the placement group"
+        rollback.push("delete the placement group", lambda: [delete(aws, r) for r in mine("placement-group")])
+        aws.ec2.create_placement_group(**steps.create_placement_group)
+
+        step = "run the instances"
+        rollback.push("terminate the instances", lambda: remove(aws, mine("instance") + mine("volume")))
+        launched = aws.ec2.run_instances(**steps.run_instances)["Instances"]
+        instance_ids = [i["InstanceId"] for i in launched]
+
+        step = "wait until the instances run"
+        wait(aws, "instance_running", instance_ids, running_timeout_s)
+        described = [i for r in aws.ec2.describe_instances(InstanceIds=instance_ids)["Reservations"]
+                     for i in r["Instances"]]
+
+        step = "write the cluster file"
+        hosts = plan.hosts_from_instances(described, request.user)
+        pinned = pin_host_keys(aws, folder, described, hosts)
+        state = {"region": aws.region, "instances": instance_ids, "security_group": group_id,
+                 "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
+                 "ami": image, "tags": tags, "host_keys": "console" if pinned else "first-contact"}
+        (folder / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+        save_cluster_file(request.name, hosts, SshOptions(identity=str(folder / "id_ed25519")), python)
+    except BaseException as error:
+        failures = rollback.run()
+        message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "
+        if failures:
+            message += ("rolling back left things behind (run fab cluster.down --name "
+                        f"{request.name}): " + "; ".join(failures))
+        else:
+            message += "everything it had created was removed"
+        raise AwsError(message) from None
+    return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
+            "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
+            "host_keys": state["host_keys"]}
+
+
+def forget_key(folder: Path) -> None:
+    """Remove the files `up` writes into the cluster folder."""
+    for file in ("cluster.json", "id_ed25519", "id_ed25519.pub", "known_hosts", STATE_FILE):
+        (folder / file).unlink(missing_ok=True)
+
+
+def pin_host_keys(aws: Aws, folder: Path, instances: list[dict], hosts) -> bool:
+    """known_hosts from the host keys cloud-init printed to each console; False where any is missing."""
+    lines = []
+    for instance, host in zip(sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"])),
+                              hosts, strict=True):
+        console = aws.ec2.get_console_output(InstanceId=instance["InstanceId"]).get("Output") or ""
+        if "BEGIN SSH HOST KEY KEYS" not in console:
+            import base64
+            import binascii
+            try:
+                console = base64.b64decode(console).decode(errors="replace")
+            except (binascii.Error, ValueError):
+                pass
+        keys = plan.host_keys_from_console(console)
+        if not keys:
+            return False
+        lines += plan.known_hosts_lines(host.address, keys)
+    (folder / "known_hosts").write_text("".join(line + "\n" for line in lines))
+    return True
+
+
+def down(name: str, *, region: str | None = None, profile: str | None = None, aws: Aws | None = None,
+         timeout_s: float = TERMINATED_TIMEOUT_S) -> list[str]:
+    """Remove everything tagged with the cluster's name; an empty list when there was nothing."""
+    if not isinstance(name, str) or not plan.NAME.fullmatch(name):
+        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    aws = aws or connect(region, profile)
+    caller(aws)
+    try:
+        removed = remove(aws, find_resources(aws, name), timeout_s)
+    except Exception as error:
+        raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
+    forget_local(name)
+    return removed
+
+
+def list_clusters(*, region: str | None = None, profile: str | None = None,
+                  aws: Aws | None = None) -> list[plan.ClusterSummary]:
+    aws = aws or connect(region, profile)
+    caller(aws)
+    return plan.summarize(find_resources(aws))
+
+
+def sweep(now: datetime | None = None, dry_run: bool = False, *, region: str | None = None,
+          profile: str | None = None, aws: Aws | None = None) -> list[plan.ClusterSummary]:
+    """The clusters past their expiry; removed unless dry_run."""
+    aws = aws or connect(region, profile)
+    caller(aws)
+    expired = plan.expired_clusters(find_resources(aws), now or datetime.now(UTC))
+    if not dry_run:
+        for summary in expired:
+            down(summary.name, aws=aws)
+    return expired

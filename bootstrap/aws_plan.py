@@ -1,0 +1,304 @@
+"""What `cluster.up` asks AWS for, decided without touching AWS: validation, tags, request dicts.
+
+Everything here is pure and unit-tested for exact output; bootstrap.aws does the calls.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+
+TAG_CLUSTER = "kiln:cluster"
+TAG_OWNER = "kiln:owner"
+TAG_EXPIRES = "kiln:expires"
+TAG_PROFILE = "kiln:profile"
+
+NAME = re.compile(r"[a-z0-9-]{1,32}")
+INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
+AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
+PROFILE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+MIN_PREFIX = {4: 8, 6: 32}
+MAX_TTL_HOURS = 24 * 14
+IMDS_HOP_LIMIT = 2
+ROOT_DEVICE = "/dev/sda1"
+ROOT_VOLUME_GIB = 100
+
+# Placeholders the dry run prints where AWS would supply the value.
+AMI_PLACEHOLDER = "<newest available AMI tagged kiln:profile={profile}>"
+PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
+GROUP_PLACEHOLDER = "<id of security group kiln-{name}>"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the operator asked for, checked by `validate_request`."""
+
+    name: str
+    count: int
+    instance_type: str
+    ssh_cidr: str
+    ami: str | None = None
+    image_profile: str = "gpu"
+    spot: bool = False
+    max_price: str | None = None
+    user: str = "ubuntu"
+    ttl_hours: float = 24.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The exact requests `cluster.up` sends, in order."""
+
+    name: str
+    tags: dict[str, str]
+    import_key_pair: dict
+    create_security_group: dict
+    authorize_ingress: dict
+    create_placement_group: dict
+    run_instances: dict
+
+    def steps(self) -> list[tuple[str, dict]]:
+        return [("ImportKeyPair", self.import_key_pair), ("CreateSecurityGroup", self.create_security_group),
+                ("AuthorizeSecurityGroupIngress", self.authorize_ingress),
+                ("CreatePlacementGroup", self.create_placement_group), ("RunInstances", self.run_instances)]
+
+
+def validate_cidr(text: str | None) -> str:
+    """The operator's SSH source range; never the whole Internet, never guessed."""
+    if not text:
+        raise UsageError("give --ssh-cidr with the address you connect from (e.g. 203.0.113.7/32); "
+                         "kiln never opens SSH to 0.0.0.0/0")
+    try:
+        network = ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise UsageError(f"--ssh-cidr {text!r} is not an IPv4 or IPv6 address or CIDR") from None
+    if network.prefixlen < MIN_PREFIX[network.version]:
+        raise UsageError(f"--ssh-cidr {text!r} is too broad: at least /{MIN_PREFIX[network.version]} for "
+                         f"IPv{network.version}; kiln never opens SSH to the whole Internet")
+    return str(network)
+
+
+def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
+                     image_profile: str = "gpu", spot: bool = False, max_price=None, user: str = "ubuntu",
+                     ttl_hours=24.0) -> Request:
+    """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    try:
+        count = int(count)
+    except (TypeError, ValueError):
+        raise UsageError(f"--count {count!r} is not a whole number") from None
+    if count < 1:
+        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    if not isinstance(instance_type, str) or not INSTANCE_TYPE.fullmatch(instance_type):
+        raise UsageError(f"--instance-type {instance_type!r} is not an EC2 instance type like p3.2xlarge")
+    if ami is not None and not AMI_ID.fullmatch(ami):
+        raise UsageError(f"--ami {ami!r} is not an AMI id like ami-0123456789abcdef0")
+    if ami is None and not PROFILE.fullmatch(image_profile or ""):
+        raise UsageError(f"--image-profile {image_profile!r}: use lowercase letters, digits, '-' and '_'")
+    if max_price is not None:
+        if not spot:
+            raise UsageError("--max-price applies to spot instances only: add --spot")
+        try:
+            if float(max_price) <= 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise UsageError(f"--max-price {max_price!r} is not a positive price in USD per hour") from None
+        max_price = str(max_price)
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or ""):
+        raise UsageError(f"--user {user!r} is not a valid login name")
+    try:
+        ttl_hours = float(ttl_hours)
+    except (TypeError, ValueError):
+        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
+    if not 0 < ttl_hours <= MAX_TTL_HOURS:
+        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
+                   user, ttl_hours)
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def cluster_tags(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:
+    return {TAG_CLUSTER: name, TAG_OWNER: owner, TAG_EXPIRES: format_time(now + timedelta(hours=ttl_hours)),
+            "Name": f"kiln-{name}"}
+
+
+def tag_list(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": key, "Value": value} for key, value in tags.items()]
+
+
+def tag_specifications(tags: dict[str, str], *resource_types: str) -> list[dict]:
+    return [{"ResourceType": kind, "Tags": tag_list(tags)} for kind in resource_types]
+
+
+def resource_name(name: str) -> str:
+    """The name of the cluster's key pair, security group and placement group."""
+    return f"kiln-{name}"
+
+
+def ingress_permissions(group_id: str, ssh_cidr: str) -> list[dict]:
+    """All traffic among the cluster's members; SSH from the operator's range only."""
+    ssh = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
+    if ipaddress.ip_network(ssh_cidr).version == 6:
+        ssh["Ipv6Ranges"] = [{"CidrIpv6": ssh_cidr, "Description": "kiln: SSH from the operator"}]
+    else:
+        ssh["IpRanges"] = [{"CidrIp": ssh_cidr, "Description": "kiln: SSH from the operator"}]
+    members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "kiln: cluster members"}]}
+    return [members, ssh]
+
+
+def run_instances_request(request: Request, *, ami: str, group_id: str, tags: dict[str, str]) -> dict:
+    resources = resource_name(request.name)
+    params = {
+        "ImageId": ami,
+        "InstanceType": request.instance_type,
+        "MinCount": request.count,
+        "MaxCount": request.count,
+        "KeyName": resources,
+        "SecurityGroupIds": [group_id],
+        "Placement": {"GroupName": resources},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                            "HttpPutResponseHopLimit": IMDS_HOP_LIMIT},
+        "BlockDeviceMappings": [{"DeviceName": ROOT_DEVICE,
+                                 "Ebs": {"VolumeSize": ROOT_VOLUME_GIB, "VolumeType": "gp3", "Encrypted": True,
+                                         "DeleteOnTermination": True}}],
+        "TagSpecifications": tag_specifications(tags, "instance", "volume", "network-interface"),
+    }
+    if request.spot:
+        spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        if request.max_price:
+            spot["MaxPrice"] = request.max_price
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+    return params
+
+
+def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key: str,
+                 group_id: str | None = None) -> Plan:
+    """The requests of `cluster.up`; `group_id` is known only once the security group exists."""
+    resources = resource_name(request.name)
+    group_id = group_id or GROUP_PLACEHOLDER.format(name=request.name)
+    return Plan(
+        name=request.name,
+        tags=tags,
+        import_key_pair={"KeyName": resources, "PublicKeyMaterial": public_key,
+                         "TagSpecifications": tag_specifications(tags, "key-pair")},
+        create_security_group={"GroupName": resources,
+                               "Description": f"kiln cluster {request.name}: members and operator SSH",
+                               "TagSpecifications": tag_specifications(tags, "security-group")},
+        authorize_ingress={"GroupId": group_id, "IpPermissions": ingress_permissions(group_id, request.ssh_cidr)},
+        create_placement_group={"GroupName": resources, "Strategy": "cluster",
+                                "TagSpecifications": tag_specifications(tags, "placement-group")},
+        run_instances=run_instances_request(request, ami=ami, group_id=group_id, tags=tags),
+    )
+
+
+def image_filters(profile: str) -> list[dict]:
+    return [{"Name": f"tag:{TAG_PROFILE}", "Values": [profile]}, {"Name": "state", "Values": ["available"]}]
+
+
+def newest_image(images: Iterable[dict]) -> dict | None:
+    """The image with the latest CreationDate (ties: the larger id, so the choice is stable)."""
+    return max(images, key=lambda image: (image.get("CreationDate", ""), image["ImageId"]), default=None)
+
+
+def tags_of(resource: dict) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in resource.get("Tags") or []}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kiln-tagged thing in AWS."""
+
+    kind: str
+    id: str
+    tags: dict
+    state: str = ""
+
+    @property
+    def cluster(self) -> str:
+        return self.tags.get(TAG_CLUSTER, "")
+
+    @property
+    def expires(self) -> datetime | None:
+        return parse_time(self.tags.get(TAG_EXPIRES, ""))
+
+
+# The order `down` removes things in: instances first (they hold the rest), then what they used.
+TEARDOWN_ORDER = ("instance", "volume", "security-group", "key-pair", "placement-group")
+
+
+def teardown_order(resources: Sequence[Resource]) -> list[Resource]:
+    return sorted(resources, key=lambda r: (TEARDOWN_ORDER.index(r.kind), r.id))
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    name: str
+    owner: str
+    expires: datetime | None
+    instances: tuple[str, ...]
+    resources: int
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
+
+
+def summarize(resources: Iterable[Resource]) -> list[ClusterSummary]:
+    """Resources grouped by cluster name; a cluster expires with its earliest expiry tag."""
+    groups: dict[str, list[Resource]] = {}
+    for resource in resources:
+        groups.setdefault(resource.cluster, []).append(resource)
+    summaries = []
+    for name, members in sorted(groups.items()):
+        expiries = [r.expires for r in members if r.expires is not None]
+        owners = sorted({r.tags.get(TAG_OWNER, "") for r in members} - {""})
+        instances = tuple(sorted(f"{r.id} ({r.state})" for r in members if r.kind == "instance"))
+        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members)))
+    return summaries
+
+
+def expired_clusters(resources: Iterable[Resource], now: datetime) -> list[ClusterSummary]:
+    return [summary for summary in summarize(resources) if summary.expired(now)]
+
+
+def hosts_from_instances(instances: Sequence[dict], user: str) -> list[Host]:
+    """The cluster's hosts in launch order: public address where there is one, else private."""
+    ordered = sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
+    return [Host(i.get("PublicIpAddress") or i["PrivateIpAddress"], user=user) for i in ordered]
+
+
+HOST_KEYS = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----\s*\n(.*?)-----END SSH HOST KEY KEYS-----", re.S)
+
+
+def host_keys_from_console(console: str) -> list[str]:
+    """The `type base64` host keys cloud-init prints to the console, without comments."""
+    found = HOST_KEYS.search(console or "")
+    if not found:
+        return []
+    keys = []
+    for line in found.group(1).splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and (fields[0].startswith("ssh-") or fields[0].startswith("ecdsa-")):
+            keys.append(f"{fields[0]} {fields[1]}")
+    return keys
+
+
+def known_hosts_lines(address: str, keys: Sequence[str]) -> list[str]:
+    return [f"{address} {key}" for key in keys]

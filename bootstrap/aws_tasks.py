@@ -1,0 +1,102 @@
+"""Fabric tasks `cluster.up/down/list/sweep`: AWS clusters (see bootstrap.aws); thin wrappers that print results."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from bootstrap import aws_plan as plan
+from bootstrap import mesh
+from bootstrap.tasks import cluster_task
+
+AWS_HELP = {
+    "name": "the cluster's name (1-32 of a-z, 0-9, '-'); tags every resource as kiln:cluster",
+    "count": "how many instances (at least 1)",
+    "instance_type": "EC2 instance type, e.g. p3.2xlarge",
+    "spot": "ask for spot instances",
+    "max_price": "with --spot: the most to pay, USD per instance-hour",
+    "ami": "this AMI instead of the newest one tagged with --image-profile",
+    "image_profile": "pick the newest available AMI tagged kiln:profile=PROFILE (default gpu)",
+    "ssh_cidr": "the address range you SSH from, e.g. 203.0.113.7/32 (required; never 0.0.0.0/0)",
+    "user": "the login user of the AMI (default ubuntu)",
+    "region": "AWS region (default: boto3's chain, e.g. AWS_DEFAULT_REGION)",
+    "profile": "AWS profile from your AWS config (default: boto3's chain)",
+    "ttl_hours": "tag the resources to expire after this many hours (default 24); cluster.sweep removes them",
+    "dry_run": "print the plan and change nothing",
+}
+
+
+@cluster_task(help=AWS_HELP)
+def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
+       ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, dry_run=False):
+    """Start an AWS cluster from a kiln AMI and write its cluster file (then use --cluster NAME)."""
+    request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
+                                    image_profile=image_profile, spot=spot, max_price=max_price, user=user,
+                                    ttl_hours=ttl_hours)
+    if dry_run:
+        key = mesh.cluster_dir(request.name) / "id_ed25519"
+        tags = plan.cluster_tags(request.name, "<caller ARN>", datetime.now(UTC), request.ttl_hours)
+        steps = plan.plan_cluster(request, tags=tags,
+                                  ami=request.ami or plan.AMI_PLACEHOLDER.format(profile=request.image_profile),
+                                  public_key=plan.PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"))
+        print(f"cluster {request.name}: key {key} (made if missing), then these EC2 calls; any failure undoes them")
+        for action, params in steps.steps():
+            print(f"{action} {json.dumps(params)}")
+        return
+    from bootstrap import aws
+
+    made = aws.up(request.name, request.count, request.instance_type, ami=request.ami,
+                  image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
+                  ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours, region=region,
+                  profile=profile)
+    print(f"cluster {made['name']} is running in {made['region']} from {made['ami']}, expires {made['expires']}:")
+    for host, instance in zip(made["hosts"], made["instances"], strict=True):
+        print(f"  {host} ({instance})")
+    keys = "pinned from the console" if made["host_keys"] == "console" else \
+        "not in the console yet: first contact needs --accept-new-host-keys"
+    print(f"key {made['identity']}; host keys {keys}; next: fab cluster.check --cluster {made['name']}")
+
+
+@cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})
+def down(c, name, region=None, profile=None):
+    """Terminate an AWS cluster and delete everything tagged with its name (safe to repeat)."""
+    from bootstrap import aws
+
+    removed = aws.down(name, region=region, profile=profile)
+    if not removed:
+        print(f"cluster {name}: nothing tagged kiln:cluster={name} is left; nothing to do")
+        return
+    print(f"cluster {name}: removed {len(removed)} resource(s):")
+    for line in removed:
+        print(f"  {line}")
+
+
+@cluster_task(name="list", help={k: AWS_HELP[k] for k in ("region", "profile")})
+def list_(c, region=None, profile=None):
+    """List the AWS clusters kiln has tagged, with their expiry."""
+    from bootstrap import aws
+
+    summaries = aws.list_clusters(region=region, profile=profile)
+    if not summaries:
+        print("no kiln clusters")
+    now = datetime.now(UTC)
+    for summary in summaries:
+        expires = plan.format_time(summary.expires) if summary.expires else "never"
+        flag = " (expired)" if summary.expired(now) else ""
+        print(f"{summary.name}: {len(summary.instances)} instance(s), {summary.resources} resource(s), "
+              f"expires {expires}{flag}, owner {summary.owner or '?'}")
+        for instance in summary.instances:
+            print(f"  {instance}")
+
+
+@cluster_task(help={k: AWS_HELP[k] for k in ("region", "profile", "dry_run")})
+def sweep(c, region=None, profile=None, dry_run=False):
+    """Remove every kiln-tagged AWS cluster past its kiln:expires time."""
+    from bootstrap import aws
+
+    expired = aws.sweep(dry_run=dry_run, region=region, profile=profile)
+    if not expired:
+        print("nothing has expired")
+    for summary in expired:
+        verb = "would remove" if dry_run else "removed"
+        print(f"{verb} {summary.name}: {summary.resources} resource(s), expired {plan.format_time(summary.expires)}")

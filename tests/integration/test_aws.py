@@ -1,0 +1,355 @@
+"""cluster.up/down/list/sweep against a moto server on loopback (real HTTP through boto3's endpoint_url).
+
+moto 5.2 has no placement groups (its server answers 500 to CreatePlacementGroup), so `placement_group_stand_in`
+registers the three calls kiln makes into the running server's EC2 handler, with AWS's behaviour: tag
+specifications and tag filters, duplicate and unknown-name errors, RunInstances refusing an unknown group and
+DeletePlacementGroup refusing while a live instance is in the group.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+from bootstrap import aws  # noqa: E402
+from bootstrap import aws_plan as plan  # noqa: E402
+from bootstrap.cluster import load_cluster_file  # noqa: E402
+from bootstrap.errors import KilnError, UsageError  # noqa: E402
+
+CIDR = "203.0.113.7/32"
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def placement_group_stand_in() -> None:
+    """Add CreatePlacementGroup, DescribePlacementGroups and DeletePlacementGroup to moto's EC2 handler."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses import EC2Response
+
+    if getattr(EC2Response, "kiln_placement_groups", None) is not None:
+        return
+    groups: dict[tuple, dict] = {}
+    members: dict[tuple, set] = {}
+    lock = threading.Lock()
+
+    def key(self, name):
+        return (self.current_account, self.region, name)
+
+    def create_placement_group(self):
+        name, strategy = self._get_param("GroupName"), self._get_param("Strategy")
+        if strategy not in ("cluster", "spread", "partition"):
+            raise EC2ClientError("InvalidParameterValue", f"Invalid strategy: {strategy}")
+        tags = self._parse_tag_specification().get("placement-group", {})
+        with lock:
+            if key(self, name) in groups:
+                raise EC2ClientError("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
+            group = {"GroupName": name, "State": "available", "Strategy": strategy,
+                     "GroupId": f"pg-{len(groups):017x}", "Tags": plan.tag_list(tags)}
+            groups[key(self, name)] = group
+        return ActionResult({"PlacementGroup": group})
+
+    def describe_placement_groups(self):
+        filters = self._filters_from_querystring()
+        names = self._get_param("GroupNames", [])
+        with lock:
+            found = [g for (account, region, _), g in groups.items()
+                     if account == self.current_account and region == self.region]
+        for name in names:
+            if name not in {g["GroupName"] for g in found}:
+                raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+
+        def matches(group):
+            tags = plan.tags_of(group)
+            for field, values in filters.items():
+                if field == "tag-key" and not set(values) & set(tags):
+                    return False
+                if field.startswith("tag:") and tags.get(field[4:]) not in values:
+                    return False
+                if field == "group-name" and group["GroupName"] not in values:
+                    return False
+            return not names or group["GroupName"] in names
+        return ActionResult({"PlacementGroups": [g for g in found if matches(g)]})
+
+    def delete_placement_group(self):
+        name = self._get_param("GroupName")
+        with lock:
+            if key(self, name) not in groups:
+                raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+            live = [i for i in members.get(key(self, name), ()) if i.state not in ("terminated",)]
+            if live:
+                raise EC2ClientError("InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use.")
+            del groups[key(self, name)]
+            members.pop(key(self, name), None)
+        return ActionResult({})
+
+    original_run = EC2Response.run_instances
+
+    def run_instances(self):
+        name = (self._get_param("Placement") or {}).get("GroupName")
+        if name and key(self, name) not in groups:
+            raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+        before = {i.id for i in self.ec2_backend.all_instances()}
+        result = original_run(self)
+        if name:
+            with lock:
+                members.setdefault(key(self, name), set()).update(
+                    i for i in self.ec2_backend.all_instances() if i.id not in before)
+        return result
+
+    EC2Response.create_placement_group = create_placement_group
+    EC2Response.describe_placement_groups = describe_placement_groups
+    EC2Response.delete_placement_group = delete_placement_group
+    EC2Response.run_instances = run_instances
+    EC2Response.kiln_placement_groups = groups
+
+
+@pytest.fixture(scope="module")
+def server():
+    placement_group_stand_in()
+    started = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    started.start()
+    host, port = started.get_host_and_port()
+    yield f"http://{host}:{port}"
+    started.stop()
+
+
+@pytest.fixture
+def env(server, monkeypatch, tmp_path):
+    for name, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+    monkeypatch.setenv("KILN_HOME", str(tmp_path / "kiln"))
+    return tmp_path
+
+
+@pytest.fixture
+def ec2(env):
+    return aws.connect().ec2
+
+
+@pytest.fixture
+def image(ec2):
+    """A kiln-baked AMI tagged as the image build tags it, and one of another profile that must not be chosen."""
+    made = {}
+    for profile in ("cpu", "gpu"):
+        image_id = ec2.register_image(Name=f"kiln-{profile}", RootDeviceName=plan.ROOT_DEVICE, BlockDeviceMappings=[
+            {"DeviceName": plan.ROOT_DEVICE, "Ebs": {"VolumeSize": 8}}])["ImageId"]
+        ec2.create_tags(Resources=[image_id], Tags=[{"Key": plan.TAG_PROFILE, "Value": profile}])
+        made[profile] = image_id
+    yield made["gpu"]
+    for summary in aws.list_clusters():  # a failed test must not leak into the next one
+        aws.down(summary.name)
+    for image_id in made.values():
+        ec2.deregister_image(ImageId=image_id)
+
+
+def leftovers(ec2, name: str | None = None) -> list[str]:
+    """Every kiln-tagged resource of any kind, looked up independently of kiln's own code."""
+    tag = [{"Name": "tag-key", "Values": [plan.TAG_CLUSTER]}] if name is None else \
+        [{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}]
+    prefix = "kiln-" if name is None else f"kiln-{name}"
+    found = [f"instance {i['InstanceId']}" for r in ec2.describe_instances(Filters=tag)["Reservations"]
+             for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+    found += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]]
+    found += [f"security-group {g['GroupId']}" for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
+    found += [f"security-group {g['GroupId']}" for g in ec2.describe_security_groups()["SecurityGroups"]
+              if g["GroupName"].startswith(prefix) and f"security-group {g['GroupId']}" not in found]
+    found += [f"key-pair {k['KeyName']}" for k in ec2.describe_key_pairs()["KeyPairs"]
+              if k["KeyName"].startswith(prefix)]
+    found += [f"placement-group {g['GroupName']}" for g in ec2.describe_placement_groups()["PlacementGroups"]
+              if g["GroupName"].startswith(prefix)]
+    return found
+
+
+def instances_of(ec2, name: str) -> list[dict]:
+    return [i for r in ec2.describe_instances(Filters=[{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}])[
+        "Reservations"] for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+
+
+def test_up_then_down_leaves_nothing(env, ec2, image):
+    made = aws.up("alpha", 2, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=2)
+    assert made["ami"] == image
+    saved = load_cluster_file("alpha")
+    assert [h.user for h in saved["hosts"]] == ["ubuntu", "ubuntu"]
+    assert saved["ssh"]["identity"] == str(env / "kiln" / "clusters" / "alpha" / "id_ed25519")
+    assert oct((env / "kiln" / "clusters" / "alpha" / "id_ed25519").stat().st_mode & 0o777) == "0o600"
+    instances = instances_of(ec2, "alpha")
+    assert len(instances) == 2
+    assert {i["MetadataOptions"]["HttpTokens"] for i in instances} == {"required"}
+    assert {i["MetadataOptions"]["HttpPutResponseHopLimit"] for i in instances} == {plan.IMDS_HOP_LIMIT}
+    assert {i["Placement"]["GroupName"] for i in instances} <= {"kiln-alpha", ""}
+    volumes = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
+                                             "Values": [i["InstanceId"] for i in instances]}])["Volumes"]
+    assert volumes and all(v["Encrypted"] for v in volumes)
+    tags = plan.tags_of(instances[0])
+    expires = plan.parse_time(tags[plan.TAG_EXPIRES])
+    assert timedelta(hours=1.9) < expires - datetime.now(UTC) <= timedelta(hours=2)
+    assert tags[plan.TAG_OWNER].startswith("arn:aws:")
+    group = ec2.describe_security_groups(GroupNames=["kiln-alpha"])["SecurityGroups"][0]
+    ranges = [r["CidrIp"] for p in group["IpPermissions"] for r in p.get("IpRanges", [])]
+    ranges += [r["CidrIpv6"] for p in group["IpPermissions"] for r in p.get("Ipv6Ranges", [])]
+    assert ranges == [CIDR] and "0.0.0.0/0" not in ranges and "::/0" not in ranges
+    assert any(pair["GroupId"] == group["GroupId"] for p in group["IpPermissions"] if p["IpProtocol"] == "-1"
+               for pair in p.get("UserIdGroupPairs", []))
+    assert [g["Strategy"] for g in ec2.describe_placement_groups(GroupNames=["kiln-alpha"])["PlacementGroups"]] \
+        == ["cluster"]
+    assert [s.name for s in aws.list_clusters()] == ["alpha"]
+
+    removed = aws.down("alpha")
+    assert {r.split()[0] for r in removed} >= {"instance", "security-group", "key-pair", "placement-group"}
+    assert leftovers(ec2) == []
+    assert load_cluster_file("alpha") is None
+    assert aws.down("alpha") == []
+
+
+def test_down_finds_the_cluster_by_tags_without_its_file(env, ec2, image):
+    aws.up("lost", 1, "g5.xlarge", ssh_cidr=CIDR)
+    (env / "kiln" / "clusters" / "lost" / "cluster.json").unlink()
+    (env / "kiln" / "clusters" / "lost" / "aws.json").unlink()
+    assert aws.down("lost")
+    assert leftovers(ec2) == []
+
+
+def test_spot_request_carries_market_options(env, ec2, image):
+    aws.up("spotty", 1, "p3.2xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR)
+    try:
+        [instance] = instances_of(ec2, "spotty")
+        assert instance.get("InstanceLifecycle") == "spot"
+        requests = ec2.describe_spot_instance_requests()["SpotInstanceRequests"]
+        assert [r["SpotPrice"] for r in requests if r.get("InstanceId") == instance["InstanceId"]] in ([], ["0.91"])
+    finally:
+        aws.down("spotty")
+    assert leftovers(ec2) == []
+
+
+class FailOn:
+    """An EC2 client that raises on the nth call of one API: a fault at the API boundary."""
+
+    def __init__(self, client, api: str, error: BaseException, nth: int = 1):
+        self.client, self.api, self.error, self.nth, self.calls = client, api, error, nth, 0
+
+    def __getattr__(self, attribute):
+        value = getattr(self.client, attribute)
+        if attribute != self.api:
+            return value
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.nth:
+                raise self.error
+            return value(*args, **kwargs)
+        return call
+
+
+def capacity_error(operation: str):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no capacity"}}, operation)
+
+
+@pytest.mark.parametrize(("api", "nth", "step"), [
+    ("import_key_pair", 1, "import the key pair"),
+    ("create_security_group", 1, "create the security group"),
+    ("authorize_security_group_ingress", 1, "allow SSH and cluster traffic"),
+    ("create_placement_group", 1, "create the placement group"),
+    ("run_instances", 1, "run the instances"),
+    ("get_waiter", 1, "wait until the instances run"),
+    ("get_console_output", 1, "write the cluster file"),
+])
+def test_failure_at_each_step_rolls_everything_back(env, ec2, image, api, nth, step):
+    connected = aws.connect()
+    connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
+    with pytest.raises(aws.AwsError, match=f"^cluster.up broken: could not {step}.*: InsufficientInstanceCapacity: "
+                                           "no capacity; everything it had created was removed$"):
+        aws.up("broken", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected)
+    assert leftovers(ec2) == []
+    assert not (env / "kiln" / "clusters" / "broken" / "id_ed25519").exists()
+
+
+def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
+    connected = aws.connect()
+    real_run = connected.ec2.run_instances
+
+    class Interrupting(FailOn):
+        def __getattr__(self, attribute):
+            if attribute == "run_instances":
+                def call(**kwargs):
+                    real_run(**kwargs)  # the instances exist, then the operator presses Ctrl-C
+                    raise KeyboardInterrupt
+                return call
+            return getattr(self.client, attribute)
+
+    connected.ec2 = Interrupting(connected.ec2, "", KeyboardInterrupt())
+    with pytest.raises(aws.AwsError, match="could not run the instances: interrupted"):
+        aws.up("ctrlc", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected)
+    assert leftovers(ec2) == []
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"instance_type": "huge"}, "--instance-type 'huge' is not an EC2 instance type like p3.2xlarge"),
+    ({"count": 0}, "--count 0: a cluster needs at least 1 instance"),
+    ({"ssh_cidr": None}, "give --ssh-cidr"),
+    ({"ssh_cidr": "0.0.0.0/0"}, "too broad"),
+    ({"ami": "ami-0123456789abcdef0"}, "AMI ami-0123456789abcdef0 does not exist in us-east-1"),
+])
+def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwargs, message):
+    arguments = {"name": "bad", "count": 1, "instance_type": "p3.2xlarge", "ssh_cidr": CIDR, **kwargs}
+    with pytest.raises(UsageError) as raised:
+        aws.up(**arguments)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert leftovers(ec2) == []
+    assert not (env / "kiln" / "clusters" / "bad").exists()
+
+
+def test_a_taken_name_is_refused(env, ec2, image):
+    aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR)
+    try:
+        before = leftovers(ec2)
+        with pytest.raises(UsageError, match="cluster name 'taken' is taken"):
+            aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR)
+        assert leftovers(ec2) == before
+    finally:
+        aws.down("taken")
+
+
+def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
+    for name in FAKE_CREDENTIALS:
+        if name != "AWS_DEFAULT_REGION":
+            monkeypatch.delenv(name)
+    with pytest.raises(UsageError, match="^no AWS credentials: "):
+        aws.up("nocreds", 1, "p3.2xlarge", ssh_cidr=CIDR)
+    for name, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    assert leftovers(ec2) == []
+
+
+def test_sweep_removes_expired_clusters_only(env, ec2, image):
+    past = datetime.now(UTC) - timedelta(hours=3)
+    aws.up("old", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past)
+    aws.up("fresh", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1)
+    try:
+        assert [s.name for s in aws.sweep(dry_run=True)] == ["old"]
+        assert leftovers(ec2, "old")
+        assert [s.name for s in aws.sweep()] == ["old"]
+        assert leftovers(ec2, "old") == []
+        assert leftovers(ec2, "fresh")
+    finally:
+        aws.down("fresh")
+    assert leftovers(ec2) == []
+
+
+def test_errors_are_kiln_errors(env):
+    assert issubclass(aws.AwsError, KilnError) and os.environ[aws.ENDPOINT_ENV].startswith("http://127.0.0.1:")

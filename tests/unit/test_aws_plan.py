@@ -1,0 +1,136 @@
+"""Exact output of the pure AWS planning in bootstrap.aws_plan."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from bootstrap import aws_plan as plan
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+TAGS = {"kiln:cluster": "demo", "kiln:owner": "arn:aws:iam::1:user/me", "kiln:expires": "2025-03-02T12:00:00Z",
+        "Name": "kiln-demo"}
+TAG_LIST = [{"Key": "kiln:cluster", "Value": "demo"}, {"Key": "kiln:owner", "Value": "arn:aws:iam::1:user/me"},
+            {"Key": "kiln:expires", "Value": "2025-03-02T12:00:00Z"}, {"Key": "Name", "Value": "kiln-demo"}]
+
+
+def request(**overrides):
+    arguments = {"name": "demo", "count": 2, "instance_type": "p3.2xlarge", "ssh_cidr": "203.0.113.7", **overrides}
+    return plan.validate_request(arguments.pop("name"), arguments.pop("count"), arguments.pop("instance_type"),
+                                 **arguments)
+
+
+def test_valid_request_is_normalised():
+    assert request(spot=True, max_price=1.5, ttl_hours="6") == plan.Request(
+        "demo", 2, "p3.2xlarge", "203.0.113.7/32", None, "gpu", True, "1.5", "ubuntu", 6.0)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"name": "Demo_1"}, "cluster name 'Demo_1': use 1 to 32 lowercase letters, digits and '-'"),
+    ({"name": "x" * 33}, f"cluster name '{'x' * 33}': use 1 to 32 lowercase letters, digits and '-'"),
+    ({"count": 0}, "--count 0: a cluster needs at least 1 instance"),
+    ({"count": "two"}, "--count 'two' is not a whole number"),
+    ({"instance_type": "p3"}, "--instance-type 'p3' is not an EC2 instance type like p3.2xlarge"),
+    ({"instance_type": "P3.2XLARGE"}, "--instance-type 'P3.2XLARGE' is not an EC2 instance type like p3.2xlarge"),
+    ({"ami": "ubuntu"}, "--ami 'ubuntu' is not an AMI id like ami-0123456789abcdef0"),
+    ({"max_price": "1"}, "--max-price applies to spot instances only: add --spot"),
+    ({"spot": True, "max_price": "-1"}, "--max-price '-1' is not a positive price in USD per hour"),
+    ({"ttl_hours": 0}, "--ttl-hours 0: give more than 0 and at most 336"),
+    ({"ssh_cidr": None}, "give --ssh-cidr with the address you connect from (e.g. 203.0.113.7/32); "
+                         "kiln never opens SSH to 0.0.0.0/0"),
+    ({"ssh_cidr": "0.0.0.0/0"}, "--ssh-cidr '0.0.0.0/0' is too broad: at least /8 for IPv4; "
+                                "kiln never opens SSH to the whole Internet"),
+    ({"ssh_cidr": "::/0"}, "--ssh-cidr '::/0' is too broad: at least /32 for IPv6; "
+                           "kiln never opens SSH to the whole Internet"),
+    ({"ssh_cidr": "my laptop"}, "--ssh-cidr 'my laptop' is not an IPv4 or IPv6 address or CIDR"),
+])
+def test_bad_input_is_named_in_one_line(overrides, message):
+    with pytest.raises(UsageError) as raised:
+        request(**overrides)
+    assert str(raised.value) == message
+
+
+def test_tags_carry_cluster_owner_and_expiry():
+    assert plan.cluster_tags("demo", "arn:aws:iam::1:user/me", NOW, 24) == TAGS
+
+
+def test_security_group_admits_itself_and_ssh_from_the_operator_only():
+    assert plan.ingress_permissions("sg-1", "203.0.113.7/32") == [
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1", "Description": "kiln: cluster members"}]},
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+         "IpRanges": [{"CidrIp": "203.0.113.7/32", "Description": "kiln: SSH from the operator"}]},
+    ]
+    assert plan.ingress_permissions("sg-1", "2001:db8::/64")[1]["Ipv6Ranges"] == [
+        {"CidrIpv6": "2001:db8::/64", "Description": "kiln: SSH from the operator"}]
+
+
+def test_run_instances_request_is_exact():
+    assert plan.run_instances_request(request(spot=True, max_price="0.9"), ami="ami-1", group_id="sg-1",
+                                      tags=TAGS) == {
+        "ImageId": "ami-1", "InstanceType": "p3.2xlarge", "MinCount": 2, "MaxCount": 2, "KeyName": "kiln-demo",
+        "SecurityGroupIds": ["sg-1"], "Placement": {"GroupName": "kiln-demo"},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 100, "VolumeType": "gp3",
+                                                                    "Encrypted": True, "DeleteOnTermination": True}}],
+        "TagSpecifications": [{"ResourceType": kind, "Tags": TAG_LIST}
+                              for kind in ("instance", "volume", "network-interface")],
+        "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "0.9"}},
+    }
+    assert "InstanceMarketOptions" not in plan.run_instances_request(request(), ami="ami-1", group_id="sg-1",
+                                                                     tags=TAGS)
+
+
+def test_plan_tags_every_resource_and_names_the_unknown_group():
+    steps = plan.plan_cluster(request(), tags=TAGS, ami="ami-1", public_key="ssh-ed25519 AAAA kiln-demo")
+    assert [name for name, _ in steps.steps()] == ["ImportKeyPair", "CreateSecurityGroup",
+                                                    "AuthorizeSecurityGroupIngress", "CreatePlacementGroup",
+                                                    "RunInstances"]
+    assert steps.import_key_pair == {"KeyName": "kiln-demo", "PublicKeyMaterial": "ssh-ed25519 AAAA kiln-demo",
+                                     "TagSpecifications": [{"ResourceType": "key-pair", "Tags": TAG_LIST}]}
+    assert steps.create_placement_group == {"GroupName": "kiln-demo", "Strategy": "cluster", "TagSpecifications": [
+        {"ResourceType": "placement-group", "Tags": TAG_LIST}]}
+    assert steps.create_security_group["TagSpecifications"] == [{"ResourceType": "security-group", "Tags": TAG_LIST}]
+    assert steps.authorize_ingress["GroupId"] == "<id of security group kiln-demo>"
+    assert steps.run_instances["SecurityGroupIds"] == ["<id of security group kiln-demo>"]
+
+
+def test_newest_image_wins():
+    images = [{"ImageId": "ami-a", "CreationDate": "2025-01-01T00:00:00.000Z"},
+              {"ImageId": "ami-b", "CreationDate": "2025-02-01T00:00:00.000Z"},
+              {"ImageId": "ami-c", "CreationDate": "2024-12-01T00:00:00.000Z"}]
+    assert plan.newest_image(images)["ImageId"] == "ami-b"
+    assert plan.newest_image([]) is None
+
+
+def test_sweep_picks_clusters_past_their_earliest_expiry():
+    def resource(kind, cluster, expires):
+        return plan.Resource(kind, f"{kind}-{cluster}", {"kiln:cluster": cluster, "kiln:expires": expires})
+    resources = [resource("instance", "old", "2025-03-01T11:00:00Z"),
+                 resource("key-pair", "old", "2025-03-09T00:00:00Z"),
+                 resource("instance", "new", "2025-03-01T13:00:00Z"),
+                 resource("key-pair", "odd", "whenever")]
+    assert [s.name for s in plan.expired_clusters(resources, NOW)] == ["old"]
+    assert [(s.name, s.resources) for s in plan.summarize(resources)] == [("new", 1), ("odd", 1), ("old", 2)]
+
+
+def test_teardown_removes_instances_first_and_placement_group_last():
+    resources = [plan.Resource(kind, kind, {}) for kind in reversed(plan.TEARDOWN_ORDER)]
+    assert [r.kind for r in plan.teardown_order(resources)] == list(plan.TEARDOWN_ORDER)
+
+
+def test_hosts_prefer_public_addresses_in_launch_order():
+    instances = [{"InstanceId": "i-2", "AmiLaunchIndex": 1, "PrivateIpAddress": "10.0.0.2"},
+                 {"InstanceId": "i-1", "AmiLaunchIndex": 0, "PrivateIpAddress": "10.0.0.1",
+                  "PublicIpAddress": "198.51.100.1"}]
+    assert plan.hosts_from_instances(instances, "ubuntu") == [Host("198.51.100.1", user="ubuntu"),
+                                                              Host("10.0.0.2", user="ubuntu")]
+
+
+def test_host_keys_come_from_cloud_init_console_output():
+    console = ("boot...\n-----BEGIN SSH HOST KEY KEYS-----\necdsa-sha2-nistp256 AAAAE2 root@ip-10-0-0-1\n"
+               "ssh-ed25519 AAAAC3 root@ip-10-0-0-1\n-----END SSH HOST KEY KEYS-----\nlogin:")
+    assert plan.host_keys_from_console(console) == ["ecdsa-sha2-nistp256 AAAAE2", "ssh-ed25519 AAAAC3"]
+    assert plan.known_hosts_lines("198.51.100.1", ["ssh-ed25519 AAAAC3"]) == ["198.51.100.1 ssh-ed25519 AAAAC3"]
+    assert plan.host_keys_from_console("no keys here") == []
