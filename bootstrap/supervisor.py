@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap import commands, launch, runs
+from bootstrap import commands, launch, plots, runs
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
@@ -142,6 +142,7 @@ class Supervisor:
         data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
                             wall=time.monotonic() - started, restarts=restarts)
         runs.save_json(self.folder / "summary.json", data)
+        plots.draw(self.folder)
         print(runs.format_rows([runs.result_row(data)]))
         print(f"run folder: {self.folder}")
         if failure:

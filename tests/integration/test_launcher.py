@@ -96,6 +96,8 @@ def test_horovod_ranks_agree_and_loss_falls(cluster):
     assert all(r["final_loss"] < r["first_loss"] for r in ranks.values())
     assert run_processes("hvd") == []
     assert "horovod" in done.stdout and "ok" in done.stdout
+    assert (cluster.runs / "hvd" / "loss.png").stat().st_size > 0
+    assert (cluster.runs / "hvd" / "throughput.png").stat().st_size > 0
 
 
 def test_horovod_over_mpi(cluster):
