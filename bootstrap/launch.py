@@ -181,6 +181,37 @@ def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> 
     return "; ".join(parts)
 
 
+@dataclass
+class Progress:
+    """When each process's logged step last moved, as seen from the operator."""
+
+    changes: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def observe(self, now: float, steps: Mapping[str, int]) -> None:
+        for stream, step in steps.items():
+            seen = self.changes.setdefault(stream, [])
+            if not seen or step > seen[-1][1]:
+                seen.append((now, step))
+
+    def stalled(self, now: float, *, factor: float, minimum: float) -> tuple[list[str], float]:
+        """Streams with no new step for `factor` times the median time between
+        their steps (and at least `minimum` seconds); (streams, limit used)."""
+        gaps = sorted(b[0] - a[0] for seen in self.changes.values() for a, b in zip(seen, seen[1:], strict=False))
+        if not gaps:
+            return [], minimum
+        limit = max(minimum, factor * gaps[len(gaps) // 2])
+        late = [stream for stream, seen in self.changes.items() if now - seen[-1][0] > limit]
+        return sorted(late), limit
+
+
+def blame(stalled: list[str], stopped_hosts: list[str]) -> list[str]:
+    """The hosts to name for a stall: those with a stopped process, else those of
+    the stalled streams (`task@host`)."""
+    if stopped_hosts:
+        return sorted(set(stopped_hosts))
+    return sorted({stream.rsplit("@", 1)[1] for stream in stalled})
+
+
 def validate_mode(mode: str, *, ps: int, evaluator: bool, mpi: bool) -> None:
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")

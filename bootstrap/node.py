@@ -297,6 +297,47 @@ def stop(run_id, grace):
     return {"left": run_processes(run_id)}
 
 
+def progress(run_id, run_dir):
+    """The last logged step of every metrics file here, and this node's processes
+    of the run that are stopped (state T: a hung or frozen process)."""
+    metrics = {}
+    try:
+        names = [n for n in os.listdir(run_dir) if n.startswith("metrics.") and n.endswith(".jsonl")]
+    except OSError:
+        names = []
+    for name in names:
+        last = last_line(os.path.join(run_dir, name))
+        try:
+            row = json.loads(last)
+            metrics[name[len("metrics."):-len(".jsonl")]] = {"step": int(row["step"])}
+        except (ValueError, KeyError, TypeError):
+            continue
+    here = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("uts", "mnt")]
+    stopped = []
+    for pid in run_processes(run_id):
+        try:
+            if [os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("uts", "mnt")] != here:
+                continue  # another node's process (local clusters share one PID space)
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("T", "t"):
+            stopped.append(pid)
+    return {"metrics": metrics, "stopped": stopped}
+
+
+def last_line(path):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            lines = handle.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
 def status(run_dir, tasks):
     """For each task: running, exited with its code, or lost (gone without a code)."""
     result = {}
@@ -332,6 +373,8 @@ def answer(verb, args, stdin):
         return stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
     if verb == "status":
         return status(args[0], args[1:])
+    if verb == "progress":
+        return progress(args[0], args[1])
     raise ValueError(f"unknown verb {verb!r}")
 
 

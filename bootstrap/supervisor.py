@@ -17,11 +17,23 @@ from bootstrap.launch import NodePaths, RunPlan, Verdict
 CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
 
 
-class Supervisor:
-    """Everything kiln does to one run after its plan is made."""
+class Stalled(KilnError):
+    """No step progress for too long; names the hosts to blame."""
 
-    def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 2.0):
+    def __init__(self, message: str, hosts: list[str]):
+        super().__init__(message)
+        self.hosts = hosts
+
+
+class Supervisor:
+    """Everything kiln does to one run after its plan is made. With `stall_factor`,
+    a watchdog stops a run whose logged steps stop moving for that many times the
+    median time between steps (and at least `stall_minimum` seconds)."""
+
+    def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 2.0,
+                 stall_factor: float = 0, stall_minimum: float = 60):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
+        self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
         self.folder = runs.run_folder(plan.run_id)
 
@@ -59,13 +71,46 @@ class Supervisor:
 
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
+        progress = launch.Progress()
         while True:
             verdict = launch.judge(self.plan, self.states())
             if verdict.done:
                 return verdict
+            if self.stall_factor:
+                self.check_progress(progress)
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
             time.sleep(self.interval)
+
+    def progress(self) -> dict[Host, dict]:
+        """Every host's last logged steps and stopped processes of this run."""
+        remote, python = self.group.remote, self.group.python
+        return remote.map_or_raise("progress", self.group.hosts, lambda h: remote.node(
+            h, python, "progress", self.plan.run_id, self.run_dir, timeout=30))
+
+    def frozen_hosts(self) -> list[str]:
+        """Hosts where a process of the run is stopped (best effort: empty if a host does not answer)."""
+        try:
+            seen = self.progress()
+        except KilnError:
+            return []
+        names = dict(zip(self.group.hosts, self.plan.names, strict=True))
+        return sorted(names[host] for host, found in seen.items() if found["stopped"])
+
+    def check_progress(self, progress: launch.Progress) -> None:
+        """Raise Stalled when some process's logged step stopped moving."""
+        seen = self.progress()
+        now = time.monotonic()
+        names = dict(zip(self.group.hosts, self.plan.names, strict=True))
+        progress.observe(now, {f"{task}@{names[host]}": row["step"]
+                               for host, found in seen.items() for task, row in found["metrics"].items()})
+        late, limit = progress.stalled(now, factor=self.stall_factor, minimum=self.stall_minimum)
+        if late:
+            frozen = [names[host] for host, found in seen.items() if found["stopped"]]
+            hosts = launch.blame(late, frozen)
+            detail = " (a process there is stopped)" if frozen else ""
+            raise Stalled(f"no step progress for over {limit:.0f}s from {', '.join(late)}; "
+                          f"stalled: {', '.join(hosts)}{detail}", hosts)
 
     def stop(self) -> dict[str, str]:
         """Stop every process of the run on every host; failures by host."""
@@ -119,22 +164,27 @@ class Supervisor:
         started = time.monotonic()
         restarts = []
         while True:
-            failure = None
+            failure, blamed = None, []
             try:
                 verdict = self.watch(timeout)
-            except KilnError as error:  # out of time, or a node stopped answering: stop the rest all the same
+            except KilnError as error:  # stalled, out of time, or a node stopped answering: stop the rest
                 verdict, failure = Verdict(True, ()), str(error)
+                blamed = getattr(error, "hosts", [])
+            frozen = self.frozen_hosts() if verdict.failed else []
             left = self.stop()
             self.collect()
             if verdict.failed:
                 log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log")
                 failure = launch.describe_failure(self.plan, verdict, log)
+                if frozen:  # the peers of a frozen process fail; name the frozen one too
+                    failure += f"; stalled: {', '.join(frozen)} (a process there is stopped)"
+                    blamed = frozen
             if left:
                 failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
             if not failure or len(restarts) >= max_restarts or left:
                 break
             restarts.append({"attempt": len(restarts) + 1, "failure": failure,
-                             "hosts": sorted({host for host, _, _ in verdict.failed}),
+                             "hosts": sorted({host for host, _, _ in verdict.failed} | set(blamed)),
                              "at_step": self.chief_step()})
             print(f"restart {len(restarts)} of {max_restarts} after: {failure}", flush=True)
             self.spread_checkpoint()

@@ -188,6 +188,9 @@ TRAIN_HELP = {
     "detach": "start the run and return; follow it with cluster.status / cluster.logs",
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
     "max_restarts": "when a process fails, restart the run from the chief's last checkpoint up to N times",
+    "stall_factor": "stop a run whose steps stop moving for this many times the median time between logged "
+                    "steps (default 20; 0: no watchdog)",
+    "stall_minimum": "... and for at least this many seconds (default 60)",
 }
 
 
@@ -195,7 +198,7 @@ TRAIN_HELP = {
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
           base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, max_restarts=0,
-          dry_run=False):
+          stall_factor=20.0, stall_minimum=60.0, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
@@ -228,7 +231,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     plan = make_plan(mode, run_id, names, hosts, group.python, paths, trainer_args, chosen_nic, ps=int(ps),
                      chief=chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
     record = save_record(group, plan, paths)
-    supervisor = Supervisor(group, plan, paths)
+    supervisor = Supervisor(group, plan, paths, stall_factor=float(stall_factor), stall_minimum=float(stall_minimum))
     supervisor.start()
     print(f"run {run_id} started: {len(plan.launches)} process(es) on {len(hosts)} host(s)", flush=True)
     if detach:

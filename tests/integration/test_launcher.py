@@ -134,8 +134,8 @@ def test_parameter_server_run_trains_and_stops_its_servers(cluster):
 MARKERS = {"worker-1": b'"type":"worker","index":1}', "rank-1": b"HOROVOD_RANK=1\0"}
 
 
-def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: float = 120) -> None:
-    """Once `task` on `node` has logged a step, kill -9 its Python (not the wrapper around it)."""
+def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: float = 120, signal: str = "-9") -> None:
+    """Once `task` on `node` has logged a step, send `signal` to its Python (not the wrapper around it)."""
     metrics = cluster.node_dir(node) / "kiln" / "runs" / run_id / f"metrics.{task}.jsonl"
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -147,7 +147,7 @@ def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: flo
                 except OSError:
                     continue
                 if b"trainer" in argv and MARKERS[task] in environ:
-                    subprocess.run(["kill", "-9", str(pid)], check=False)
+                    subprocess.run(["kill", signal, str(pid)], check=False)
                     return
         time.sleep(0.5)
     raise AssertionError(f"{task} on {node} never started training")
@@ -174,6 +174,27 @@ def test_a_killed_process_fails_the_run_naming_its_host(cluster, mode, task):
         assert f"{task} on node2 exited with status 137" in data["failure"]
     else:
         assert "rank 1 on node2 failed first" in data["failure"]
+    assert run_processes(run_id) == []
+
+
+@pytest.mark.parametrize(("mode", "task"), [("horovod", "rank-1"), ("tf-config", "worker-1")])
+def test_a_frozen_process_stops_the_run_naming_its_host(cluster, mode, task):
+    """Horovod's peers wait for a frozen rank (the watchdog ends it); TensorFlow's multi-worker peers fail
+    on their own (kiln still names the frozen host)."""
+    run_id = f"stall-{mode}"
+    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", mode, "--run-id",
+            run_id, "--stall-factor", "5", "--stall-minimum", "5", "--args", "--epochs 400 --log-every 1"]
+    with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as train:
+        try:
+            kill_when_training(cluster, run_id, "node2", task, signal="-STOP")
+            _, err = train.communicate(timeout=120)
+        finally:
+            if train.poll() is None:
+                train.kill()
+    assert train.returncode != 0
+    assert "stalled: node2 (a process there is stopped)" in err, err
+    assert summary(cluster, run_id)["status"] == "failed"
     assert run_processes(run_id) == []
 
 

@@ -100,3 +100,18 @@ def test_failure_message_names_host_and_horovod_rank():
     verdict = Verdict(True, (("node2", "worker-1", None), ("node3", "ps-0", 0)))
     assert describe_failure(_plan(), verdict) == (
         "worker-1 on node2 vanished without an exit code; ps-0 on node3 exited 0 before the run was done")
+
+
+def test_progress_flags_streams_past_the_stall_limit():
+    from bootstrap.launch import Progress, blame
+
+    progress = Progress()
+    for t, step in ((0, 1), (1, 11), (2, 21), (3, 31)):
+        progress.observe(t, {"rank-0@node1": step, "rank-1@node2": step})
+    progress.observe(4, {"rank-0@node1": 41, "rank-1@node2": 31})
+    assert progress.stalled(5, factor=3, minimum=0.5) == ([], 3)
+    assert progress.stalled(6.5, factor=3, minimum=0.5) == (["rank-1@node2"], 3)
+    assert progress.stalled(6.5, factor=3, minimum=10) == ([], 10)
+    assert blame(["rank-1@node2"], []) == ["node2"]
+    assert blame(["rank-0@node1", "rank-1@node2"], ["node2"]) == ["node2"]
+    assert Progress().stalled(100, factor=3, minimum=1) == ([], 1)
