@@ -169,6 +169,12 @@ def horovod_failed_host(plan: RunPlan, log_text: str) -> tuple[int, str] | None:
     return rank, plan.rank_hosts[rank] if rank < len(plan.rank_hosts) else "?"
 
 
+def failed_hosts(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> list[str]:
+    """The hosts to blame: for Horovod the rank horovodrun names, else where processes failed."""
+    culprit = horovod_failed_host(plan, horovod_log)
+    return [culprit[1]] if culprit else sorted({host for host, _, _ in verdict.failed})
+
+
 def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> str:
     parts = []
     for host, task, code in verdict.failed:

@@ -176,6 +176,7 @@ class Supervisor:
             if verdict.failed:
                 log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log")
                 failure = launch.describe_failure(self.plan, verdict, log)
+                blamed = launch.failed_hosts(self.plan, verdict, log)
                 if frozen:  # the peers of a frozen process fail; name the frozen one too
                     failure += f"; stalled: {', '.join(frozen)} (a process there is stopped)"
                     blamed = frozen
@@ -184,7 +185,7 @@ class Supervisor:
             if not failure or len(restarts) >= max_restarts or left:
                 break
             restarts.append({"attempt": len(restarts) + 1, "failure": failure,
-                             "hosts": sorted({host for host, _, _ in verdict.failed} | set(blamed)),
+                             "hosts": sorted(set(blamed)),
                              "at_step": self.chief_step()})
             print(f"restart {len(restarts)} of {max_restarts} after: {failure}", flush=True)
             self.spread_checkpoint()

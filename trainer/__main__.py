@@ -21,7 +21,10 @@ from trainer.cluster import (
     training_workers,
 )
 from trainer.errors import TrainerError
+from trainer.inputs import check_data, check_writable_dir
 from trainer.plan import per_replica_batch_size
+
+PREEMPTED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a process SIGTERM ended
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,11 +39,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.strategy == "multiworker":
             # Fail before MultiWorkerMirroredStrategy blocks waiting for its peers.
             per_replica_batch_size(config.batch_size, training_workers(cluster))
+        check_data(config.data)
+        check_writable_dir("--model-dir", config.model_dir)
+        check_writable_dir("--checkpoint-dir", config.checkpoints)
         os.environ.update(process_environment(config.strategy))
 
         from trainer import report, run  # imports TensorFlow
+        from trainer.checkpoints import Preempted
 
-        result = run.train(config, task, cluster, started=started)
+        try:
+            result = run.train(config, task, cluster, started=started)
+        except Preempted as stopped:
+            saved = "checkpoint saved" if stopped.saved else "no checkpoint written by this process"
+            print(f"trainer: {stopped} ({saved}); exiting 143", flush=True)
+            return PREEMPTED_EXIT
     except TrainerError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr)
         return 2

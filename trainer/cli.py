@@ -28,6 +28,13 @@ class TrainConfig:
     model_dir: Path = Path("model")
     run_dir: Path = Path(".")
     log_every: int = 10
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where checkpoints live: --checkpoint-dir, else ``<run-dir>/checkpoints``."""
+        return self.checkpoint_dir if self.checkpoint_dir is not None else self.run_dir / "checkpoints"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,6 +64,23 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _dataset(text: str) -> str:
+    """digits, synthetic, or a path to a local ``.npz`` (checked for content later)."""
+    if text in DATASETS or text.endswith(".npz"):
+        return text
+    raise argparse.ArgumentTypeError(f"expected digits, synthetic or a path to an .npz file, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser behind ``python -m trainer``."""
     defaults = TrainConfig()
@@ -74,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--data",
-        choices=DATASETS,
+        type=_dataset,
         default=defaults.data,
         help="digits: scikit-learn's bundled 8x8 digits; synthetic: random features of the "
-        "same shape, for throughput runs (default: %(default)s)",
+        "same shape, for throughput runs; PATH.npz: a local file with arrays x (N x features, "
+        "float) and y (N integer labels) (default: %(default)s)",
     )
     parser.add_argument(
         "--epochs", type=_positive_int, default=defaults.epochs,
@@ -113,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-every", type=_positive_int, default=defaults.log_every,
         help="write a metrics line every N steps (default: %(default)s)",
     )
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, default=None,
+        help="where the chief keeps the last 2 checkpoints (model, optimizer, global step) and "
+        "where every process looks for one to resume from (default: <run-dir>/checkpoints)",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=_non_negative_int, default=defaults.checkpoint_every,
+        help="checkpoint every N global steps; 0: at the end of every epoch (default: %(default)s)",
+    )
     return parser
 
 
@@ -130,4 +164,6 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
         model_dir=ns.model_dir,
         run_dir=ns.run_dir,
         log_every=ns.log_every,
+        checkpoint_dir=ns.checkpoint_dir,
+        checkpoint_every=ns.checkpoint_every,
     )

@@ -4,11 +4,14 @@ each strategy feeds from them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+
+from trainer.inputs import load_npz
 
 FEATURES = 64
 CLASSES = 10
@@ -22,17 +25,25 @@ class Split:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    classes: int = CLASSES
 
     @property
     def train_size(self) -> int:
         return len(self.x_train)
 
+    @property
+    def features(self) -> int:
+        return int(self.x_train.shape[1])
 
-def _split(x: np.ndarray, y: np.ndarray, seed: int) -> Split:
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=TEST_FRACTION, random_state=seed, stratify=y
-    )
-    return Split(x_train, y_train, x_test, y_test)
+
+def _split(x: np.ndarray, y: np.ndarray, seed: int, classes: int = CLASSES) -> Split:
+    try:
+        parts = train_test_split(x, y, test_size=TEST_FRACTION, random_state=seed, stratify=y)
+    except ValueError:
+        # A class too rare to stratify (user data): fall back to a plain seeded split.
+        parts = train_test_split(x, y, test_size=TEST_FRACTION, random_state=seed)
+    x_train, x_test, y_train, y_test = parts
+    return Split(x_train, y_train, x_test, y_test, classes)
 
 
 def digits_split(seed: int) -> Split:
@@ -53,12 +64,20 @@ def synthetic_split(seed: int) -> Split:
     return _split(x, y, seed)
 
 
+def npz_split(path: Path, seed: int) -> Split:
+    """A local ``.npz`` with ``x`` and ``y`` (checked by :func:`load_npz`), split
+    like digits; the classes are ``0..max(y)``."""
+    x, y = load_npz(path)
+    return _split(x, y, seed, classes=int(y.max()) + 1)
+
+
 def load_split(name: str, seed: int) -> Split:
+    """``digits``, ``synthetic`` or a path to a local ``.npz``."""
     if name == "digits":
         return digits_split(seed)
     if name == "synthetic":
         return synthetic_split(seed)
-    raise ValueError(f"unknown dataset {name!r}")
+    return npz_split(Path(name), seed)
 
 
 def train_dataset(

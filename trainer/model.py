@@ -13,17 +13,17 @@ from trainer.data import CLASSES, FEATURES
 MOMENTUM = 0.9
 
 
-def build_model(seed: int) -> keras.Model:
-    """Input(64) → Dense(64, relu) → Dense(10) logits, initialised from ``seed``.
+def build_model(seed: int, features: int = FEATURES, classes: int = CLASSES) -> keras.Model:
+    """Input(features) → Dense(64, relu) → Dense(classes) logits, initialised from ``seed``.
 
     Build it inside the strategy's scope so its variables are distributed.
     """
     init = keras.initializers.GlorotUniform
     return keras.Sequential(
         [
-            keras.Input(shape=(FEATURES,), name="pixels"),
+            keras.Input(shape=(features,), name="pixels"),
             keras.layers.Dense(64, activation="relu", kernel_initializer=init(seed), name="hidden"),
-            keras.layers.Dense(CLASSES, kernel_initializer=init(seed + 1), name="logits"),
+            keras.layers.Dense(classes, kernel_initializer=init(seed + 1), name="logits"),
         ],
         name="digits_mlp",
     )
@@ -49,7 +49,7 @@ def compile_model(
 def evaluate_accuracy(weights: list[np.ndarray], x_test: np.ndarray, y_test: np.ndarray, seed: int) -> float:
     """Accuracy of ``weights`` on the test split, computed in this process only
     (a fresh model outside any strategy, so no collective is involved)."""
-    local = build_model(seed)
+    local = build_model(seed, features=weights[0].shape[0], classes=weights[-1].shape[0])
     local.set_weights(weights)
     logits = local(x_test, training=False).numpy()
     return float(np.mean(np.argmax(logits, axis=1) == y_test))

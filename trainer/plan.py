@@ -87,3 +87,41 @@ def plan_training(config: TrainConfig, replicas: Replicas, train_size: int) -> T
         steps_per_epoch=config.steps_per_epoch or default_steps_per_epoch(train_size, global_batch),
         epochs=config.epochs,
     )
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a (possibly resumed) run starts and stops, in global steps.
+
+    ``initial_epoch``: the Keras epoch to start ``fit`` at; ``remaining``: steps
+    this process still runs, so that ``start_step + remaining == total_steps``
+    (0 when a checkpoint is already at or past the planned total).
+    """
+
+    start_step: int
+    total_steps: int
+    initial_epoch: int
+    remaining: int
+
+
+def plan_resume(plan: TrainPlan, restored_step: int) -> ResumePlan:
+    """Resume the planned ``epochs x steps_per_epoch`` from ``restored_step``
+    (0 when fresh) without exceeding it."""
+    total = plan.epochs * plan.steps_per_epoch
+    start = max(0, restored_step)
+    return ResumePlan(
+        start_step=start,
+        total_steps=total,
+        initial_epoch=min(start // plan.steps_per_epoch, plan.epochs),
+        remaining=max(0, total - start),
+    )
+
+
+def checkpoint_due(step: int, *, every: int, steps_per_epoch: int, total_steps: int) -> bool:
+    """Whether global step ``step`` (just completed) ends with a checkpoint: every
+    ``every`` steps, or at each epoch's end when ``every`` is 0, and always at the
+    last planned step."""
+    if step >= total_steps:
+        return True
+    interval = every or steps_per_epoch
+    return step % interval == 0

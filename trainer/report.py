@@ -37,7 +37,8 @@ def summary_line(result: Mapping[str, Any]) -> str:
     accuracy = result.get("test_accuracy")
     parts = [f"trainer: strategy={result['strategy']} task={result['task']}"]
     if "world_size" in result:
-        parts.append(f"world={result['world_size']} final_loss={result['final_loss']:.4f}")
+        loss = result.get("final_loss")
+        parts.append(f"world={result['world_size']} final_loss={'n/a' if loss is None else f'{loss:.4f}'}")
     parts.append(f"test_accuracy={'n/a' if accuracy is None else f'{accuracy:.4f}'}")
     if "examples_per_sec" in result:
         parts.append(f"examples/s={result['examples_per_sec']:.0f}")

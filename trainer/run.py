@@ -13,11 +13,12 @@ import tensorflow as tf
 import tf_keras as keras
 
 from trainer import data, evaluator, report, strategies
+from trainer.checkpoints import CheckpointCallback, Checkpoints, Preempted, StopFlag
 from trainer.cli import TrainConfig
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
 from trainer.metrics import MetricsLogger
 from trainer.model import build_model, compile_model, evaluate_accuracy, save_model
-from trainer.plan import TrainPlan, plan_training, replicas_for
+from trainer.plan import TrainPlan, plan_resume, plan_training, replicas_for
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Setup:
     train_input: Any  # a tf.data.Dataset, or a DatasetCreator for ParameterServerStrategy
     wrap_optimizer: Callable[[Any], Any] | None = None
     callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
+    # Turns this process's SIGTERM into the job's decision to stop (None: local).
+    agree_to_stop: Callable[[bool], bool] | None = None
 
 
 def _setup_horovod(config: TrainConfig, split: data.Split) -> Setup:
@@ -53,6 +56,9 @@ def _setup_horovod(config: TrainConfig, split: data.Split) -> Setup:
             # Before MetricsLogger, so the epoch loss it reports is the ranks' mean.
             hvd.callbacks.MetricAverageCallback(),
         ],
+        agree_to_stop=lambda requested: bool(
+            hvd.allreduce(tf.constant(int(requested)), op=hvd.Sum, name="trainer_stop").numpy() > 0
+        ),
     )
 
 
@@ -118,6 +124,11 @@ def train(
         return evaluator.evaluate(config, task, since=started)
     if config.strategy == "ps" and task is not None and task.type in ("ps", "worker"):
         strategies.serve(task, config.run_dir)
+    stop = StopFlag()
+    if config.strategy != "multiworker":
+        # MultiWorkerMirroredStrategy keeps SIGTERM's default (see strategies.multiworker):
+        # one worker stopping alone would leave its peers blocked in a collective.
+        stop.install()
     split = data.load_split(config.data, config.seed)
     if config.strategy == "horovod":
         setup = _setup_horovod(config, split)
@@ -127,41 +138,75 @@ def train(
     plan = setup.plan
 
     with setup.strategy.scope():
-        model = build_model(config.seed)
+        model = build_model(config.seed, split.features, split.classes)
         compile_model(model, plan.learning_rate, setup.wrap_optimizer)
+        model.optimizer.build(model.trainable_variables)
+        checkpoints = Checkpoints(
+            config.checkpoints, model, writer=setup.chief, collective=config.strategy == "multiworker"
+        )
+        restored = checkpoints.restore()
+    resume = plan_resume(plan, restored)
+    if restored:
+        print(f"trainer: resumed from step {restored}", flush=True)
     logger = MetricsLogger(
         report.metrics_path(config.run_dir, setup.task.name),
         log_every=config.log_every,
         examples_per_step=plan.process_batch_size,
         task_name=setup.task.name,
         summed_replicas=plan.replicas_in_sync if config.strategy in ("mirrored", "multiworker") else 1,
+        start_step=resume.start_step,
+        total_steps=resume.total_steps,
     )
-    model.fit(
-        setup.train_input,
-        epochs=plan.epochs,
+    keeper = CheckpointCallback(
+        checkpoints,
+        resume,
+        every=config.checkpoint_every,
         steps_per_epoch=plan.steps_per_epoch,
-        callbacks=[*setup.callbacks, logger],
-        verbose=0,
+        stop=stop,
+        agree=setup.agree_to_stop,
     )
-    summary = logger.summary()
+    summary = None
+    try:
+        if resume.remaining:
+            model.fit(
+                setup.train_input,
+                epochs=plan.epochs,
+                initial_epoch=resume.initial_epoch,
+                steps_per_epoch=plan.steps_per_epoch,
+                callbacks=[*setup.callbacks, logger, keeper],
+                verbose=0,
+            )
+            summary = logger.summary()
+    finally:
+        checkpoints.close()
+    base = {
+        "strategy": config.strategy,
+        "task": setup.task.name,
+        "world_size": plan.world_size,
+        "epochs": plan.epochs,
+        "resumed_from_step": resume.start_step,
+        "global_batch_size": plan.global_batch_size,
+        "per_replica_batch_size": plan.per_replica_batch_size,
+        "learning_rate": plan.learning_rate,
+    }
+    if keeper.preempted:
+        report.write_json(
+            report.result_path(config.run_dir, setup.task.name),
+            {**base, "steps": keeper.step, "checkpoint_saved": keeper.saved, "status": "preempted"},
+        )
+        raise Preempted(keeper.step, keeper.saved)
     weights = model.get_weights()
     accuracy = evaluate_accuracy(weights, split.x_test, split.y_test, config.seed)
     _save(model, config, setup)
 
     result = {
-        "strategy": config.strategy,
-        "task": setup.task.name,
-        "world_size": plan.world_size,
-        "epochs": plan.epochs,
-        "steps": summary.steps,
-        "global_batch_size": plan.global_batch_size,
-        "per_replica_batch_size": plan.per_replica_batch_size,
-        "learning_rate": plan.learning_rate,
-        "first_loss": summary.first_loss,
-        "final_loss": summary.final_loss,
+        **base,
+        "steps": summary.steps if summary else resume.start_step,
+        "first_loss": summary.first_loss if summary else None,
+        "final_loss": summary.final_loss if summary else None,
         "test_accuracy": accuracy,
-        "examples_per_sec": summary.examples_per_sec,
-        "wall_time": summary.wall_time,
+        "examples_per_sec": summary.examples_per_sec if summary else 0.0,
+        "wall_time": summary.wall_time if summary else 0.0,
         "weights_sha256": report.weights_sha256(weights),
         "status": "ok",
     }

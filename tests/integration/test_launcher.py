@@ -131,15 +131,23 @@ def test_parameter_server_run_trains_and_stops_its_servers(cluster):
     assert run_processes("ps") == []
 
 
+def last_step(metrics: Path) -> int:
+    try:
+        return json.loads(metrics.read_text().strip().splitlines()[-1])["step"]
+    except (OSError, IndexError, ValueError, KeyError):
+        return 0
+
+
 MARKERS = {"worker-1": b'"type":"worker","index":1}', "rank-1": b"HOROVOD_RANK=1\0"}
 
 
-def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: float = 120, signal: str = "-9") -> None:
-    """Once `task` on `node` has logged a step, send `signal` to its Python (not the wrapper around it)."""
+def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: float = 120, signal: str = "-9",
+                       min_step: int = 1) -> None:
+    """Once `task` on `node` has logged `min_step`, send `signal` to its Python (not the wrapper around it)."""
     metrics = cluster.node_dir(node) / "kiln" / "runs" / run_id / f"metrics.{task}.jsonl"
     end = time.monotonic() + deadline
     while time.monotonic() < end:
-        if metrics.exists() and metrics.stat().st_size:
+        if last_step(metrics) >= min_step:
             for pid in run_processes(run_id):
                 try:
                     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -195,6 +203,35 @@ def test_a_frozen_process_stops_the_run_naming_its_host(cluster, mode, task):
     assert train.returncode != 0
     assert "stalled: node2 (a process there is stopped)" in err, err
     assert summary(cluster, run_id)["status"] == "failed"
+    assert run_processes(run_id) == []
+
+
+@pytest.mark.parametrize(("mode", "task"), [("tf-config", "worker-1"), ("horovod", "rank-1")])
+def test_a_killed_run_restarts_from_its_last_checkpoint(cluster, mode, task):
+    run_id = f"restart-{mode}"
+    epochs, every = 12, 5
+    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", mode, "--run-id", run_id,
+            "--max-restarts", "1", "--args", f"--epochs {epochs} --log-every 1 --checkpoint-every {every}"]
+    with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as train:
+        try:
+            kill_when_training(cluster, run_id, "node2", task, min_step=2 * every)
+            out, err = train.communicate(timeout=300)
+        finally:
+            if train.poll() is None:
+                train.kill()
+    assert train.returncode == 0, out + err
+    data = summary(cluster, run_id)
+    assert data["status"] == "ok"
+    [restart] = data["restarts"]
+    assert "node2" in restart["hosts"] and "node2" in restart["failure"]
+    assert 0 < restart["resumed_from_step"] <= restart["at_step"]
+    assert restart["steps_redone"] <= every
+    chief = data["results"]["worker-0" if mode == "tf-config" else "rank-0"]
+    assert chief["resumed_from_step"] == restart["resumed_from_step"]
+    assert chief["steps"] == epochs * (chief["steps"] // epochs) and chief["status"] == "ok"
+    ranks = [r for t, r in data["results"].items() if t.startswith(("worker-", "rank-"))]
+    assert len({r["weights_sha256"] for r in ranks}) == 1
     assert run_processes(run_id) == []
 
 

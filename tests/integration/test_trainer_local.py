@@ -28,7 +28,7 @@ METRIC_KEYS = {"step", "epoch", "loss", "accuracy", "examples_per_sec", "wall_ti
 RESULT_KEYS = {
     "strategy", "task", "world_size", "epochs", "steps", "global_batch_size", "per_replica_batch_size",
     "learning_rate", "first_loss", "final_loss", "test_accuracy", "examples_per_sec", "wall_time",
-    "weights_sha256", "status",
+    "weights_sha256", "status", "resumed_from_step",
 }
 
 

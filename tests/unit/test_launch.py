@@ -115,3 +115,12 @@ def test_progress_flags_streams_past_the_stall_limit():
     assert blame(["rank-1@node2"], []) == ["node2"]
     assert blame(["rank-0@node1", "rank-1@node2"], ["node2"]) == ["node2"]
     assert Progress().stalled(100, factor=3, minimum=1) == ([], 1)
+
+
+def test_failed_hosts_blame_the_rank_horovod_names():
+    from bootstrap.launch import failed_hosts
+
+    plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, trainer_args=[], nic=None)
+    verdict = Verdict(True, (("node1", "horovodrun", 1),))
+    assert failed_hosts(plan, verdict, "Terminating remaining workers after failure of Process 1.") == ["node2"]
+    assert failed_hosts(plan, verdict, "") == ["node1"]
