@@ -161,20 +161,26 @@ def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: flo
     raise AssertionError(f"{task} on {node} never started training")
 
 
-@pytest.mark.parametrize(("mode", "task"), [("tf-config", "worker-1"), ("horovod", "rank-1")])
-def test_a_killed_process_fails_the_run_naming_its_host(cluster, mode, task):
-    run_id = f"kill-{mode}"
-    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", mode, "--run-id", run_id,
-            "--args", "--epochs 400 --log-every 1"]
+def train_and_signal(cluster, run_id: str, options: list[str], task: str, *, signal: str = "-9", min_step: int = 1,
+                     timeout: float = 300) -> tuple[int, str, str]:
+    """Start cluster.train, send `signal` to `task` on node2 once it has logged `min_step`; (code, out, err)."""
+    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--run-id", run_id, *options]
     with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as train:
         try:
-            kill_when_training(cluster, run_id, "node2", task)
-            _, err = train.communicate(timeout=120)
+            kill_when_training(cluster, run_id, "node2", task, signal=signal, min_step=min_step)
+            out, err = train.communicate(timeout=timeout)
         finally:
             if train.poll() is None:
                 train.kill()
-    assert train.returncode != 0
+    return train.returncode, out, err
+
+
+@pytest.mark.parametrize(("mode", "task"), [("tf-config", "worker-1"), ("horovod", "rank-1")])
+def test_a_killed_process_fails_the_run_naming_its_host(cluster, mode, task):
+    run_id = f"kill-{mode}"
+    code, _, err = train_and_signal(cluster, run_id, ["--mode", mode, "--args", "--epochs 400 --log-every 1"], task)
+    assert code != 0
     assert "node2" in err, err
     data = summary(cluster, run_id)
     assert data["status"] == "failed" and "node2" in data["failure"]
@@ -190,17 +196,9 @@ def test_a_frozen_process_stops_the_run_naming_its_host(cluster, mode, task):
     """Horovod's peers wait for a frozen rank (the watchdog ends it); TensorFlow's multi-worker peers fail
     on their own (kiln still names the frozen host)."""
     run_id = f"stall-{mode}"
-    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", mode, "--run-id",
-            run_id, "--stall-factor", "5", "--stall-minimum", "5", "--args", "--epochs 400 --log-every 1"]
-    with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as train:
-        try:
-            kill_when_training(cluster, run_id, "node2", task, signal="-STOP")
-            _, err = train.communicate(timeout=120)
-        finally:
-            if train.poll() is None:
-                train.kill()
-    assert train.returncode != 0
+    options = ["--mode", mode, "--stall-factor", "5", "--stall-minimum", "5", "--args", "--epochs 400 --log-every 1"]
+    code, _, err = train_and_signal(cluster, run_id, options, task, signal="-STOP")
+    assert code != 0
     assert "stalled: node2 (a process there is stopped)" in err, err
     assert summary(cluster, run_id)["status"] == "failed"
     assert run_processes(run_id) == []
@@ -210,17 +208,10 @@ def test_a_frozen_process_stops_the_run_naming_its_host(cluster, mode, task):
 def test_a_killed_run_restarts_from_its_last_checkpoint(cluster, mode, task):
     run_id = f"restart-{mode}"
     epochs, every = 12, 5
-    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", mode, "--run-id", run_id,
-            "--max-restarts", "1", "--args", f"--epochs {epochs} --log-every 1 --checkpoint-every {every}"]
-    with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as train:
-        try:
-            kill_when_training(cluster, run_id, "node2", task, min_step=2 * every)
-            out, err = train.communicate(timeout=300)
-        finally:
-            if train.poll() is None:
-                train.kill()
-    assert train.returncode == 0, out + err
+    options = ["--mode", mode, "--max-restarts", "1", "--args",
+               f"--epochs {epochs} --log-every 1 --checkpoint-every {every}"]
+    code, out, err = train_and_signal(cluster, run_id, options, task, min_step=2 * every)
+    assert code == 0, out + err
     data = summary(cluster, run_id)
     assert data["status"] == "ok"
     [restart] = data["restarts"]
