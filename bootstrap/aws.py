@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,11 +19,14 @@ from bootstrap import mesh
 from bootstrap.cluster import save_cluster_file
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, UsageError
+from bootstrap.reach import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
 RUNNING_TIMEOUT_S = 600
 TERMINATED_TIMEOUT_S = 600
 WAITER_DELAY_S = 5
+SSH_WAIT_S = plan.SSH_WAIT_S
+CONSOLE_POLL_S = 10
 STATE_FILE = "aws.json"
 
 
@@ -199,11 +203,14 @@ class Rollback:
 def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
        spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
        ttl_hours: float = 24.0, *, region: str | None = None, profile: str | None = None, python: str = "python3",
-       aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S) -> dict:
-    """Create the cluster, write its cluster file, and return what was made. On any failure, undo it all."""
+       aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
+       ssh_wait_s: float = SSH_WAIT_S) -> dict:
+    """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
+    the consoles show, write its cluster file, and return what was made. On any failure, undo it all."""
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
                                     ttl_hours=ttl_hours)
+    ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)
     image = find_image(aws, request)
@@ -250,17 +257,30 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
 
         step = "wait until the instances run"
         wait(aws, "instance_running", instance_ids, running_timeout_s)
-        described = [i for r in aws.ec2.describe_instances(InstanceIds=instance_ids)["Reservations"]
-                     for i in r["Instances"]]
+        described = plan.launch_order([i for r in aws.ec2.describe_instances(InstanceIds=instance_ids)[
+            "Reservations"] for i in r["Instances"]])
+        hosts = plan.hosts_from_instances(described, request.user)
+        started = time.monotonic()
+
+        step = "wait until SSH answers"
+        if ssh_wait_s > 0:
+            silent = set(wait_for_ssh([(h.address, h.port) for h in hosts], ssh_wait_s))
+            if silent:
+                raise AwsError(plan.no_answer_error(
+                    [f"{i['InstanceId']} ({h.address})" for i, h in zip(described, hosts, strict=True)
+                     if f"{h.address}:{h.port}" in silent], ssh_wait_s))
+
+        step = "read the host keys from the consoles"
+        found = console_host_keys(aws, instance_ids, max(0.0, ssh_wait_s - (time.monotonic() - started)))
+        host_keys = pin_host_keys(folder, described, hosts, found)
 
         step = "write the cluster file"
-        hosts = plan.hosts_from_instances(described, request.user)
-        pinned = pin_host_keys(aws, folder, described, hosts)
         state = {"region": aws.region, "instances": instance_ids, "security_group": group_id,
                  "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
-                 "ami": image, "tags": tags, "host_keys": "console" if pinned else "first-contact"}
+                 "ami": image, "tags": tags, "host_keys": host_keys}
         (folder / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         save_cluster_file(request.name, hosts, SshOptions(identity=str(folder / "id_ed25519")), python)
+        record_instances(folder, aws.region, request.user, described, hosts, host_keys)
     except BaseException as error:
         failures = rollback.run()
         message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "
@@ -272,34 +292,67 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         raise AwsError(message) from None
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
             "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
-            "host_keys": state["host_keys"]}
+            "host_keys": host_keys, "ssh_wait": ssh_wait_s}
+
+
+def console_text(aws: Aws, instance_id: str) -> str:
+    """The instance's console output as text (botocore decodes it; a raw base64 answer is decoded here)."""
+    console = aws.ec2.get_console_output(InstanceId=instance_id).get("Output") or ""
+    if "BEGIN SSH HOST KEY KEYS" not in console:
+        import base64
+        import binascii
+        try:
+            console = base64.b64decode(console, validate=True).decode(errors="replace")
+        except (binascii.Error, ValueError):
+            pass
+    return console
+
+
+def console_host_keys(aws: Aws, instance_ids: Sequence[str], timeout_s: float,
+                      poll_s: float = CONSOLE_POLL_S) -> dict[str, list[str]]:
+    """The host keys cloud-init printed to each instance's console, polled until every instance has them or
+    timeout_s has passed (one look when it is 0); instances without keys are left out."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, list[str]] = {}
+    while True:
+        for instance_id in instance_ids:
+            if instance_id not in found:
+                keys = plan.host_keys_from_console(console_text(aws, instance_id))
+                if keys:
+                    found[instance_id] = keys
+        if len(found) == len(instance_ids) or time.monotonic() + poll_s > deadline:
+            return found
+        time.sleep(poll_s)
+
+
+def pin_host_keys(folder: Path, instances: list[dict], hosts, found: dict[str, list[str]]) -> dict[str, str]:
+    """Write the cluster's known_hosts (the file Cluster.connect pins for `--cluster NAME`) from the console's
+    keys; per address, "console" where pinned, "first-contact" where the keys must be accepted on first use."""
+    lines, states = [], {}
+    for instance, host in zip(instances, hosts, strict=True):
+        keys = found.get(instance["InstanceId"], [])
+        lines += plan.known_hosts_lines(host.address, keys)
+        states[host.address] = "console" if keys else "first-contact"
+    (folder / "known_hosts").write_text("".join(line + "\n" for line in lines))
+    return states
+
+
+def record_instances(folder: Path, region: str, user: str, instances: list[dict], hosts,
+                     host_keys: dict[str, str]) -> None:
+    """Add the AWS side to the cluster file: instances, addresses, user, how each host key was recorded."""
+    path = folder / "cluster.json"
+    data = json.loads(path.read_text())
+    data.update(region=region, user=user, instances=[
+        {"id": i["InstanceId"], "address": h.address, "host_keys": host_keys[h.address]}
+        for i, h in zip(instances, hosts, strict=True)])
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def forget_key(folder: Path) -> None:
     """Remove the files `up` writes into the cluster folder."""
-    for file in ("cluster.json", "id_ed25519", "id_ed25519.pub", "known_hosts", STATE_FILE):
+    for file in ("cluster.json", "id_ed25519", "id_ed25519.pub", "known_hosts", "known_hosts.first-contact",
+                 STATE_FILE):
         (folder / file).unlink(missing_ok=True)
-
-
-def pin_host_keys(aws: Aws, folder: Path, instances: list[dict], hosts) -> bool:
-    """known_hosts from the host keys cloud-init printed to each console; False where any is missing."""
-    lines = []
-    for instance, host in zip(sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"])),
-                              hosts, strict=True):
-        console = aws.ec2.get_console_output(InstanceId=instance["InstanceId"]).get("Output") or ""
-        if "BEGIN SSH HOST KEY KEYS" not in console:
-            import base64
-            import binascii
-            try:
-                console = base64.b64decode(console).decode(errors="replace")
-            except (binascii.Error, ValueError):
-                pass
-        keys = plan.host_keys_from_console(console)
-        if not keys:
-            return False
-        lines += plan.known_hosts_lines(host.address, keys)
-    (folder / "known_hosts").write_text("".join(line + "\n" for line in lines))
-    return True
 
 
 def down(name: str, *, region: str | None = None, profile: str | None = None, aws: Aws | None = None,

@@ -28,6 +28,7 @@ MAX_TTL_HOURS = 24 * 14
 IMDS_HOP_LIMIT = 2
 ROOT_DEVICE = "/dev/sda1"
 ROOT_VOLUME_GIB = 100
+SSH_WAIT_S = 300
 
 # Placeholders the dry run prints where AWS would supply the value.
 AMI_PLACEHOLDER = "<newest available AMI tagged kiln:profile={profile}>"
@@ -280,8 +281,11 @@ def expired_clusters(resources: Iterable[Resource], now: datetime) -> list[Clust
 
 def hosts_from_instances(instances: Sequence[dict], user: str) -> list[Host]:
     """The cluster's hosts in launch order: public address where there is one, else private."""
-    ordered = sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
-    return [Host(i.get("PublicIpAddress") or i["PrivateIpAddress"], user=user) for i in ordered]
+    return [Host(i.get("PublicIpAddress") or i["PrivateIpAddress"], user=user) for i in launch_order(instances)]
+
+
+def launch_order(instances: Sequence[dict]) -> list[dict]:
+    return sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
 
 
 HOST_KEYS = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----\s*\n(.*?)-----END SSH HOST KEY KEYS-----", re.S)
@@ -302,3 +306,28 @@ def host_keys_from_console(console: str) -> list[str]:
 
 def known_hosts_lines(address: str, keys: Sequence[str]) -> list[str]:
     return [f"{address} {key}" for key in keys]
+
+
+def validate_ssh_wait(seconds) -> float:
+    """--ssh-wait SECONDS: 0 skips the wait."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise UsageError(f"--ssh-wait {seconds!r}: give seconds, e.g. 300 (0: do not wait)") from None
+    if not 0 <= value <= 3600:
+        raise UsageError(f"--ssh-wait {seconds!r}: give 0 to 3600 seconds")
+    return value
+
+
+
+
+def no_answer_error(silent: Sequence[str], waited_s: float) -> str:
+    """One line naming the instances whose SSH never answered."""
+    return f"no SSH answer within {waited_s:g}s from {len(silent)} instance(s): {', '.join(silent)}"
+
+
+def first_contact_note(name: str, addresses: Sequence[str]) -> str:
+    """What to run when some host keys were not in the console output."""
+    return (f"host keys of {', '.join(addresses)} were not in the console output: recorded as first-contact; "
+            f"fab cluster.mesh --cluster {name} --accept-new-host-keys (or cluster.train --cluster {name} "
+            "--accept-new-host-keys) records them on first contact")

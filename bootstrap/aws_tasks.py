@@ -22,17 +22,20 @@ AWS_HELP = {
     "region": "AWS region (default: boto3's chain, e.g. AWS_DEFAULT_REGION)",
     "profile": "AWS profile from your AWS config (default: boto3's chain)",
     "ttl_hours": "tag the resources to expire after this many hours (default 24); cluster.sweep removes them",
+    "ssh_wait": "wait up to SECONDS for SSH to answer on every instance, else roll back (default 300; 0: skip)",
     "dry_run": "print the plan and change nothing",
 }
 
 
 @cluster_task(help=AWS_HELP)
 def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
-       ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, dry_run=False):
+       ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
+       dry_run=False):
     """Start an AWS cluster from a kiln AMI and write its cluster file (then use --cluster NAME)."""
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
                                     ttl_hours=ttl_hours)
+    ssh_wait = plan.validate_ssh_wait(ssh_wait)
     if dry_run:
         key = mesh.cluster_dir(request.name) / "id_ed25519"
         tags = plan.cluster_tags(request.name, "<caller ARN>", datetime.now(UTC), request.ttl_hours)
@@ -42,19 +45,27 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
         print(f"cluster {request.name}: key {key} (made if missing), then these EC2 calls; any failure undoes them")
         for action, params in steps.steps():
             print(f"{action} {json.dumps(params)}")
+        ssh = f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait else "(not for SSH: --ssh-wait 0)"
+        print(f"then wait for the instances to run {ssh}; pin the host keys their consoles show")
         return
     from bootstrap import aws
 
     made = aws.up(request.name, request.count, request.instance_type, ami=request.ami,
                   image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
                   ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours, region=region,
-                  profile=profile)
+                  profile=profile, ssh_wait_s=ssh_wait)
+    if not made["ssh_wait"]:
+        print("not waiting for SSH to answer (--ssh-wait 0): the instances may still be booting")
     print(f"cluster {made['name']} is running in {made['region']} from {made['ami']}, expires {made['expires']}:")
     for host, instance in zip(made["hosts"], made["instances"], strict=True):
         print(f"  {host} ({instance})")
-    keys = "pinned from the console" if made["host_keys"] == "console" else \
-        "not in the console yet: first contact needs --accept-new-host-keys"
-    print(f"key {made['identity']}; host keys {keys}; next: fab cluster.check --cluster {made['name']}")
+    pinned = [a for a, how in made["host_keys"].items() if how == "console"]
+    first_contact = [a for a, how in made["host_keys"].items() if how == "first-contact"]
+    if pinned:
+        print(f"host keys of {', '.join(pinned)} pinned from the console output")
+    if first_contact:
+        print(plan.first_contact_note(made["name"], first_contact))
+    print(f"key {made['identity']}; next: fab cluster.check --cluster {made['name']}")
 
 
 @cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})

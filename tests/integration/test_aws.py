@@ -8,9 +8,14 @@ DeletePlacementGroup refusing while a live instance is in the group.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
 import threading
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +24,34 @@ pytestmark = pytest.mark.integration
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
-from bootstrap import aws  # noqa: E402
+from bootstrap import aws, mesh, reach  # noqa: E402
 from bootstrap import aws_plan as plan  # noqa: E402
-from bootstrap.cluster import load_cluster_file  # noqa: E402
+from bootstrap.cluster import Cluster, load_cluster_file  # noqa: E402
+from bootstrap.commands import SshOptions  # noqa: E402
 from bootstrap.errors import KilnError, UsageError  # noqa: E402
 
 CIDR = "203.0.113.7/32"
+REPO = Path(__file__).resolve().parents[2]
+FAB = REPO / ".venv" / "bin" / "fab"
+CONSOLE = """[   12.345678] cloud-init[1017]: Cloud-init v. 23.4.4 running 'modules:config' at Tue, 04 Jun 2024.
+<14>Jun  4 10:01:03 ec2:
+<14>Jun  4 10:01:03 ec2: #############################################################
+<14>Jun  4 10:01:03 ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----
+<14>Jun  4 10:01:03 ec2: 256 SHA256:3Zk0mFq1J7u8x1sGQ2oR9ZrQk5c4w0Yw1vXh0r8l1aE root@ip-172-31-5-9 (ECDSA)
+<14>Jun  4 10:01:03 ec2: 256 SHA256:Qm9vYmFyYmF6cXV4cXV1eHF1dXpxdXV4cXV1eHF1dQ root@ip-172-31-5-9 (ED25519)
+<14>Jun  4 10:01:03 ec2: -----END SSH HOST KEY FINGERPRINTS-----
+<14>Jun  4 10:01:03 ec2: #############################################################
+-----BEGIN SSH HOST KEY KEYS-----
+ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBEx4mple= root@ip-172-31-5-9
+ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK1ex4mpleKeyMaterialForTests root@ip-172-31-5-9
+-----END SSH HOST KEY KEYS-----
+[   13.000001] cloud-init[1017]: Cloud-init v. 23.4.4 finished at Tue, 04 Jun 2024 10:01:04 +0000.
+
+Ubuntu 22.04.4 LTS ip-172-31-5-9 ttyS0
+
+ip-172-31-5-9 login: """
+CONSOLE_KEYS = ["ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBEx4mple=",
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK1ex4mpleKeyMaterialForTests"]
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -180,7 +207,7 @@ def instances_of(ec2, name: str) -> list[dict]:
 
 
 def test_up_then_down_leaves_nothing(env, ec2, image):
-    made = aws.up("alpha", 2, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=2)
+    made = aws.up("alpha", 2, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=2, ssh_wait_s=0)
     assert made["ami"] == image
     saved = load_cluster_file("alpha")
     assert [h.user for h in saved["hosts"]] == ["ubuntu", "ubuntu"]
@@ -216,7 +243,7 @@ def test_up_then_down_leaves_nothing(env, ec2, image):
 
 
 def test_down_finds_the_cluster_by_tags_without_its_file(env, ec2, image):
-    aws.up("lost", 1, "g5.xlarge", ssh_cidr=CIDR)
+    aws.up("lost", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     (env / "kiln" / "clusters" / "lost" / "cluster.json").unlink()
     (env / "kiln" / "clusters" / "lost" / "aws.json").unlink()
     assert aws.down("lost")
@@ -224,7 +251,7 @@ def test_down_finds_the_cluster_by_tags_without_its_file(env, ec2, image):
 
 
 def test_spot_request_carries_market_options(env, ec2, image):
-    aws.up("spotty", 1, "p3.2xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR)
+    aws.up("spotty", 1, "p3.2xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0)
     try:
         [instance] = instances_of(ec2, "spotty")
         assert instance.get("InstanceLifecycle") == "spot"
@@ -267,14 +294,14 @@ def capacity_error(operation: str):
     ("create_placement_group", 1, "create the placement group"),
     ("run_instances", 1, "run the instances"),
     ("get_waiter", 1, "wait until the instances run"),
-    ("get_console_output", 1, "write the cluster file"),
+    ("get_console_output", 1, "read the host keys from the consoles"),
 ])
 def test_failure_at_each_step_rolls_everything_back(env, ec2, image, api, nth, step):
     connected = aws.connect()
     connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
     with pytest.raises(aws.AwsError, match=f"^cluster.up broken: could not {step}.*: InsufficientInstanceCapacity: "
                                            "no capacity; everything it had created was removed$"):
-        aws.up("broken", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected)
+        aws.up("broken", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
     assert leftovers(ec2) == []
     assert not (env / "kiln" / "clusters" / "broken" / "id_ed25519").exists()
 
@@ -294,7 +321,7 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
 
     connected.ec2 = Interrupting(connected.ec2, "", KeyboardInterrupt())
     with pytest.raises(aws.AwsError, match="could not run the instances: interrupted"):
-        aws.up("ctrlc", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected)
+        aws.up("ctrlc", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
     assert leftovers(ec2) == []
 
 
@@ -306,7 +333,8 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
     ({"ami": "ami-0123456789abcdef0"}, "AMI ami-0123456789abcdef0 does not exist in us-east-1"),
 ])
 def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwargs, message):
-    arguments = {"name": "bad", "count": 1, "instance_type": "p3.2xlarge", "ssh_cidr": CIDR, **kwargs}
+    arguments = {"name": "bad", "count": 1, "instance_type": "p3.2xlarge", "ssh_cidr": CIDR, "ssh_wait_s": 0,
+                 **kwargs}
     with pytest.raises(UsageError) as raised:
         aws.up(**arguments)
     assert message in str(raised.value) and "\n" not in str(raised.value)
@@ -315,11 +343,11 @@ def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwarg
 
 
 def test_a_taken_name_is_refused(env, ec2, image):
-    aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR)
+    aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     try:
         before = leftovers(ec2)
         with pytest.raises(UsageError, match="cluster name 'taken' is taken"):
-            aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR)
+            aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
         assert leftovers(ec2) == before
     finally:
         aws.down("taken")
@@ -330,7 +358,7 @@ def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
         if name != "AWS_DEFAULT_REGION":
             monkeypatch.delenv(name)
     with pytest.raises(UsageError, match="^no AWS credentials: "):
-        aws.up("nocreds", 1, "p3.2xlarge", ssh_cidr=CIDR)
+        aws.up("nocreds", 1, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     for name, value in FAKE_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     assert leftovers(ec2) == []
@@ -338,8 +366,8 @@ def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
 
 def test_sweep_removes_expired_clusters_only(env, ec2, image):
     past = datetime.now(UTC) - timedelta(hours=3)
-    aws.up("old", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past)
-    aws.up("fresh", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1)
+    aws.up("old", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past, ssh_wait_s=0)
+    aws.up("fresh", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1, ssh_wait_s=0)
     try:
         assert [s.name for s in aws.sweep(dry_run=True)] == ["old"]
         assert leftovers(ec2, "old")
@@ -353,3 +381,130 @@ def test_sweep_removes_expired_clusters_only(env, ec2, image):
 
 def test_errors_are_kiln_errors(env):
     assert issubclass(aws.AwsError, KilnError) and os.environ[aws.ENDPOINT_ENV].startswith("http://127.0.0.1:")
+
+
+@pytest.fixture
+def listeners():
+    """On 127.0.0.1: a port whose server sends an OpenSSH banner, one with nothing listening, one that accepts
+    and never speaks."""
+    stop = threading.Event()
+    sockets, accepted = [], []
+
+    def listen() -> socket.socket:
+        made = socket.create_server(("127.0.0.1", 0))
+        made.settimeout(0.1)
+        sockets.append(made)
+        return made
+
+    def serve(server: socket.socket, banner: bytes | None) -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            accepted.append(connection)
+            if banner:
+                connection.sendall(banner)
+
+    speaking, silent = listen(), listen()
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        nothing = closed.getsockname()[1]
+    threads = [threading.Thread(target=serve, args=(speaking, b"SSH-2.0-OpenSSH_9.2\r\n"), daemon=True),
+               threading.Thread(target=serve, args=(silent, None), daemon=True)]
+    for thread in threads:
+        thread.start()
+    yield {"ssh": ("127.0.0.1", speaking.getsockname()[1]), "nothing": ("127.0.0.1", nothing),
+           "silent": ("127.0.0.1", silent.getsockname()[1])}
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=2)
+    for opened in sockets + accepted:
+        opened.close()
+
+
+def test_ssh_wait_returns_when_the_banner_comes(listeners):
+    assert reach.probe_ssh(*listeners["ssh"], 2) == "SSH-2.0-OpenSSH_9.2"
+    started = time.monotonic()
+    assert reach.wait_for_ssh([listeners["ssh"]], 10) == []
+    assert time.monotonic() - started < 2
+
+
+def test_ssh_wait_names_the_ports_that_never_answer_within_the_timeout(listeners):
+    endpoints = [listeners["ssh"], listeners["nothing"], listeners["silent"]]
+    started = time.monotonic()
+    silent = reach.wait_for_ssh(endpoints, 1.5, attempt_timeout_s=0.5, retry_s=0.1)
+    assert silent == [f"127.0.0.1:{listeners['nothing'][1]}", f"127.0.0.1:{listeners['silent'][1]}"]
+    assert 1.5 <= time.monotonic() - started < 3
+
+
+def test_unreachable_instances_roll_back_and_are_named(env, ec2, image):
+    with pytest.raises(aws.AwsError) as raised:
+        aws.up("mute", 2, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0.5)
+    message = str(raised.value)
+    assert message.startswith("cluster.up mute: could not wait until SSH answers: no SSH answer within 0.5s "
+                              "from 2 instance(s): i-")
+    assert message.endswith("; everything it had created was removed") and message.count("(") == 3
+    assert leftovers(ec2) == []
+    assert not (env / "kiln" / "clusters" / "mute" / "id_ed25519").exists()
+
+
+class Consoles:
+    """An EC2 client whose first instance's console shows cloud-init's host keys (moto's console is fixed)."""
+
+    def __init__(self, client):
+        self.client, self.with_keys = client, None
+
+    def __getattr__(self, attribute):
+        return getattr(self.client, attribute)
+
+    def get_console_output(self, InstanceId):  # noqa: N803 - boto3's name
+        self.with_keys = self.with_keys or InstanceId
+        answer = self.client.get_console_output(InstanceId=InstanceId)
+        return {**answer, "Output": CONSOLE} if InstanceId == self.with_keys else answer
+
+
+def test_console_host_keys_are_pinned_where_ssh_for_the_cluster_looks(env, ec2, image):
+    connected = aws.connect()
+    connected.ec2 = Consoles(connected.ec2)
+    made = aws.up("keys", 2, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    saved = load_cluster_file("keys")
+    first, second = saved["instances"]
+    assert first["id"] == connected.ec2.with_keys
+    assert [first["host_keys"], second["host_keys"]] == ["console", "first-contact"]
+    assert made["host_keys"] == {first["address"]: "console", second["address"]: "first-contact"}
+    assert [h.address for h in saved["hosts"]] == [first["address"], second["address"]]
+    assert saved["user"] == "ubuntu" and saved["region"] == "us-east-1"
+    known_hosts = mesh.cluster_dir("keys") / "known_hosts"
+    assert known_hosts.read_text() == "".join(f"{first['address']} {key}\n" for key in CONSOLE_KEYS)
+    group = Cluster.connect("keys", saved["hosts"], SshOptions(identity=saved["ssh"]["identity"]), python="python3",
+                            fanout=4, timeout=10)
+    assert group.remote.options.known_hosts == (str(known_hosts),)
+    aws.down("keys")
+    assert not known_hosts.exists() and leftovers(ec2) == []
+
+
+def fab(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "KILN_HOME": str(env_dir / "kiln")}
+    return subprocess.run([str(FAB), *args], cwd=REPO, env=environment, capture_output=True, text=True, timeout=60)
+
+
+def test_train_dry_run_on_the_cluster_is_the_plan_for_its_hosts(env, ec2, image):
+    made = fab(env, "cluster.up", "--name", "train", "--count", "2", "--instance-type", "p3.2xlarge",
+               "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert made.returncode == 0, made.stderr
+    assert "not waiting for SSH to answer (--ssh-wait 0)" in made.stdout
+    assert "recorded as first-contact; fab cluster.mesh --cluster train --accept-new-host-keys " \
+           "(or cluster.train --cluster train --accept-new-host-keys)" in made.stdout
+    saved = json.loads((env / "kiln" / "clusters" / "train" / "cluster.json").read_text())
+    assert {i["host_keys"] for i in saved["instances"]} == {"first-contact"}
+    assert (env / "kiln" / "clusters" / "train" / "known_hosts").read_text() == ""
+    hosts = ",".join(f"ubuntu@{i['address']}" for i in saved["instances"])
+
+    by_name = fab(env, "cluster.train", "--cluster", "train", "--dry-run", "--run-id", "same-run")
+    by_hosts = fab(env, "-H", hosts, "-i", saved["ssh"]["identity"], "cluster.train", "--dry-run",
+                   "--run-id", "same-run", "--python", saved["python"])
+    assert by_name.returncode == 0 and by_hosts.returncode == 0, by_name.stderr + by_hosts.stderr
+    assert by_name.stdout == by_hosts.stdout
+    assert all(i["address"] in by_name.stdout for i in saved["instances"])
