@@ -33,8 +33,9 @@ unit: setup ## pure-code tests (seconds)
 integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root)
 	$(PY) -m pytest -q -m integration tests/integration
 
-bench: setup ## benchmarks printing ratios (bench/)
+bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput
 	$(PY) bench/fanout.py
+	$(PY) bench/throughput.py
 
 clean: ## remove local clusters, runs and the virtual environment
 	-scripts/local-cluster down --name kiln
