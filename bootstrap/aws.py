@@ -102,11 +102,12 @@ def find_image(aws: Aws, request: plan.Request) -> str:
         if not images:
             raise UsageError(f"AMI {request.ami} does not exist in {aws.region}")
         return request.ami
-    images = aws.ec2.describe_images(Owners=["self"], Filters=plan.image_filters(request.image_profile))["Images"]
+    filters = plan.image_filters(request.image_profile, request.image_tags)
+    images = aws.ec2.describe_images(Owners=["self"], Filters=filters)["Images"]
     newest = plan.newest_image(images)
     if newest is None:
-        raise UsageError(f"no available AMI tagged {plan.TAG_PROFILE}={request.image_profile} in {aws.region}: "
-                         "bake one, or give --ami")
+        wanted = ", ".join(f"{k}={v}" for k, v in ((plan.TAG_PROFILE, request.image_profile), *request.image_tags))
+        raise UsageError(f"no available AMI tagged {wanted} in {aws.region}: bake one, or give --ami")
     return newest["ImageId"]
 
 
@@ -202,14 +203,15 @@ class Rollback:
 
 def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
        spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
-       ttl_hours: float = 24.0, *, region: str | None = None, profile: str | None = None, python: str = "python3",
+       ttl_hours: float = 24.0, image_tags: str | None = None, *, region: str | None = None,
+       profile: str | None = None, python: str = "python3",
        aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
        ssh_wait_s: float = SSH_WAIT_S) -> dict:
     """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
     the consoles show, write its cluster file, and return what was made. On any failure, undo it all."""
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours)
+                                    ttl_hours=ttl_hours, image_tags=image_tags)
     ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)

@@ -50,6 +50,7 @@ class Request:
     max_price: str | None = None
     user: str = "ubuntu"
     ttl_hours: float = 24.0
+    image_tags: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def validate_cidr(text: str | None) -> str:
 
 def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
                      image_profile: str = "gpu", spot: bool = False, max_price=None, user: str = "ubuntu",
-                     ttl_hours=24.0) -> Request:
+                     ttl_hours=24.0, image_tags: str | None = None) -> Request:
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
@@ -121,7 +122,20 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
     return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
-                   user, ttl_hours)
+                   user, ttl_hours, parse_image_tags(image_tags))
+
+
+def parse_image_tags(text: str | None) -> tuple[tuple[str, str], ...]:
+    """`kiln:fingerprint=ab12,kiln:tensorflow=2.18.1`: more tags the AMI must carry (what the bake writes)."""
+    pairs = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key or not value:
+            raise UsageError(f"--image-tags {item.strip()!r}: write KEY=VALUE, e.g. kiln:fingerprint=ab12")
+        pairs.append((key, value))
+    return tuple(pairs)
 
 
 def format_time(moment: datetime) -> str:
@@ -210,8 +224,10 @@ def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key
     )
 
 
-def image_filters(profile: str) -> list[dict]:
-    return [{"Name": f"tag:{TAG_PROFILE}", "Values": [profile]}, {"Name": "state", "Values": ["available"]}]
+def image_filters(profile: str, tags: Iterable[tuple[str, str]] = ()) -> list[dict]:
+    return [{"Name": f"tag:{TAG_PROFILE}", "Values": [profile]},
+            *({"Name": f"tag:{key}", "Values": [value]} for key, value in tags),
+            {"Name": "state", "Values": ["available"]}]
 
 
 def newest_image(images: Iterable[dict]) -> dict | None:

@@ -17,6 +17,7 @@ AWS_HELP = {
     "max_price": "with --spot: the most to pay, USD per instance-hour",
     "ami": "this AMI instead of the newest one tagged with --image-profile",
     "image_profile": "pick the newest available AMI tagged kiln:profile=PROFILE (default gpu)",
+    "image_tags": "and carrying these tags too, e.g. kiln:fingerprint=ab12,kiln:tensorflow=2.18.1",
     "ssh_cidr": "the address range you SSH from, e.g. 203.0.113.7/32 (required; never 0.0.0.0/0)",
     "user": "the login user of the AMI (default ubuntu)",
     "region": "AWS region (default: boto3's chain, e.g. AWS_DEFAULT_REGION)",
@@ -30,11 +31,11 @@ AWS_HELP = {
 @cluster_task(help=AWS_HELP)
 def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
-       dry_run=False):
+       image_tags=None, dry_run=False):
     """Start an AWS cluster from a kiln AMI and write its cluster file (then use --cluster NAME)."""
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours)
+                                    ttl_hours=ttl_hours, image_tags=image_tags)
     ssh_wait = plan.validate_ssh_wait(ssh_wait)
     if dry_run:
         key = mesh.cluster_dir(request.name) / "id_ed25519"
@@ -52,7 +53,8 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
 
     made = aws.up(request.name, request.count, request.instance_type, ami=request.ami,
                   image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
-                  ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours, region=region,
+                  ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours,
+                  image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None, region=region,
                   profile=profile, ssh_wait_s=ssh_wait)
     if not made["ssh_wait"]:
         print("not waiting for SSH to answer (--ssh-wait 0): the instances may still be booting")

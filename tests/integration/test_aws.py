@@ -331,6 +331,8 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
     ({"ssh_cidr": None}, "give --ssh-cidr"),
     ({"ssh_cidr": "0.0.0.0/0"}, "too broad"),
     ({"ami": "ami-0123456789abcdef0"}, "AMI ami-0123456789abcdef0 does not exist in us-east-1"),
+    ({"image_tags": "kiln:fingerprint=nope"},
+     "no available AMI tagged kiln:profile=gpu, kiln:fingerprint=nope in us-east-1"),
 ])
 def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwargs, message):
     arguments = {"name": "bad", "count": 1, "instance_type": "p3.2xlarge", "ssh_cidr": CIDR, "ssh_wait_s": 0,

@@ -181,3 +181,17 @@ def test_host_keys_come_from_a_real_cloud_init_console():
         "ip-172-31-5-9 login: ")
     assert plan.host_keys_from_console(console) == ["ecdsa-sha2-nistp256 AAAAE2VjZHNh",
                                                     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5", "ssh-rsa AAAAB3NzaC1yc2E"]
+
+
+def test_image_tags_narrow_the_ami_lookup():
+    request = plan.validate_request("exp1", 1, "p3.2xlarge", ssh_cidr="203.0.113.7/32",
+                                    image_tags="kiln:fingerprint=ab12, kiln:tensorflow=2.18.1")
+    assert request.image_tags == (("kiln:fingerprint", "ab12"), ("kiln:tensorflow", "2.18.1"))
+    assert plan.image_filters("gpu", request.image_tags) == [
+        {"Name": "tag:kiln:profile", "Values": ["gpu"]},
+        {"Name": "tag:kiln:fingerprint", "Values": ["ab12"]},
+        {"Name": "tag:kiln:tensorflow", "Values": ["2.18.1"]},
+        {"Name": "state", "Values": ["available"]},
+    ]
+    with pytest.raises(UsageError, match="--image-tags 'kiln:fingerprint': write KEY=VALUE"):
+        plan.validate_request("exp1", 1, "p3.2xlarge", ssh_cidr="203.0.113.7/32", image_tags="kiln:fingerprint")
