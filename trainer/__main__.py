@@ -7,15 +7,18 @@ loads. Bad input is checked before TensorFlow is imported, and reported as one
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 from collections.abc import Sequence
 
-from trainer.cli import parse_args
+from trainer.cli import AUTO, RECORDABLE_STRATEGIES, TrainConfig, parse_args
 from trainer.cluster import (
     cluster_of,
+    cluster_strategy,
     load_tf_config,
+    local_strategy,
     process_environment,
     resolve_task,
     training_workers,
@@ -27,10 +30,29 @@ from trainer.plan import per_replica_batch_size
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a process SIGTERM ended
 
 
+def _visible_gpus() -> int:
+    import tensorflow as tf  # only when the environment names no cluster
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def resolve_auto(config: TrainConfig) -> TrainConfig:
+    """Replace ``--strategy auto`` by the strategy it picks, and say which."""
+    if config.strategy != AUTO:
+        return config
+    chosen = cluster_strategy(os.environ) or local_strategy(_visible_gpus())
+    print(f"trainer: --strategy auto chose {chosen}", flush=True)
+    return dataclasses.replace(config, strategy=chosen)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     try:
-        config = parse_args(sys.argv[1:] if argv is None else argv)
+        config = resolve_auto(parse_args(sys.argv[1:] if argv is None else argv))
+        if config.record_ids and config.strategy not in RECORDABLE_STRATEGIES:
+            raise TrainerError(
+                f"--record-ids works with --strategy {', '.join(RECORDABLE_STRATEGIES)}, not {config.strategy}"
+            )
         task, cluster = None, {}
         if config.strategy != "horovod":
             tf_config = load_tf_config(os.environ.get("TF_CONFIG"))

@@ -11,6 +11,9 @@ from typing import NoReturn
 from trainer.errors import TrainerError
 
 STRATEGIES = ("onedevice", "mirrored", "multiworker", "ps", "horovod")
+AUTO = "auto"  # resolved by __main__ before anything else: see trainer.cluster.auto_strategy
+# --record-ids can tap these strategies' per-process pipelines (see trainer.idrecord).
+RECORDABLE_STRATEGIES = ("onedevice", "mirrored", "horovod")
 DATASETS = ("digits", "synthetic")
 
 
@@ -30,6 +33,7 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
+    record_ids: bool = False
 
     @property
     def checkpoints(self) -> Path:
@@ -91,10 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--strategy",
-        choices=STRATEGIES,
+        choices=(*STRATEGIES, AUTO),
         default=defaults.strategy,
         help="distribution strategy; multiworker and ps read TF_CONFIG, horovod expects "
-        "horovodrun (default: %(default)s)",
+        "horovodrun; auto: horovod when HOROVOD_RANK or OMPI_COMM_WORLD_RANK is set, ps when "
+        "TF_CONFIG has a ps job, multiworker when it has more than one chief/worker, mirrored "
+        "when more than one GPU is visible, else onedevice (default: %(default)s)",
     )
     parser.add_argument(
         "--data",
@@ -147,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-every", type=_non_negative_int, default=defaults.checkpoint_every,
         help="checkpoint every N global steps; 0: at the end of every epoch (default: %(default)s)",
     )
+    parser.add_argument(
+        "--record-ids", action="store_true",
+        help="testing aid: write ids.<task>.json to --run-dir, the ids (each example's first "
+        "feature, x[:, 0]) of the training examples this process pulled, by epoch; "
+        "onedevice, mirrored and horovod only (default: off)",
+    )
     return parser
 
 
@@ -166,4 +178,5 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
         log_every=ns.log_every,
         checkpoint_dir=ns.checkpoint_dir,
         checkpoint_every=ns.checkpoint_every,
+        record_ids=ns.record_ids,
     )

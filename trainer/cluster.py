@@ -10,6 +10,8 @@ from typing import Any
 from trainer.errors import TrainerError
 
 LOCAL_STRATEGIES = ("onedevice", "mirrored")
+# Variables horovodrun (gloo: HOROVOD_RANK) or Open MPI's mpirun sets in every rank.
+HOROVOD_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")
 
 
 @dataclass(frozen=True)
@@ -136,3 +138,35 @@ def process_environment(strategy: str) -> dict[str, str]:
         # failures instead of gRPC retrying forever.
         return {"GRPC_FAIL_FAST": "use_caller"}
     return {}
+
+
+def cluster_strategy(env: Mapping[str, str]) -> str | None:
+    """The strategy the launch environment implies for ``--strategy auto``, or
+    None when it implies none (a local run):
+
+    horovod when a Horovod/MPI rank variable is set; ps when TF_CONFIG's cluster
+    has a ``ps`` job; multiworker when it has more than one chief/worker.
+    Raises TrainerError on a TF_CONFIG that is not a JSON object.
+    """
+    if any(env.get(name, "").strip() for name in HOROVOD_RANK_VARIABLES):
+        return "horovod"
+    tf_config = load_tf_config(env.get("TF_CONFIG"))
+    cluster = tf_config.get("cluster") if tf_config else None
+    if not isinstance(cluster, dict):
+        return None
+    if cluster.get("ps"):
+        return "ps"
+    if len(cluster.get("chief") or []) + len(cluster.get("worker") or []) > 1:
+        return "multiworker"
+    return None
+
+
+def local_strategy(gpus: int) -> str:
+    """``--strategy auto`` on one machine: mirrored over more than one visible GPU,
+    else onedevice."""
+    return "mirrored" if gpus > 1 else "onedevice"
+
+
+def auto_strategy(env: Mapping[str, str], gpus: int) -> str:
+    """What ``--strategy auto`` picks from the environment and the visible GPUs."""
+    return cluster_strategy(env) or local_strategy(gpus)

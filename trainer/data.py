@@ -3,6 +3,7 @@ each strategy feeds from them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,7 @@ def train_dataset(
     *,
     shard: tuple[int, int] | None = None,
     auto_shard_data: bool = False,
+    tap: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
 ) -> tf.data.Dataset:
     """Shuffled batches of the training split, repeated forever: one pass is one
     epoch of ``ceil(examples / batch)`` batches, so every process can run the same
@@ -95,17 +97,16 @@ def train_dataset(
     ``shard=(count, index)`` keeps every count-th example (horovod, PS workers);
     ``auto_shard_data`` lets MultiWorkerMirroredStrategy shard the batches by
     DATA, so each example is seen once per epoch across workers. The shuffle seed
-    is the same on every process, which DATA sharding relies on.
+    is the same on every process, which DATA sharding relies on. ``tap`` wraps
+    the batched, repeated dataset before prefetching (``--record-ids``).
     """
     dataset = tf.data.Dataset.from_tensor_slices((split.x_train, split.y_train))
     if shard is not None:
         dataset = dataset.shard(*shard)
-    dataset = (
-        dataset.shuffle(split.train_size, seed=seed, reshuffle_each_iteration=True)
-        .batch(batch_size)
-        .repeat()
-        .prefetch(tf.data.AUTOTUNE)
-    )
+    dataset = dataset.shuffle(split.train_size, seed=seed, reshuffle_each_iteration=True).batch(batch_size).repeat()
+    if tap is not None:
+        dataset = tap(dataset)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
     if auto_shard_data:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

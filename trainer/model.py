@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 import tf_keras as keras
 
 from trainer.data import CLASSES, FEATURES
@@ -55,7 +57,53 @@ def evaluate_accuracy(weights: list[np.ndarray], x_test: np.ndarray, y_test: np.
     return float(np.mean(np.argmax(logits, axis=1) == y_test))
 
 
-def save_model(model: keras.Model, path: Path) -> None:
-    """Save a TensorFlow SavedModel (servable by tensorflow_model_server)."""
+SERVING_SIGNATURE = "serving_default"
+SERVING_INPUT = "features"
+SERVING_OUTPUTS = ("logits", "probabilities")
+# What a tf_keras SavedModel directory holds; a --model-dir with nothing else in
+# it is an earlier export that may be replaced whole.
+SAVED_MODEL_ENTRIES = frozenset({"saved_model.pb", "keras_metadata.pb", "fingerprint.pb", "variables", "assets"})
+
+
+def serving_function(model: keras.Model) -> tf.types.experimental.GenericFunction:
+    """The export's ``serving_default``: ``features`` (float32, [None, features])
+    → ``logits`` (float32, [None, classes], unnormalised) and ``probabilities``
+    (their softmax); the predicted class is the argmax of either."""
+    features = int(model.input_shape[-1])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, features], tf.float32, name=SERVING_INPUT)])
+    def serve(batch: tf.Tensor) -> dict[str, tf.Tensor]:
+        logits = model(batch, training=False)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    return serve
+
+
+def export_model(weights: list[np.ndarray], path: Path, seed: int) -> None:
+    """Save ``weights`` as a SavedModel at ``path`` with the ``serving_default``
+    signature of :func:`serving_function` (``tf.saved_model.load`` serves it;
+    ``keras.models.load_model`` still loads it).
+
+    The model is a fresh copy outside any strategy, so no collective is involved
+    and only the chief needs to call this. It is written next to ``path`` first
+    and moved into place, so a crash leaves no half-written export there.
+    """
+    local = build_model(seed, features=weights[0].shape[0], classes=weights[-1].shape[0])
+    local.set_weights(weights)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model.save(str(path), save_format="tf", include_optimizer=False)
+    partial = path.with_name(f".{path.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    local.save(
+        str(partial),
+        save_format="tf",
+        include_optimizer=False,
+        signatures={SERVING_SIGNATURE: serving_function(local)},
+    )
+    if path.is_dir() and {entry.name for entry in path.iterdir()} <= SAVED_MODEL_ENTRIES:
+        shutil.rmtree(path)
+    if path.exists():
+        # The user's directory holds other files too: copy the export in beside them.
+        shutil.copytree(partial, path, dirs_exist_ok=True)
+        shutil.rmtree(partial)
+    else:
+        partial.rename(path)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -16,8 +13,9 @@ from trainer import data, evaluator, report, strategies
 from trainer.checkpoints import CheckpointCallback, Checkpoints, Preempted, StopFlag
 from trainer.cli import TrainConfig
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
+from trainer.idrecord import IdRecorder
 from trainer.metrics import MetricsLogger
-from trainer.model import build_model, compile_model, evaluate_accuracy, save_model
+from trainer.model import build_model, compile_model, evaluate_accuracy, export_model
 from trainer.plan import TrainPlan, plan_resume, plan_training, replicas_for
 
 
@@ -36,13 +34,17 @@ class Setup:
     agree_to_stop: Callable[[bool], bool] | None = None
 
 
-def _setup_horovod(config: TrainConfig, split: data.Split) -> Setup:
+def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder | None) -> Setup:
     hvd = strategies.import_horovod()
     hvd.init()
     plan = plan_training(config, replicas_for("horovod", hvd.size()), split.train_size)
     task = horovod_task(hvd.rank())
     dataset = data.train_dataset(
-        split, plan.per_replica_batch_size, config.seed, shard=(hvd.size(), hvd.rank())
+        split,
+        plan.per_replica_batch_size,
+        config.seed,
+        shard=(hvd.size(), hvd.rank()),
+        tap=recorder.tap if recorder else None,
     )
     return Setup(
         task=task,
@@ -75,7 +77,7 @@ def _ps_dataset_creator(split: data.Split, global_batch_size: int, seed: int) ->
 
 
 def _setup_tf_distribute(
-    config: TrainConfig, split: data.Split, task: Task, cluster: dict[str, list[str]]
+    config: TrainConfig, split: data.Split, task: Task, cluster: dict[str, list[str]], recorder: IdRecorder | None
 ) -> Setup:
     strategy = strategies.build(config.strategy)
     workers = len(cluster.get("worker", [])) if config.strategy == "ps" else training_workers(cluster) or 1
@@ -90,22 +92,9 @@ def _setup_tf_distribute(
             plan.global_batch_size,
             config.seed,
             auto_shard_data=config.strategy == "multiworker",
+            tap=recorder.tap if recorder else None,
         )
     return Setup(task=task, chief=is_chief(task, cluster), strategy=strategy, plan=plan, train_input=train_input)
-
-
-def _save(model: keras.Model, config: TrainConfig, setup: Setup) -> None:
-    """The chief saves to --model-dir. MultiWorkerMirroredStrategy needs every
-    worker to take part in saving, so the others save to a temporary directory
-    and delete it; Horovod's other ranks do not save."""
-    if setup.chief:
-        save_model(model, config.model_dir)
-    elif config.strategy == "multiworker":
-        scratch = Path(tempfile.mkdtemp(prefix=f"trainer-{setup.task.name}-"))
-        try:
-            save_model(model, scratch / "model")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def train(
@@ -130,11 +119,12 @@ def train(
         # one worker stopping alone would leave its peers blocked in a collective.
         stop.install()
     split = data.load_split(config.data, config.seed)
+    recorder = IdRecorder() if config.record_ids else None
     if config.strategy == "horovod":
-        setup = _setup_horovod(config, split)
+        setup = _setup_horovod(config, split, recorder)
     else:
         assert task is not None
-        setup = _setup_tf_distribute(config, split, task, cluster)
+        setup = _setup_tf_distribute(config, split, task, cluster, recorder)
     plan = setup.plan
 
     with setup.strategy.scope():
@@ -179,6 +169,8 @@ def train(
             summary = logger.summary()
     finally:
         checkpoints.close()
+    if recorder is not None:
+        recorder.write(config.run_dir, setup.task.name, plan.steps_per_epoch, plan.epochs)
     base = {
         "strategy": config.strategy,
         "task": setup.task.name,
@@ -197,7 +189,8 @@ def train(
         raise Preempted(keeper.step, keeper.saved)
     weights = model.get_weights()
     accuracy = evaluate_accuracy(weights, split.x_test, split.y_test, config.seed)
-    _save(model, config, setup)
+    if setup.chief:
+        export_model(weights, config.model_dir, config.seed)
 
     result = {
         **base,

@@ -93,7 +93,7 @@ def test_unknown_strategy_is_named_with_the_choices():
         parse_args(["--strategy", "tpu"])
     assert str(error.value) == (
         "argument --strategy: invalid choice: 'tpu' "
-        "(choose from 'onedevice', 'mirrored', 'multiworker', 'ps', 'horovod')"
+        "(choose from 'onedevice', 'mirrored', 'multiworker', 'ps', 'horovod', 'auto')"
     )
 
 
