@@ -124,3 +124,9 @@ def test_failed_hosts_blame_the_rank_horovod_names():
     verdict = Verdict(True, (("node1", "horovodrun", 1),))
     assert failed_hosts(plan, verdict, "Terminating remaining workers after failure of Process 1.") == ["node2"]
     assert failed_hosts(plan, verdict, "") == ["node1"]
+
+
+def test_a_single_node_horovod_run_names_no_interface():
+    plan = plan_horovod("r", ("node1",), [2], python=PY, paths=PATHS, trainer_args=[], nic="eth0")
+    assert "--network-interfaces" not in plan.launches[0].argv
+    assert plan.launches[0].argv[1:3] == ("-np", "2")
