@@ -79,9 +79,11 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
     entry = commands.trainer_argv(python, "horovod", run_dir=run_dir, model_dir=f"{run_dir}/model",
                                   extra=trainer_args)
     horovodrun = str(PurePosixPath(python).parent / "horovodrun")
-    # On one node horovodrun talks over loopback and refuses any other interface.
+    # On one node horovodrun talks over loopback and refuses any other interface; with one process
+    # its --output-filename divides by zero (horovod 0.28.1), and the log has that one rank anyway.
     argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=f"{run_dir}/hostfile", entry=entry,
-                                    nic=nic if len(names) > 1 else None, mpi=mpi, output_dir=f"{run_dir}/ranks")
+                                    nic=nic if len(names) > 1 else None, mpi=mpi,
+                                    output_dir=f"{run_dir}/ranks" if sum(slots) > 1 else None)
     launch = Launch(0, HOROVOD_TASK, tuple(argv), process_env(run_id, python, paths),
                     {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)})
     return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),

@@ -130,3 +130,8 @@ def test_a_single_node_horovod_run_names_no_interface():
     plan = plan_horovod("r", ("node1",), [2], python=PY, paths=PATHS, trainer_args=[], nic="eth0")
     assert "--network-interfaces" not in plan.launches[0].argv
     assert plan.launches[0].argv[1:3] == ("-np", "2")
+
+
+def test_a_single_process_horovod_run_keeps_its_log_in_one_file():
+    plan = plan_horovod("r", ("node1",), [1], python=PY, paths=PATHS, trainer_args=[], nic="eth0")
+    assert "--output-filename" not in plan.launches[0].argv
