@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainer.cli import AUTO, RECORDABLE_STRATEGIES, TrainConfig, parse_args
 from trainer.cluster import (
@@ -26,6 +28,7 @@ from trainer.cluster import (
 from trainer.errors import TrainerError
 from trainer.inputs import check_data, check_writable_dir
 from trainer.plan import per_replica_batch_size
+from trainer.storage import check_destination, default_cache_dir, fetch, is_remote
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a process SIGTERM ended
 
@@ -61,20 +64,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.strategy == "multiworker":
             # Fail before MultiWorkerMirroredStrategy blocks waiting for its peers.
             per_replica_batch_size(config.batch_size, training_workers(cluster))
-        check_data(config.data)
-        check_writable_dir("--model-dir", config.model_dir)
+        if config.model_uri is None:
+            check_writable_dir("--model-dir", config.model_dir)
+        elif task is not None and task.type == "evaluator":
+            raise TrainerError(f"--model-dir {config.model_uri}: the evaluator needs a local or shared --model-dir")
         check_writable_dir("--checkpoint-dir", config.checkpoints)
+        if config.model_uri is not None:
+            check_destination("--model-dir", config.model_uri)
+        if is_remote(config.data):
+            cache = config.cache_dir or default_cache_dir(os.environ)
+            config = dataclasses.replace(config, data=str(fetch("--data", config.data, cache)))
+        check_data(config.data)
         os.environ.update(process_environment(config.strategy))
 
         from trainer import report, run  # imports TensorFlow
         from trainer.checkpoints import Preempted
 
-        try:
-            result = run.train(config, task, cluster, started=started)
-        except Preempted as stopped:
-            saved = "checkpoint saved" if stopped.saved else "no checkpoint written by this process"
-            print(f"trainer: {stopped} ({saved}); exiting 143", flush=True)
-            return PREEMPTED_EXIT
+        with tempfile.TemporaryDirectory(prefix="kiln-export-") as staging:
+            if config.model_uri is not None:
+                # The chief exports here, then uploads to --model-dir (see run.train).
+                config = dataclasses.replace(config, model_dir=Path(staging) / "model")
+            try:
+                result = run.train(config, task, cluster, started=started)
+            except Preempted as stopped:
+                saved = "checkpoint saved" if stopped.saved else "no checkpoint written by this process"
+                print(f"trainer: {stopped} ({saved}); exiting 143", flush=True)
+                return PREEMPTED_EXIT
     except TrainerError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from trainer.errors import TrainerError
+from trainer.storage import is_remote
 
 STRATEGIES = ("onedevice", "mirrored", "multiworker", "ps", "horovod")
 AUTO = "auto"  # resolved by __main__ before anything else: see trainer.cluster.auto_strategy
@@ -34,6 +35,10 @@ class TrainConfig:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     record_ids: bool = False
+    # --model-dir s3://... or gs://...: the chief exports to model_dir (a local
+    # staging folder chosen by __main__) and uploads it here.
+    model_uri: str | None = None
+    cache_dir: Path | None = None
 
     @property
     def checkpoints(self) -> Path:
@@ -79,10 +84,23 @@ def _non_negative_int(text: str) -> int:
 
 
 def _dataset(text: str) -> str:
-    """digits, synthetic, or a path to a local ``.npz`` (checked for content later)."""
-    if text in DATASETS or text.endswith(".npz"):
+    """digits, synthetic, or a path: an ``.npz`` or ``.tfrecord`` (local, s3://
+    or gs://), or a local folder or glob of TFRecord files (anything with a
+    ``/``); the content is checked later."""
+    if text in DATASETS or text.endswith((".npz", ".tfrecord", ".tfrecords")) or "/" in text or "*" in text:
         return text
-    raise argparse.ArgumentTypeError(f"expected digits, synthetic or a path to an .npz file, got {text!r}")
+    raise argparse.ArgumentTypeError(
+        f"expected digits, synthetic, or a path to an .npz, a .tfrecord, or a folder or glob of "
+        f".tfrecord files, got {text!r}"
+    )
+
+
+def _local_dir(text: str) -> Path:
+    if is_remote(text):
+        raise argparse.ArgumentTypeError(
+            f"{text}: must be a local (or shared) folder; only --data and --model-dir take s3:// or gs://"
+        )
+    return Path(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,8 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_dataset,
         default=defaults.data,
         help="digits: scikit-learn's bundled 8x8 digits; synthetic: random features of the "
-        "same shape, for throughput runs; PATH.npz: a local file with arrays x (N x features, "
-        "float) and y (N integer labels) (default: %(default)s)",
+        "same shape, for throughput runs; PATH.npz: a file with arrays x (N x features, "
+        "float) and y (N integer labels); PATH.tfrecord, a folder or a glob of them: "
+        "tf.train.Examples with a fixed-length float feature x and an int64 feature y; an .npz "
+        "or one .tfrecord may be s3://bucket/key or gs://bucket/key, downloaded to --cache-dir "
+        "first (default: %(default)s)",
     )
     parser.add_argument(
         "--epochs", type=_positive_int, default=defaults.epochs,
@@ -132,11 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed for python, numpy, TensorFlow and the data split (default: %(default)s)",
     )
     parser.add_argument(
-        "--model-dir", type=Path, default=defaults.model_dir,
-        help="where the chief saves the final SavedModel (default: ./%(default)s)",
+        "--model-dir", default=str(defaults.model_dir),
+        help="where the chief saves the final SavedModel: a local folder, or s3://bucket/prefix "
+        "(boto3) or gs://bucket/prefix (tf.io.gfile), exported locally then uploaded "
+        "(default: ./%(default)s)",
     )
     parser.add_argument(
-        "--run-dir", type=Path, default=defaults.run_dir,
+        "--run-dir", type=_local_dir, default=defaults.run_dir,
         help="where this process writes metrics.<task>.jsonl and result.<task>.json "
         "(default: %(default)s)",
     )
@@ -145,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a metrics line every N steps (default: %(default)s)",
     )
     parser.add_argument(
-        "--checkpoint-dir", type=Path, default=None,
+        "--checkpoint-dir", type=_local_dir, default=None,
         help="where the chief keeps the last 2 checkpoints (model, optimizer, global step) and "
         "where every process looks for one to resume from (default: <run-dir>/checkpoints)",
     )
@@ -158,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="testing aid: write ids.<task>.json to --run-dir, the ids (each example's first "
         "feature, x[:, 0]) of the training examples this process pulled, by epoch; "
         "onedevice, mirrored and horovod only (default: off)",
+    )
+    parser.add_argument(
+        "--cache-dir", type=_local_dir, default=None,
+        help="where s3:// and gs:// --data is downloaded, as <cache-dir>/<scheme>/<bucket>/<key> "
+        "(default: $XDG_CACHE_HOME/kiln/data, else ~/.cache/kiln/data)",
     )
     return parser
 
@@ -173,7 +201,9 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
         steps_per_epoch=ns.steps_per_epoch,
         learning_rate=ns.learning_rate,
         seed=ns.seed,
-        model_dir=ns.model_dir,
+        model_dir=TrainConfig.model_dir if is_remote(ns.model_dir) else Path(ns.model_dir),
+        model_uri=ns.model_dir if is_remote(ns.model_dir) else None,
+        cache_dir=ns.cache_dir,
         run_dir=ns.run_dir,
         log_every=ns.log_every,
         checkpoint_dir=ns.checkpoint_dir,

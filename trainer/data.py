@@ -13,6 +13,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from trainer.inputs import load_npz
+from trainer.tfrecords import load_tfrecords
 
 FEATURES = 64
 CLASSES = 10
@@ -72,13 +73,21 @@ def npz_split(path: Path, seed: int) -> Split:
     return _split(x, y, seed, classes=int(y.max()) + 1)
 
 
+def tfrecord_split(text: str, seed: int) -> Split:
+    """TFRecord files (see :mod:`trainer.tfrecords`), split like an ``.npz``."""
+    x, y = load_tfrecords(text)
+    return _split(x, y, seed, classes=int(y.max()) + 1)
+
+
 def load_split(name: str, seed: int) -> Split:
-    """``digits``, ``synthetic`` or a path to a local ``.npz``."""
+    """``digits``, ``synthetic``, a path to a local ``.npz``, or local TFRecords."""
     if name == "digits":
         return digits_split(seed)
     if name == "synthetic":
         return synthetic_split(seed)
-    return npz_split(Path(name), seed)
+    if name.endswith(".npz"):
+        return npz_split(Path(name), seed)
+    return tfrecord_split(name, seed)
 
 
 def train_dataset(

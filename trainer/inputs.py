@@ -33,6 +33,13 @@ def load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
             x, y = archive["x"], archive["y"]
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise TrainerError(f"--data {path}: not a readable .npz file ({exc})") from None
+    return checked_arrays(str(path), x, y)
+
+
+def checked_arrays(name: str, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` as float32 N x features and int32 labels; raise TrainerError
+    naming what is wrong with them (``name`` is the --data value)."""
+    path = name
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise TrainerError(f"--data {path}: x must be a non-empty N x features array, got shape {x.shape}")
     if y.ndim != 1:
@@ -47,9 +54,16 @@ def load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_data(data: str) -> None:
-    """Fail early on a ``--data`` path that cannot be trained on."""
-    if data not in BUILTIN_DATASETS:
+    """Fail early on a ``--data`` path that cannot be trained on (a TFRecord
+    path is read through TensorFlow: see trainer.tfrecords)."""
+    if data in BUILTIN_DATASETS:
+        return
+    if data.endswith(".npz"):
         load_npz(Path(data))
+    else:
+        from trainer.tfrecords import load_tfrecords
+
+        load_tfrecords(data)
 
 
 def check_writable_dir(flag: str, path: Path) -> None:

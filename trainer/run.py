@@ -9,7 +9,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import data, evaluator, report, strategies
+from trainer import data, evaluator, report, storage, strategies
 from trainer.checkpoints import CheckpointCallback, Checkpoints, Preempted, StopFlag
 from trainer.cli import TrainConfig
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
@@ -191,6 +191,8 @@ def train(
     accuracy = evaluate_accuracy(weights, split.x_test, split.y_test, config.seed)
     if setup.chief:
         export_model(weights, config.model_dir, config.seed)
+        if config.model_uri is not None:
+            storage.upload(config.model_dir, config.model_uri)
 
     result = {
         **base,

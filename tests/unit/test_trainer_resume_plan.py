@@ -38,7 +38,8 @@ def test_checkpoint_flags_land_in_train_config():
     ("argv", "message"),
     [
         (["--checkpoint-every", "-1"], "argument --checkpoint-every: expected a non-negative integer, got '-1'"),
-        (["--data", "mnist"], "argument --data: expected digits, synthetic or a path to an .npz file, got 'mnist'"),
+        (["--data", "mnist"], "argument --data: expected digits, synthetic, or a path to an .npz, a "
+         ".tfrecord, or a folder or glob of .tfrecord files, got 'mnist'"),
     ],
 )
 def test_bad_checkpoint_and_data_flags_are_one_line_errors(argv, message):
