@@ -18,11 +18,15 @@ RECORDABLE_STRATEGIES = ("onedevice", "mirrored", "horovod")
 DATASETS = ("digits", "synthetic")
 
 
+MODELS = ("mlp", "cnn")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything the user asked for, validated; nothing derived yet."""
 
     strategy: str = "onedevice"
+    model: str = "mlp"
     data: str = "digits"
     epochs: int = 5
     batch_size: int = 64
@@ -121,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         "when more than one GPU is visible, else onedevice (default: %(default)s)",
     )
     parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default=defaults.model,
+        help="mlp: a small dense net; cnn: a small convolutional net for square images given "
+        "as flat features (8x8 digits: 64) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--data",
         type=_dataset,
         default=defaults.data,
@@ -195,6 +206,7 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
     ns = build_parser().parse_args(list(argv))
     return TrainConfig(
         strategy=ns.strategy,
+        model=ns.model,
         data=ns.data,
         epochs=ns.epochs,
         batch_size=ns.batch_size,

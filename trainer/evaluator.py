@@ -51,7 +51,7 @@ def evaluate(config: TrainConfig, task: Task, *, since: float) -> dict[str, Any]
         "strategy": config.strategy,
         "task": task.name,
         "model_dir": str(config.model_dir),
-        "test_accuracy": evaluate_accuracy(weights, split.x_test, split.y_test, config.seed),
+        "test_accuracy": evaluate_accuracy(weights, split.x_test, split.y_test, config.seed, config.model),
         "weights_sha256": report.weights_sha256(weights),
         "wall_time": time.time() - since,
         "status": "ok",

@@ -1,7 +1,8 @@
-"""The model: a small dense classifier for 64 features and 10 classes (tf_keras)."""
+"""The models: a small dense or convolutional classifier (tf_keras)."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -11,16 +12,33 @@ import tensorflow as tf
 import tf_keras as keras
 
 from trainer.data import CLASSES, FEATURES
+from trainer.errors import TrainerError
 
 MOMENTUM = 0.9
 
 
-def build_model(seed: int, features: int = FEATURES, classes: int = CLASSES) -> keras.Model:
-    """Input(features) → Dense(64, relu) → Dense(classes) logits, initialised from ``seed``.
-
-    Build it inside the strategy's scope so its variables are distributed.
+def build_model(seed: int, features: int = FEATURES, classes: int = CLASSES, kind: str = "mlp") -> keras.Model:
+    """``mlp``: Input(features) → Dense(64, relu) → Dense(classes) logits; ``cnn``: the
+    features as a square one-channel image → Conv2D(16, 3×3, relu) → MaxPool(2) → Dense(classes).
+    Initialised from ``seed``. Build it inside the strategy's scope so its variables are distributed.
     """
     init = keras.initializers.GlorotUniform
+    if kind == "cnn":
+        side = math.isqrt(features)
+        if side * side != features:
+            raise TrainerError(f"--model cnn needs square images: {features} features are not n x n pixels")
+        return keras.Sequential(
+            [
+                keras.Input(shape=(features,), name="pixels"),
+                keras.layers.Reshape((side, side, 1), name="image"),
+                keras.layers.Conv2D(16, 3, padding="same", activation="relu", kernel_initializer=init(seed),
+                                    name="conv"),
+                keras.layers.MaxPooling2D(2, name="pool"),
+                keras.layers.Flatten(name="flat"),
+                keras.layers.Dense(classes, kernel_initializer=init(seed + 1), name="logits"),
+            ],
+            name="digits_cnn",
+        )
     return keras.Sequential(
         [
             keras.Input(shape=(features,), name="pixels"),
@@ -48,10 +66,11 @@ def compile_model(
     )
 
 
-def evaluate_accuracy(weights: list[np.ndarray], x_test: np.ndarray, y_test: np.ndarray, seed: int) -> float:
+def evaluate_accuracy(weights: list[np.ndarray], x_test: np.ndarray, y_test: np.ndarray, seed: int,
+                      kind: str = "mlp") -> float:
     """Accuracy of ``weights`` on the test split, computed in this process only
     (a fresh model outside any strategy, so no collective is involved)."""
-    local = build_model(seed, features=weights[0].shape[0], classes=weights[-1].shape[0])
+    local = build_model(seed, features=x_test.shape[1], classes=weights[-1].shape[0], kind=kind)
     local.set_weights(weights)
     logits = local(x_test, training=False).numpy()
     return float(np.mean(np.argmax(logits, axis=1) == y_test))
@@ -79,7 +98,7 @@ def serving_function(model: keras.Model) -> tf.types.experimental.GenericFunctio
     return serve
 
 
-def export_model(weights: list[np.ndarray], path: Path, seed: int) -> None:
+def export_model(weights: list[np.ndarray], path: Path, seed: int, features: int, kind: str = "mlp") -> None:
     """Save ``weights`` as a SavedModel at ``path`` with the ``serving_default``
     signature of :func:`serving_function` (``tf.saved_model.load`` serves it;
     ``keras.models.load_model`` still loads it).
@@ -88,7 +107,7 @@ def export_model(weights: list[np.ndarray], path: Path, seed: int) -> None:
     and only the chief needs to call this. It is written next to ``path`` first
     and moved into place, so a crash leaves no half-written export there.
     """
-    local = build_model(seed, features=weights[0].shape[0], classes=weights[-1].shape[0])
+    local = build_model(seed, features=features, classes=weights[-1].shape[0], kind=kind)
     local.set_weights(weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")

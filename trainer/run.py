@@ -128,7 +128,7 @@ def train(
     plan = setup.plan
 
     with setup.strategy.scope():
-        model = build_model(config.seed, split.features, split.classes)
+        model = build_model(config.seed, split.features, split.classes, config.model)
         compile_model(model, plan.learning_rate, setup.wrap_optimizer)
         model.optimizer.build(model.trainable_variables)
         checkpoints = Checkpoints(
@@ -188,9 +188,9 @@ def train(
         )
         raise Preempted(keeper.step, keeper.saved)
     weights = model.get_weights()
-    accuracy = evaluate_accuracy(weights, split.x_test, split.y_test, config.seed)
+    accuracy = evaluate_accuracy(weights, split.x_test, split.y_test, config.seed, config.model)
     if setup.chief:
-        export_model(weights, config.model_dir, config.seed)
+        export_model(weights, config.model_dir, config.seed, split.features, config.model)
         if config.model_uri is not None:
             storage.upload(config.model_dir, config.model_uri)
 
