@@ -28,6 +28,7 @@ class TrainConfig:
     strategy: str = "onedevice"
     model: str = "mlp"
     data: str = "digits"
+    shard: tuple[int, int] | None = None
     epochs: int = 5
     batch_size: int = 64
     steps_per_epoch: int | None = None
@@ -55,6 +56,13 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise TrainerError(message)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    index, sep, count = text.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"expected INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 1/3, got {text!r}")
+    return int(index), int(count)
 
 
 def _positive_int(text: str) -> int:
@@ -160,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--shard", type=_shard, default=None, metavar="INDEX/COUNT",
+        help="train on every COUNT-th example from INDEX only, e.g. 0/3, 1/3, 2/3 for three "
+        "independent processes that just split the input (no gradient exchange)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=defaults.seed,
         help="seed for python, numpy, TensorFlow and the data split (default: %(default)s)",
     )
@@ -213,6 +226,7 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
         steps_per_epoch=ns.steps_per_epoch,
         learning_rate=ns.learning_rate,
         seed=ns.seed,
+        shard=ns.shard,
         model_dir=TrainConfig.model_dir if is_remote(ns.model_dir) else Path(ns.model_dir),
         model_uri=ns.model_dir if is_remote(ns.model_dir) else None,
         cache_dir=ns.cache_dir,

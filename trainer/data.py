@@ -38,6 +38,16 @@ class Split:
         return int(self.x_train.shape[1])
 
 
+def shard_split(split: Split, shard: tuple[int, int] | None) -> Split:
+    """Keep every COUNT-th training example from INDEX (`--shard INDEX/COUNT`): for plain
+    data-parallel jobs where each process just trains on its own part of the input.
+    The test split stays whole, so every shard is judged on the same examples."""
+    if shard is None:
+        return split
+    index, count = shard
+    return Split(split.x_train[index::count], split.y_train[index::count], split.x_test, split.y_test, split.classes)
+
+
 def _split(x: np.ndarray, y: np.ndarray, seed: int, classes: int = CLASSES) -> Split:
     try:
         parts = train_test_split(x, y, test_size=TEST_FRACTION, random_state=seed, stratify=y)

@@ -118,7 +118,7 @@ def train(
         # MultiWorkerMirroredStrategy keeps SIGTERM's default (see strategies.multiworker):
         # one worker stopping alone would leave its peers blocked in a collective.
         stop.install()
-    split = data.load_split(config.data, config.seed)
+    split = data.shard_split(data.load_split(config.data, config.seed), config.shard)
     recorder = IdRecorder() if config.record_ids else None
     if config.strategy == "horovod":
         setup = _setup_horovod(config, split, recorder)

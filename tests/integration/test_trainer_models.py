@@ -1,4 +1,4 @@
-"""The convolutional model trains on the digits and exports a servable SavedModel."""
+"""The convolutional model trains on the digits and exports a servable SavedModel; --shard splits the input."""
 
 from __future__ import annotations
 
@@ -42,3 +42,16 @@ def test_cnn_refuses_features_that_are_not_a_square_image(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == (
         "trainer: error: --model cnn needs square images: 10 features are not n x n pixels")
     assert not (tmp_path / "model").exists()
+
+
+def test_shards_train_on_their_part_of_the_input(tmp_path):
+    steps = {}
+    for shard in ("0/2", "1/2"):
+        run = tmp_path / shard.replace("/", "-")
+        done = subprocess.run(trainer("--shard", shard, "--epochs", "1", "--batch-size", "32", "--run-dir", str(run),
+                                      "--model-dir", str(run / "model")),
+                              cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        steps[shard] = read_result(run, "local-0")["steps"]
+    whole = 1437  # digits' 1797 examples less the 20% test split
+    assert steps == {"0/2": -(-((whole + 1) // 2) // 32), "1/2": -(-(whole // 2) // 32)}
