@@ -44,9 +44,6 @@ class Topology:
                 spec[role] = [self.address(p) for p in sorted(members, key=lambda p: p.index)]
         return spec
 
-    def processes_on(self, host: int) -> list[Process]:
-        return [p for p in self.processes if p.host == host]
-
 
 def join_host_port(name: str, port: int) -> str:
     return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
