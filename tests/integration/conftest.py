@@ -101,3 +101,15 @@ def run_processes(run_id: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """Trainer processes started by a test, always killed afterwards (see test_trainer_local.Processes)."""
+    from test_trainer_local import Processes
+
+    started = Processes(tmp_path)
+    try:
+        yield started
+    finally:
+        started.kill_all()

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -97,15 +97,6 @@ class Processes:
                 # MultiWorkerMirroredStrategy traps SIGTERM; horovodrun has children.
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
-    started = Processes(tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
 
 
 def assert_learned(result: dict, metrics: list[dict], *, floor: float) -> None:

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,18 +34,9 @@ DIGITS_STEPS = 23  # steps per epoch: ceil(1437 / 64)
 FLOOR = 0.85
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    started = Processes(tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
-
-
-def output(procs: Processes, process: subprocess.Popen) -> str:
+def output(processes: Processes, process: subprocess.Popen) -> str:
     """The whole log of ``process`` (Processes.log gives only its tail)."""
-    return (procs.log_dir / f"{process.name}.log").read_text(errors="replace")
+    return (processes.log_dir / f"{process.name}.log").read_text(errors="replace")
 
 
 def latest_checkpoint_step(checkpoint_dir: Path) -> int:
@@ -57,18 +47,18 @@ def latest_checkpoint_step(checkpoint_dir: Path) -> int:
     return int(name.rsplit("-", 1)[1])
 
 
-def wait_for_step(run_dir: Path, task: str, step: int, process: subprocess.Popen, procs: Processes) -> int:
+def wait_for_step(run_dir: Path, task: str, step: int, process: subprocess.Popen, processes: Processes) -> int:
     """Block until metrics.<task>.jsonl has logged ``step``; return the last step logged."""
     path = run_dir / f"metrics.{task}.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        assert process.poll() is None, f"exited {process.returncode} early:\n{procs.log(process)}"
+        assert process.poll() is None, f"exited {process.returncode} early:\n{processes.log(process)}"
         if path.exists():
             lines = [line for line in path.read_text().splitlines() if line.endswith("}")]
             if lines and json.loads(lines[-1])["step"] >= step:
                 return json.loads(lines[-1])["step"]
         time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached in 120s:\n{procs.log(process)}")
+    raise AssertionError(f"step {step} not reached in 120s:\n{processes.log(process)}")
 
 
 def assert_global_steps(metrics: list[dict], total: int) -> None:
@@ -77,20 +67,20 @@ def assert_global_steps(metrics: list[dict], total: int) -> None:
     assert steps[0] == 1 and steps[-1] == total
 
 
-def test_rerun_with_more_epochs_resumes_from_the_first_runs_total(tmp_path, procs):
+def test_rerun_with_more_epochs_resumes_from_the_first_runs_total(tmp_path, processes):
     run_dir = tmp_path / "run"
     args = ["--learning-rate", "0.05", "--log-every", "5", "--checkpoint-every", "5",
             "--run-dir", str(run_dir), "--model-dir", str(tmp_path / "model")]
-    first = procs.start("first", trainer("--epochs", "2", *args), environment())
-    assert procs.wait(first) == 0, procs.log(first)
+    first = processes.start("first", trainer("--epochs", "2", *args), environment())
+    assert processes.wait(first) == 0, processes.log(first)
     before = read_result(run_dir, "local-0")
     assert (before["resumed_from_step"], before["steps"]) == (0, 2 * DIGITS_STEPS)
     assert latest_checkpoint_step(run_dir / "checkpoints") == 2 * DIGITS_STEPS
     assert len(list((run_dir / "checkpoints").glob("ckpt-*.index"))) == 2  # max_to_keep
 
-    second = procs.start("second", trainer("--epochs", "4", *args), environment())
-    assert procs.wait(second) == 0, procs.log(second)
-    assert f"trainer: resumed from step {2 * DIGITS_STEPS}\n" in output(procs, second)
+    second = processes.start("second", trainer("--epochs", "4", *args), environment())
+    assert processes.wait(second) == 0, processes.log(second)
+    assert f"trainer: resumed from step {2 * DIGITS_STEPS}\n" in output(processes, second)
     after = read_result(run_dir, "local-0")
     assert (after["resumed_from_step"], after["steps"]) == (2 * DIGITS_STEPS, 4 * DIGITS_STEPS)
     assert after["first_loss"] < before["first_loss"]  # it starts from the trained weights
@@ -101,22 +91,22 @@ def test_rerun_with_more_epochs_resumes_from_the_first_runs_total(tmp_path, proc
     assert [line["step"] for line in metrics if line["step"] > 2 * DIGITS_STEPS][0] == 2 * DIGITS_STEPS + 1
 
 
-def test_kill_9_mid_training_resumes_from_the_last_checkpoint(tmp_path, procs):
+def test_kill_9_mid_training_resumes_from_the_last_checkpoint(tmp_path, processes):
     run_dir = tmp_path / "run"
     epochs, every = 60, 3
     argv = trainer("--epochs", str(epochs), "--log-every", "1", "--checkpoint-every", str(every),
                    "--run-dir", str(run_dir), "--model-dir", str(tmp_path / "model"))
-    first = procs.start("first", argv, environment())
-    wait_for_step(run_dir, "local-0", 40, first, procs)
+    first = processes.start("first", argv, environment())
+    wait_for_step(run_dir, "local-0", 40, first, processes)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     reached = read_metrics_tolerant(run_dir / "metrics.local-0.jsonl")[-1]["step"]
     saved = latest_checkpoint_step(run_dir / "checkpoints")
     assert 0 < saved <= reached and reached - saved <= every, (saved, reached)
 
-    second = procs.start("second", argv, environment())
-    assert procs.wait(second) == 0, procs.log(second)
-    assert f"trainer: resumed from step {saved}\n" in output(procs, second)
+    second = processes.start("second", argv, environment())
+    assert processes.wait(second) == 0, processes.log(second)
+    assert f"trainer: resumed from step {saved}\n" in output(processes, second)
     result = read_result(run_dir, "local-0")
     assert (result["resumed_from_step"], result["steps"]) == (saved, epochs * DIGITS_STEPS)
     assert result["test_accuracy"] >= FLOOR, result
@@ -128,46 +118,46 @@ def read_metrics_tolerant(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def test_sigterm_saves_the_last_step_exits_143_and_a_rerun_resumes(tmp_path, procs):
+def test_sigterm_saves_the_last_step_exits_143_and_a_rerun_resumes(tmp_path, processes):
     run_dir = tmp_path / "run"
     # No periodic checkpoint before the end: the only one is SIGTERM's.
     args = ["--log-every", "1", "--checkpoint-every", "100000",
             "--run-dir", str(run_dir), "--model-dir", str(tmp_path / "model")]
-    first = procs.start("first", trainer("--epochs", "60", *args), environment())
-    wait_for_step(run_dir, "local-0", 20, first, procs)
+    first = processes.start("first", trainer("--epochs", "60", *args), environment())
+    wait_for_step(run_dir, "local-0", 20, first, processes)
     os.kill(first.pid, signal.SIGTERM)
-    assert procs.wait(first, timeout=30) == 143, procs.log(first)
+    assert processes.wait(first, timeout=30) == 143, processes.log(first)
     last = read_metrics(run_dir, "local-0")[-1]["step"]
     assert latest_checkpoint_step(run_dir / "checkpoints") == last
-    assert f"trainer: stopped by SIGTERM after step {last} (checkpoint saved); exiting 143" in output(procs, first)
+    assert f"trainer: stopped by SIGTERM after step {last} (checkpoint saved); exiting 143" in output(processes, first)
     stopped = read_result(run_dir, "local-0")
     assert (stopped["status"], stopped["steps"]) == ("preempted", last)
     assert not (tmp_path / "model").exists()  # no final model from a preempted run
 
-    second = procs.start("second", trainer("--epochs", "4", *args), environment())
-    assert procs.wait(second) == 0, procs.log(second)
-    assert f"trainer: resumed from step {last}\n" in output(procs, second)
+    second = processes.start("second", trainer("--epochs", "4", *args), environment())
+    assert processes.wait(second) == 0, processes.log(second)
+    assert f"trainer: resumed from step {last}\n" in output(processes, second)
     result = read_result(run_dir, "local-0")
     assert (result["resumed_from_step"], result["steps"], result["status"]) == (last, 4 * DIGITS_STEPS, "ok")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="horovod is not installed in this Python")
-def test_horovod_ranks_resume_with_identical_weights(tmp_path, procs):
+def test_horovod_ranks_resume_with_identical_weights(tmp_path, processes):
     run_dir = tmp_path / "run"
 
     def horovodrun(name: str, epochs: int) -> subprocess.Popen:
-        return procs.start(name, [
+        return processes.start(name, [
             str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo",
             *trainer("--strategy", "horovod", "--epochs", str(epochs), "--learning-rate", "0.05",
                      "--log-every", "5", "--run-dir", str(run_dir), "--model-dir", str(tmp_path / "model")),
         ], environment())
 
     first = horovodrun("first", 1)
-    assert procs.wait(first) == 0, procs.log(first)
+    assert processes.wait(first) == 0, processes.log(first)
     assert latest_checkpoint_step(run_dir / "checkpoints") == DIGITS_STEPS
     second = horovodrun("second", 2)
-    assert procs.wait(second) == 0, procs.log(second)
-    assert output(procs, second).count(f"trainer: resumed from step {DIGITS_STEPS}") == 2
+    assert processes.wait(second) == 0, processes.log(second)
+    assert output(processes, second).count(f"trainer: resumed from step {DIGITS_STEPS}") == 2
     results = [read_result(run_dir, f"rank-{rank}") for rank in range(2)]
     for result in results:
         assert (result["resumed_from_step"], result["steps"]) == (DIGITS_STEPS, 2 * DIGITS_STEPS)
@@ -175,14 +165,14 @@ def test_horovod_ranks_resume_with_identical_weights(tmp_path, procs):
     assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
 
 
-def test_multiworker_workers_resume_from_the_chiefs_copied_checkpoint(tmp_path, procs):
+def test_multiworker_workers_resume_from_the_chiefs_copied_checkpoint(tmp_path, processes):
     run_dir = tmp_path / "run"
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
     dirs = [tmp_path / f"checkpoints-{index}" for index in range(2)]
 
     def workers(tag: str, epochs: int) -> list[subprocess.Popen]:
         return [
-            procs.start(f"{tag}-worker-{index}", trainer(
+            processes.start(f"{tag}-worker-{index}", trainer(
                 "--strategy", "multiworker", "--epochs", str(epochs), "--learning-rate", "0.05",
                 "--log-every", "5", "--run-dir", str(run_dir), "--checkpoint-dir", str(dirs[index]),
                 "--model-dir", str(tmp_path / f"model-{index}"),
@@ -191,14 +181,14 @@ def test_multiworker_workers_resume_from_the_chiefs_copied_checkpoint(tmp_path, 
         ]
 
     for worker in workers("first", 1):
-        assert procs.wait(worker) == 0, procs.log(worker)
+        assert processes.wait(worker) == 0, processes.log(worker)
     assert latest_checkpoint_step(dirs[0]) == DIGITS_STEPS
     assert not dirs[1].exists()  # only the chief (worker 0) writes checkpoints
     shutil.copytree(dirs[0], dirs[1])  # what the launcher does before a restart
 
     for worker in workers("second", 2):
-        assert procs.wait(worker) == 0, procs.log(worker)
-        assert f"trainer: resumed from step {DIGITS_STEPS}\n" in output(procs, worker)
+        assert processes.wait(worker) == 0, processes.log(worker)
+        assert f"trainer: resumed from step {DIGITS_STEPS}\n" in output(processes, worker)
     results = [read_result(run_dir, f"worker-{index}") for index in range(2)]
     for result in results:
         assert (result["resumed_from_step"], result["steps"]) == (DIGITS_STEPS, 2 * DIGITS_STEPS)
@@ -212,14 +202,14 @@ def save_npz(path: Path, **arrays: np.ndarray) -> Path:
     return path
 
 
-def test_npz_data_trains(tmp_path, procs):
+def test_npz_data_trains(tmp_path, processes):
     digits = load_digits()
     data = save_npz(tmp_path / "digits.npz", x=digits.data / 16.0, y=digits.target)
     run_dir = tmp_path / "run"
-    process = procs.start("npz", trainer("--data", str(data), "--epochs", "3", "--learning-rate", "0.05",
+    process = processes.start("npz", trainer("--data", str(data), "--epochs", "3", "--learning-rate", "0.05",
                                          "--run-dir", str(run_dir), "--model-dir", str(tmp_path / "model")),
                           environment())
-    assert procs.wait(process) == 0, procs.log(process)
+    assert processes.wait(process) == 0, processes.log(process)
     result = read_result(run_dir, "local-0")
     assert result["steps"] == 3 * DIGITS_STEPS
     assert result["test_accuracy"] >= FLOOR, result
