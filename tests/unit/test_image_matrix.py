@@ -1,0 +1,76 @@
+"""The bake's static promises: one version matrix agreeing with pyproject.toml, and every role's
+defaults and argument spec naming the same variables, all role-prefixed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = sorted(p for p in (ROOT / "ansible" / "roles").iterdir() if p.is_dir())
+MATRIX = yaml.safe_load((ROOT / "ansible" / "group_vars" / "all" / "versions.yml").read_text())
+ROLE_NAMES = [role.name for role in ROLES]
+
+
+def pyproject_pins() -> dict[str, str]:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return dict(pin.split("==", 1) for pin in extras["train"] + extras["horovod"] if "==" in pin)
+
+
+@pytest.mark.parametrize(("variable", "package"), [
+    ("tensorflow_version", "tensorflow"), ("tensorflow_tf_keras_version", "tf-keras"),
+    ("tensorflow_numpy_version", "numpy"), ("tensorflow_horovod_version", "horovod")])
+def test_matrix_python_pins_equal_pyproject(variable, package):
+    assert str(MATRIX[variable]) == pyproject_pins()[package], (
+        f"versions.yml {variable}={MATRIX[variable]} but pyproject.toml pins {package}=={pyproject_pins()[package]}")
+
+
+def test_every_matrix_entry_belongs_to_a_role():
+    orphans = [name for name in MATRIX if not any(name.startswith(role + "_") for role in ROLE_NAMES)]
+    assert not orphans, f"matrix entries no role owns (name them <role>_...): {orphans}"
+
+
+def test_every_matrix_entry_is_a_string():
+    assert all(isinstance(value, str) for value in MATRIX.values()), "quote every version: YAML reads 12.10 as 12.1"
+
+
+def role_spec(role: Path) -> dict:
+    return yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+
+
+def role_defaults(role: Path) -> dict:
+    path = role / "defaults" / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_defaults_and_argument_spec_name_the_same_variables(role):
+    spec, defaults = role_spec(role), role_defaults(role)
+    optional = {name for name, option in spec.items() if not option.get("required")}
+    assert set(defaults) - set(spec) == set(), f"{role.name}: defaults missing from the argument spec"
+    assert optional - set(defaults) == set(), f"{role.name}: optional spec options without a default"
+    required_with_default = {name for name, option in spec.items() if option.get("required")} & set(defaults)
+    assert not required_with_default, f"{role.name}: required options must come from the matrix, not defaults"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_variables_are_role_prefixed(role):
+    names = set(role_spec(role)) | set(role_defaults(role))
+    unprefixed = sorted(name for name in names if not name.startswith(role.name + "_"))
+    assert not unprefixed, f"{role.name}: variables must start with {role.name}_: {unprefixed}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_every_spec_option_is_typed_and_described(role):
+    loose = [name for name, option in role_spec(role).items() if "type" not in option or not option.get("description")]
+    assert not loose, f"{role.name}: options without type or description: {loose}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+def test_required_spec_options_are_in_the_matrix(role):
+    required = [name for name, option in role_spec(role).items() if option.get("required")]
+    missing = [name for name in required if name not in MATRIX]
+    assert not missing, f"{role.name}: required options the matrix does not set: {missing}"
