@@ -1,0 +1,128 @@
+"""Pure planning for scripts/vm: the qemu argv, the NoCloud seed, the ssh config, and reading host keys.
+
+Nothing here touches the system; scripts/vm does the I/O.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ALIAS = "kiln-vm"
+DEFAULT_APPEND = "root=/dev/vda rw console=ttyS0 net.ifnames=0"
+BEGIN_KEYS = "-----BEGIN SSH HOST KEY KEYS-----"
+END_KEYS = "-----END SSH HOST KEY KEYS-----"
+HOST_KEY_RE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)) ([A-Za-z0-9+/]+={0,3})(?:\s|$)")
+HOSTNAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+class VmError(Exception):
+    """A failure to report as one message; code 2 for usage errors, 1 otherwise."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    disk: Path
+    kernel: Path
+    initrd: Path
+    state: Path
+    port: int
+    memory: int = 4096  # MiB
+    cpus: int = 2
+    snapshot: bool = False
+    append: str = DEFAULT_APPEND
+
+    @property
+    def console(self) -> Path:
+        return self.state / "console.log"
+
+    @property
+    def seed(self) -> Path:
+        return self.state / "seed.iso"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.state / "qemu.pid"
+
+
+def disk_format(disk: Path) -> str:
+    return "qcow2" if disk.suffix == ".qcow2" else "raw"
+
+
+def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
+    """qemu under TCG (nested KVM hangs here), -cpu max (TensorFlow wants AVX), direct kernel boot, the disk as
+    /dev/vda and the seed as /dev/vdb, user-mode networking with 127.0.0.1:port -> guest 22, serial to a file."""
+    argv = [
+        qemu, "-name", "kiln-vm,debug-threads=on", "-nodefaults", "-no-user-config",
+        "-machine", "q35", "-accel", "tcg", "-cpu", "max", "-smp", str(spec.cpus), "-m", str(spec.memory),
+        "-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append,
+        "-drive", f"file={spec.disk},if=virtio,format={disk_format(spec.disk)}",
+        "-drive", f"file={spec.seed},if=virtio,format=raw,readonly=on",
+        "-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{spec.port}-:22",
+        "-device", "virtio-net-pci,netdev=net0",
+        "-device", "virtio-rng-pci",
+        "-display", "none", "-serial", f"file:{spec.console}",
+        "-daemonize", "-pidfile", str(spec.pidfile),
+    ]
+    if spec.snapshot:
+        argv.append("-snapshot")
+    return argv
+
+
+def check_hostname(name: str) -> str:
+    if not HOSTNAME_RE.fullmatch(name):
+        raise VmError(f"invalid hostname {name!r}: lowercase letters, digits and '-', at most 63", 2)
+    return name
+
+
+def seed_meta_data(instance_id: str, hostname: str) -> str:
+    return f"instance-id: {instance_id}\nlocal-hostname: {hostname}\n"
+
+
+def seed_user_data(public_keys: list[str]) -> str:
+    """cloud-config authorizing the keys for root only (no default user), key login only."""
+    lines = ["#cloud-config", "disable_root: false", "ssh_pwauth: false", "users: []", "ssh_authorized_keys:"]
+    lines += [f"  - {key.strip()}" for key in public_keys]
+    return "\n".join(lines) + "\n"
+
+
+def ssh_config_text(state: Path, port: int) -> str:
+    """An ssh config that logs in as root with the per-boot key and checks the host key pinned in state."""
+    return (
+        f"Host {ALIAS}\n"
+        f"  HostName 127.0.0.1\n"
+        f"  Port {port}\n"
+        f"  User root\n"
+        f"  IdentityFile {state / 'id_ed25519'}\n"
+        f"  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {state / 'known_hosts'}\n"
+        f"  StrictHostKeyChecking yes\n"
+        f"  UpdateHostKeys no\n"
+        f"  BatchMode yes\n"
+        f"  ConnectTimeout 15\n"
+        f"  ServerAliveInterval 15\n"
+        f"  ServerAliveCountMax 4\n"
+    )
+
+
+def console_host_keys(console: str) -> list[str]:
+    """The host public keys ("type base64") that cloud-init printed between its markers, or [] before it has."""
+    start = console.rfind(BEGIN_KEYS)
+    if start < 0:
+        return []
+    end = console.find(END_KEYS, start)
+    if end < 0:
+        return []
+    return [f"{m.group(1)} {m.group(2)}" for m in HOST_KEY_RE.finditer(console[start + len(BEGIN_KEYS):end])]
+
+
+def known_hosts_text(port: int, keys: list[str]) -> str:
+    return "".join(f"[127.0.0.1]:{port} {key}\n" for key in keys)
+
+
+def tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.replace("\r", "").splitlines()[-lines:])

@@ -1,0 +1,185 @@
+"""The local VM path: scripts/base-image makes (or reuses) the Debian 12 base disk, scripts/vm boots it under qemu
+(TCG, snapshot mode) like a cloud instance, and SSH to it checks the host key it printed on its console."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE_IMAGE = ROOT / "scripts" / "base-image"
+VM = ROOT / "scripts" / "vm"
+TOOLS = ("debootstrap", "mkfs.ext4", "qemu-img", "qemu-system-x86_64", "genisoimage", "ssh", "ssh-keygen")
+HOSTNAME = "kiln-test"
+
+# A cold base disk build (debootstrap) takes minutes; the boot under TCG about a minute.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+
+
+def run(argv: list[str], timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{argv} exited {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def process_running(pid: int) -> bool:
+    """pid exists and is not a zombie (a daemonized qemu is reaped by init, whenever init gets to it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def qemus_of(state: Path) -> list[int]:
+    """Running qemu processes whose command line names the state directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if entry.name.isdigit() and b"qemu-system" in cmdline and str(state).encode() in cmdline:
+            found.append(int(entry.name))
+    return [pid for pid in found if process_running(pid)]
+
+
+@dataclass
+class Vm:
+    state: Path
+    record: dict
+    base: Path
+
+    @property
+    def console(self) -> str:
+        return (self.state / "console.log").read_text(errors="replace")
+
+    def ssh(self, command: str, timeout: float = 120, *options: str) -> subprocess.CompletedProcess:
+        """Log in as the operator would: the VM's own ssh config, host key checked."""
+        return run(["ssh", "-F", self.state / "ssh_config", *options, "kiln-vm", command], timeout=timeout)
+
+    def evidence(self, done: subprocess.CompletedProcess) -> str:
+        return f"rc={done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}\nconsole tail:\n" + \
+            "\n".join(self.console.splitlines()[-20:])
+
+
+@pytest.fixture(scope="module")
+def base_dir() -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (debootstrap)")
+    missing = [tool for tool in TOOLS if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (scripts/setup installs them)")
+    done = run([sys.executable, BASE_IMAGE, "--print"], timeout=2400, check=True)
+    return Path(done.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def vm(base_dir, tmp_path_factory):
+    """One snapshot-mode VM booted from the base disk for this module, always stopped afterwards."""
+    state = tmp_path_factory.mktemp("vm") / "state"
+    try:
+        booted = run([sys.executable, VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
+                      "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--hostname", HOSTNAME,
+                      "--memory", "2048"], timeout=420)
+        assert booted.returncode == 0, f"boot failed:\n{booted.stdout}\n{booted.stderr}"
+        assert booted.stdout.strip() == f"ssh -F {state / 'ssh_config'} kiln-vm"
+        yield Vm(state, json.loads((state / "vm.json").read_text()), base_dir)
+    finally:
+        run([sys.executable, VM, "stop", "--state", state, "--timeout", "30"], timeout=120)
+
+
+def test_base_disk_is_reused_with_its_files(base_dir):
+    again = run([sys.executable, BASE_IMAGE, "--print"], timeout=60, check=True)
+    assert Path(again.stdout.strip()) == base_dir
+    meta = json.loads((base_dir / "base.json").read_text())
+    assert meta["suite"] == "bookworm" and meta["key"] in base_dir.name
+    assert (base_dir / "bake_key").stat().st_mode & 0o077 == 0
+    for name in ("vmlinuz", "initrd.img"):
+        assert (base_dir / name).stat().st_mode & 0o044 == 0o044, f"{name} is not readable"
+
+
+def test_hostname_comes_from_the_seed(vm):
+    done = vm.ssh("hostname")
+    assert done.returncode == 0, vm.evidence(done)
+    assert done.stdout.strip() == HOSTNAME
+
+
+def test_root_logs_in_with_the_per_boot_key_only(vm, tmp_path):
+    per_boot = (vm.state / "id_ed25519.pub").read_text().split()[1]
+    done = vm.ssh("id -un; cat /root/.ssh/authorized_keys")
+    assert done.returncode == 0, vm.evidence(done)
+    assert done.stdout.splitlines()[0] == "root"
+    assert per_boot in done.stdout
+    stranger = tmp_path / "stranger"
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", stranger], check=True)
+    config = tmp_path / "ssh_config"
+    config.write_text((vm.state / "ssh_config").read_text().replace(str(vm.state / "id_ed25519"), str(stranger)))
+    refused = run(["ssh", "-F", config, "kiln-vm", "true"], timeout=60)
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, vm.evidence(refused)
+
+
+def test_apt_reaches_debians_mirror(vm):
+    done = vm.ssh("apt-get update -qq && cd /tmp && apt-get download -q hello && ls hello_*.deb", timeout=600)
+    assert done.returncode == 0, vm.evidence(done)
+    assert done.stdout.strip().splitlines()[-1].startswith("hello_")
+
+
+def test_python_is_3_11(vm):
+    done = vm.ssh("python3 -c 'import sys; print(*sys.version_info[:2])'")
+    assert done.returncode == 0, vm.evidence(done)
+    assert done.stdout.split() == ["3", "11"]
+
+
+def test_host_key_pinned_from_the_console(vm):
+    known = (vm.state / "known_hosts").read_text().splitlines()
+    assert known and all(line.startswith(f"[127.0.0.1]:{vm.record['port']} ") for line in known)
+    done = vm.ssh("cat /etc/ssh/ssh_host_*_key.pub")
+    assert done.returncode == 0, vm.evidence(done)
+    served = {" ".join(line.split()[:2]) for line in done.stdout.splitlines()}
+    assert {" ".join(line.split()[1:3]) for line in known} == served
+
+
+def test_changed_host_key_is_refused(vm, tmp_path):
+    impostor = tmp_path / "impostor"
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", impostor], check=True)
+    wrong = f"[127.0.0.1]:{vm.record['port']} {' '.join(impostor.with_suffix('.pub').read_text().split()[:2])}\n"
+    config = tmp_path / "ssh_config"
+    config.write_text((vm.state / "ssh_config").read_text().replace(str(vm.state / "known_hosts"),
+                                                                    str(tmp_path / "known_hosts")))
+    (tmp_path / "known_hosts").write_text(wrong)
+    done = run(["ssh", "-F", config, "kiln-vm", "true"], timeout=60)
+    assert done.returncode == 255, vm.evidence(done)
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in done.stderr or "Host key verification failed" in done.stderr
+    assert (tmp_path / "known_hosts").read_text() == wrong, "ssh must not rewrite the pinned known_hosts"
+
+
+def test_boot_timeout_names_the_console_and_kills_qemu(base_dir, tmp_path):
+    state = tmp_path / "slow"
+    done = run([sys.executable, VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
+                "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--memory", "1024",
+                "--timeout", "3"], timeout=120)
+    assert done.returncode == 1
+    assert "timed out after 3 s" in done.stderr and str(state / "console.log") in done.stderr
+    assert not (state / "vm.json").exists()
+    assert run([sys.executable, VM, "status", "--state", state]).returncode == 3
+    assert not qemus_of(state), "qemu was left running after a failed boot"
+
+
+def test_stop_powers_off_and_is_idempotent(vm):
+    pid = vm.record["pid"]
+    first = run([sys.executable, VM, "stop", "--state", vm.state, "--timeout", "60"], timeout=180)
+    assert first.returncode == 0, first.stderr
+    assert "powered off" in first.stderr, first.stderr
+    assert not process_running(pid), "qemu is still running after stop"
+    assert not qemus_of(vm.state), "a qemu of this VM's state directory is left"
+    assert run([sys.executable, VM, "stop", "--state", vm.state]).returncode == 0
+    assert run([sys.executable, VM, "status", "--state", vm.state]).returncode == 3
