@@ -1,0 +1,54 @@
+"""pytest-testinfra suite: proves a baked image or a live node is what kiln says it is.
+
+    pytest tests/infra --hosts=ssh://user@host [--ssh-config=F] [--gpu=auto|required] [-m image|gpu|cluster]
+    pytest tests/infra --hosts=chroot:///path/to/rootfs     # a captured image's root filesystem
+
+The expected versions come from this checkout's version matrix (ansible/group_vars/all/versions.yml)
+and must also equal the image's own manifest (/etc/kiln/manifest.json).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kiln_infra import MANIFEST, MATRIX, read_json
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kiln")
+    group.addoption("--gpu", choices=("auto", "required"), default="auto",
+                    help="auto: GPU checks skip where no NVIDIA GPU is present; required: they fail there")
+    group.addoption("--expect-gpus", type=int, default=None,
+                    help="how many GPUs every host must have (default: as many as lspci lists)")
+    group.addoption("--matrix", default=str(MATRIX), help="the version matrix the image must match")
+    group.addoption("--gpu-container-image", default="ubuntu:24.04",
+                    help="the image `docker run --gpus all` uses to prove the container runtime sees the GPUs")
+
+
+def pytest_configure(config):
+    for marker, text in (("image", "what the image carries: versions, imports, hygiene, services"),
+                         ("gpu", "NVIDIA driver, CUDA, cuDNN, NCCL, containers and TensorFlow on the GPUs"),
+                         ("cluster", "what a node needs to train with others: names, time, ports")):
+        config.addinivalue_line("markers", f"{marker}: {text}")
+
+
+@pytest.fixture(scope="session")
+def matrix(pytestconfig) -> dict[str, str]:
+    loaded = yaml.safe_load(Path(pytestconfig.getoption("matrix")).read_text())
+    return {key: str(value) for key, value in loaded.items()}
+
+
+
+@pytest.fixture(scope="module")
+def manifest(host) -> dict:
+    return read_json(host, MANIFEST)
+
+
+@pytest.fixture(scope="module")
+def captured(host) -> bool:
+    """True for an image that has not booted since its capture (systemd fills /etc/machine-id at first boot)."""
+    machine_id = host.file("/etc/machine-id")
+    return not machine_id.exists or machine_id.size == 0
+

@@ -1,0 +1,161 @@
+"""What an image carries: the version matrix, working TensorFlow and Horovod, hygiene, services."""
+
+from __future__ import annotations
+
+import pytest
+from kiln_infra import BAKE_RECORD, VENV, read_json, run_checked, venv_python
+
+pytestmark = pytest.mark.image
+
+# How each matrix entry is read on the host, independently of the image's own manifest.
+PIP = {"tensorflow_version": "tensorflow", "tensorflow_tf_keras_version": "tf-keras",
+       "tensorflow_numpy_version": "numpy", "tensorflow_horovod_version": "horovod"}
+GPU_ONLY = {"nvidia_driver_version", "nvidia_driver_branch", "cuda_version", "cuda_cudnn_version",
+            "cuda_nccl_version", "container_runtime_nvidia_toolkit_version"}
+MATRIX_KEYS = sorted(PIP) + ["mpi_openmpi_major", "nvidia_driver_version", "cuda_version", "cuda_cudnn_version",
+                             "cuda_nccl_version", "container_runtime_nvidia_toolkit_version"]
+
+
+def deb_upstream_version(host, package_pattern: str) -> str | None:
+    result = host.run(f"dpkg-query --showformat='${{db:Status-Status}} ${{Version}}\\n' --show '{package_pattern}'")
+    versions = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("installed ")]
+    if not versions:
+        return None
+    version = versions[0].split(":", 1)[-1]
+    return version.rsplit("-", 1)[0] if "-" in version else version
+
+
+def live_version(host, key: str, matrix: dict[str, str]) -> str | None:
+    if key in PIP:
+        code = f"import importlib.metadata as m; print(m.version({PIP[key]!r}))"
+        result = host.run(venv_python(code))
+        return result.stdout.strip() if result.rc == 0 else None
+    if key == "mpi_openmpi_major":
+        version = deb_upstream_version(host, "openmpi-bin")
+        return version.split(".")[0] if version else None
+    package = {
+        "nvidia_driver_version": "nvidia-driver-*",
+        "cuda_version": "cuda-toolkit-{}".format("-".join(matrix["cuda_version"].split(".")[:2])),
+        "cuda_cudnn_version": "libcudnn9-cuda-12",
+        "cuda_nccl_version": "libnccl2",
+        "container_runtime_nvidia_toolkit_version": "nvidia-container-toolkit",
+    }[key]
+    return deb_upstream_version(host, package)
+
+
+@pytest.mark.parametrize("key", MATRIX_KEYS)
+def test_installed_version_matches_matrix_and_manifest(host, key, matrix, manifest):
+    if key in GPU_ONLY and manifest.get("profile") != "gpu":
+        pytest.skip(f"{key}: not part of the {manifest.get('profile')} profile")
+    installed = live_version(host, key, matrix)
+    assert installed == matrix[key], f"{key}: the host has {installed or 'nothing'}, the matrix wants {matrix[key]}"
+    recorded = manifest.get("installed", {}).get(key)
+    if key == "mpi_openmpi_major" and recorded:
+        recorded = recorded.split(".")[0]
+    assert recorded == installed, f"{key}: the image's manifest says {recorded}, the host has {installed}"
+
+
+def test_manifest_matrix_is_this_matrix(manifest, matrix):
+    differ = {k: (v, matrix.get(k)) for k, v in manifest.get("matrix", {}).items() if matrix.get(k) != v}
+    assert not differ, f"the image was baked from another matrix (manifest, this checkout): {differ}"
+
+
+def test_tensorflow_and_tf_keras_import(host, matrix):
+    code = "import tensorflow as tf, tf_keras; print(tf.__version__, tf_keras.__version__)"
+    result = run_checked(host, venv_python(code))
+    assert result.stdout.split()[-2:] == [matrix["tensorflow_version"], matrix["tensorflow_tf_keras_version"]]
+
+
+@pytest.fixture(scope="module")
+def horovod_build(host) -> str:
+    return run_checked(host, f"TF_CPP_MIN_LOG_LEVEL=3 {VENV}/bin/horovodrun --check-build").stdout
+
+
+@pytest.mark.parametrize("feature", ["TensorFlow", "Gloo", "MPI"])
+def test_horovod_is_built_with(horovod_build, feature):
+    assert f"[X] {feature}" in horovod_build, f"Horovod lacks {feature}:\n{horovod_build}"
+
+
+def test_horovod_has_nccl_on_gpu_images(horovod_build, manifest):
+    if manifest.get("profile") != "gpu":
+        pytest.skip("NCCL operations are built on the gpu profile only")
+    assert "[X] NCCL" in horovod_build, f"Horovod lacks NCCL:\n{horovod_build}"
+
+
+@pytest.mark.parametrize("unit", ["kiln-ssh-hostkeys.service", "chrony.service", "ssh.service", "docker.service"])
+def test_service_is_enabled(host, unit):
+    result = host.run(f"systemctl is-enabled {unit}")
+    assert result.stdout.strip() == "enabled", f"{unit} is {result.stdout.strip() or result.stderr.strip()}"
+
+
+def test_host_keys_are_made_at_first_boot(host, captured):
+    """A captured image has no host keys and a unit that makes them; a booted one has its own keys."""
+    unit = host.file("/etc/systemd/system/kiln-ssh-hostkeys.service")
+    assert unit.exists and "ssh-keygen -A" in unit.content_string, (
+        "nothing makes SSH host keys at first boot: kiln-ssh-hostkeys.service is missing or changed")
+    enabled = host.run("systemctl is-enabled kiln-ssh-hostkeys.service").stdout.strip()
+    assert enabled == "enabled", f"kiln-ssh-hostkeys.service is {enabled or 'not enabled'}: no host keys at first boot"
+    if not captured:
+        assert host.file("/etc/ssh/ssh_host_ed25519_key").exists, "a booted image has no SSH host key"
+
+
+# Hygiene: nothing of the bake may ship. A captured image must have none of it; a booted one may
+# have its own, but none that the bake recorded (fingerprints, machine-id, instance-id).
+LEFTOVERS = {
+    "ssh host keys": "ls -1 /etc/ssh/ssh_host_* 2>/dev/null",
+    "authorized_keys": "find /root /home -name 'authorized_keys*' -type f 2>/dev/null",
+    "shell history": "find /root /home -maxdepth 2 \\( -name .bash_history -o -name .python_history \\) 2>/dev/null",
+    "apt lists": "find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name lock ! -name partial 2>/dev/null",
+    "cloud-init state": "ls -1d /var/lib/cloud/instances/* /var/lib/cloud/instance 2>/dev/null",
+}
+
+
+@pytest.fixture(scope="module")
+def bake_record(host) -> dict:
+    return read_json(host, BAKE_RECORD)
+
+
+@pytest.fixture(scope="module")
+def first_boot(host) -> int:
+    """When the image first booted: systemd wrote /etc/machine-id then."""
+    return int(host.run("stat -c %Y /etc/machine-id").stdout.strip() or 0)
+
+
+def older_than(host, paths: list[str], when: int) -> list[str]:
+    return [p for p in paths if int(host.run(f"stat -c %Y {p}").stdout.strip() or 0) < when]
+
+
+@pytest.mark.parametrize("what", sorted(LEFTOVERS))
+def test_nothing_is_left_from_the_bake(host, what, captured, bake_record, first_boot):
+    found = [line for line in host.run(LEFTOVERS[what]).stdout.splitlines() if line.strip()]
+    if captured:
+        assert not found, f"{what} left in the image: {found}"
+        return
+    if what in ("ssh host keys", "authorized_keys"):
+        public = [p for p in found if what == "authorized_keys" or p.endswith(".pub")]
+        prints = set()
+        for path in public:
+            prints |= {line.split()[1] for line in host.run(f"ssh-keygen -l -E sha256 -f {path}").stdout.splitlines()
+                       if len(line.split()) > 1}
+        baked = prints & set(bake_record.get("key_fingerprints", []))
+        assert not baked, f"{what} from the bake survived: {sorted(baked)}"
+    elif what == "cloud-init state":
+        baked_id = bake_record.get("instance_id")
+        assert not baked_id or not any(p.endswith("/" + baked_id) for p in found), (
+            f"cloud-init state of the bake's instance {baked_id} survived: {found}")
+    else:
+        stale = older_than(host, found, first_boot)
+        assert not stale, f"{what} older than the first boot (left from the bake): {stale}"
+
+
+def test_machine_id_is_not_the_bakes(host, captured, bake_record):
+    machine_id = host.file("/etc/machine-id")
+    if captured:
+        assert not machine_id.exists or machine_id.size == 0, "the image ships a machine-id"
+        return
+    assert machine_id.content_string.strip() != bake_record.get("machine_id"), "the bake's machine-id survived"
+
+
+def test_manifest_is_well_formed(manifest):
+    assert manifest.get("profile") in ("cpu", "gpu"), f"manifest profile: {manifest.get('profile')!r}"
+    assert manifest.get("venv") == VENV, f"manifest venv: {manifest.get('venv')!r}"

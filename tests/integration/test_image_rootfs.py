@@ -1,0 +1,108 @@
+"""The image suite against a real captured image: a Debian 12 root filesystem baked natively with the
+same playbooks Packer runs (Ansible's chroot connection), then cleaned. The suite passes on it, and
+each mutation (a leftover authorized_keys, a wrong TensorFlow, no host-key regeneration) makes it
+fail with a message that names the problem."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+
+def script_output(*argv: str, timeout: float) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert done.returncode == 0, f"{argv} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def captured_rootfs(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (chroot, bind mounts)")
+    base = Path(script_output(str(SCRIPTS / "base-image"), "--print", timeout=3600))
+    wheelhouse = Path(script_output(str(SCRIPTS / "wheelhouse"), "build", "--print", timeout=1800))
+    rootfs = tmp_path_factory.mktemp("captured") / "rootfs"
+    rootfs.mkdir()
+    subprocess.run(["tar", "-xf", str(base / "rootfs.tar"), "-C", str(rootfs)], check=True, timeout=600)
+    server = subprocess.Popen([str(SCRIPTS / "wheelhouse"), "serve", str(wheelhouse), "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = re.search(r"port (\d+)", server.stdout.readline()).group(1)
+        bake = subprocess.run(
+            [str(SCRIPTS / "bake-rootfs"), str(rootfs), "--cleanup", "--",
+             "-e", f"tensorflow_wheelhouse_url=http://127.0.0.1:{port}/"],
+            capture_output=True, text=True, timeout=1800, cwd=ROOT)
+        assert bake.returncode == 0, f"the rootfs bake failed:\n{bake.stdout[-6000:]}\n{bake.stderr[-3000:]}"
+        yield rootfs
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        subprocess.run(["umount", "-R", "-l", str(rootfs / "proc"), str(rootfs / "sys"), str(rootfs / "dev")],
+                       capture_output=True)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(rootfs)], timeout=600)
+
+
+def verify(rootfs: Path, *pytest_args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "verify"), "--rootfs", str(rootfs), "--", "-m", "image",
+                           "-rfE", *pytest_args], capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+def test_the_suite_passes_on_a_clean_captured_image(captured_rootfs):
+    result = verify(captured_rootfs)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert re.search(r"\d+ passed", result.stdout), result.stdout[-2000:]
+
+
+def test_a_leftover_authorized_keys_fails_naming_it(captured_rootfs):
+    keys = captured_rootfs / "root" / ".ssh" / "authorized_keys"
+    keys.parent.mkdir(mode=0o700, exist_ok=True)
+    keys.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKiln0bake0key0left0behind0by0mistake00000000000 bake\n")
+    try:
+        result = verify(captured_rootfs, "-k", "left")
+    finally:
+        keys.unlink()
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "authorized_keys left in the image" in result.stdout, result.stdout[-3000:]
+    assert "/root/.ssh/authorized_keys" in result.stdout
+
+
+def test_a_wrong_tensorflow_version_fails_naming_it(captured_rootfs):
+    metadata = next((captured_rootfs / "opt" / "kiln" / "venv").glob("lib/python3*/site-packages/tensorflow-*"
+                                                                      ".dist-info/METADATA"))
+    original = metadata.read_text()
+    metadata.write_text(re.sub(r"(?m)^Version: .*$", "Version: 2.17.0", original, count=1))
+    try:
+        result = verify(captured_rootfs, "-k", "version")
+    finally:
+        metadata.write_text(original)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "tensorflow_version: the host has 2.17.0, the matrix wants" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_missing_host_key_generator_fails_naming_it(captured_rootfs):
+    link = captured_rootfs / "etc" / "systemd" / "system" / "multi-user.target.wants" / "kiln-ssh-hostkeys.service"
+    target = os.readlink(link)
+    link.unlink()
+    try:
+        result = verify(captured_rootfs, "-k", "first_boot or enabled")
+    finally:
+        link.symlink_to(target)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "no host keys at first boot" in result.stdout, result.stdout[-3000:]
+
+
+def test_verify_leaves_no_bind_mounts_behind(captured_rootfs):
+    verify(captured_rootfs, "-k", "manifest_is_well_formed")
+    mounts = Path("/proc/mounts").read_text()
+    assert str(captured_rootfs) not in mounts, "scripts/verify left bind mounts behind"
