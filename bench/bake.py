@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""usage: bench/bake.py
+
+The local bake, measured in one run (qemu under TCG on this machine):
+  bake_s            `scripts/image local --force`: base disk boot, the cpu profile, cleanup, shutdown
+  provision_1_s     the first ansible/image.yml run inside that bake (from Packer's log)
+  provision_2_s     image.yml again on the baked image, booted on a throwaway overlay (changes nothing)
+  ratio             provision_2_s / provision_1_s
+  fingerprint_hit_s `scripts/image local` again with nothing changed (reuses the image)
+Nothing is asserted. The base disk and the wheelhouse are cached first, so they are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "image"))
+from conftest import ANSIBLE, SCRIPTS, booted_vm, playbook, recap, served  # noqa: E402
+
+STAMP = re.compile(r"^\[\s*([\d.]+)\]")
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    started = time.monotonic()
+    subprocess.run(argv, check=True, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, timeout=7200)
+    return time.monotonic() - started
+
+
+def first_provisioning(log: Path) -> float:
+    """Seconds from the first Ansible provisioner's start to the manifest download after it."""
+    start = end = None
+    for line in log.read_text().splitlines():
+        stamp = STAMP.match(line)
+        if not stamp:
+            continue
+        if start is None and "Provisioning with Ansible" in line:
+            start = float(stamp.group(1))
+        elif start is not None and "/etc/kiln/manifest.json" in line:
+            end = float(stamp.group(1))
+            break
+    if start is None or end is None:
+        raise SystemExit(f"bench: cannot find the first provisioning run in {log}")
+    return end - start
+
+
+def main() -> None:
+    wheelhouse = Path(subprocess.run([str(SCRIPTS / "wheelhouse"), "build", "--print"], check=True, cwd=ROOT,
+                                     capture_output=True, text=True).stdout.strip())
+    subprocess.run([str(SCRIPTS / "base-image"), "--print"], check=True, cwd=ROOT, capture_output=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        env = {"KILN_IMAGES": tmp}
+        bake_s = timed([sys.executable, str(SCRIPTS / "image"), "local", "--force"], env)
+        image = next(Path(tmp).glob("local-cpu-*"))
+        record = json.loads((image / "image.json").read_text())
+        provision_1_s = first_provisioning(image / "packer.log")
+        with booted_vm(image, Path(tmp) / "vm", "kiln-bench") as ssh_config, served(wheelhouse) as port:
+            started = time.monotonic()
+            result = playbook(ssh_config, ANSIBLE / "image.yml", "-e", "kiln_image_profile=cpu",
+                              "-e", f"kiln_image_fingerprint={record['fingerprint']}",
+                              "-e", f"tensorflow_wheelhouse_url=http://10.0.2.2:{port}/")
+            provision_2_s = time.monotonic() - started
+        changed = recap(result.stdout).get("changed")
+        hit_s = timed([sys.executable, str(SCRIPTS / "image"), "local"], env)
+    print(f"{'bake_s':>8} {'provision_1_s':>14} {'provision_2_s':>14} {'ratio':>6} {'changed_2':>9} "
+          f"{'fingerprint_hit_s':>18}")
+    print(f"{bake_s:8.0f} {provision_1_s:14.0f} {provision_2_s:14.0f} {provision_2_s / provision_1_s:6.2f} "
+          f"{changed:9d} {hit_s:18.2f}")
+
+
+if __name__ == "__main__":
+    main()
