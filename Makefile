@@ -6,8 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.kiln-ready
 NODES ?= 3
+PROVIDER ?= local
+PROFILE ?=
+HOSTS ?=
+VARS ?=
 
-.PHONY: help setup demo test lint unit integration bench clean
+.PHONY: help setup demo test lint unit integration validate image verify image-test bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -21,11 +25,14 @@ $(READY): pyproject.toml scripts/setup
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) scripts/demo --nodes $(NODES)
 
-test: lint unit integration ## everything CI runs
+test: lint validate unit integration image-test ## everything CI runs
+
+PY_SCRIPTS := scripts/local-cluster scripts/demo scripts/image scripts/verify scripts/base-image scripts/vm \
+	scripts/nvidia-standin-repo scripts/packer-validate
 
 lint: setup ## ruff and shellcheck
-	$(VENV)/bin/ruff check .
-	shellcheck scripts/setup bootstrap/shim/ssh .ci/run
+	$(VENV)/bin/ruff check . $(PY_SCRIPTS)
+	shellcheck scripts/setup scripts/wheelhouse scripts/bake-rootfs bootstrap/shim/ssh .ci/run
 
 unit: setup ## pure-code tests (seconds)
 	$(PY) -m pytest -q tests/unit
@@ -33,10 +40,26 @@ unit: setup ## pure-code tests (seconds)
 integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root)
 	$(PY) -m pytest -q -m integration tests/integration
 
+validate: setup ## static checks of the bake: packer fmt and validate (4 sources), ansible-lint, syntax, role specs
+	scripts/packer-validate
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(VENV)/bin/ansible-playbook -i localhost, --syntax-check image.yml cleanup.yml
+	cd ansible && ../$(VENV)/bin/ansible-lint --profile production --offline -q
+	$(PY) -m pytest -q tests/unit/test_image_matrix.py tests/unit/test_packer_templates.py
+
+image: validate ## bake: PROVIDER=aws|gcp|azure|local (default), PROFILE=gpu|cpu, VARS=my.pkrvars.hcl; reuses an unchanged one
+	$(PY) scripts/image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f))
+
+verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boots the local image, checks it, stops it
+	$(PY) scripts/verify $(if $(HOSTS),--hosts $(HOSTS))
+
+image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite, re-run the playbook (slow)
+	$(PY) -m pytest -q -m image_bake --timeout=5400 tests/image
+
 bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput
 	$(PY) bench/fanout.py
 	$(PY) bench/throughput.py
+	$(PY) bench/bake.py
 
 clean: ## remove local clusters, runs and the virtual environment
 	-scripts/local-cluster down --name kiln
-	rm -rf runs $(VENV)
+	rm -rf runs images .packer-compat $(VENV)

@@ -1,0 +1,59 @@
+"""A real local bake: Packer boots the Debian 12 base disk under qemu (TCG), Ansible bakes the cpu profile
+with Python wheels from the wheelhouse, cleanup runs, and the image is verified, re-provisioned and reused."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import ANSIBLE, SCRIPTS, playbook, recap, run
+
+pytestmark = pytest.mark.image_bake
+
+MATRIX = {k: str(v) for k, v in yaml.safe_load((ANSIBLE / "group_vars" / "all" / "versions.yml").read_text()).items()}
+
+
+def test_the_bake_records_every_version_of_the_matrix(baked_image):
+    record = json.loads((baked_image / "image.json").read_text())
+    assert record["profile"] == "cpu" and record["provider"] == "local"
+    installed = record["versions"]["installed"]
+    for key in ("tensorflow_version", "tensorflow_tf_keras_version", "tensorflow_numpy_version",
+                "tensorflow_horovod_version"):
+        assert installed[key] == MATRIX[key], f"{key}: baked {installed[key]}, the matrix wants {MATRIX[key]}"
+    assert record["versions"]["fingerprint"] == record["fingerprint"]
+    assert (baked_image / record["disk"]).stat().st_size > 0
+    manifest = json.loads((baked_image / "packer-manifest.json").read_text())
+    assert manifest["builds"][-1]["custom_data"]["fingerprint"] == record["fingerprint"]
+
+
+def test_an_unchanged_fingerprint_reuses_the_image(baked_image, images_dir):
+    before = (baked_image / "image.json").stat().st_mtime
+    result = run([sys.executable, str(SCRIPTS / "image"), "local"], timeout=600, env={"KILN_IMAGES": str(images_dir)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "up to date" in result.stdout and str(baked_image) in result.stdout, result.stdout
+    assert "packer build" not in result.stdout
+    assert (baked_image / "image.json").stat().st_mtime == before
+
+
+def test_the_suite_passes_on_the_booted_image(baked_image):
+    result = run([sys.executable, str(SCRIPTS / "verify"), "--image", str(baked_image), "--", "-rfE"], timeout=1800)
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
+
+
+def test_a_second_provisioning_run_changes_nothing(baked_image, baked_vm):
+    ssh_config, port = baked_vm
+    fingerprint = json.loads((baked_image / "image.json").read_text())["fingerprint"]
+    started = time.monotonic()
+    result = playbook(ssh_config, ANSIBLE / "image.yml", "-e", "kiln_image_profile=cpu",
+                      "-e", f"kiln_image_fingerprint={fingerprint}",
+                      "-e", f"tensorflow_wheelhouse_url=http://10.0.2.2:{port}/")
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    counts = recap(result.stdout)
+    changed = [line for line in result.stdout.splitlines() if line.startswith("changed:")]
+    assert counts["changed"] == 0, f"the second run changed {changed}:\n{result.stdout[-4000:]}"
+    print(f"second provisioning run on the baked image: {seconds:.0f} s, {counts}")

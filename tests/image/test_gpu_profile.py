@@ -1,0 +1,83 @@
+"""The gpu profile for real on the local VM, against the signed stand-in NVIDIA repositories
+(scripts/nvidia-standin-repo: NVIDIA's package names and the matrix versions, a throwaway key):
+repository, key pin, version pins, holds, the container toolkit's daemon.json, the version manifest,
+and a second run that changes nothing. Horovod's NCCL build needs a real CUDA compiler, so on the
+stand-ins the tensorflow role runs as on the cpu profile; that part is proven on GPU machines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ANSIBLE, ROOT, SCRIPTS, playbook, recap, run, served
+
+pytestmark = pytest.mark.image_bake
+STANDIN = Path.home() / ".cache" / "kiln" / "nvidia-standin"
+
+
+@pytest.fixture(scope="module")
+def gpu_vm(baked_vm, tmp_path_factory):
+    """The booted baked image (after the cpu profile's second run) converged twice with the gpu profile,
+    then checked by the suite; yields the runs."""
+    built = run([str(SCRIPTS / "nvidia-standin-repo"), "build", str(STANDIN)], timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    summary = json.loads((STANDIN / "standin.json").read_text())
+    state = tmp_path_factory.mktemp("gpu-vm")
+    ssh_config, wheel_port = baked_vm
+    with served(Path(summary["root"])) as repo_port:
+        base = f"http://10.0.2.2:{repo_port}"
+        cuda, toolkit = summary["repos"]["cuda"], summary["repos"]["toolkit"]
+        extra = {
+            "kiln_image_profile": "gpu",
+            "tensorflow_gpu": False,
+            "tensorflow_wheelhouse_url": f"http://10.0.2.2:{wheel_port}/",
+            "nvidia_driver_repo_url": f"{base}/{cuda['path']}/",
+            "nvidia_driver_repo_key_url": f"{base}/{cuda['key']}",
+            "nvidia_driver_repo_key_fingerprint": cuda["fingerprint"],
+            "container_runtime_nvidia_repo_url": f"{base}/{toolkit['path']}/",
+            "container_runtime_nvidia_repo_key_url": f"{base}/{toolkit['key']}",
+            "container_runtime_nvidia_repo_key_fingerprint": toolkit["fingerprint"],
+        }
+        extra_file = state / "gpu.json"
+        extra_file.write_text(json.dumps(extra))
+        first = playbook(ssh_config, ANSIBLE / "image.yml", "-e", f"@{extra_file}")
+        second = playbook(ssh_config, ANSIBLE / "image.yml", "-e", f"@{extra_file}") if first.returncode == 0 else None
+        suite = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", str(ROOT / "tests" / "infra"),
+             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "image or gpu", "-rs"],
+            capture_output=True, text=True, timeout=1800, cwd=ROOT)
+        required = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(ROOT / "tests" / "infra"),
+             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "gpu", "--gpu=required"],
+            capture_output=True, text=True, timeout=600, cwd=ROOT)
+        yield {"first": first, "second": second, "suite": suite, "required": required}
+
+
+def test_the_gpu_profile_converges_on_the_stand_ins(gpu_vm):
+    first = gpu_vm["first"]
+    assert first.returncode == 0, first.stdout[-8000:] + first.stderr[-2000:]
+    for task in ("nvidia_driver : ", "cuda : ", "container_runtime : "):
+        assert f"TASK [{task}" in first.stdout, f"no {task.strip(' :')} tasks ran"
+
+
+def test_a_second_gpu_run_changes_nothing(gpu_vm):
+    second = gpu_vm["second"]
+    assert second is not None and second.returncode == 0, (second.stdout[-6000:] if second else "first run failed")
+    changed = [line for line in second.stdout.splitlines() if line.startswith("changed:")]
+    assert recap(second.stdout)["changed"] == 0, f"the second gpu run changed {changed}:\n{second.stdout[-4000:]}"
+
+
+def test_the_suite_checks_every_gpu_component_version_and_skips_the_gpu_itself(gpu_vm):
+    suite = gpu_vm["suite"]
+    assert suite.returncode == 0, suite.stdout[-8000:] + suite.stderr[-2000:]
+    assert "not part of the" not in suite.stdout, f"GPU component versions were skipped:\n{suite.stdout[-4000:]}"
+    assert "no NVIDIA GPU on this host" in suite.stdout
+
+
+def test_gpu_required_fails_without_a_gpu(gpu_vm):
+    required = gpu_vm["required"]
+    assert required.returncode == 1, required.stdout[-4000:]
+    assert "--gpu=required" in required.stdout
