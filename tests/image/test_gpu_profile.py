@@ -1,8 +1,10 @@
 """The gpu profile for real on the local VM, against the signed stand-in NVIDIA repositories
 (scripts/nvidia-standin-repo: NVIDIA's package names and the matrix versions, a throwaway key):
 repository, key pin, version pins, holds, the container toolkit's daemon.json, the version manifest,
-and a second run that changes nothing. Horovod's NCCL build needs a real CUDA compiler, so on the
-stand-ins the tensorflow role runs as on the cpu profile; that part is proven on GPU machines."""
+and a second run that changes nothing. The baked image already holds the roles both profiles share
+(its own second run proves them idempotent), so the gpu runs take `--tags gpu`: the NVIDIA driver,
+CUDA and the container runtime, then the manifest. Horovod's NCCL build needs a real CUDA compiler:
+on the stand-ins kiln_image_cuda_builds is off, and that part is proven on GPU machines."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def gpu_vm(baked_vm, tmp_path_factory):
         cuda, toolkit = summary["repos"]["cuda"], summary["repos"]["toolkit"]
         extra = {
             "kiln_image_profile": "gpu",
-            "tensorflow_gpu": False,
+            "kiln_image_cuda_builds": False,
             "tensorflow_wheelhouse_url": f"http://10.0.2.2:{wheel_port}/",
             "nvidia_driver_repo_url": f"{base}/{cuda['path']}/",
             "nvidia_driver_repo_key_url": f"{base}/{cuda['key']}",
@@ -43,15 +45,18 @@ def gpu_vm(baked_vm, tmp_path_factory):
         }
         extra_file = state / "gpu.json"
         extra_file.write_text(json.dumps(extra))
-        first = playbook(ssh_config, ANSIBLE / "image.yml", "-e", f"@{extra_file}")
-        second = playbook(ssh_config, ANSIBLE / "image.yml", "-e", f"@{extra_file}") if first.returncode == 0 else None
+        gpu_run = ("--tags", "gpu", "-e", f"@{extra_file}")
+        first = playbook(ssh_config, ANSIBLE / "image.yml", *gpu_run)
+        second = playbook(ssh_config, ANSIBLE / "image.yml", *gpu_run) if first.returncode == 0 else None
         suite = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", str(ROOT / "tests" / "infra"),
-             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "image or gpu", "-rs"],
+             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "image or gpu", "-rs",
+             # what the gpu runs changed: versions against the matrix and manifest, the GPU checks, NCCL
+             "-k", "version or manifest or test_gpu or nccl"],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)
         required = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(ROOT / "tests" / "infra"),
-             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "gpu", "--gpu=required"],
+             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "gpu", "--gpu=required", "-x"],
             capture_output=True, text=True, timeout=600, cwd=ROOT)
         yield {"first": first, "second": second, "suite": suite, "required": required}
 
