@@ -11,7 +11,7 @@ PROFILE ?=
 HOSTS ?=
 VARS ?=
 
-.PHONY: help setup demo test lint unit integration validate image verify image-test bench clean
+.PHONY: help setup demo test lint unit integration validate image verify image-test image-test-gpu bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,7 +53,10 @@ verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boot
 	$(PY) scripts/verify $(if $(HOSTS),--hosts $(HOSTS))
 
 image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite, re-run the playbook (slow)
-	$(PY) -m pytest -q -m image_bake --timeout=5400 tests/image
+	$(PY) -m pytest -q -m image_bake --timeout=5400 tests/image/test_bake_local.py
+
+image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)
+	$(PY) -m pytest -q -m image_bake --timeout=7200 tests/image
 
 bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput
 	$(PY) bench/fanout.py
