@@ -58,7 +58,7 @@ image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)
 	$(PY) -m pytest -q -m image_bake --timeout=7200 tests/image
 
-bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput
+bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput, the local bake
 	$(PY) bench/fanout.py
 	$(PY) bench/throughput.py
 	$(PY) bench/bake.py
