@@ -14,7 +14,7 @@ VARS ?=
 .PHONY: help setup demo test lint unit integration validate image verify image-test image-test-gpu bench clean
 
 help: ## list the targets
-	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 setup: $(READY) ## install system packages (as root), .venv and Horovod (cached)
 
