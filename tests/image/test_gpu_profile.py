@@ -30,18 +30,14 @@ def gpu_vm(baked_vm, tmp_path_factory):
     state = tmp_path_factory.mktemp("gpu-vm")
     ssh_config, wheel_port = baked_vm
     with served(Path(summary["root"])) as repo_port:
-        base = f"http://10.0.2.2:{repo_port}"
-        cuda, toolkit = summary["repos"]["cuda"], summary["repos"]["toolkit"]
+        standin_vars = run([str(SCRIPTS / "nvidia-standin-repo"), "vars", str(STANDIN), f"http://10.0.2.2:{repo_port}"],
+                           timeout=60)
+        assert standin_vars.returncode == 0, standin_vars.stderr
         extra = {
             "kiln_image_profile": "gpu",
             "kiln_image_cuda_builds": False,
             "tensorflow_wheelhouse_url": f"http://10.0.2.2:{wheel_port}/",
-            "nvidia_driver_repo_url": f"{base}/{cuda['path']}/",
-            "nvidia_driver_repo_key_url": f"{base}/{cuda['key']}",
-            "nvidia_driver_repo_key_fingerprint": cuda["fingerprint"],
-            "container_runtime_nvidia_repo_url": f"{base}/{toolkit['path']}/",
-            "container_runtime_nvidia_repo_key_url": f"{base}/{toolkit['key']}",
-            "container_runtime_nvidia_repo_key_fingerprint": toolkit["fingerprint"],
+            **json.loads(standin_vars.stdout),
         }
         extra_file = state / "gpu.json"
         extra_file.write_text(json.dumps(extra))

@@ -138,14 +138,10 @@ def standin():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        cuda, toolkit = summary["repos"]["cuda"], summary["repos"]["toolkit"]
+        standin_vars = subprocess.run([str(ROOT / "scripts" / "nvidia-standin-repo"), "vars", str(outdir), base],
+                                      check=True, capture_output=True, text=True, timeout=60)
         yield {
-            "nvidia_driver_repo_url": f"{base}/{cuda['path']}/",
-            "nvidia_driver_repo_key_url": f"{base}/{cuda['key']}",
-            "nvidia_driver_repo_key_fingerprint": cuda["fingerprint"],
-            "container_runtime_nvidia_repo_url": f"{base}/{toolkit['path']}/",
-            "container_runtime_nvidia_repo_key_url": f"{base}/{toolkit['key']}",
-            "container_runtime_nvidia_repo_key_fingerprint": toolkit["fingerprint"],
+            **json.loads(standin_vars.stdout),
             # The chroot runs on this machine's kernel, whose headers Debian does not package; the VM bake
             # installs linux-headers-$(uname -r) for real.
             "nvidia_driver_kernel_headers_packages": [],
