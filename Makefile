@@ -23,37 +23,52 @@ $(READY): pyproject.toml scripts/setup
 	@touch $@
 
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
-	$(PY) scripts/demo --nodes $(NODES)
+	$(PY) -m testbed.demo --nodes $(NODES)
 
-test: lint validate unit integration image-test ## everything CI runs
+test: lint validate unit integration image-test ## everything CI runs (.ci/run prints how long each stage took)
 
-PY_SCRIPTS := scripts/local-cluster scripts/demo scripts/image scripts/verify scripts/base-image scripts/vm \
-	scripts/nvidia-standin-repo scripts/packer-validate
+# With KILN_STAGE_LOG set (.ci/run sets it), each stage of make test notes when it began and ended.
+stage_begin = @[ -z "$(KILN_STAGE_LOG)" ] || echo "$@ begin $$(date +%s)" >>"$(KILN_STAGE_LOG)"
+stage_end = @[ -z "$(KILN_STAGE_LOG)" ] || echo "$@ end $$(date +%s)" >>"$(KILN_STAGE_LOG)"
 
-lint: setup ## ruff and shellcheck
-	$(VENV)/bin/ruff check . $(PY_SCRIPTS)
-	shellcheck scripts/setup scripts/wheelhouse scripts/bake-rootfs bootstrap/shim/ssh .ci/run
+# Every shell script kiln keeps (found by its #! line, so none is missed); ruff finds every *.py itself.
+SHELL_SCRIPTS = $(shell git ls-files -co --exclude-standard | while read -r f; do \
+	[ -f "$$f" ] && head -1 "$$f" | grep -qE '^\#!.*\b(ba)?sh\b' && echo "$$f"; done)
+
+lint: setup ## ruff over every Python file, shellcheck over every shell script
+	$(stage_begin)
+	$(VENV)/bin/ruff check .
+	shellcheck $(SHELL_SCRIPTS)
+	$(stage_end)
 
 unit: setup ## pure-code tests (seconds)
+	$(stage_begin)
 	$(PY) -m pytest -q tests/unit
+	$(stage_end)
 
 integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root)
+	$(stage_begin)
 	$(PY) -m pytest -q -m integration tests/integration
+	$(stage_end)
 
 validate: setup ## static checks of the bake: packer fmt and validate (4 sources), ansible-lint, syntax, role specs
-	scripts/packer-validate
+	$(stage_begin)
+	$(PY) -m bake.validate
 	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(VENV)/bin/ansible-playbook -i localhost, --syntax-check image.yml cleanup.yml
 	cd ansible && ../$(VENV)/bin/ansible-lint --profile production --offline -q
 	$(PY) -m pytest -q tests/unit/test_image_matrix.py tests/unit/test_packer_templates.py
+	$(stage_end)
 
 image: validate ## bake: PROVIDER=aws|gcp|azure|local (default), PROFILE=gpu|cpu, VARS=my.pkrvars.hcl; reuses an unchanged one
-	$(PY) scripts/image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f))
+	$(PY) -m bake.image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f))
 
 verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boots the local image, checks it, stops it
-	$(PY) scripts/verify $(if $(HOSTS),--hosts $(HOSTS))
+	$(PY) -m bake.verify $(if $(HOSTS),--hosts $(HOSTS))
 
 image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite, re-run the playbook (slow)
+	$(stage_begin)
 	$(PY) -m pytest -q -m image_bake --timeout=5400 tests/image/test_bake_local.py
+	$(stage_end)
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)
 	$(PY) -m pytest -q -m image_bake --timeout=7200 tests/image
@@ -64,5 +79,5 @@ bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throu
 	$(PY) bench/bake.py
 
 clean: ## remove local clusters, runs and the virtual environment
-	-scripts/local-cluster down --name kiln
+	-$(PY) -m testbed.cluster down --name kiln
 	rm -rf runs images .packer-compat $(VENV)

@@ -25,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "image"))
-from conftest import ANSIBLE, SCRIPTS, booted_vm, playbook, recap, served  # noqa: E402
+from bake import base_image
+from bake.provision import ANSIBLE, playbook, recap, served, wheelhouse
+from kiln.paths import PROJECT as ROOT
+from kiln.paths import cache_dir
+from testbed.vm import booted
 
 STAMP = re.compile(r"^\[\s*([\d.]+)\]")
 
@@ -59,28 +61,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="bench/bake.py")
     parser.add_argument("--image", type=Path, help="measure on this baked local image instead of baking one")
     args = parser.parse_args()
-    wheelhouse = Path(subprocess.run([str(SCRIPTS / "wheelhouse"), "build", "--print"], check=True, cwd=ROOT,
-                                     capture_output=True, text=True).stdout.strip())
-    subprocess.run([str(SCRIPTS / "base-image"), "--print"], check=True, cwd=ROOT, capture_output=True)
+    wheels = wheelhouse()
+    base_image.ensure(cache_dir())
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
         if args.image:
             image = args.image.resolve()
             record = json.loads((image / "image.json").read_text())
             bake_s = record["bake_seconds"]
         else:
-            bake_s = timed([sys.executable, str(SCRIPTS / "image"), "local", "--force"], {"KILN_IMAGES": tmp})
+            bake_s = timed([sys.executable, "-m", "bake.image", "local", "--force"], {"KILN_IMAGES": tmp})
             image = next(Path(tmp).glob("local-cpu-*"))
             record = json.loads((image / "image.json").read_text())
         env = {"KILN_IMAGES": str(image.parent)}
         provision_1_s = first_provisioning(image / "packer.log")
-        with booted_vm(image, Path(tmp) / "vm", "kiln-bench") as ssh_config, served(wheelhouse) as port:
+        with booted(image, Path(tmp) / "vm", "kiln-bench") as ssh_config, served(wheels) as port:
             started = time.monotonic()
             result = playbook(ssh_config, ANSIBLE / "image.yml", "-e", "kiln_image_profile=cpu",
                               "-e", f"kiln_image_fingerprint={record['fingerprint']}",
                               "-e", f"tensorflow_wheelhouse_url=http://10.0.2.2:{port}/")
             provision_2_s = time.monotonic() - started
         changed = recap(result.stdout).get("changed")
-        hit_s = timed([sys.executable, str(SCRIPTS / "image"), "local"], env)
+        hit_s = timed([sys.executable, "-m", "bake.image", "local"], env)
         make_hit_s = timed(["make", "--no-print-directory", "image"], env)
     print(f"{'bake_s':>8} {'provision_1_s':>14} {'provision_2_s':>14} {'ratio':>6} {'changed_2':>9} "
           f"{'fingerprint_hit_s':>18} {'make_image_hit_s':>17}")

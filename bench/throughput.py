@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from bootstrap import topology  # noqa: E402
 
@@ -31,7 +30,7 @@ STATE = Path("/run/kiln/local") / CLUSTER
 
 
 def local_cluster(*args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "local-cluster"), *args, "--name", CLUSTER],
+    subprocess.run([sys.executable, "-m", "testbed.cluster", *args, "--name", CLUSTER],
                    check=True, timeout=300, stdout=subprocess.DEVNULL)
 
 

@@ -8,10 +8,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from bootstrap import commands, mesh, preflight
+from bootstrap import commands, mesh, preflight, state
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
-from bootstrap.hosts import Host, format_hostfile, parse_hostfile
+from bootstrap.hosts import Host
 from bootstrap.mesh import Node
 from bootstrap.ssh import Remote, default_control_dir
 
@@ -84,22 +84,29 @@ class Cluster:
                                               sudo=True)["changed"]
 
         changed = self.remote.map_or_raise("mesh", self.hosts, install)
-        saved = [{"endpoint": n.host.endpoint(), "name": n.name, "address": n.address, "iface": n.iface}
-                 for n in nodes]
-        (mesh.cluster_dir(self.name) / "nodes.json").write_text(json.dumps(saved, indent=1) + "\n")
-        save_cluster_file(self.name, self.hosts, self.remote.options, self.python)
+        state.save_node_names(self.name, [state.NodeName(n.host.endpoint(), n.name, n.address, n.iface)
+                                          for n in nodes])
+        self.save()
         return {host.label: files for host, files in changed.items()}
+
+    def save(self) -> None:
+        """Record how to reach the cluster, so later tasks take `--cluster NAME` instead of -H (what a cloud
+        provider recorded about it is kept)."""
+        options = self.remote.options
+        ssh = state.SshSettings(options.config_file, options.identity, options.connect_timeout)
+        known = state.load_cluster(self.name)
+        if known is None:
+            record = state.ClusterRecord(self.name, tuple(self.hosts), self.python, ssh)
+        else:
+            record = replace(known, hosts=tuple(self.hosts), python=self.python, ssh=ssh)
+        state.save_cluster(record)
 
     def saved_names(self) -> list[str] | None:
         """The node names `cluster.mesh` recorded for exactly these hosts, if any."""
-        path = mesh.cluster_dir(self.name) / "nodes.json"
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        saved = state.load_node_names(self.name)
+        if [entry.endpoint for entry in saved] != [h.endpoint() for h in self.hosts]:
             return None
-        if [entry["endpoint"] for entry in saved] != [h.endpoint() for h in self.hosts]:
-            return None
-        return [entry["name"] for entry in saved]
+        return [entry.name for entry in saved]
 
     def preflight(self, ports: Sequence[int] = (), probes: int = 8) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
@@ -141,24 +148,3 @@ class Cluster:
 
     def remote_root(self, host: Host) -> str:
         return f"{self.home(host)}/{REMOTE_ROOT}"
-
-
-def save_cluster_file(name: str, hosts: Sequence[Host], options: SshOptions, python: str) -> None:
-    """Record how to reach the cluster, so later tasks take `--cluster NAME` instead of -H."""
-    data = {"name": name, "hostfile": format_hostfile(hosts), "python": python,
-            "ssh": {"config_file": options.config_file, "identity": options.identity}}
-    path = mesh.cluster_dir(name) / "cluster.json"
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-
-
-def load_cluster_file(name: str) -> dict | None:
-    path = mesh.cluster_dir(name) / "cluster.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as error:
-        raise KilnError(f"cannot read {path}: {error}") from None
-    data["hosts"] = parse_hostfile(data["hostfile"], source=str(path))
-    return data

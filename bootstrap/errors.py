@@ -1,16 +1,8 @@
-"""The one error hierarchy of the launcher, caught once at the task edge."""
+"""The launcher's errors: children of kiln's one hierarchy (kiln.errors), caught once at the task edge."""
 
+from kiln.errors import KilnError, UsageError
 
-class KilnError(Exception):
-    """A failure the user can act on; the message says what and where."""
-
-    exit_code = 1
-
-
-class UsageError(KilnError):
-    """Bad input on the command line or in a file."""
-
-    exit_code = 2
+__all__ = ["KilnError", "UsageError", "HostListError", "TopologyError", "RemoteError", "RunFailed"]
 
 
 class HostListError(UsageError):

@@ -40,6 +40,7 @@ class RunPlan:
     launches: tuple[Launch, ...]
     finishing: tuple[str, ...]
     rank_hosts: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()  # what the processes listen on, per host: preflight checks they are free
 
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
@@ -103,7 +104,38 @@ def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: 
                                      extra=trainer_args)
         launches.append(Launch(process.host, process.task, tuple(argv), env))
     finishing = tuple(p.task for p in topology.finishing_tasks(topo))
-    return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing)
+    return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing,
+                   ports=tuple(sorted({p.port for p in topo.processes})))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the operator asked to run, on nodes known by their cluster names, from `root` on every node."""
+
+    run_id: str
+    mode: str
+    names: tuple[str, ...]
+    slots: tuple[int, ...]
+    python: str
+    root: str
+    trainer_args: tuple[str, ...] = ()
+    nic: str | None = None
+    ps: int = 0
+    chief: bool = False
+    evaluator: bool = False
+    mpi: bool = False
+    base_port: int = topology.DEFAULT_BASE_PORT
+
+
+def plan_run(spec: RunSpec) -> RunPlan:
+    """Everything the run starts, with its ports, decided once (pure)."""
+    paths = NodePaths(spec.root)
+    if spec.mode == "horovod":
+        return plan_horovod(spec.run_id, spec.names, spec.slots, python=spec.python, paths=paths,
+                            trainer_args=spec.trainer_args, nic=spec.nic, mpi=spec.mpi)
+    topo = topology.plan_tf_config(list(spec.names), list(spec.slots), ps=spec.ps, chief=spec.chief,
+                                   evaluator=spec.evaluator, base_port=spec.base_port)
+    return plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, trainer_args=spec.trainer_args)
 
 
 def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
@@ -188,6 +220,36 @@ def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> 
     if culprit:
         parts.append(f"rank {culprit[0]} on {culprit[1]} failed first")
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt of a run came to: its failure (None: it succeeded), the hosts to blame, and whether
+    a restart may follow (not when processes could not be stopped)."""
+
+    failure: str | None
+    blamed: tuple[str, ...] = ()
+    restartable: bool = True
+
+
+def judge_attempt(plan: RunPlan, verdict: Verdict, *, horovod_log: str = "", error: str | None = None,
+                  error_hosts: Sequence[str] = (), frozen: Sequence[str] = (), left: Sequence[str] = ()) -> Attempt:
+    """Combine what was seen at the end of an attempt (pure): the verdict on the processes, an error that ended
+    the watch (stall, timeout, a node gone), processes found stopped, and processes that would not stop."""
+    failure, blamed = error, list(error_hosts)
+    if verdict.failed:
+        failure = describe_failure(plan, verdict, horovod_log)
+        blamed = failed_hosts(plan, verdict, horovod_log)
+        if frozen:  # the peers of a frozen process fail; name the frozen one too
+            failure += f"; stalled: {', '.join(frozen)} (a process there is stopped)"
+            blamed = list(frozen)
+    if left:
+        failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
+    return Attempt(failure, tuple(sorted(set(blamed))), restartable=not left)
+
+
+def should_restart(attempt: Attempt, restarts_done: int, max_restarts: int) -> bool:
+    return attempt.failure is not None and attempt.restartable and restarts_done < max_restarts
 
 
 @dataclass

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
+from bootstrap.state import cluster_dir
+from kiln.hostkeys import known_hosts_lines
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,6 @@ class Node:
     facts: dict
 
 
-def kiln_home() -> Path:
-    return Path(os.environ.get("KILN_HOME", Path.home() / ".kiln"))
-
-
 def default_cluster_name(hosts: Sequence[Host], ssh_config: str | None) -> str:
     """A stable name for an unnamed cluster, from its host list and ssh config."""
     identity = "\n".join([ssh_config or "", *(h.endpoint() for h in hosts)])
@@ -39,10 +35,6 @@ def validate_cluster_name(name: str) -> str:
     if not name or not all(ch.isalnum() or ch in "-_" for ch in name) or len(name) > 40:
         raise UsageError(f"cluster name {name!r}: use letters, digits, '-' and '_' (at most 40)")
     return name
-
-
-def cluster_dir(cluster: str) -> Path:
-    return kiln_home() / "clusters" / cluster
 
 
 def ensure_cluster_key(cluster: str) -> tuple[str, str]:
@@ -96,13 +88,8 @@ def nodes_from_facts(facts_by_host: dict[Host, dict]) -> list[Node]:
 
 def known_hosts_text(nodes: Sequence[Node]) -> str:
     """Every node's host keys under its hostname, its address, and the name the operator uses."""
-    lines = []
-    for node in nodes:
-        names = dict.fromkeys([node.name, node.address, node.host.address])
-        patterns = ",".join(f"[{n}]:{node.host.port}" if node.host.port and node.host.port != 22 else n
-                            for n in names)
-        lines += [f"{patterns} {key}\n" for key in node.facts["host_keys"]]
-    return "".join(lines)
+    return "".join(line for node in nodes for line in known_hosts_lines(
+        [node.name, node.address, node.host.address], node.facts["host_keys"], node.host.port))
 
 
 def node_ssh_config(cluster: str, nodes: Sequence[Node]) -> str:

@@ -1,68 +1,16 @@
-"""Run folders `runs/<run-id>/`: the plan, per-host logs, exit codes and summary.json."""
+"""What a run did, read from its folder `runs/<run-id>/` (per-host results and exit codes): summary.json's
+content and the result table. bootstrap.state reads and writes the files."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import secrets
-import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
-from bootstrap.errors import KilnError, UsageError
+from bootstrap.state import RunRecord
 
 RESULT_COLUMNS = ("mode", "nodes", "processes", "final_loss", "accuracy", "examples/s", "wall_s", "status")
-
-
-PROJECT = Path(__file__).resolve().parent.parent
-
-
-def runs_root() -> Path:
-    """runs/ of the project (not of wherever `fab` was started), unless KILN_RUNS says otherwise."""
-    return Path(os.environ.get("KILN_RUNS", PROJECT / "runs"))
-
-
-def new_run_id(now: float | None = None) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return f"{stamp}-{secrets.token_hex(2)}"
-
-
-def validate_run_id(run_id: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", run_id):
-        raise UsageError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 64)")
-    return run_id
-
-
-def run_folder(run_id: str) -> Path:
-    return runs_root() / run_id
-
-
-def save_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
-def load_record(run_id: str | None) -> dict:
-    """The saved plan of a run; the newest run when `run_id` is None."""
-    if run_id is None:
-        records = [read_record(p) for p in runs_root().glob("*/run.json")]
-        if not records:
-            raise UsageError(f"no runs in {runs_root()}/; start one with cluster.train")
-        return max(records, key=lambda record: record.get("started", 0))
-    path = run_folder(validate_run_id(run_id)) / "run.json"
-    if not path.exists():
-        raise UsageError(f"no run {run_id!r} in {runs_root()}/")
-    return read_record(path)
-
-
-def read_record(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise KilnError(f"cannot read {path}: {error}") from None
 
 
 def trainer_results(folder: Path) -> dict[str, dict]:
@@ -100,7 +48,7 @@ def headline(results: dict[str, dict]) -> dict:
             "examples_per_sec": throughput or None}
 
 
-def summary(record: dict, *, status: str, failure: str | None, folder: Path, wall: float,
+def summary(record: RunRecord, *, status: str, failure: str | None, folder: Path, wall: float,
             restarts: list[dict] | None = None) -> dict:
     """What a run did, for summary.json. Each restart gets the step the chief had
     logged when it failed and the step the chief resumed from."""
@@ -114,13 +62,13 @@ def summary(record: dict, *, status: str, failure: str | None, folder: Path, wal
         if last.get("at_step") is not None:
             last["steps_redone"] = max(0, last["at_step"] - resumed)
     return {
-        "run_id": record["run_id"],
-        "mode": record["mode"],
+        "run_id": record.run_id,
+        "mode": record.mode,
         "status": status,
         "failure": failure,
-        "nodes": record["names"],
-        "processes": record["tasks"],
-        "world_size": len(record.get("rank_hosts") or []) or len(record["tasks"]),
+        "nodes": list(record.names),
+        "processes": [asdict(task) for task in record.tasks],
+        "world_size": len(record.rank_hosts) or len(record.tasks),
         "exit_codes": exit_codes(folder),
         "results": results,
         **headline(results),

@@ -8,11 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap import commands, launch, plots, runs
+from bootstrap import commands, launch, plots, runs, state
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
+from bootstrap.state import RunRecord
 
 CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
 
@@ -25,6 +26,19 @@ class Stalled(KilnError):
         self.hosts = hosts
 
 
+def record_run(group: Cluster, plan: RunPlan, paths: NodePaths) -> RunRecord:
+    """Save the run's plan (run.json) so status, logs and stop find its processes again; the record."""
+    options = group.remote.options
+    record = RunRecord(
+        run_id=plan.run_id, mode=plan.mode, cluster=group.name, python=group.python, hosts=tuple(group.hosts),
+        names=plan.names, root=paths.root,
+        tasks=tuple(state.TaskRecord(plan.names[item.host], item.host, item.task) for item in plan.launches),
+        finishing=plan.finishing, rank_hosts=plan.rank_hosts,
+        ssh=state.SshSettings(options.config_file, options.identity, options.connect_timeout))
+    state.save_run(record)
+    return record
+
+
 class Supervisor:
     """Everything kiln does to one run after its plan is made. With `stall_factor`,
     a watchdog stops a run whose logged steps stop moving for that many times the
@@ -35,7 +49,7 @@ class Supervisor:
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
-        self.folder = runs.run_folder(plan.run_id)
+        self.folder = state.run_folder(plan.run_id)
 
     def start(self) -> None:
         """Make the run folder on every node (clearing a previous attempt's pid and
@@ -158,41 +172,35 @@ class Supervisor:
                     return None
         return None
 
-    def run(self, record: dict, timeout: float, max_restarts: int = 0) -> dict:
+    def run(self, record: RunRecord, timeout: float, max_restarts: int = 0) -> dict:
         """Watch the run to its end, restarting it up to `max_restarts` times from
         the last checkpoint; stop, collect, and write summary.json."""
         started = time.monotonic()
         restarts = []
         while True:
-            failure, blamed = None, []
+            error, error_hosts = None, []
             try:
                 verdict = self.watch(timeout)
-            except KilnError as error:  # stalled, out of time, or a node stopped answering: stop the rest
-                verdict, failure = Verdict(True, ()), str(error)
-                blamed = getattr(error, "hosts", [])
+            except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
+                verdict, error, error_hosts = Verdict(True, ()), str(failure), getattr(failure, "hosts", [])
             frozen = self.frozen_hosts() if verdict.failed else []
             left = self.stop()
             self.collect()
-            if verdict.failed:
-                log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log")
-                failure = launch.describe_failure(self.plan, verdict, log)
-                blamed = launch.failed_hosts(self.plan, verdict, log)
-                if frozen:  # the peers of a frozen process fail; name the frozen one too
-                    failure += f"; stalled: {', '.join(frozen)} (a process there is stopped)"
-                    blamed = frozen
-            if left:
-                failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
-            if not failure or len(restarts) >= max_restarts or left:
+            log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
+                if verdict.failed else ""
+            attempt = launch.judge_attempt(self.plan, verdict, horovod_log=log, error=error,
+                                           error_hosts=error_hosts, frozen=frozen, left=list(left))
+            if not launch.should_restart(attempt, len(restarts), max_restarts):
                 break
-            restarts.append({"attempt": len(restarts) + 1, "failure": failure,
-                             "hosts": sorted(set(blamed)),
-                             "at_step": self.chief_step()})
-            print(f"restart {len(restarts)} of {max_restarts} after: {failure}", flush=True)
+            restarts.append({"attempt": len(restarts) + 1, "failure": attempt.failure,
+                             "hosts": list(attempt.blamed), "at_step": self.chief_step()})
+            print(f"restart {len(restarts)} of {max_restarts} after: {attempt.failure}", flush=True)
             self.spread_checkpoint()
             self.start()
+        failure = attempt.failure
         data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
                             wall=time.monotonic() - started, restarts=restarts)
-        runs.save_json(self.folder / "summary.json", data)
+        state.save_summary(self.plan.run_id, data)
         plots.draw(self.folder)
         print(runs.format_rows([runs.result_row(data)]))
         print(f"run folder: {self.folder}")

@@ -8,12 +8,13 @@ import sys
 import time
 
 import pytest
-import yaml
-from conftest import ANSIBLE, SCRIPTS, playbook, recap, run
+from conftest import ANSIBLE, playbook, recap, run
+
+from bake.matrix import read_matrix
 
 pytestmark = pytest.mark.image_bake
 
-MATRIX = {k: str(v) for k, v in yaml.safe_load((ANSIBLE / "group_vars" / "all" / "versions.yml").read_text()).items()}
+MATRIX = read_matrix()
 
 
 def test_the_bake_records_every_version_of_the_matrix(baked_image):
@@ -31,7 +32,7 @@ def test_the_bake_records_every_version_of_the_matrix(baked_image):
 
 def test_an_unchanged_fingerprint_reuses_the_image(baked_image, images_dir):
     before = (baked_image / "image.json").stat().st_mtime
-    result = run([sys.executable, str(SCRIPTS / "image"), "local"], timeout=600, env={"KILN_IMAGES": str(images_dir)})
+    result = run([sys.executable, "-m", "bake.image", "local"], timeout=600, env={"KILN_IMAGES": str(images_dir)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "up to date" in result.stdout and str(baked_image) in result.stdout, result.stdout
     assert "packer build" not in result.stdout
@@ -39,7 +40,7 @@ def test_an_unchanged_fingerprint_reuses_the_image(baked_image, images_dir):
 
 
 def test_the_suite_passes_on_the_booted_image(baked_image):
-    result = run([sys.executable, str(SCRIPTS / "verify"), "--image", str(baked_image), "--", "-rfE"], timeout=1800)
+    result = run([sys.executable, "-m", "bake.verify", "--image", str(baked_image), "--", "-rfE"], timeout=1800)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
 

@@ -1,5 +1,5 @@
 """The gpu profile for real on the local VM, against the signed stand-in NVIDIA repositories
-(scripts/nvidia-standin-repo: NVIDIA's package names and the matrix versions, a throwaway key):
+(bake.standin: NVIDIA's package names and the matrix versions, a throwaway key):
 repository, key pin, version pins, holds, the container toolkit's daemon.json, the version manifest,
 and a second run that changes nothing. The baked image already holds the roles both profiles share
 (its own second run proves them idempotent), so the gpu runs take `--tags gpu`: the NVIDIA driver,
@@ -14,23 +14,25 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ANSIBLE, ROOT, SCRIPTS, playbook, recap, run, served
+from conftest import ANSIBLE, ROOT, playbook, recap, run, served
+
+from kiln.paths import cache_dir
 
 pytestmark = pytest.mark.image_bake
-STANDIN = Path.home() / ".cache" / "kiln" / "nvidia-standin"
+STANDIN = cache_dir() / "nvidia-standin"
 
 
 @pytest.fixture(scope="module")
 def gpu_vm(baked_vm, tmp_path_factory):
     """The booted baked image (after the cpu profile's second run) converged twice with the gpu profile,
     then checked by the suite; yields the runs."""
-    built = run([str(SCRIPTS / "nvidia-standin-repo"), "build", str(STANDIN)], timeout=300)
+    built = run([sys.executable, "-m", "bake.standin", "build", str(STANDIN)], timeout=300)
     assert built.returncode == 0, built.stdout + built.stderr
     summary = json.loads((STANDIN / "standin.json").read_text())
     state = tmp_path_factory.mktemp("gpu-vm")
     ssh_config, wheel_port = baked_vm
     with served(Path(summary["root"])) as repo_port:
-        standin_vars = run([str(SCRIPTS / "nvidia-standin-repo"), "vars", str(STANDIN), f"http://10.0.2.2:{repo_port}"],
+        standin_vars = run([sys.executable, "-m", "bake.standin", "vars", str(STANDIN), f"http://10.0.2.2:{repo_port}"],
                            timeout=60)
         assert standin_vars.returncode == 0, standin_vars.stderr
         extra = {

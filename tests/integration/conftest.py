@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL_CLUSTER = ROOT / "scripts" / "local-cluster"
 FAB = Path(sys.executable).with_name("fab")
 
 
@@ -62,7 +61,7 @@ class LocalCluster:
 
 
 def local_cluster_command(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(LOCAL_CLUSTER), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "testbed.cluster", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

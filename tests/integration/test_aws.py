@@ -24,11 +24,13 @@ pytestmark = pytest.mark.integration
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
-from bootstrap import aws, mesh, reach  # noqa: E402
-from bootstrap import aws_plan as plan  # noqa: E402
-from bootstrap.cluster import Cluster, load_cluster_file  # noqa: E402
+from bootstrap import state  # noqa: E402
+from bootstrap.aws import cloud as aws  # noqa: E402
+from bootstrap.aws import plan  # noqa: E402
+from bootstrap.cluster import Cluster  # noqa: E402
 from bootstrap.commands import SshOptions  # noqa: E402
 from bootstrap.errors import KilnError, UsageError  # noqa: E402
+from kiln import sshwait as reach  # noqa: E402
 
 CIDR = "203.0.113.7/32"
 REPO = Path(__file__).resolve().parents[2]
@@ -209,9 +211,9 @@ def instances_of(ec2, name: str) -> list[dict]:
 def test_up_then_down_leaves_nothing(env, ec2, image):
     made = aws.up("alpha", 2, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=2, ssh_wait_s=0)
     assert made["ami"] == image
-    saved = load_cluster_file("alpha")
-    assert [h.user for h in saved["hosts"]] == ["ubuntu", "ubuntu"]
-    assert saved["ssh"]["identity"] == str(env / "kiln" / "clusters" / "alpha" / "id_ed25519")
+    saved = state.load_cluster("alpha")
+    assert [h.user for h in saved.hosts] == ["ubuntu", "ubuntu"]
+    assert saved.ssh.identity == str(env / "kiln" / "clusters" / "alpha" / "id_ed25519")
     assert oct((env / "kiln" / "clusters" / "alpha" / "id_ed25519").stat().st_mode & 0o777) == "0o600"
     instances = instances_of(ec2, "alpha")
     assert len(instances) == 2
@@ -238,7 +240,7 @@ def test_up_then_down_leaves_nothing(env, ec2, image):
     removed = aws.down("alpha")
     assert {r.split()[0] for r in removed} >= {"instance", "security-group", "key-pair", "placement-group"}
     assert leftovers(ec2) == []
-    assert load_cluster_file("alpha") is None
+    assert state.load_cluster("alpha") is None
     assert aws.down("alpha") == []
 
 
@@ -471,16 +473,16 @@ def test_console_host_keys_are_pinned_where_ssh_for_the_cluster_looks(env, ec2, 
     connected = aws.connect()
     connected.ec2 = Consoles(connected.ec2)
     made = aws.up("keys", 2, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
-    saved = load_cluster_file("keys")
-    first, second = saved["instances"]
-    assert first["id"] == connected.ec2.with_keys
-    assert [first["host_keys"], second["host_keys"]] == ["console", "first-contact"]
-    assert made["host_keys"] == {first["address"]: "console", second["address"]: "first-contact"}
-    assert [h.address for h in saved["hosts"]] == [first["address"], second["address"]]
-    assert saved["user"] == "ubuntu" and saved["region"] == "us-east-1"
-    known_hosts = mesh.cluster_dir("keys") / "known_hosts"
-    assert known_hosts.read_text() == "".join(f"{first['address']} {key}\n" for key in CONSOLE_KEYS)
-    group = Cluster.connect("keys", saved["hosts"], SshOptions(identity=saved["ssh"]["identity"]), python="python3",
+    saved = state.load_cluster("keys")
+    first, second = saved.instances
+    assert first.id == connected.ec2.with_keys
+    assert [first.host_keys, second.host_keys] == ["console", "first-contact"]
+    assert made["host_keys"] == {first.address: "console", second.address: "first-contact"}
+    assert [h.address for h in saved.hosts] == [first.address, second.address]
+    assert saved.user == "ubuntu" and saved.region == "us-east-1"
+    known_hosts = state.cluster_dir("keys") / "known_hosts"
+    assert known_hosts.read_text() == "".join(f"{first.address} {key}\n" for key in CONSOLE_KEYS)
+    group = Cluster.connect("keys", saved.hosts, SshOptions(identity=saved.ssh.identity), python="python3",
                             fanout=4, timeout=10)
     assert group.remote.options.known_hosts == (str(known_hosts),)
     aws.down("keys")

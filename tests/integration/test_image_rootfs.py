@@ -13,48 +13,40 @@ from pathlib import Path
 
 import pytest
 
+from bake import base_image, provision
+from kiln.paths import cache_dir
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-
-def script_output(*argv: str, timeout: float) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert done.returncode == 0, f"{argv} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
 def captured_rootfs(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root (chroot, bind mounts)")
-    base = Path(script_output(str(SCRIPTS / "base-image"), "--print", timeout=3600))
-    wheelhouse = Path(script_output(str(SCRIPTS / "wheelhouse"), "build", "--print", timeout=1800))
+    base = base_image.ensure(cache_dir())
+    wheelhouse = provision.wheelhouse()
     rootfs = tmp_path_factory.mktemp("captured") / "rootfs"
     rootfs.mkdir()
     subprocess.run(["tar", "-xf", str(base / "rootfs.tar"), "-C", str(rootfs)], check=True, timeout=600)
-    server = subprocess.Popen([str(SCRIPTS / "wheelhouse"), "serve", str(wheelhouse), "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        port = re.search(r"port (\d+)", server.stdout.readline()).group(1)
-        bake = subprocess.run(
-            [str(SCRIPTS / "bake-rootfs"), str(rootfs), "--cleanup", "--",
-             "-e", f"tensorflow_wheelhouse_url=http://127.0.0.1:{port}/"],
-            capture_output=True, text=True, timeout=1800, cwd=ROOT)
+        with provision.served(wheelhouse) as port:
+            bake = subprocess.run(
+                [str(SCRIPTS / "bake-rootfs"), str(rootfs), "--cleanup", "--",
+                 "-e", f"tensorflow_wheelhouse_url=http://127.0.0.1:{port}/"],
+                capture_output=True, text=True, timeout=1800, cwd=ROOT)
         assert bake.returncode == 0, f"the rootfs bake failed:\n{bake.stdout[-6000:]}\n{bake.stderr[-3000:]}"
         yield rootfs
     finally:
-        server.terminate()
-        server.wait(timeout=30)
         subprocess.run(["umount", "-R", "-l", str(rootfs / "proc"), str(rootfs / "sys"), str(rootfs / "dev")],
                        capture_output=True)
         subprocess.run(["rm", "-rf", "--one-file-system", str(rootfs)], timeout=600)
 
 
 def verify(rootfs: Path, *pytest_args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / "verify"), "--rootfs", str(rootfs), "--", "-m", "image",
+    return subprocess.run([sys.executable, "-m", "bake.verify", "--rootfs", str(rootfs), "--", "-m", "image",
                            "-rfE", *pytest_args], capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import FAB, ROOT, run_processes
 
-from bootstrap import launch, tasks
+from bootstrap import launch
 from bootstrap.cluster import Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.errors import RunFailed
 from bootstrap.hosts import parse_host_list
 from bootstrap.mesh import default_cluster_name
-from bootstrap.supervisor import Supervisor
+from bootstrap.supervisor import Supervisor, record_run
 
 pytestmark = pytest.mark.integration
 CLUSTER_NAME = "kt"
@@ -337,7 +337,7 @@ def test_changed_host_key_is_refused_everywhere(cluster):
         group.sync(".", "kiln/code")
         plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
                                    paths=paths, trainer_args=["--epochs", "1"], nic="eth0")
-        record = tasks.save_record(group, plan, paths)
+        record = record_run(group, plan, paths)
         supervisor = Supervisor(group, plan, paths)
         supervisor.start()
         with pytest.raises(RunFailed, match="rekeyed failed"):

@@ -1,4 +1,4 @@
-"""The local VM path: scripts/base-image makes (or reuses) the Debian 12 base disk, scripts/vm boots it under qemu
+"""The local VM path: bake.base_image makes (or reuses) the Debian 12 base disk, testbed.vm boots it under qemu
 (TCG, snapshot mode) like a cloud instance, and SSH to it checks the host key it printed on its console."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE_IMAGE = ROOT / "scripts" / "base-image"
-VM = ROOT / "scripts" / "vm"
+BASE_IMAGE = ["-m", "bake.base_image"]
+VM = ["-m", "testbed.vm"]
 TOOLS = ("debootstrap", "mkfs.ext4", "qemu-img", "qemu-system-x86_64", "genisoimage", "ssh", "ssh-keygen")
 HOSTNAME = "kiln-test"
 
@@ -78,7 +78,7 @@ def base_dir() -> Path:
     missing = [tool for tool in TOOLS if not shutil.which(tool)]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (scripts/setup installs them)")
-    done = run([sys.executable, BASE_IMAGE, "--print"], timeout=2400, check=True)
+    done = run([sys.executable, *BASE_IMAGE, "--print"], timeout=2400, check=True)
     return Path(done.stdout.strip())
 
 
@@ -87,18 +87,18 @@ def vm(base_dir, tmp_path_factory):
     """One snapshot-mode VM booted from the base disk for this module, always stopped afterwards."""
     state = tmp_path_factory.mktemp("vm") / "state"
     try:
-        booted = run([sys.executable, VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
+        booted = run([sys.executable, *VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
                       "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--hostname", HOSTNAME,
                       "--memory", "2048"], timeout=420)
         assert booted.returncode == 0, f"boot failed:\n{booted.stdout}\n{booted.stderr}"
         assert booted.stdout.strip() == f"ssh -F {state / 'ssh_config'} kiln-vm"
         yield Vm(state, json.loads((state / "vm.json").read_text()), base_dir)
     finally:
-        run([sys.executable, VM, "stop", "--state", state, "--timeout", "30"], timeout=120)
+        run([sys.executable, *VM, "stop", "--state", state, "--timeout", "30"], timeout=120)
 
 
 def test_base_disk_is_reused_with_its_files(base_dir):
-    again = run([sys.executable, BASE_IMAGE, "--print"], timeout=60, check=True)
+    again = run([sys.executable, *BASE_IMAGE, "--print"], timeout=60, check=True)
     assert Path(again.stdout.strip()) == base_dir
     meta = json.loads((base_dir / "base.json").read_text())
     assert meta["suite"] == "bookworm" and meta["key"] in base_dir.name
@@ -164,22 +164,22 @@ def test_changed_host_key_is_refused(vm, tmp_path):
 
 def test_boot_timeout_names_the_console_and_kills_qemu(base_dir, tmp_path):
     state = tmp_path / "slow"
-    done = run([sys.executable, VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
+    done = run([sys.executable, *VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
                 "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--memory", "1024",
                 "--timeout", "3"], timeout=120)
     assert done.returncode == 1
     assert "timed out after 3 s" in done.stderr and str(state / "console.log") in done.stderr
     assert not (state / "vm.json").exists()
-    assert run([sys.executable, VM, "status", "--state", state]).returncode == 3
+    assert run([sys.executable, *VM, "status", "--state", state]).returncode == 3
     assert not qemus_of(state), "qemu was left running after a failed boot"
 
 
 def test_stop_powers_off_and_is_idempotent(vm):
     pid = vm.record["pid"]
-    first = run([sys.executable, VM, "stop", "--state", vm.state, "--timeout", "60"], timeout=180)
+    first = run([sys.executable, *VM, "stop", "--state", vm.state, "--timeout", "60"], timeout=180)
     assert first.returncode == 0, first.stderr
     assert "powered off" in first.stderr, first.stderr
     assert not process_running(pid), "qemu is still running after stop"
     assert not qemus_of(vm.state), "a qemu of this VM's state directory is left"
-    assert run([sys.executable, VM, "stop", "--state", vm.state]).returncode == 0
-    assert run([sys.executable, VM, "status", "--state", vm.state]).returncode == 3
+    assert run([sys.executable, *VM, "stop", "--state", vm.state]).returncode == 0
+    assert run([sys.executable, *VM, "status", "--state", vm.state]).returncode == 3

@@ -4,10 +4,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bootstrap import aws_plan as plan
-from bootstrap import reach
+from bootstrap.aws import plan
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from kiln import sshwait as reach
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 TAGS = {"kiln:cluster": "demo", "kiln:owner": "arn:aws:iam::1:user/me", "kiln:expires": "2025-03-02T12:00:00Z",
@@ -129,14 +129,6 @@ def test_hosts_prefer_public_addresses_in_launch_order():
                                                               Host("10.0.0.2", user="ubuntu")]
 
 
-def test_host_keys_come_from_cloud_init_console_output():
-    console = ("boot...\n-----BEGIN SSH HOST KEY KEYS-----\necdsa-sha2-nistp256 AAAAE2 root@ip-10-0-0-1\n"
-               "ssh-ed25519 AAAAC3 root@ip-10-0-0-1\n-----END SSH HOST KEY KEYS-----\nlogin:")
-    assert plan.host_keys_from_console(console) == ["ecdsa-sha2-nistp256 AAAAE2", "ssh-ed25519 AAAAC3"]
-    assert plan.known_hosts_lines("198.51.100.1", ["ssh-ed25519 AAAAC3"]) == ["198.51.100.1 ssh-ed25519 AAAAC3"]
-    assert plan.host_keys_from_console("no keys here") == []
-
-
 def test_ssh_banner_is_found_after_other_lines():
     assert reach.ssh_banner(b"SSH-2.0-OpenSSH_9.2\r\n") == "SSH-2.0-OpenSSH_9.2"
     assert reach.ssh_banner(b"hello\r\nSSH-2.0-OpenSSH_8.9p1 Ubuntu-3\r\n") == "SSH-2.0-OpenSSH_8.9p1 Ubuntu-3"
@@ -165,22 +157,6 @@ def test_first_contact_note_names_the_hosts_and_the_flag():
         "host keys of 10.0.0.2 were not in the console output: recorded as first-contact; fab cluster.mesh "
         "--cluster demo --accept-new-host-keys (or cluster.train --cluster demo --accept-new-host-keys) records "
         "them on first contact")
-
-
-def test_host_keys_come_from_a_real_cloud_init_console():
-    console = (
-        "[   10.1] cloud-init[1017]: Cloud-init v. 23.4.4 running 'modules:final'\n"
-        "<14>Jun  4 10:01:03 ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
-        "<14>Jun  4 10:01:03 ec2: 256 SHA256:3Zk0mFq1J7u8x1sGQ2oR9ZrQk5c4w0Yw1vXh0r8l1aE root@ip-172-31-5-9 (ED25519)\n"
-        "<14>Jun  4 10:01:03 ec2: -----END SSH HOST KEY FINGERPRINTS-----\n"
-        "-----BEGIN SSH HOST KEY KEYS-----\r\n"
-        "ecdsa-sha2-nistp256 AAAAE2VjZHNh root@ip-172-31-5-9\r\n"
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 root@ip-172-31-5-9\r\n"
-        "ssh-rsa AAAAB3NzaC1yc2E root@ip-172-31-5-9\r\n"
-        "-----END SSH HOST KEY KEYS-----\r\n"
-        "ip-172-31-5-9 login: ")
-    assert plan.host_keys_from_console(console) == ["ecdsa-sha2-nistp256 AAAAE2VjZHNh",
-                                                    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5", "ssh-rsa AAAAB3NzaC1yc2E"]
 
 
 def test_image_tags_narrow_the_ami_lookup():

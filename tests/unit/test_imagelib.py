@@ -1,16 +1,14 @@
-"""scripts/imagelib.py: the pure half of `make image` (profiles, packer versions, fingerprint, argv)."""
+"""bake.plan: the pure half of `make image` (profiles, packer versions, fingerprint, argv)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import imagelib  # noqa: E402
-from imagelib import Bake, ImageError  # noqa: E402
+from bake import plan as imagelib
+from bake.plan import Bake
+from kiln.errors import UsageError
 
 
 @pytest.mark.parametrize(("provider", "profile", "expected"), [
@@ -20,20 +18,20 @@ def test_profile_defaults_per_provider(provider, profile, expected):
 
 
 def test_unknown_provider_is_named_with_the_choices():
-    with pytest.raises(ImageError, match=r"PROVIDER=openstack: choose one of aws, gcp, azure, local") as error:
+    with pytest.raises(UsageError, match=r"PROVIDER=openstack: choose one of aws, gcp, azure, local") as error:
         imagelib.choose_profile("openstack", None)
-    assert error.value.code == 2
+    assert error.value.exit_code == 2
 
 
 def test_unknown_profile_is_refused():
-    with pytest.raises(ImageError, match="PROFILE=tpu: choose gpu or cpu"):
+    with pytest.raises(UsageError, match="PROFILE=tpu: choose gpu or cpu"):
         imagelib.choose_profile("aws", "tpu")
 
 
 def test_cloud_builds_refuse_old_packer_but_local_builds_do_not():
     imagelib.check_packer_for("local", (1, 6, 6))
     imagelib.check_packer_for("aws", (1, 11, 2))
-    with pytest.raises(ImageError, match=r"PROVIDER=gcp needs packer >= 1.7 \(this is 1.6.6\)"):
+    with pytest.raises(UsageError, match=r"PROVIDER=gcp needs packer >= 1.7 \(this is 1.6.6\)"):
         imagelib.check_packer_for("gcp", (1, 6, 6))
 
 

@@ -135,3 +135,28 @@ def test_a_single_node_horovod_run_names_no_interface():
 def test_a_single_process_horovod_run_keeps_its_log_in_one_file():
     plan = plan_horovod("r", ("node1",), [1], python=PY, paths=PATHS, trainer_args=[], nic="eth0")
     assert "--output-filename" not in plan.launches[0].argv
+
+
+def test_plan_run_decides_the_ports_once_for_preflight():
+    from bootstrap.launch import RunSpec, plan_run
+
+    spec = RunSpec("r1", "tf-config", ("n1", "n2"), (1, 2), "/v/bin/python", "/root/kiln", ps=1, base_port=4000)
+    plan = plan_run(spec)
+    listened = {int(address.rsplit(":", 1)[1]) for launch in plan.launches
+                for addresses in json.loads(launch.env["TF_CONFIG"])["cluster"].values() for address in addresses}
+    assert plan.ports == tuple(sorted(listened)) and plan.ports[0] == 4000
+    assert plan_run(RunSpec("r2", "horovod", ("n1",), (2,), "/v/bin/python", "/root/kiln")).ports == ()
+
+
+def test_an_attempt_names_the_frozen_host_and_is_not_restarted_when_processes_survive():
+    from bootstrap.launch import Attempt, RunPlan, Verdict, judge_attempt, should_restart
+
+    plan = RunPlan("r", "tf-config", ("n1", "n2"), (), ("worker-0",))
+    failed = Verdict(True, (("n1", "worker-0", 1),))
+    attempt = judge_attempt(plan, failed, frozen=["n2"])
+    assert attempt == Attempt("worker-0 on n1 exited with status 1; stalled: n2 (a process there is stopped)",
+                              ("n2",))
+    assert should_restart(attempt, 0, 1) and not should_restart(attempt, 1, 1)
+    stuck = judge_attempt(plan, Verdict(True, ()), error="no step progress", error_hosts=["n1"], left=["n2"])
+    assert stuck.failure == "no step progress; could not stop: n2" and not should_restart(stuck, 0, 3)
+    assert not should_restart(judge_attempt(plan, Verdict(True, ())), 0, 3)

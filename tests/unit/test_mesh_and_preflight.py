@@ -1,16 +1,11 @@
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from bootstrap import mesh, preflight
+from bootstrap import node as node_side
 from bootstrap.errors import KilnError
 from bootstrap.hosts import Host
 from bootstrap.ssh import describe_failure
-
-_spec = importlib.util.spec_from_file_location("node_side", Path(mesh.__file__).with_name("node.py"))
-node_side = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(node_side)
 
 
 def facts(hostname, address, *, resolve=None, tf="2.18.1", ports=None, connection=True):

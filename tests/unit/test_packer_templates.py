@@ -1,5 +1,5 @@
 """Static checks of packer/ (parsed with python-hcl2), the 1.6.6 compatibility stripping, and
-scripts/packer-validate run for real against the installed packer."""
+bake.validate (scripts/packer-validate) run for real against the installed packer."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from pathlib import Path
 import hcl2
 import pytest
 
+from bake import packer as packer_compat
+from bake.packer import CompatError, compat_tree, pkrvars, strip_modern, strip_modern_settings
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKER = ROOT / "packer"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import packer_compat  # noqa: E402
-from packer_compat import CompatError, compat_tree, pkrvars, strip_modern, strip_modern_settings  # noqa: E402
 
 OPTIONS = hcl2.SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
 TEMPLATE_FILES = sorted(PACKER.rglob("*.hcl"))
@@ -490,7 +489,7 @@ needs_packer = pytest.mark.skipif(
 
 def run_validate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "packer-validate"), *args],
+        [sys.executable, "-m", "bake.validate", *args],
         capture_output=True,
         text=True,
         timeout=600,

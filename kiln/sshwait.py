@@ -1,11 +1,11 @@
-"""Is a host up? Its SSH banner within a deadline, for many hosts at once (I/O but for ssh_banner)."""
+"""Is a host up? Its SSH banner within a deadline, for many hosts at once (the one SSH wait of kiln)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 SSH_BANNERS = ("SSH-2.0-", "SSH-1.99-")
@@ -44,15 +44,18 @@ def probe_ssh(address: str, port: int, timeout_s: float) -> str | None:
 
 def wait_for_ssh(endpoints: Sequence[tuple[str, int]], timeout_s: float, *,
                  attempt_timeout_s: float = SSH_ATTEMPT_TIMEOUT_S, retry_s: float = SSH_RETRY_S,
-                 fanout: int = SSH_FANOUT) -> list[str]:
+                 fanout: int = SSH_FANOUT, alive: Callable[[tuple[str, int]], bool] | None = None) -> list[str]:
     """Probe every endpoint in parallel (at most `fanout` at once) until its SSH banner comes or timeout_s has
     passed; the endpoints ("address:port") that never answered, in the order given. Every endpoint gets at least
-    one attempt, so the wait is bounded by timeout_s plus one attempt per `fanout` endpoints."""
+    one attempt, so the wait is bounded by timeout_s plus one attempt per `fanout` endpoints. `alive(endpoint)`,
+    asked before each attempt, gives up on an endpoint early (its server process is gone)."""
     deadline = time.monotonic() + timeout_s
     stop = threading.Event()  # set when the caller gives up (Ctrl-C), so no worker outlives the call by much
 
     def answers(endpoint: tuple[str, int]) -> bool:
         while not stop.is_set():
+            if alive is not None and not alive(endpoint):
+                return False
             left = deadline - time.monotonic()
             if probe_ssh(*endpoint, max(0.05, min(attempt_timeout_s, left))):
                 return True

@@ -1,4 +1,4 @@
-"""AWS clusters with boto3: create, find by tag, tear down. Decisions live in bootstrap.aws_plan.
+"""AWS clusters with boto3: create, find by tag, tear down. Decisions live in bootstrap.aws.plan.
 
 Region, profile and credentials come from boto3's standard chain; kiln never writes credentials.
 `KILN_AWS_ENDPOINT_URL` aims every client at another endpoint (the tests' moto server).
@@ -6,7 +6,6 @@ Region, profile and credentials come from boto3's standard chain; kiln never wri
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -14,12 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bootstrap import aws_plan as plan
-from bootstrap import mesh
-from bootstrap.cluster import save_cluster_file
-from bootstrap.commands import SshOptions
+from bootstrap import mesh, state
+from bootstrap.aws import plan
 from bootstrap.errors import KilnError, UsageError
-from bootstrap.reach import wait_for_ssh
+from kiln.hostkeys import console_host_keys as console_host_keys_of
+from kiln.hostkeys import known_hosts_lines
+from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
 RUNNING_TIMEOUT_S = 600
@@ -27,7 +26,6 @@ TERMINATED_TIMEOUT_S = 600
 WAITER_DELAY_S = 5
 SSH_WAIT_S = plan.SSH_WAIT_S
 CONSOLE_POLL_S = 10
-STATE_FILE = "aws.json"
 
 
 class AwsError(KilnError):
@@ -176,9 +174,8 @@ def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINAT
 
 def forget_local(name: str) -> None:
     """Remove the local files of an AWS cluster (only where kiln's AWS state says it made them)."""
-    folder = mesh.cluster_dir(name)
-    if (folder / STATE_FILE).exists():
-        forget_key(folder)
+    if state.has_cloud_state(name):
+        state.forget_cluster(name)
 
 
 class Rollback:
@@ -222,12 +219,12 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
                          f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} (fab cluster.down --name "
                          f"{request.name})")
     tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
-    folder = mesh.cluster_dir(request.name)
+    folder = state.cluster_dir(request.name)
     rollback = Rollback()
     step = "generate the cluster key"
     try:
         had_key = (folder / "id_ed25519").exists()
-        rollback.push("remove the local files", lambda: None if had_key else forget_key(folder))
+        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(request.name))
         _, public_key = mesh.ensure_cluster_key(request.name)
         (folder / "id_ed25519").chmod(0o600)
 
@@ -277,12 +274,15 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         host_keys = pin_host_keys(folder, described, hosts, found)
 
         step = "write the cluster file"
-        state = {"region": aws.region, "instances": instance_ids, "security_group": group_id,
-                 "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
-                 "ami": image, "tags": tags, "host_keys": host_keys}
-        (folder / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
-        save_cluster_file(request.name, hosts, SshOptions(identity=str(folder / "id_ed25519")), python)
-        record_instances(folder, aws.region, request.user, described, hosts, host_keys)
+        state.save_cloud_state(request.name, {
+            "region": aws.region, "instances": instance_ids, "security_group": group_id,
+            "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
+            "ami": image, "tags": tags, "host_keys": host_keys})
+        state.save_cluster(state.ClusterRecord(
+            request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
+            region=aws.region, user=request.user,
+            instances=tuple(state.Instance(i["InstanceId"], h.address, host_keys[h.address])
+                            for i, h in zip(described, hosts, strict=True))))
     except BaseException as error:
         failures = rollback.run()
         message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "
@@ -319,7 +319,7 @@ def console_host_keys(aws: Aws, instance_ids: Sequence[str], timeout_s: float,
     while True:
         for instance_id in instance_ids:
             if instance_id not in found:
-                keys = plan.host_keys_from_console(console_text(aws, instance_id))
+                keys = console_host_keys_of(console_text(aws, instance_id))
                 if keys:
                     found[instance_id] = keys
         if len(found) == len(instance_ids) or time.monotonic() + poll_s > deadline:
@@ -333,28 +333,10 @@ def pin_host_keys(folder: Path, instances: list[dict], hosts, found: dict[str, l
     lines, states = [], {}
     for instance, host in zip(instances, hosts, strict=True):
         keys = found.get(instance["InstanceId"], [])
-        lines += plan.known_hosts_lines(host.address, keys)
+        lines += known_hosts_lines([host.address], keys)
         states[host.address] = "console" if keys else "first-contact"
-    (folder / "known_hosts").write_text("".join(line + "\n" for line in lines))
+    (folder / "known_hosts").write_text("".join(lines))
     return states
-
-
-def record_instances(folder: Path, region: str, user: str, instances: list[dict], hosts,
-                     host_keys: dict[str, str]) -> None:
-    """Add the AWS side to the cluster file: instances, addresses, user, how each host key was recorded."""
-    path = folder / "cluster.json"
-    data = json.loads(path.read_text())
-    data.update(region=region, user=user, instances=[
-        {"id": i["InstanceId"], "address": h.address, "host_keys": host_keys[h.address]}
-        for i, h in zip(instances, hosts, strict=True)])
-    path.write_text(json.dumps(data, indent=1) + "\n")
-
-
-def forget_key(folder: Path) -> None:
-    """Remove the files `up` writes into the cluster folder."""
-    for file in ("cluster.json", "id_ed25519", "id_ed25519.pub", "known_hosts", "known_hosts.first-contact",
-                 STATE_FILE):
-        (folder / file).unlink(missing_ok=True)
 
 
 def down(name: str, *, region: str | None = None, profile: str | None = None, aws: Aws | None = None,

@@ -304,26 +304,6 @@ def launch_order(instances: Sequence[dict]) -> list[dict]:
     return sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
 
 
-HOST_KEYS = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----\s*\n(.*?)-----END SSH HOST KEY KEYS-----", re.S)
-
-
-def host_keys_from_console(console: str) -> list[str]:
-    """The `type base64` host keys cloud-init prints to the console, without comments."""
-    found = HOST_KEYS.search(console or "")
-    if not found:
-        return []
-    keys = []
-    for line in found.group(1).splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and (fields[0].startswith("ssh-") or fields[0].startswith("ecdsa-")):
-            keys.append(f"{fields[0]} {fields[1]}")
-    return keys
-
-
-def known_hosts_lines(address: str, keys: Sequence[str]) -> list[str]:
-    return [f"{address} {key}" for key in keys]
-
-
 def validate_ssh_wait(seconds) -> float:
     """--ssh-wait SECONDS: 0 skips the wait."""
     try:
@@ -333,8 +313,6 @@ def validate_ssh_wait(seconds) -> float:
     if not 0 <= value <= 3600:
         raise UsageError(f"--ssh-wait {seconds!r}: give 0 to 3600 seconds")
     return value
-
-
 
 
 def no_answer_error(silent: Sequence[str], waited_s: float) -> str:

@@ -1,6 +1,6 @@
-"""Pure planning for scripts/local-cluster: names, addresses, and the text of every file and batch it writes.
+"""A local cluster's plan: names, addresses, and the text of every file and batch it writes (pure).
 
-Nothing here touches the system; scripts/local-cluster does the I/O.
+Nothing here touches the system; testbed.cluster does the I/O.
 """
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.errors import UsageError
+from kiln.hostkeys import known_hosts_lines as pinned_lines
+
 STATE_ROOT = Path("/run/kiln/local")  # STATE_ROOT/NAME: mode 700
 SSHD = "/usr/sbin/sshd"
 NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
@@ -22,14 +25,6 @@ NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
-
-
-class ClusterError(Exception):
-    """A failure to report as one line; code 2 for usage errors, 1 otherwise."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,7 @@ class NodeBoot:
 def check_name(name: str) -> str:
     """Return name if it is a valid cluster name (it becomes part of interface names)."""
     if not NAME_RE.fullmatch(name):
-        raise ClusterError(f"invalid cluster name {name!r}: must match [a-z][a-z0-9]{{0,5}}", 2)
+        raise UsageError(f"invalid cluster name {name!r}: must match [a-z][a-z0-9]{{0,5}}")
     return name
 
 
@@ -80,11 +75,11 @@ def parse_subnet(text: str, count: int) -> ipaddress.IPv4Network:
     try:
         subnet = ipaddress.IPv4Network(text, strict=False)
     except ValueError as exc:
-        raise ClusterError(f"invalid --subnet {text!r}: {exc}", 2) from None
+        raise UsageError(f"invalid --subnet {text!r}: {exc}") from None
     if not subnet.is_private:
-        raise ClusterError(f"--subnet {subnet} is not a private range", 2)
+        raise UsageError(f"--subnet {subnet} is not a private range")
     if subnet.num_addresses - 2 < count + 1:
-        raise ClusterError(f"--subnet {subnet} is too small for a bridge and {count} nodes", 2)
+        raise UsageError(f"--subnet {subnet} is too small for a bridge and {count} nodes")
     return subnet
 
 
@@ -109,7 +104,7 @@ def pick_subnet(candidates: list[ipaddress.IPv4Network],
         clash = [(dev, net) for dev, net in used if net.overlaps(subnet)]
         if not clash:
             return subnet
-    raise ClusterError(f"subnet {subnet} overlaps {clash[0][1]} on {clash[0][0]}; choose another with --subnet", 2)
+    raise UsageError(f"subnet {subnet} overlaps {clash[0][1]} on {clash[0][0]}; choose another with --subnet")
 
 
 def root_batch(cluster: Cluster) -> str:
@@ -159,7 +154,7 @@ def ssh_config_text(cluster: Cluster, state: Path) -> str:
 
 def known_hosts_lines(node: Node, public_keys: list[str]) -> list[str]:
     """known_hosts lines pinning a node's host keys under its name and its address."""
-    return [f"{node.name},{node.ip} {' '.join(key.split()[:2])}" for key in public_keys]
+    return pinned_lines([node.name, node.ip], public_keys)
 
 
 def fstab_text(node_dir: Path, dotfiles: tuple[str, ...] = ()) -> str:

@@ -1,6 +1,6 @@
-"""Pure planning for scripts/image: providers, profiles, the input fingerprint, packer's command line.
+"""What a bake is, decided without running anything: provider, profile, the input fingerprint, packer's argv.
 
-Nothing here runs packer or touches the network; scripts/image does the I/O.
+bake.image does the I/O.
 """
 
 from __future__ import annotations
@@ -10,21 +10,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from packer_compat import is_modern
+from bake.packer import SOURCES, is_modern
+from kiln.errors import UsageError
 
-PROVIDERS = {"aws": "amazon-ebs.gpu", "gcp": "googlecompute.gpu", "azure": "azure-arm.gpu", "local": "qemu.local"}
 DEFAULT_PROFILE = {"aws": "gpu", "gcp": "gpu", "azure": "gpu", "local": "cpu"}
 # What a bake's fingerprint covers besides the provider, the profile and the named extra inputs.
 FINGERPRINTED = ("packer", "ansible")
 IGNORED_PARTS = {"__pycache__", ".pytest_cache"}
-
-
-class ImageError(Exception):
-    """A failure to report as one line; code 2 for bad input, 1 otherwise."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -36,15 +28,15 @@ class Bake:
 
     @property
     def source(self) -> str:
-        return PROVIDERS[self.provider]
+        return SOURCES[self.provider]
 
 
 def choose_profile(provider: str, profile: str | None) -> str:
-    if provider not in PROVIDERS:
-        raise ImageError(f"PROVIDER={provider or '(empty)'}: choose one of {', '.join(PROVIDERS)}", code=2)
+    if provider not in SOURCES:
+        raise UsageError(f"PROVIDER={provider or '(empty)'}: choose one of {', '.join(SOURCES)}")
     profile = profile or DEFAULT_PROFILE[provider]
     if profile not in ("gpu", "cpu"):
-        raise ImageError(f"PROFILE={profile}: choose gpu or cpu", code=2)
+        raise UsageError(f"PROFILE={profile}: choose gpu or cpu")
     return profile
 
 
@@ -52,10 +44,10 @@ def check_packer_for(provider: str, version: tuple[int, int, int]) -> None:
     """Packer older than 1.7 (Debian's 1.6.6) lacks settings the cloud sources need (IMDSv2 on AWS among them)."""
     if provider != "local" and not is_modern(version):
         shown = ".".join(map(str, version))
-        raise ImageError(
+        raise UsageError(
             f"PROVIDER={provider} needs packer >= 1.7 (this is {shown}): its templates require IMDSv2, "
             "imds_support and settings older packer drops. Install a current packer, run "
-            "`packer init packer/plugins`, then make image again", code=2)
+            "`packer init packer/plugins`, then make image again")
 
 
 def input_files(root: Path) -> list[Path]:

@@ -1,6 +1,6 @@
-"""Pure planning for scripts/vm: the qemu argv, the NoCloud seed, the ssh config, and reading host keys.
+"""A local VM's plan: the qemu argv, the NoCloud seed and the ssh config (pure).
 
-Nothing here touches the system; scripts/vm does the I/O.
+Nothing here touches the system; testbed.vm does the I/O.
 """
 from __future__ import annotations
 
@@ -8,20 +8,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.errors import UsageError
+
 ALIAS = "kiln-vm"
 DEFAULT_APPEND = "root=/dev/vda rw console=ttyS0 net.ifnames=0"
-BEGIN_KEYS = "-----BEGIN SSH HOST KEY KEYS-----"
-END_KEYS = "-----END SSH HOST KEY KEYS-----"
-HOST_KEY_RE = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)) ([A-Za-z0-9+/]+={0,3})(?:\s|$)")
 HOSTNAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-
-
-class VmError(Exception):
-    """A failure to report as one message; code 2 for usage errors, 1 otherwise."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -75,7 +66,7 @@ def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
 
 def check_hostname(name: str) -> str:
     if not HOSTNAME_RE.fullmatch(name):
-        raise VmError(f"invalid hostname {name!r}: lowercase letters, digits and '-', at most 63", 2)
+        raise UsageError(f"invalid hostname {name!r}: lowercase letters, digits and '-', at most 63")
     return name
 
 
@@ -107,22 +98,3 @@ def ssh_config_text(state: Path, port: int) -> str:
         f"  ServerAliveInterval 15\n"
         f"  ServerAliveCountMax 4\n"
     )
-
-
-def console_host_keys(console: str) -> list[str]:
-    """The host public keys ("type base64") that cloud-init printed between its markers, or [] before it has."""
-    start = console.rfind(BEGIN_KEYS)
-    if start < 0:
-        return []
-    end = console.find(END_KEYS, start)
-    if end < 0:
-        return []
-    return [f"{m.group(1)} {m.group(2)}" for m in HOST_KEY_RE.finditer(console[start + len(BEGIN_KEYS):end])]
-
-
-def known_hosts_text(port: int, keys: list[str]) -> str:
-    return "".join(f"[127.0.0.1]:{port} {key}\n" for key in keys)
-
-
-def tail(text: str, lines: int = 25) -> str:
-    return "\n".join(text.replace("\r", "").splitlines()[-lines:])

@@ -1,12 +1,12 @@
-"""Fabric tasks `cluster.up/down/list/sweep`: AWS clusters (see bootstrap.aws); thin wrappers that print results."""
+"""Tasks on AWS clusters: up, down, list, sweep (bootstrap.aws does the work); they parse and print."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
 
-from bootstrap import aws_plan as plan
-from bootstrap import mesh
+from bootstrap import state
+from bootstrap.aws import plan
 from bootstrap.tasks import cluster_task
 
 AWS_HELP = {
@@ -38,7 +38,7 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
                                     ttl_hours=ttl_hours, image_tags=image_tags)
     ssh_wait = plan.validate_ssh_wait(ssh_wait)
     if dry_run:
-        key = mesh.cluster_dir(request.name) / "id_ed25519"
+        key = state.cluster_dir(request.name) / "id_ed25519"
         tags = plan.cluster_tags(request.name, "<caller ARN>", datetime.now(UTC), request.ttl_hours)
         steps = plan.plan_cluster(request, tags=tags,
                                   ami=request.ami or plan.AMI_PLACEHOLDER.format(profile=request.image_profile),
@@ -49,7 +49,7 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
         ssh = f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait else "(not for SSH: --ssh-wait 0)"
         print(f"then wait for the instances to run {ssh}; pin the host keys their consoles show")
         return
-    from bootstrap import aws
+    from bootstrap.aws import cloud as aws
 
     made = aws.up(request.name, request.count, request.instance_type, ami=request.ami,
                   image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
@@ -73,7 +73,7 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
 @cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})
 def down(c, name, region=None, profile=None):
     """Terminate an AWS cluster and delete everything tagged with its name (safe to repeat)."""
-    from bootstrap import aws
+    from bootstrap.aws import cloud as aws
 
     removed = aws.down(name, region=region, profile=profile)
     if not removed:
@@ -87,7 +87,7 @@ def down(c, name, region=None, profile=None):
 @cluster_task(name="list", help={k: AWS_HELP[k] for k in ("region", "profile")})
 def list_(c, region=None, profile=None):
     """List the AWS clusters kiln has tagged, with their expiry."""
-    from bootstrap import aws
+    from bootstrap.aws import cloud as aws
 
     summaries = aws.list_clusters(region=region, profile=profile)
     if not summaries:
@@ -105,7 +105,7 @@ def list_(c, region=None, profile=None):
 @cluster_task(help={k: AWS_HELP[k] for k in ("region", "profile", "dry_run")})
 def sweep(c, region=None, profile=None, dry_run=False):
     """Remove every kiln-tagged AWS cluster past its kiln:expires time."""
-    from bootstrap import aws
+    from bootstrap.aws import cloud as aws
 
     expired = aws.sweep(dry_run=dry_run, region=region, profile=profile)
     if not expired:

@@ -1,0 +1,156 @@
+"""usage: scripts/image PROVIDER [--profile gpu|cpu] [--var-file F]... [--force] [--timeout S]
+
+Bake an image with Packer and Ansible: PROVIDER is aws, gcp, azure or local. The bake's inputs
+(templates, roles, the version matrix, provider, profile; for local the base disk and the wheelhouse)
+give a fingerprint; an image with that fingerprint already in images/ is reused, not baked again
+(--force bakes anyway). local boots scripts/base-image's Debian 12 disk under qemu (TCG) and installs
+Python packages from scripts/wheelhouse, served to the VM on 127.0.0.1 over qemu's user-mode network.
+The result is images/PROVIDER-PROFILE-FINGERPRINT/ with image.json (what was made), versions.json
+(every component's version, read from the image) and packer-manifest.json; local adds disk/kiln.qcow2,
+vmlinuz and initrd.img. The cloud providers need a current packer (>= 1.7) and credentials.
+(`make image` runs this module: python -m bake.image.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bake import base_image, provision
+from bake import plan as imagelib
+from bake.matrix import read_matrix
+from bake.packer import compat_tree, is_modern, parse_packer_version, pkrvars
+from bake.plan import Bake
+from bake.provision import VM_ADDRESS_OF_HOST
+from kiln import proc
+from kiln.errors import KilnError, UsageError, run_main
+from kiln.paths import PROJECT as ROOT
+from kiln.paths import cache_dir
+
+IMAGES = Path(os.environ.get("KILN_IMAGES", ROOT / "images"))
+
+
+def packer_version() -> tuple[int, int, int]:
+    if not shutil.which("packer"):
+        raise UsageError("packer is not installed (make setup installs Debian's)")
+    return parse_packer_version(proc.run(["packer", "version"], timeout=30).stdout)
+
+
+def run_packer(argv: list[str], log: Path, timeout: float) -> None:
+    """Run packer, its output to the terminal and to log (each line with the seconds since the start);
+    bounded in time; Ctrl-C lets it clean up."""
+    env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1",
+           "PACKER_CACHE_DIR": os.environ.get("PACKER_CACHE_DIR", str(cache_dir() / "packer"))}
+    print("image: " + " ".join(argv), flush=True)
+    with log.open("w", buffering=1) as out:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                   cwd=ROOT, start_new_session=True)
+        timer = threading.Timer(timeout, lambda: os.killpg(process.pid, signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        try:
+            for line in process.stdout:
+                sys.stdout.write(line)
+                out.write(f"[{time.monotonic() - started:8.1f}] {line}")
+            process.wait()
+        except KeyboardInterrupt:
+            os.killpg(process.pid, signal.SIGINT)  # packer stops the VM and removes what it made
+            process.wait(timeout=120)
+            raise
+        finally:
+            timer.cancel()
+    if process.returncode != 0:
+        raise KilnError(f"packer build failed (exit {process.returncode}); its log: {log}")
+
+
+def local_inputs(args) -> tuple[dict[str, str], Path, Path]:
+    base = base_image.ensure(cache_dir())
+    wheelhouse = provision.wheelhouse()
+    return {"base": base.name, "wheelhouse": wheelhouse.name}, base, wheelhouse
+
+
+def bake(args) -> Path:
+    profile = imagelib.choose_profile(args.provider, args.profile)
+    version = packer_version()
+    imagelib.check_packer_for(args.provider, version)
+    extra, base, wheelhouse = local_inputs(args) if args.provider == "local" else ({}, None, None)
+    for var_file in args.var_file:
+        if not Path(var_file).is_file():
+            raise UsageError(f"--var-file {var_file}: no such file")
+        extra[f"var-file:{Path(var_file).name}"] = Path(var_file).read_text()
+    fingerprint = imagelib.fingerprint(ROOT, args.provider, profile, extra)
+    output = imagelib.output_dir(IMAGES, args.provider, profile, fingerprint)
+    job = Bake(args.provider, profile, fingerprint, output)
+    if (output / "image.json").exists() and not args.force:
+        print(f"image: up to date, fingerprint {fingerprint} unchanged: {output}")
+        return output
+
+    started = time.monotonic()
+    work = output.with_name(f".{output.name}.tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    templates = ROOT / "packer"
+    if not is_modern(version):
+        templates = work / "packer"
+        compat_tree(ROOT / "packer", templates)
+    matrix = read_matrix()
+    variables = {
+        "profile": profile, "fingerprint": fingerprint, "versions": matrix,
+        "ansible_playbook_command": str(Path(sys.executable).with_name("ansible-playbook")),
+        "ansible_directory": str(ROOT / "ansible"), "output_directory": str(work),
+        "ansible_extra_vars": {"kiln_image_fingerprint": fingerprint},
+    }
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.provider == "local":
+                port = stack.enter_context(provision.served(wheelhouse))
+                variables["ansible_extra_vars"]["tensorflow_wheelhouse_url"] = f"http://{VM_ADDRESS_OF_HOST}:{port}/"
+                variables.update({
+                    "local_base_disk": str(base / "disk.qcow2"), "local_kernel": str(base / "vmlinuz"),
+                    "local_initrd": str(base / "initrd.img"), "local_ssh_private_key_file": str(base / "bake_key"),
+                    "local_output_directory": str(work / "disk"), "local_serial_log": str(work / "console.log"),
+                })
+            (work / "kiln.pkrvars.hcl").write_text(pkrvars(variables))
+            var_files = [ROOT / "packer" / "vars" / f"{args.provider}.pkrvars.hcl", *map(Path, args.var_file),
+                         work / "kiln.pkrvars.hcl"]
+            run_packer(imagelib.packer_build_argv(job, templates, var_files), work / "packer.log", args.timeout)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if args.provider == "local":
+        for name in ("vmlinuz", "initrd.img"):
+            shutil.copy2(base / name, work / name)
+    record = {"provider": args.provider, "profile": profile, "fingerprint": fingerprint,
+              "versions": json.loads((work / "versions.json").read_text()),
+              "bake_seconds": round(time.monotonic() - started, 1)}
+    if args.provider == "local":
+        record.update({"disk": "disk/kiln.qcow2", "kernel": "vmlinuz", "initrd": "initrd.img"})
+    (work / "image.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(output, ignore_errors=True)
+    work.rename(output)
+    print(f"image: baked in {record['bake_seconds']} s: {output}")
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/image", description=__doc__.split("\n\n")[1])
+    parser.add_argument("provider")
+    parser.add_argument("--profile", choices=("gpu", "cpu"))
+    parser.add_argument("--var-file", action="append", default=[], help="more packer variables (credentials stay out)")
+    parser.add_argument("--force", action="store_true", help="bake even when an image with this fingerprint exists")
+    parser.add_argument("--timeout", type=float, default=5400, help="seconds the whole packer build may take")
+    args = parser.parse_args(argv)
+    return run_main("image", lambda: bake(args) and 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

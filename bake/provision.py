@@ -1,0 +1,60 @@
+"""Provisioning a running machine with the bake's playbooks, outside Packer: a local VM over its own ssh
+config (tests, bench/bake.py), and reading the PLAY RECAP of the run."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from kiln import proc
+from kiln.paths import PROJECT
+
+ANSIBLE = PROJECT / "ansible"
+VM_ADDRESS_OF_HOST = "10.0.2.2"  # this machine, as qemu's user-mode network shows it to a VM
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        pass
+
+
+@contextlib.contextmanager
+def served(folder: Path) -> Iterator[int]:
+    """Serve a folder read-only on 127.0.0.1 from a thread (a VM reaches it at 10.0.2.2); yield the port."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def playbook(ssh_config: Path, play: Path, *extra: str, host: str = "kiln-vm",
+             timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook (this virtual environment's) against one host over its own ssh config."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "ANSIBLE_SSH_ARGS": f"-F {ssh_config}"}
+    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", f"{host},", *extra, str(play)]
+    return proc.run(argv, timeout=timeout, check=False, env=env, cwd=PROJECT)
+
+
+def recap(output: str, host: str = "kiln-vm") -> dict[str, int]:
+    """The PLAY RECAP counters (ok, changed, failed, ...) of one host; {} when the output has none."""
+    match = re.search(rf"{re.escape(host)}\s*:\s*(.*)", output.split("PLAY RECAP")[-1]) if "PLAY RECAP" in output \
+        else None
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))} if match else {}
+
+
+def wheelhouse() -> Path:
+    """The wheelhouse folder scripts/wheelhouse builds (or finds cached)."""
+    built = proc.run([str(PROJECT / "scripts" / "wheelhouse"), "build", "--print"], timeout=1800, cwd=PROJECT)
+    return Path(built.stdout.strip().splitlines()[-1])

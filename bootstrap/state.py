@@ -1,0 +1,243 @@
+"""kiln's state on the operator's machine, and its one reader and writer.
+
+`~/.kiln/clusters/NAME/` (KILN_HOME moves it) holds a cluster: cluster.json (how to reach it), nodes.json (what
+the mesh found), aws.json (what `up` made), the cluster key and the pinned known_hosts. `runs/<id>/` (KILN_RUNS
+moves it) holds a run: run.json (its plan), summary.json (what it did) and what was collected from the nodes.
+Records are frozen and hold parsed values (hosts as Host records), never strings to parse again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+from kiln.paths import PROJECT
+
+CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "id_ed25519", "id_ed25519.pub", "known_hosts",
+                 "known_hosts.first-contact")
+
+
+# ---------------------------------------------------------------- files
+
+
+def kiln_home() -> Path:
+    return Path(os.environ.get("KILN_HOME", Path.home() / ".kiln"))
+
+
+def cluster_dir(cluster: str) -> Path:
+    return kiln_home() / "clusters" / cluster
+
+
+def runs_root() -> Path:
+    """runs/ of the project (not of wherever `fab` was started), unless KILN_RUNS says otherwise."""
+    return Path(os.environ.get("KILN_RUNS", PROJECT / "runs"))
+
+
+def run_folder(run_id: str) -> Path:
+    return runs_root() / run_id
+
+
+def write_json(path: Path, data: dict | list) -> None:
+    """Write JSON atomically (a reader never sees half a file), making the folder private if it is new."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict | list | None:
+    """The file's JSON; None if there is no file."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise KilnError(f"cannot read {path}: {error}") from None
+
+
+def host_to_json(host: Host) -> dict:
+    return {key: value for key, value in asdict(host).items() if value is not None}
+
+
+def host_from_json(data: dict) -> Host:
+    return Host(data["address"], data.get("port"), data.get("user"), data.get("slots", 1))
+
+
+# ---------------------------------------------------------------- clusters
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How the operator reaches the nodes, besides the cluster's own pinned known_hosts."""
+
+    config_file: str | None = None
+    identity: str | None = None
+    connect_timeout: int = 10
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A cloud instance of the cluster; `host_keys` says how its keys were pinned: console or first-contact."""
+
+    id: str
+    address: str
+    host_keys: str
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    """How to reach a cluster by name (`--cluster NAME`); the cloud part only for clusters kiln started."""
+
+    name: str
+    hosts: tuple[Host, ...]
+    python: str
+    ssh: SshSettings = SshSettings()
+    region: str | None = None
+    user: str | None = None
+    instances: tuple[Instance, ...] = ()
+
+
+def save_cluster(record: ClusterRecord) -> None:
+    data = asdict(record)
+    data["hosts"] = [host_to_json(h) for h in record.hosts]
+    write_json(cluster_dir(record.name) / "cluster.json", data)
+
+
+def load_cluster(name: str) -> ClusterRecord | None:
+    path = cluster_dir(name) / "cluster.json"
+    data = read_json(path)
+    if data is None:
+        return None
+    try:
+        return ClusterRecord(
+            name=data["name"], hosts=tuple(host_from_json(h) for h in data["hosts"]), python=data["python"],
+            ssh=SshSettings(**data.get("ssh", {})), region=data.get("region"), user=data.get("user"),
+            instances=tuple(Instance(**i) for i in data.get("instances", [])))
+    except (KeyError, TypeError) as error:
+        raise KilnError(f"{path} is not a kiln cluster file ({error}); remove it and set the cluster up again") \
+            from None
+
+
+@dataclass(frozen=True)
+class NodeName:
+    """What the mesh recorded about a host: its hostname, cluster address and interface."""
+
+    endpoint: str
+    name: str
+    address: str
+    iface: str
+
+
+def save_node_names(cluster: str, nodes: list[NodeName]) -> None:
+    write_json(cluster_dir(cluster) / "nodes.json", [asdict(n) for n in nodes])
+
+
+def load_node_names(cluster: str) -> list[NodeName]:
+    try:
+        return [NodeName(**entry) for entry in read_json(cluster_dir(cluster) / "nodes.json") or []]
+    except (KilnError, TypeError):
+        return []  # a stale or foreign file: the mesh finds the names again
+
+
+def save_cloud_state(cluster: str, data: dict) -> None:
+    write_json(cluster_dir(cluster) / "aws.json", data)
+
+
+def has_cloud_state(cluster: str) -> bool:
+    return (cluster_dir(cluster) / "aws.json").exists()
+
+
+def forget_cluster(cluster: str) -> None:
+    """Remove the files kiln keeps for a cluster (its key among them); the folder goes if nothing else is there."""
+    folder = cluster_dir(cluster)
+    for name in CLUSTER_FILES:
+        (folder / name).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    host: str        # the node's name
+    host_index: int
+    task: str
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's plan as started: enough for status, logs and stop to reach every process again."""
+
+    run_id: str
+    mode: str
+    cluster: str
+    python: str
+    hosts: tuple[Host, ...]
+    names: tuple[str, ...]
+    root: str
+    tasks: tuple[TaskRecord, ...]
+    finishing: tuple[str, ...]
+    rank_hosts: tuple[str, ...] = ()
+    ssh: SshSettings = SshSettings()
+    started: float = field(default_factory=time.time)
+
+
+def new_run_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def validate_run_id(run_id: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", run_id):
+        raise UsageError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+    return run_id
+
+
+def save_run(record: RunRecord) -> None:
+    data = asdict(record)
+    data["hosts"] = [host_to_json(h) for h in record.hosts]
+    write_json(run_folder(record.run_id) / "run.json", data)
+
+
+def run_from_json(data: dict, path: Path) -> RunRecord:
+    try:
+        return RunRecord(
+            run_id=data["run_id"], mode=data["mode"], cluster=data["cluster"], python=data["python"],
+            hosts=tuple(host_from_json(h) for h in data["hosts"]), names=tuple(data["names"]), root=data["root"],
+            tasks=tuple(TaskRecord(**t) for t in data["tasks"]), finishing=tuple(data["finishing"]),
+            rank_hosts=tuple(data.get("rank_hosts", ())), ssh=SshSettings(**data.get("ssh", {})),
+            started=data.get("started", 0.0))
+    except (KeyError, TypeError) as error:
+        raise KilnError(f"{path} is not a kiln run record ({error})") from None
+
+
+def load_run(run_id: str | None) -> RunRecord:
+    """A run's record; the newest run's when `run_id` is None."""
+    if run_id is None:
+        found = [(read_json(p), p) for p in runs_root().glob("*/run.json")]
+        if not found:
+            raise UsageError(f"no runs in {runs_root()}/; start one with cluster.train")
+        data, path = max(found, key=lambda pair: pair[0].get("started", 0))
+        return run_from_json(data, path)
+    path = run_folder(validate_run_id(run_id)) / "run.json"
+    data = read_json(path)
+    if data is None:
+        raise UsageError(f"no run {run_id!r} in {runs_root()}/")
+    return run_from_json(data, path)
+
+
+def save_summary(run_id: str, data: dict) -> Path:
+    path = run_folder(run_id) / "summary.json"
+    write_json(path, data)
+    return path

@@ -1,0 +1,77 @@
+"""kiln's Fabric tasks: they parse the command line, call the launcher, and print. `namespace()` is the
+`cluster` collection that fabfile.py (and any program built on Fabric) exposes.
+
+Modules: cluster (mesh, check, sync, train), runs (status, logs, stop), aws (up, down, list, sweep).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fabric import task
+from invoke import Collection, Task
+from invoke.exceptions import Exit, ParseError
+from invoke.parser import Argument
+
+from bootstrap.errors import KilnError
+
+
+class NumberArgument(Argument):
+    """A float option. invoke shows a value only for str and int kinds (a float looked like a switch), so it is
+    kept as str for the help and parsed as a number here."""
+
+    def __init__(self, **kwargs):
+        kwargs["kind"] = str
+        super().__init__(**kwargs)
+
+    def set_value(self, value, cast: bool = True) -> None:
+        if cast and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ParseError(f"--{self.name.replace('_', '-')} wants a number, not {value!r}") from None
+        super().set_value(value, cast=False)
+
+
+class KilnTask(Task):
+    """A task whose flags are only its long names (invoke's automatic short flags run out on tasks with many
+    options, giving `--,` and `--=INT`, and would take `-h` from help), and whose float options take a value."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["auto_shortflags"] = False
+        super().__init__(*args, **kwargs)
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        arguments = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
+        return [NumberArgument(names=tuple(a.names), default=a.default, help=a.help, positional=a.positional,
+                               optional=a.optional, attr_name=a.attr_name) if a.kind is float else a
+                for a in arguments]
+
+
+def cluster_task(**task_kwargs):
+    """A task that runs once over all hosts (see bootstrap.executor) and turns
+    kiln's errors into a message and exit code, without a traceback."""
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(c, *args, **kwargs):
+            try:
+                return function(c, *args, **kwargs)
+            except KilnError as error:
+                raise Exit(f"kiln: {error}", code=error.exit_code) from None
+
+        made = task(klass=KilnTask, **task_kwargs)(wrapper)
+        made.kiln_cluster = True
+        return made
+    return decorate
+
+
+def namespace() -> Collection:
+    """The root collection with kiln's tasks under `cluster`."""
+    from bootstrap.tasks import aws, cluster, runs
+
+    tasks = Collection("cluster")
+    for module, names in ((cluster, ("mesh_", "check", "sync", "train")), (runs, ("status", "logs", "stop")),
+                          (aws, ("up", "down", "list_", "sweep"))):
+        for name in names:
+            tasks.add_task(getattr(module, name))
+    return Collection(tasks)

@@ -1,0 +1,43 @@
+"""Bounded subprocesses: every command kiln runs locally has a timeout, and a failure reads as one message."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+
+def tail(text: str, lines: int = 15) -> str:
+    """The last non-empty lines of a command's output (carriage returns of progress bars dropped)."""
+    kept = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])
+
+
+def shown(argv: Sequence[str], words: int = 4) -> str:
+    """A command as a message names it: its first words."""
+    return shlex.join(argv[:words]) + (" ..." if len(argv) > words else "")
+
+
+def run(argv: Sequence[str], *, timeout: float, check: bool = True, input: str | None = None,
+        cwd: Path | str | None = None, env: Mapping[str, str] | None = None,
+        tail_lines: int = 15) -> subprocess.CompletedProcess[str]:
+    """Run argv with its output captured as text and stdin closed (or fed `input`).
+
+    Raises KilnError naming the command when it runs past `timeout` seconds, or (with `check`) exits non-zero;
+    the message carries the last `tail_lines` lines of what it printed.
+    """
+    try:
+        done = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env=None if env is None else dict(env),
+                              stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise KilnError(f"{shown(argv)} timed out after {timeout:g} s") from None
+    except OSError as error:
+        raise KilnError(f"{shown(argv)} could not start: {error.strerror or error}") from None
+    if check and done.returncode != 0:
+        raise KilnError(f"{shown(argv)} exited {done.returncode}: "
+                        f"{tail(done.stderr or done.stdout, tail_lines) or 'no output'}")
+    return done

@@ -1,0 +1,316 @@
+"""Local cluster: N sshd "nodes" built from Linux namespaces, standing in for cloud VMs.
+
+usage: local-cluster up [N] [--name NAME] [--subnet CIDR]   # N=3, NAME=kiln
+       local-cluster down [--name NAME]
+       local-cluster status [--name NAME] [--json]
+       local-cluster env [--name NAME]    # set -a; eval "$(local-cluster env)"; set +a
+
+Node i of cluster NAME: network namespace NAME-n{i} on bridge NAME-br (veth NAME-v{i}, eth0 inside), hostname
+node{i}, private bind mounts over /etc/ssh, /etc/hosts, /root/.ssh and /root/kiln, its own sshd on port 22.
+The operator reaches nodes with a per-cluster key and pinned host keys: `ssh -F STATE/ssh_config node2 hostname`.
+State: /run/kiln/local/NAME/. `down` finds everything by name, so it also works after a crash or without the
+state directory. Needs root, iproute2, util-linux and openssh.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from kiln import proc
+from kiln.errors import KilnError, UsageError, run_main
+from kiln.sshwait import probe_ssh, wait_for_ssh
+from testbed import netns as plan  # the pure half: names, addresses, file texts
+
+TOOLS = ("ip", "unshare", "mount", "ssh", "ssh-keygen", plan.SSHD)
+WORKERS = min(32, 4 * (os.cpu_count() or 1))  # bound for fan-outs that spawn processes
+PROBES = 64  # bound for concurrent SSH probes (they mostly wait)
+
+
+# ---------------------------------------------------------------- edges: processes, kernel, disk
+
+def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30, check: bool = True) -> str:
+    """Run argv and return its stdout (kiln.proc.run: bounded, a failure names the command)."""
+    return proc.run(argv, input=stdin, timeout=timeout, check=check, tail_lines=3).stdout
+
+
+def find_netns(name: str) -> list[str]:
+    """Namespaces of cluster name: exactly NAME-n<digits> (kiln never matches kiln2-n1)."""
+    pattern = re.compile(rf"{re.escape(name)}-n[0-9]+")
+    entries = json.loads(run(["ip", "-j", "netns", "list"]) or "[]")
+    return sorted((e["name"] for e in entries if pattern.fullmatch(e["name"])), key=lambda ns: (len(ns), ns))
+
+
+def find_links(name: str) -> list[str]:
+    """Root-namespace links of cluster name: the bridge and host-side veths NAME-v<digits>."""
+    pattern = re.compile(rf"{re.escape(name)}-(br|v[0-9]+)")
+    links = json.loads(run(["ip", "-j", "link", "show"]) or "[]")
+    return [link["ifname"] for link in links if pattern.fullmatch(link["ifname"])]
+
+
+def used_networks() -> list[tuple[str, ipaddress.IPv4Network]]:
+    """(device, network) of every IPv4 address in the root namespace."""
+    links = json.loads(run(["ip", "-j", "-4", "addr", "show"]) or "[]")
+    return [(link["ifname"], ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False))
+            for link in links for a in link.get("addr_info", [])]
+
+
+def namespace_pids(netns: list[str]) -> list[int]:
+    """Pids whose network namespace is one of netns (what `ip netns pids` does, in one pass)."""
+    wanted = {ns_id(f"/run/netns/{ns}") for ns in netns} - {None}
+    return [int(pid) for pid in (os.listdir("/proc") if wanted else [])
+            if pid.isdigit() and ns_id(f"/proc/{pid}/ns/net") in wanted]
+
+
+def ns_id(path: str) -> tuple[int, int] | None:
+    """Identity of the namespace a path refers to; None if it is gone (or a zombie's)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def kill_namespace_processes(netns: list[str], grace: float = 3.0) -> None:
+    """SIGTERM every process in the namespaces, SIGKILL what is left after grace seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        pids = namespace_pids(netns)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = namespace_pids(netns)
+        if not pids:
+            return
+    raise UsageError(f"processes survived SIGKILL in {netns[0]}...: {pids[:10]}")
+
+
+def teardown(name: str, timeout: float = 60) -> bool:
+    """Remove everything cluster name made: processes, namespaces, links, state. Return whether any existed."""
+    netns, state = find_netns(name), plan.STATE_ROOT / name
+    kill_namespace_processes(netns)
+    links = sorted(find_links(name), key=lambda link: link.endswith("-br"))  # the bridge last
+    existed = bool(netns or links or state.exists())
+    if netns or links:  # -force: go on past errors; what is left is checked below
+        run(["ip", "-force", "-batch", "-"], stdin=plan.teardown_batch(netns, links), timeout=timeout, check=False)
+    deadline = time.monotonic() + timeout  # veths of deleted namespaces vanish asynchronously
+    while (left := find_netns(name) + find_links(name)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        raise KilnError(f"could not remove {', '.join(left[:5])} of cluster {name}")
+    shutil.rmtree(state, ignore_errors=True)
+    return existed
+
+
+def write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_pub: str) -> plan.NodeBoot:
+    """Write a node's keys and files, configure its network, start its sshd detached."""
+    for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755)):
+        (node_dir / sub).mkdir(parents=True)
+        (node_dir / sub).chmod(mode)
+    etc = node_dir / "etc-ssh"
+    for kind in ("ed25519", "ecdsa"):
+        run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", f"root@{node.name}", "-f",
+             str(etc / f"ssh_host_{kind}_key")])
+    write(etc / "sshd_config", plan.sshd_config_text(node))
+    if Path("/etc/ssh/ssh_config").is_file():  # the image's ssh client defaults
+        shutil.copy2("/etc/ssh/ssh_config", etc / "ssh_config")
+    write(node_dir / "hosts", plan.hosts_text(node))
+    write(node_dir / "ssh" / "authorized_keys", operator_pub, 0o600)
+    dotfiles = tuple(name for name in plan.NODE_DOTFILES if Path("/root", name).is_file())
+    (node_dir / "dotfiles").mkdir()
+    for name in dotfiles:
+        skeleton = Path("/etc/skel", name)
+        write(node_dir / "dotfiles" / name, skeleton.read_text() if skeleton.is_file() else "")
+    write(node_dir / "fstab", plan.fstab_text(node_dir, dotfiles))
+    run(["ip", "-n", node.netns, "-batch", "-"], stdin=plan.node_batch(cluster, node))
+    with open(node_dir / "boot.log", "wb") as log:  # sshd itself logs to etc-ssh/sshd.log
+        proc = subprocess.Popen(plan.boot_argv(node, node_dir), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    keys = [(etc / f"ssh_host_{kind}_key.pub").read_text() for kind in ("ed25519", "ecdsa")]
+    return plan.NodeBoot(node, proc, plan.known_hosts_lines(node, keys))
+
+
+def wait_for_sshd(boots: list[plan.NodeBoot], state: Path, timeout: float) -> None:
+    """Wait until every node's sshd sends its banner; name the node whose sshd died or never answered."""
+    by_endpoint = {(boot.node.ip, 22): boot for boot in boots}
+    silent = wait_for_ssh(list(by_endpoint), timeout, attempt_timeout_s=1.0, retry_s=0.05,
+                          alive=lambda endpoint: by_endpoint[endpoint].proc.poll() is None)
+    if not silent:
+        return
+    pending = [by_endpoint[(ip, 22)] for ip in (endpoint.rsplit(":", 1)[0] for endpoint in silent)]
+    for boot in pending:
+        if boot.proc.poll() is not None:
+            logs = [state / boot.node.name / log for log in ("boot.log", "etc-ssh/sshd.log")]
+            lines = [line for log in logs if log.exists() for line in log.read_text(errors="replace").splitlines()]
+            raise KilnError(f"{boot.node.name}: sshd exited with {boot.proc.returncode}: "
+                            f"{lines[-1] if lines else 'no output'}")
+    node = pending[0].node
+    raise KilnError(f"{node.name} ({node.ip}) did not accept ssh connections within {timeout:.0f} s "
+                    f"({len(pending)} of {len(boots)} nodes not answering)")
+
+
+def verify_login(cluster: plan.Cluster, state: Path) -> None:
+    """One real login on node1, which also checks that node1 reaches the last node over the bridge."""
+    target = cluster.nodes[-1].ip
+    probe = f"import socket; print(socket.gethostname()); socket.create_connection(({target!r}, 22), 5)"
+    argv = ["ssh", "-F", str(state / "ssh_config"), "node1", shlex.join(["python3", "-c", probe])]
+    try:
+        out = run(argv, timeout=30).strip()
+    except KilnError as exc:
+        raise KilnError(f"login to node1, or node1 -> {target}:22 over {cluster.bridge}, failed: {exc} "
+                           "(bridged traffic filtered? see /proc/sys/net/bridge/bridge-nf-call-iptables "
+                           "and the iptables FORWARD chain)") from None
+    if out != "node1":
+        raise KilnError(f"node1 reports hostname {out!r}, not node1")
+
+
+# ---------------------------------------------------------------- sub-commands
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise KilnError("must run as root (namespaces, bridges and mounts need it)")
+    if missing := [tool for tool in TOOLS if not shutil.which(tool)]:
+        raise UsageError(f"required tools missing: {', '.join(missing)}")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Create a cluster of N nodes and wait until each one's sshd answers."""
+    started, name, state = time.monotonic(), args.name, plan.STATE_ROOT / args.name
+    if not 1 <= args.count <= plan.MAX_NODES:
+        raise UsageError(f"N must be between 1 and {plan.MAX_NODES}, not {args.count}")
+    if find_netns(name) or find_links(name) or state.exists():
+        raise UsageError(f"cluster {name} already exists (run: local-cluster down --name {name})")
+    candidates = [plan.parse_subnet(args.subnet, args.count)] if args.subnet else plan.candidate_subnets(name)
+    cluster = plan.plan_cluster(name, args.count, plan.pick_subnet(candidates, used_networks()))
+    plan.STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    state.mkdir(mode=0o700)  # atomic: a concurrent `up` of the same name stops here
+    try:
+        build(cluster, state)
+    except BaseException as exc:
+        try:
+            teardown(name)
+        except KilnError as cleanup:
+            raise UsageError(f"{exc}; cleaning up also failed: {cleanup}") from None
+        raise
+    print(f"cluster {name}: {args.count} nodes up on {cluster.bridge} {cluster.subnet} "
+          f"in {time.monotonic() - started:.1f} s\n"
+          f"  state: {state}\n  ssh:   ssh -F {state / 'ssh_config'} node1\n"
+          f"  fab:   {plan.fab_command(state, cluster)}\n"
+          f"  env:   eval \"$(local-cluster env --name {name})\"\n  down:  local-cluster down --name {name}")
+    return 0
+
+
+def build(cluster: plan.Cluster, state: Path) -> None:
+    """Make the operator key, the network and the nodes; wait for every sshd; log in once."""
+    key = state / "operator_key"
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
+    for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755)):
+        os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
+    timeout = 60 + len(cluster.nodes) / 10
+    run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster), timeout=timeout)
+    operator_pub = key.with_suffix(".pub").read_text()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        boots = list(pool.map(lambda n: boot_node(cluster, n, state / n.name, operator_pub), cluster.nodes))
+    write(state / "known_hosts", "".join(line for boot in boots for line in boot.known_hosts))
+    write(state / "ssh_config", plan.ssh_config_text(cluster, state))
+    write(state / "hostfile", "".join(f"{n.name}\n" for n in cluster.nodes))
+    nodes = [dict(asdict(n), subnet=str(cluster.subnet), state_dir=str(state / n.name)) for n in cluster.nodes]
+    write(state / "nodes.json", json.dumps(nodes, indent=1) + "\n")
+    wait_for_sshd(boots, state, timeout)
+    verify_login(cluster, state)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Remove the cluster: its processes, namespaces, links and state (idempotent)."""
+    if teardown(args.name):
+        print(f"cluster {args.name}: down")
+    return 0
+
+
+def load_nodes(name: str) -> list[dict]:
+    path = plan.STATE_ROOT / name / "nodes.json"
+    if not path.is_file():
+        raise KilnError(f"cluster {name} is not up (no {path})")
+    return json.loads(path.read_text())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Show each node's address, namespace and whether its sshd answers; exit 1 unless all are up."""
+    present = find_netns(args.name)
+    try:
+        nodes = load_nodes(args.name)
+    except KilnError:  # state lost (a crash?): show what the name convention finds
+        nodes = [{"name": "node" + ns.rsplit("-n", 1)[1], "ip": None, "netns": ns} for ns in present]
+    with ThreadPoolExecutor(PROBES) as pool:
+        answering = list(pool.map(lambda n: bool(n["ip"]) and probe_ssh(n["ip"], 22, 1.0) is not None, nodes))
+    rows = [{"node": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_present": n["netns"] in present,
+             "sshd": up} for n, up in zip(nodes, answering, strict=True)]
+    healthy = bool(rows) and all(r["netns_present"] and r["sshd"] for r in rows)
+    if args.json:
+        print(json.dumps({"cluster": args.name, "up": healthy, "nodes": rows}, indent=1))
+    else:
+        print(f"{'NODE':<10}{'IP':<16}{'NETNS':<8}SSHD" if rows else f"cluster {args.name}: not up")
+        for r in rows:
+            print(f"{r['node']:<10}{r['ip'] or '-':<16}{'yes' if r['netns_present'] else 'no':<8}"
+                  f"{'up' if r['sshd'] else 'down'}")
+    return 0 if healthy else 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print KILN_SSH_CONFIG=... and KILN_HOSTS=... shell lines for the cluster."""
+    hosts, config = ",".join(n["name"] for n in load_nodes(args.name)), plan.STATE_ROOT / args.name / "ssh_config"
+    print(f"KILN_SSH_CONFIG={shlex.quote(str(config))}\nKILN_HOSTS={shlex.quote(hosts)}")
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    title, usage, details = __doc__.split("\n\n")
+    parser = argparse.ArgumentParser(prog="local-cluster", usage=usage.removeprefix("usage: "),
+                                     description=f"{title}\n\n{details}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for func in (cmd_up, cmd_down, cmd_status, cmd_env):
+        cmd = sub.add_parser(func.__name__[4:], help=func.__doc__, description=func.__doc__)
+        cmd.set_defaults(func=func)
+        cmd.add_argument("--name", default="kiln", help="cluster name, [a-z][a-z0-9]{0,5} (default kiln)")
+        if func is cmd_up:
+            cmd.add_argument("count", type=int, nargs="?", default=3, metavar="N",
+                             help=f"number of nodes, 1..{plan.MAX_NODES} (default 3)")
+            cmd.add_argument("--subnet", help="private IPv4 CIDR (default: 10.x.0.0/16 derived from the name)")
+        if func is cmd_status:
+            cmd.add_argument("--json", action="store_true", help="print JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+
+    def command() -> int:
+        plan.check_name(args.name)
+        preflight()
+        return args.func(args)
+
+    return run_main("local-cluster: error", command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

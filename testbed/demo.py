@@ -1,0 +1,69 @@
+"""usage: scripts/demo [--nodes N] [--epochs E] [--keep]
+
+kiln end to end on this machine: bring up a local cluster (network namespaces
+with their own sshd), mesh it, train in horovod mode and in tf-config mode
+(workers, then parameter servers), print one result table, tear it all down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bootstrap import runs
+from kiln.paths import PROJECT as ROOT
+
+CLUSTER = "kiln"
+STATE = Path("/run/kiln/local") / CLUSTER
+
+
+def step(title: str, argv: list[str], timeout: float = 900) -> None:
+    print(f"\n== {title}\n$ {' '.join(argv)}", flush=True)
+    done = subprocess.run(argv, cwd=ROOT, timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"demo: {title} failed (exit {done.returncode})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.splitlines()[2])
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
+    options = parser.parse_args(argv)
+    local_cluster = [sys.executable, "-m", "testbed.cluster"]
+    fab = [str(Path(sys.executable).with_name("fab")), "-S", str(STATE / "ssh_config"),
+           "-H", ",".join(f"node{i}" for i in range(1, options.nodes + 1))]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    modes = [
+        ("horovod", ["--mode", "horovod"]),
+        ("tf-config (workers)", ["--mode", "tf-config"]),
+        ("tf-config (1 ps)", ["--mode", "tf-config", "--ps", "1"]),
+    ]
+    subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
+    try:
+        step(f"a local cluster of {options.nodes} nodes", [*local_cluster, "up", str(options.nodes), "--name", CLUSTER])
+        step("the SSH mesh", [*fab, "cluster.mesh", "--cluster", CLUSTER])
+        step("preflight", [*fab, "cluster.check", "--cluster", CLUSTER])
+        rows = []
+        for index, (label, args) in enumerate(modes):
+            run_id = f"demo-{stamp}-{index}"
+            step(f"training: {label}", [*fab, "cluster.train", "--cluster", CLUSTER, *args, "--run-id", run_id,
+                                        "--args", f"--epochs {options.epochs}"])
+            data = json.loads((runs.run_folder(run_id) / "summary.json").read_text())
+            rows.append({**runs.result_row(data), "mode": label})
+        print("\n" + runs.format_rows(rows))
+        print(f"\nrun folders: {runs.runs_root()}/demo-{stamp}-*")
+    finally:
+        if not options.keep:
+            subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""testbed.netns: a local cluster's names, addresses and file texts (exact output, no root needed)."""
+
+from __future__ import annotations
+
+import ipaddress
+import zlib
+from pathlib import Path
+
+import pytest
+
+from kiln.errors import UsageError
+from testbed import netns as plan
+
+
+def test_plan_names_and_addresses_follow_the_convention():
+    cluster = plan.plan_cluster("kiln", 2, ipaddress.IPv4Network("10.9.0.0/16"))
+    tag = zlib.crc32(b"kiln") & 0xFFFF
+    mac = f"02:{tag >> 8:02x}:{tag & 255:02x}:00:00"
+    assert (cluster.gateway, cluster.gateway_mac) == ("10.9.0.1", f"{mac}:00")
+    assert cluster.nodes == (plan.Node(1, "node1", "10.9.0.2", "kiln-n1", "kiln-v1", f"{mac}:01"),
+                             plan.Node(2, "node2", "10.9.0.3", "kiln-n2", "kiln-v2", f"{mac}:02"))
+
+
+def test_default_subnet_is_derived_from_the_name():
+    first = plan.candidate_subnets("kiln")[0]
+    assert first == ipaddress.IPv4Network(f"10.{200 + zlib.crc32(b'kiln') % 50}.0.0/16")
+    assert len(set(plan.candidate_subnets("kiln"))) == 50
+
+
+def test_a_subnet_in_use_is_skipped():
+    used = [("kiln-br", ipaddress.IPv4Network("10.201.0.0/16"))]
+    candidates = [ipaddress.IPv4Network("10.201.0.0/16"), ipaddress.IPv4Network("10.202.0.0/16")]
+    assert plan.pick_subnet(candidates, used) == candidates[1]
+    with pytest.raises(UsageError, match="overlaps 10.201.0.0/16 on kiln-br"):
+        plan.pick_subnet(candidates[:1], used)
+
+
+def test_invalid_names_are_refused():
+    for bad in ("Kiln", "1abc", "kiln-2", "toolong1", ""):
+        with pytest.raises(UsageError):
+            plan.check_name(bad)
+
+
+def test_operator_ssh_config_pins_keys_and_names_every_node():
+    cluster = plan.plan_cluster("kiln", 2, ipaddress.IPv4Network("10.9.0.0/16"))
+    state = Path("/run/kiln/local/kiln")
+    assert plan.ssh_config_text(cluster, state) == (
+        "Host node1\n  HostName 10.9.0.2\nHost node2\n  HostName 10.9.0.3\n"
+        "Host *\n  User root\n  IdentityFile /run/kiln/local/kiln/operator_key\n  IdentitiesOnly yes\n"
+        "  UserKnownHostsFile /run/kiln/local/kiln/known_hosts\n  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n  ConnectTimeout 10\n")
+
+
+def test_ip_batches_build_the_network_with_static_neighbours():
+    cluster = plan.plan_cluster("kiln", 1, ipaddress.IPv4Network("10.9.0.0/16"))
+    node, gw_mac = cluster.nodes[0], cluster.gateway_mac
+    assert plan.root_batch(cluster).splitlines() == [
+        f"link add kiln-br address {gw_mac} type bridge", "addr add 10.9.0.1/16 dev kiln-br", "link set kiln-br up",
+        "netns add kiln-n1", f"link add kiln-v1 type veth peer name eth0 address {node.mac} netns kiln-n1",
+        "link set kiln-v1 master kiln-br up", f"neigh replace 10.9.0.2 lladdr {node.mac} dev kiln-br nud permanent"]
+    assert plan.node_batch(cluster, node).splitlines() == [
+        "link set lo up", "addr add 10.9.0.2/16 dev eth0", "link set eth0 up", "route add default via 10.9.0.1",
+        f"neigh replace 10.9.0.1 lladdr {gw_mac} dev eth0 nud permanent"]
+    assert plan.teardown_batch(["kiln-n1"], ["kiln-v1", "kiln-br"]).splitlines() == [
+        "netns del kiln-n1", "link del kiln-v1", "link del kiln-br"]
+
+
+def test_node_mounts_cover_the_private_paths_and_hide_the_state():
+    assert plan.fstab_text(Path("/run/kiln/local/kiln/node1")).splitlines() == [
+        "/run/kiln/local/kiln/node1/etc-ssh /etc/ssh none bind 0 0",
+        "/run/kiln/local/kiln/node1/hosts /etc/hosts none bind 0 0",
+        "/run/kiln/local/kiln/node1/ssh /root/.ssh none bind 0 0",
+        "/run/kiln/local/kiln/node1/kiln /root/kiln none bind 0 0",
+        "kiln-hidden /run/kiln tmpfs size=64k,mode=755 0 0"]
+
+
+def test_known_hosts_lines_carry_name_and_address():
+    node = plan.Node(1, "node1", "10.9.0.2", "kiln-n1", "kiln-v1", "02:00:00:00:00:01")
+    assert plan.known_hosts_lines(node, ["ssh-ed25519 AAAA root@node1\n"]) == ["node1,10.9.0.2 ssh-ed25519 AAAA\n"]

@@ -1,0 +1,53 @@
+"""bootstrap.state: the records of clusters and runs round-trip through their files as parsed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bootstrap import state
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+
+
+@pytest.fixture(autouse=True)
+def homes(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KILN_RUNS", str(tmp_path / "runs"))
+
+
+def test_a_cluster_record_round_trips_with_its_hosts_parsed():
+    record = state.ClusterRecord("exp1", (Host("10.0.0.5", 2222, "ubuntu", 4), Host("fe80::1")), "/v/bin/python",
+                                 state.SshSettings(identity="/k/id"), region="us-east-1", user="ubuntu",
+                                 instances=(state.Instance("i-1", "10.0.0.5", "console"),))
+    state.save_cluster(record)
+    assert state.load_cluster("exp1") == record
+    saved = json.loads((state.cluster_dir("exp1") / "cluster.json").read_text())
+    assert saved["hosts"][0] == {"address": "10.0.0.5", "port": 2222, "user": "ubuntu", "slots": 4}
+    assert state.load_cluster("other") is None
+
+
+def test_forgetting_a_cluster_removes_its_files():
+    state.save_cluster(state.ClusterRecord("gone", (Host("h1"),), "python3"))
+    state.save_cloud_state("gone", {"region": "r"})
+    assert state.has_cloud_state("gone")
+    state.forget_cluster("gone")
+    assert not state.cluster_dir("gone").exists()
+
+
+def run(run_id: str, started: float) -> state.RunRecord:
+    return state.RunRecord(run_id, "tf-config", "c1", "python3", (Host("node1", user="root"),), ("node1",),
+                           "/root/kiln", (state.TaskRecord("node1", 0, "worker-0"),), ("worker-0",),
+                           started=started)
+
+
+def test_runs_are_found_by_id_or_as_the_newest():
+    state.save_run(run("first", 1.0))
+    state.save_run(run("second", 2.0))
+    assert state.load_run("first") == run("first", 1.0)
+    assert state.load_run(None).run_id == "second"
+    with pytest.raises(UsageError, match="no run 'third'"):
+        state.load_run("third")
+    with pytest.raises(UsageError, match="run id '../x'"):
+        state.load_run("../x")

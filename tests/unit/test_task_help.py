@@ -1,0 +1,56 @@
+"""The help of every kiln task: long flags only (no `--,` or `--=INT` once invoke's short letters run out, and
+`-h` stays help), a value shown for every option that takes one, and numbers parsed as numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from invoke.exceptions import ParseError
+from invoke.parser import Parser
+
+from bootstrap.tasks import namespace
+from kiln.paths import PROJECT
+
+NAMESPACE = namespace()
+TASKS = sorted(NAMESPACE.task_names)
+
+
+def contexts():
+    return {context.name: context for context in NAMESPACE.to_contexts()}
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_every_flag_is_a_long_name_with_its_value_shown(name):
+    context = contexts()[name]
+    for flags, _ in context.help_tuples():
+        for flag in flags.split(", "):
+            assert flag.startswith("--") and flag[2:3].isalpha(), f"{name}: broken flag {flag!r} in {flags!r}"
+            assert not flag.startswith(("--=", "--,")), flags
+    for argument in context.args.values():
+        if argument.kind is not bool:
+            shown = context.help_for(f"--{argument.name.replace('_', '-')}")[0]
+            assert "=" in shown, f"{name}: --{argument.name} takes a value but its help shows {shown!r}"
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_no_task_takes_h_from_help(name):
+    assert "-h" not in contexts()[name].flags
+
+
+def test_float_options_parse_as_numbers_and_refuse_words():
+    context = contexts()["cluster.train"]
+    parsed = Parser(contexts=[context]).parse_argv(["cluster.train", "--stall-factor", "2.5", "--max-restarts", "2"])
+    args = parsed[0].args
+    assert args["stall_factor"].value == 2.5 and args["max_restarts"].value == 2
+    assert args["stall_minimum"].value == 60.0 and isinstance(args["stall_minimum"].value, float)
+    with pytest.raises(ParseError, match="--stall-factor wants a number, not 'fast'"):
+        Parser(contexts=[contexts()["cluster.train"]]).parse_argv(["cluster.train", "--stall-factor", "fast"])
+
+
+def test_fab_prints_the_help_of_a_task_from_the_project():
+    done = subprocess.run([sys.executable, "-m", "fabric", "--help", "cluster.train"], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--stall-minimum=STRING" in done.stdout and "--, " not in done.stdout and "--=" not in done.stdout
