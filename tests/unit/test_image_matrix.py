@@ -1,5 +1,6 @@
-"""The bake's static promises: one version matrix agreeing with pyproject.toml, and every role's
-defaults and argument spec naming the same variables, all role-prefixed."""
+"""The bake's static promises: one version matrix agreeing with pyproject.toml, every role's defaults and
+argument spec naming the same variables, all role-prefixed, and internal roles (imported by other roles, never
+listed in a playbook) given their required inputs by every role that imports them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,39 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = sorted(p for p in (ROOT / "ansible" / "roles").iterdir() if p.is_dir())
 MATRIX = yaml.safe_load((ROOT / "ansible" / "group_vars" / "all" / "versions.yml").read_text())
 ROLE_NAMES = [role.name for role in ROLES]
+PLAYBOOKS = [ROOT / "ansible" / "image.yml", ROOT / "ansible" / "cleanup.yml"]
+ROLE_IMPORTS = ("ansible.builtin.import_role", "ansible.builtin.include_role")
+
+
+def tasks_of(items: list) -> list[dict]:
+    """Every task in a task list, blocks (block, rescue, always) flattened."""
+    found = []
+    for item in items:
+        nested = [part for key in ("block", "rescue", "always") for part in item.get(key, [])]
+        found.extend(tasks_of(nested) if nested else [item])
+    return found
+
+
+def role_imports() -> list[tuple[str, str, dict]]:
+    """(importing role, imported role, the vars it passes) for every import_role / include_role in a role."""
+    imports = []
+    for role in ROLES:
+        for path in sorted((role / "tasks").glob("*.yml")):
+            for task in tasks_of(yaml.safe_load(path.read_text()) or []):
+                for module in ROLE_IMPORTS:
+                    if module in task:
+                        imports.append((role.name, task[module]["name"], task.get("vars") or {}))
+    return imports
+
+
+def playbook_roles() -> set[str]:
+    return {entry["role"] if isinstance(entry, dict) else entry
+            for path in PLAYBOOKS for play in yaml.safe_load(path.read_text()) for entry in play.get("roles", [])}
+
+
+IMPORTS = role_imports()
+INTERNAL = sorted({imported for _, imported, _ in IMPORTS})
+PUBLIC = [role for role in ROLES if role.name not in INTERNAL]
 
 
 def pyproject_pins() -> dict[str, str]:
@@ -69,8 +103,26 @@ def test_every_spec_option_is_typed_and_described(role):
     assert not loose, f"{role.name}: options without type or description: {loose}"
 
 
-@pytest.mark.parametrize("role", ROLES, ids=ROLE_NAMES)
+@pytest.mark.parametrize("role", PUBLIC, ids=[role.name for role in PUBLIC])
 def test_required_spec_options_are_in_the_matrix(role):
     required = [name for name, option in role_spec(role).items() if option.get("required")]
     missing = [name for name in required if name not in MATRIX]
     assert not missing, f"{role.name}: required options the matrix does not set: {missing}"
+
+
+def test_every_role_is_in_a_playbook_or_imported_by_a_role_but_not_both():
+    listed = playbook_roles()
+    assert "apt_source" in INTERNAL, f"apt_source is no longer imported by any role ({IMPORTS})"
+    assert listed & set(INTERNAL) == set(), f"internal roles listed in a playbook: {sorted(listed & set(INTERNAL))}"
+    unused = sorted(set(ROLE_NAMES) - listed - set(INTERNAL))
+    assert not unused, f"roles no playbook lists and no role imports: {unused}"
+
+
+@pytest.mark.parametrize(("importer", "role", "passed"), IMPORTS,
+                         ids=[f"{importer}->{role}" for importer, role, _ in IMPORTS])
+def test_internal_role_imports_pass_every_required_option_and_no_unknown_one(importer, role, passed):
+    spec = role_spec(ROOT / "ansible" / "roles" / role)
+    required = {name for name, option in spec.items() if option.get("required")}
+    assert required - set(passed) == set(), f"{importer} imports {role} without {sorted(required - set(passed))}"
+    assert set(passed) - set(spec) == set(), f"{importer} passes {role} options it does not have: " \
+                                             f"{sorted(set(passed) - set(spec))}"
