@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bootstrap import runs
+from bootstrap import runs, state
 from kiln.paths import PROJECT as ROOT
 
 CLUSTER = "kiln"
@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             run_id = f"demo-{stamp}-{index}"
             step(f"training: {label}", [*fab, "cluster.train", "--cluster", CLUSTER, *args, "--run-id", run_id,
                                         "--args", f"--epochs {options.epochs}"])
-            data = json.loads((runs.run_folder(run_id) / "summary.json").read_text())
+            data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
             rows.append({**runs.result_row(data), "mode": label})
         print("\n" + runs.format_rows(rows))
-        print(f"\nrun folders: {runs.runs_root()}/demo-{stamp}-*")
+        print(f"\nrun folders: {state.runs_root()}/demo-{stamp}-*")
     finally:
         if not options.keep:
             subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
