@@ -74,7 +74,7 @@ class Target:
 def target(c, *, hostfile: str | None, cluster: str | None, slots: int | None, python: str | None) -> Target:
     """Parse what the user named: hosts, the cluster's name, ssh settings, the nodes' Python."""
     saved = state.load_cluster(mesh.validate_cluster_name(cluster)) if cluster else None
-    if cluster and saved is None:
+    if cluster and saved is None and not (hostfile or c.config.get("kiln_hosts")):
         raise UsageError(f"no cluster {cluster!r} in {state.kiln_home()}/clusters: set it up with cluster.mesh "
                          "(with -H) or cluster.up")
     hosts = host_list(c, hostfile, slots, saved)
