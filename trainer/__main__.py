@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.cli import AUTO, RECORDABLE_STRATEGIES, TrainConfig, parse_args
+from trainer.cli import parse_args
 from trainer.cluster import (
     cluster_of,
     cluster_strategy,
@@ -25,6 +25,7 @@ from trainer.cluster import (
     resolve_task,
     training_workers,
 )
+from trainer.config import AUTO, RECORDABLE_STRATEGIES, TrainConfig
 from trainer.errors import TrainerError
 from trainer.inputs import check_data, check_writable_dir
 from trainer.plan import per_replica_batch_size

@@ -10,8 +10,8 @@ from typing import Any
 import tf_keras as keras
 
 from trainer import data, report
-from trainer.cli import TrainConfig
 from trainer.cluster import Task
+from trainer.config import TrainConfig
 from trainer.model import evaluate_accuracy
 
 POLL_SECONDS = 2.0

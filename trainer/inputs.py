@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.arrays import checked_arrays
+from trainer.config import DATASETS
 from trainer.errors import TrainerError
-
-BUILTIN_DATASETS = ("digits", "synthetic")
+from trainer.tfrecords import load_tfrecords
 
 
 def load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -36,33 +37,14 @@ def load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return checked_arrays(str(path), x, y)
 
 
-def checked_arrays(name: str, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` as float32 N x features and int32 labels; raise TrainerError
-    naming what is wrong with them (``name`` is the --data value)."""
-    path = name
-    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
-        raise TrainerError(f"--data {path}: x must be a non-empty N x features array, got shape {x.shape}")
-    if y.ndim != 1:
-        raise TrainerError(f"--data {path}: y must be a vector of N labels, got shape {y.shape}")
-    if len(x) != len(y):
-        raise TrainerError(f"--data {path}: x has {len(x)} rows but y has {len(y)} labels")
-    if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x)):
-        raise TrainerError(f"--data {path}: x must hold finite numbers")
-    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
-        raise TrainerError(f"--data {path}: y must hold non-negative integer labels, got {y.dtype}")
-    return x.astype(np.float32), y.astype(np.int32)
-
-
 def check_data(data: str) -> None:
     """Fail early on a ``--data`` path that cannot be trained on (a TFRecord
     path is read through TensorFlow: see trainer.tfrecords)."""
-    if data in BUILTIN_DATASETS:
+    if data in DATASETS:
         return
     if data.endswith(".npz"):
         load_npz(Path(data))
     else:
-        from trainer.tfrecords import load_tfrecords
-
         load_tfrecords(data)
 
 

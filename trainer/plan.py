@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainer.cli import TrainConfig
+from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 
 

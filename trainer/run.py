@@ -11,8 +11,8 @@ import tf_keras as keras
 
 from trainer import data, evaluator, report, storage, strategies
 from trainer.checkpoints import CheckpointCallback, Checkpoints, Preempted, StopFlag
-from trainer.cli import TrainConfig
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
+from trainer.config import TrainConfig
 from trainer.idrecord import IdRecorder
 from trainer.metrics import MetricsLogger
 from trainer.model import build_model, compile_model, evaluate_accuracy, export_model

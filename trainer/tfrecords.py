@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.arrays import checked_arrays
 from trainer.errors import TrainerError
-from trainer.inputs import checked_arrays
 
 SUFFIXES = (".tfrecord", ".tfrecords")
 GLOB_CHARS = frozenset("*?[")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.cli import TrainConfig, parse_args
+from trainer.cli import parse_args
 from trainer.cluster import (
     LOCAL_TASK,
     Task,
@@ -23,6 +23,7 @@ from trainer.cluster import (
     task_from_tf_config,
     training_workers,
 )
+from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.plan import (
     Replicas,

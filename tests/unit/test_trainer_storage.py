@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cli import TrainConfig, parse_args
+from trainer.cli import parse_args
+from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.storage import Location, cache_path, default_cache_dir, is_remote, parse_location, upload_keys
 
