@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from bootstrap import commands, mesh, preflight, state
 from bootstrap.commands import SshOptions
@@ -134,11 +136,37 @@ class Cluster:
         return table, not findings and not unreachable
 
     def sync(self, source: str, destination: str) -> None:
-        """Mirror the code folder to the same path on every node."""
+        """Mirror a project folder to the same path on every node, leaving out what its .kilnignore (else its
+        .gitignore files) and kiln's fixed list leave out."""
+        filters = commands.ignore_filters((Path(source) / ".kilnignore").is_file())
+
         def push(host: Host) -> None:
-            self.remote.rsync(host, commands.rsync_push_argv(source, host, destination, self.remote.options))
+            self.remote.rsync(host, commands.rsync_push_argv(source, host, destination, self.remote.options,
+                                                             filters=filters))
 
         self.remote.map_or_raise("sync", self.hosts, push)
+
+    def sync_lib(self, destination: str) -> None:
+        """Put kiln's own node-side part (the reference trainer, the shims) in `destination` on every node."""
+        trainer = importlib.util.find_spec("trainer")  # found, not imported: importing it sets TensorFlow's env
+        folders = [*trainer.submodule_search_locations, str(Path(__file__).parent / "shim")]
+
+        def push(host: Host) -> None:
+            self.remote.rsync(host, commands.rsync_push_folders_argv(folders, host, destination,
+                                                                     self.remote.options))
+
+        self.remote.map_or_raise("sync", self.hosts, push)
+
+    def check_program(self, command: str | None) -> None:
+        """Run the program check (launch.program_check) on every node; name each node where it failed."""
+        if command is None:
+            return
+        results = self.remote.map_or_raise("program check", self.hosts, lambda h: self.remote.run(h, command))
+        missing = {h.label: r.stdout.strip() or r.stderr.strip() for h, r in results.items() if r.code != 0}
+        if missing:
+            raise KilnError("the program cannot start: " + "; ".join(f"{host}: {why}" for host, why in
+                                                                     sorted(missing.items()))
+                            + "; nothing was started")
 
     def home(self, host: Host) -> str:
         for node in self.nodes:

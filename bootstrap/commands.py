@@ -95,12 +95,27 @@ def rsync_ssh_command(host: Host, options: SshOptions) -> str:
 
 
 def rsync_push_argv(source_dir: str, host: Host, dest_dir: str, options: SshOptions,
-                    excludes: Sequence[str] = SYNC_EXCLUDES, timeout: int = 60) -> list[str]:
-    """Mirror `source_dir` to `dest_dir` on `host` (deleting what is gone here)."""
-    excluded = [f"--exclude={pattern}" for pattern in excludes]
+                    excludes: Sequence[str] = SYNC_EXCLUDES, timeout: int = 60,
+                    filters: Sequence[str] = ()) -> list[str]:
+    """Mirror `source_dir` to `dest_dir` on `host` (deleting what is gone here); `filters` are rsync filter rules
+    (e.g. `:- .gitignore`, the per-folder ignore files)."""
+    excluded = [f"--exclude={pattern}" for pattern in excludes] + [f"--filter={rule}" for rule in filters]
     return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath", *excluded,
             "-e", rsync_ssh_command(host, options), source_dir.rstrip("/") + "/",
             rsync_target(host, dest_dir.rstrip("/") + "/")]
+
+
+def rsync_push_folders_argv(folders: Sequence[str], host: Host, dest_dir: str, options: SshOptions,
+                            timeout: int = 60) -> list[str]:
+    """Mirror each of `folders` to `dest_dir/<its name>` on `host`."""
+    return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath", "--exclude=__pycache__/",
+            "--exclude=*.pyc", "-e", rsync_ssh_command(host, options), *(f.rstrip("/") for f in folders),
+            rsync_target(host, dest_dir.rstrip("/") + "/")]
+
+
+def ignore_filters(has_kilnignore: bool) -> list[str]:
+    """The project's ignore files, read in every folder: .kilnignore where the project has one, else .gitignore."""
+    return [":- .kilnignore"] if has_kilnignore else [":- .gitignore"]
 
 
 def rsync_pull_argv(host: Host, source_dir: str, dest_dir: str, options: SshOptions, timeout: int = 60) -> list[str]:

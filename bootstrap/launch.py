@@ -21,13 +21,14 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 @dataclass(frozen=True)
 class Launch:
-    """One process to start: on which host (index), under which task name, how."""
+    """One process to start: on which host (index), under which task name, how, from which folder."""
 
     host: int
     task: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
     files: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class RunPlan:
     finishing: tuple[str, ...]
     rank_hosts: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()  # what the processes listen on, per host: preflight checks they are free
+    checkpoint_dir: str = ""  # spread from the first node to the others before a restart
 
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
@@ -54,58 +56,133 @@ class NodePaths:
 
     @property
     def code(self) -> str:
+        """The user's project, synced: user programs run here."""
         return f"{self.root}/code"
+
+    @property
+    def lib(self) -> str:
+        """kiln's own part on the node: the reference trainer and the shims."""
+        return f"{self.root}/lib"
 
     def run(self, run_id: str) -> str:
         return f"{self.root}/runs/{run_id}"
 
 
-def process_env(run_id: str, python: str, paths: NodePaths) -> dict[str, str]:
-    """What every training process gets: its run id (to find and stop it), the
-    synced code on PYTHONPATH, legacy Keras, and kiln's ssh shim first on PATH."""
+@dataclass(frozen=True)
+class Program:
+    """What every process runs: the user's argv from `code`, or (no argv) kiln's reference trainer."""
+
+    argv: tuple[str, ...] = ()
+    trainer_args: tuple[str, ...] = ()
+    checkpoint_dir: str | None = None
+
+    @property
+    def is_user(self) -> bool:
+        return bool(self.argv)
+
+
+def user_argv(argv: Sequence[str], python: str) -> list[str]:
+    """The user's command as the nodes run it: a script (`train.py`) or a bare `python`/`python3` runs with the
+    nodes' Python (the one with TensorFlow and Horovod); anything else runs as given, found on PATH."""
+    first = argv[0]
+    if first.endswith(".py"):
+        return [python, *argv]
+    if first in ("python", "python3"):
+        return [python, *argv[1:]]
+    return list(argv)
+
+
+def program_check(program: Program, python: str, paths: NodePaths) -> str | None:
+    """A shell command that fails, saying what is missing, where a node could not start the user's program:
+    the command itself (on the processes' PATH, or a path in the project) and the script it runs."""
+    if not program.is_user:
+        return None
+    argv = user_argv(program.argv, python)
+    code = paths.code
+    env_path = process_env("check", python, paths, program)["PATH"]
+
+    def fail(what: str) -> str:
+        return f"{{ echo {shlex.quote(what)}; exit 1; }}"
+
+    executable = argv[0]
+    if "/" in executable:
+        checks = [f"[ -x {shlex.quote(executable)} ] || "
+                  + fail(f"{executable}: no such executable (from {code})")]
+    else:
+        checks = [f"command -v {shlex.quote(executable)} >/dev/null || "
+                  + fail(f"{executable}: command not found (PATH={env_path})")]
+    if executable == python and len(argv) > 1 and not argv[1].startswith("-"):
+        checks.append(f"[ -f {shlex.quote(argv[1])} ] || " + fail(f"{argv[1]}: no such file in {code}"))
+    return f"cd {shlex.quote(code)} && PATH={shlex.quote(env_path)} && " + " && ".join(checks)
+
+
+def checkpoint_dir(program: Program, run_dir: str) -> str:
+    return program.checkpoint_dir or f"{run_dir}/checkpoints"
+
+
+def process_env(run_id: str, python: str, paths: NodePaths, program: Program = Program()) -> dict[str, str]:
+    """What every process gets: the environment contract (README), the code on PYTHONPATH (kiln's for the
+    reference trainer, the user's project for theirs), legacy Keras, and kiln's ssh shim first on PATH."""
     python_bin = str(PurePosixPath(python).parent)
+    run_dir = paths.run(run_id)
     return {
         "KILN_RUN_ID": run_id,
-        "PYTHONPATH": paths.code,
+        "KILN_MODEL_DIR": f"{run_dir}/model",
+        "KILN_CHECKPOINT_DIR": checkpoint_dir(program, run_dir),
+        "KILN_OUTPUT_DIR": f"{run_dir}/output",
+        "PYTHONPATH": paths.code if program.is_user else paths.lib,
         "PYTHONUNBUFFERED": "1",
         "TF_USE_LEGACY_KERAS": "1",
-        "PATH": f"{paths.code}/bootstrap/shim:{python_bin}:{SYSTEM_PATH}",
+        "PATH": f"{paths.lib}/shim:{python_bin}:{SYSTEM_PATH}",
     }
 
 
+def working_dir(program: Program, paths: NodePaths) -> str:
+    return paths.code if program.is_user else paths.lib
+
+
+def entry_argv(program: Program, python: str, strategy: str, run_dir: str) -> list[str]:
+    if program.is_user:
+        return user_argv(program.argv, python)
+    return commands.trainer_argv(python, strategy, run_dir=run_dir, model_dir=f"{run_dir}/model",
+                                 extra=program.trainer_args)
+
+
 def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
-                 trainer_args: Sequence[str], nic: str | None, mpi: bool = False) -> RunPlan:
+                 program: Program, nic: str | None, mpi: bool = False) -> RunPlan:
     """One horovodrun on the first node over a generated hostfile."""
     run_dir = paths.run(run_id)
-    entry = commands.trainer_argv(python, "horovod", run_dir=run_dir, model_dir=f"{run_dir}/model",
-                                  extra=trainer_args)
+    entry = entry_argv(program, python, "horovod", run_dir)
+    if program.is_user:  # each rank gets its own KILN_OUTPUT_DIR (output/rank-N)
+        entry = [f"{paths.lib}/shim/kiln-rank", *entry]
     horovodrun = str(PurePosixPath(python).parent / "horovodrun")
     # On one node horovodrun talks over loopback and refuses any other interface; with one process
     # its --output-filename divides by zero (horovod 0.28.1), and the log has that one rank anyway.
     argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=f"{run_dir}/hostfile", entry=entry,
                                     nic=nic if len(names) > 1 else None, mpi=mpi,
                                     output_dir=f"{run_dir}/ranks" if sum(slots) > 1 else None)
-    launch = Launch(0, HOROVOD_TASK, tuple(argv), process_env(run_id, python, paths),
-                    {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)})
+    launch = Launch(0, HOROVOD_TASK, tuple(argv), process_env(run_id, python, paths, program),
+                    {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)}, working_dir(program, paths))
     return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),
-                   tuple(topology.horovod_rank_hosts(names, slots)))
+                   tuple(topology.horovod_rank_hosts(names, slots)), checkpoint_dir=checkpoint_dir(program, run_dir))
 
 
 def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: NodePaths,
-                   trainer_args: Sequence[str]) -> RunPlan:
-    """One process per role, each with its own TF_CONFIG."""
+                   program: Program) -> RunPlan:
+    """One process per role, each with its own TF_CONFIG and output folder."""
     strategy = "ps" if any(p.role == "ps" for p in topo.processes) else "multiworker"
     run_dir = paths.run(run_id)
     launches = []
     for process in topo.processes:
-        env = {**process_env(run_id, python, paths),
-               "TF_CONFIG": json.dumps(topology.tf_config(topo, process), separators=(",", ":"))}
-        argv = commands.trainer_argv(python, strategy, run_dir=run_dir, model_dir=f"{run_dir}/model",
-                                     extra=trainer_args)
-        launches.append(Launch(process.host, process.task, tuple(argv), env))
+        env = process_env(run_id, python, paths, program)
+        env.update({"KILN_TASK": process.task, "KILN_OUTPUT_DIR": f"{env['KILN_OUTPUT_DIR']}/{process.task}",
+                    "TF_CONFIG": json.dumps(topology.tf_config(topo, process), separators=(",", ":"))})
+        launches.append(Launch(process.host, process.task, tuple(entry_argv(program, python, strategy, run_dir)),
+                               env, cwd=working_dir(program, paths)))
     finishing = tuple(p.task for p in topology.finishing_tasks(topo))
     return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing,
-                   ports=tuple(sorted({p.port for p in topo.processes})))
+                   ports=tuple(sorted({p.port for p in topo.processes})),
+                   checkpoint_dir=checkpoint_dir(program, run_dir))
 
 
 @dataclass(frozen=True)
@@ -118,7 +195,7 @@ class RunSpec:
     slots: tuple[int, ...]
     python: str
     root: str
-    trainer_args: tuple[str, ...] = ()
+    program: Program = Program()
     nic: str | None = None
     ps: int = 0
     chief: bool = False
@@ -132,17 +209,21 @@ def plan_run(spec: RunSpec) -> RunPlan:
     paths = NodePaths(spec.root)
     if spec.mode == "horovod":
         return plan_horovod(spec.run_id, spec.names, spec.slots, python=spec.python, paths=paths,
-                            trainer_args=spec.trainer_args, nic=spec.nic, mpi=spec.mpi)
+                            program=spec.program, nic=spec.nic, mpi=spec.mpi)
     topo = topology.plan_tf_config(list(spec.names), list(spec.slots), ps=spec.ps, chief=spec.chief,
                                    evaluator=spec.evaluator, base_port=spec.base_port)
-    return plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, trainer_args=spec.trainer_args)
+    return plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, program=spec.program)
 
 
 def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
     """The shell command that writes the launch's files and starts it detached."""
     run_dir = paths.run(run_id)
     writes = "".join(f"printf %s {shlex.quote(text)} > {shlex.quote(path)} && " for path, text in launch.files.items())
-    start = commands.detached_command(launch.argv, cwd=paths.code, run_dir=run_dir, task=launch.task, env=launch.env)
+    output = launch.env.get("KILN_OUTPUT_DIR")
+    if output:
+        writes += f"mkdir -p {shlex.quote(output)} && "
+    start = commands.detached_command(launch.argv, cwd=launch.cwd or paths.lib, run_dir=run_dir, task=launch.task,
+                                      env=launch.env)
     pid = shlex.quote(f"{run_dir}/{launch.task}.pid")
     started = f"for _ in $(seq 50); do [ -s {pid} ] && break; sleep 0.1; done; [ -s {pid} ]"
     return f"{writes}{start} && {started}"

@@ -53,7 +53,7 @@ def _resolution(node: Node, nodes: Sequence[Node]) -> list[Finding]:
     elif loopback:
         found.append(Finding(node.host.label, "resolve",
                              f"own hostname {node.name!r} resolves to loopback {', '.join(loopback)} "
-                             "(Gloo would bind there); run cluster.mesh"))
+                             "(Gloo would bind there); run kiln mesh"))
     for other in nodes:
         if other is node or other.name not in resolved:
             continue

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
-from kiln.paths import PROJECT
 
 CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "id_ed25519", "id_ed25519.pub", "known_hosts",
                  "known_hosts.first-contact")
@@ -36,8 +35,8 @@ def cluster_dir(cluster: str) -> Path:
 
 
 def runs_root() -> Path:
-    """runs/ of the project (not of wherever `fab` was started), unless KILN_RUNS says otherwise."""
-    return Path(os.environ.get("KILN_RUNS", PROJECT / "runs"))
+    """Where runs are kept: ~/.kiln/runs (whichever folder kiln was started from), unless KILN_RUNS says otherwise."""
+    return Path(os.environ.get("KILN_RUNS", kiln_home() / "runs"))
 
 
 def run_folder(run_id: str) -> Path:
@@ -227,7 +226,7 @@ def load_run(run_id: str | None) -> RunRecord:
     if run_id is None:
         found = [(read_json(p), p) for p in runs_root().glob("*/run.json")]
         if not found:
-            raise UsageError(f"no runs in {runs_root()}/; start one with cluster.train")
+            raise UsageError(f"no runs in {runs_root()}/; start one with kiln train")
         data, path = max(found, key=lambda pair: pair[0].get("started", 0))
         return run_from_json(data, path)
     path = run_folder(validate_run_id(run_id)) / "run.json"

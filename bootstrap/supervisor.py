@@ -150,7 +150,7 @@ class Supervisor:
         """Give every node the chief's checkpoints (first node) before a restart,
         so every process resumes from the same step without shared storage."""
         source, others = self.group.hosts[0], self.group.hosts[1:]
-        checkpoints = f"{self.run_dir}/checkpoints"
+        checkpoints = self.plan.checkpoint_dir or f"{self.run_dir}/checkpoints"
         local = self.folder / "checkpoints"
         options = self.group.remote.options
         present = self.group.remote.run(source, ["test", "-d", checkpoints], timeout=30).code == 0

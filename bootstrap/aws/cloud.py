@@ -216,7 +216,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     taken = find_resources(aws, request.name)
     if taken:
         raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) tagged "
-                         f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} (fab cluster.down --name "
+                         f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} (kiln down --name "
                          f"{request.name})")
     tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
     folder = state.cluster_dir(request.name)
@@ -287,7 +287,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         failures = rollback.run()
         message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "
         if failures:
-            message += ("rolling back left things behind (run fab cluster.down --name "
+            message += ("rolling back left things behind (run kiln down --name "
                         f"{request.name}): " + "; ".join(failures))
         else:
             message += "everything it had created was removed"

@@ -1,4 +1,4 @@
-"""What `cluster.up` asks AWS for, decided without touching AWS: validation, tags, request dicts.
+"""What `kiln up` asks AWS for, decided without touching AWS: validation, tags, request dicts.
 
 Everything here is pure and unit-tested for exact output; bootstrap.aws does the calls.
 """
@@ -55,7 +55,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Plan:
-    """The exact requests `cluster.up` sends, in order."""
+    """The exact requests `kiln up` sends, in order."""
 
     name: str
     tags: dict[str, str]
@@ -206,7 +206,7 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
 
 def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key: str,
                  group_id: str | None = None) -> Plan:
-    """The requests of `cluster.up`; `group_id` is known only once the security group exists."""
+    """The requests of `kiln up`; `group_id` is known only once the security group exists."""
     resources = resource_name(request.name)
     group_id = group_id or GROUP_PLACEHOLDER.format(name=request.name)
     return Plan(
@@ -323,5 +323,5 @@ def no_answer_error(silent: Sequence[str], waited_s: float) -> str:
 def first_contact_note(name: str, addresses: Sequence[str]) -> str:
     """What to run when some host keys were not in the console output."""
     return (f"host keys of {', '.join(addresses)} were not in the console output: recorded as first-contact; "
-            f"fab cluster.mesh --cluster {name} --accept-new-host-keys (or cluster.train --cluster {name} "
+            f"kiln mesh --cluster {name} --accept-new-host-keys (or kiln train --cluster {name} "
             "--accept-new-host-keys) records them on first contact")

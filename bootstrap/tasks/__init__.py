@@ -65,13 +65,13 @@ def cluster_task(**task_kwargs):
     return decorate
 
 
-def namespace() -> Collection:
-    """The root collection with kiln's tasks under `cluster`."""
+def namespace(*, flat: bool = False) -> Collection:
+    """kiln's tasks: at the top level (`kiln train`, flat) or under `cluster` (`fab cluster.train`)."""
     from bootstrap.tasks import aws, cluster, runs
 
-    tasks = Collection("cluster")
+    tasks = Collection() if flat else Collection("cluster")
     for module, names in ((cluster, ("mesh_", "check", "sync", "train")), (runs, ("status", "logs", "stop")),
                           (aws, ("up", "down", "list_", "sweep"))):
         for name in names:
             tasks.add_task(getattr(module, name))
-    return Collection(tasks)
+    return tasks if flat else Collection(tasks)

@@ -22,7 +22,7 @@ AWS_HELP = {
     "user": "the login user of the AMI (default ubuntu)",
     "region": "AWS region (default: boto3's chain, e.g. AWS_DEFAULT_REGION)",
     "profile": "AWS profile from your AWS config (default: boto3's chain)",
-    "ttl_hours": "tag the resources to expire after this many hours (default 24); cluster.sweep removes them",
+    "ttl_hours": "tag the resources to expire after this many hours (default 24); kiln sweep removes them",
     "ssh_wait": "wait up to SECONDS for SSH to answer on every instance, else roll back (default 300; 0: skip)",
     "dry_run": "print the plan and change nothing",
 }
@@ -67,7 +67,7 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
         print(f"host keys of {', '.join(pinned)} pinned from the console output")
     if first_contact:
         print(plan.first_contact_note(made["name"], first_contact))
-    print(f"key {made['identity']}; next: fab cluster.check --cluster {made['name']}")
+    print(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
 
 
 @cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})

@@ -17,7 +17,6 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.tasks import cluster_task
-from kiln.paths import PROJECT
 
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
@@ -47,7 +46,7 @@ def host_list(c, hostfile: str | None, slots: int | None, saved: state.ClusterRe
     if saved:
         return hostlists.with_slots(saved.hosts, slots) if slots else list(saved.hosts)
     raise UsageError("no hosts: give them with -H h1,h2,..., --hostfile FILE, or --cluster NAME "
-                     "of a cluster that cluster.mesh has set up")
+                     "of a cluster that kiln mesh has set up")
 
 
 def ssh_options(c, saved: state.ClusterRecord | None = None) -> SshOptions:
@@ -75,8 +74,8 @@ def target(c, *, hostfile: str | None, cluster: str | None, slots: int | None, p
     """Parse what the user named: hosts, the cluster's name, ssh settings, the nodes' Python."""
     saved = state.load_cluster(mesh.validate_cluster_name(cluster)) if cluster else None
     if cluster and saved is None and not (hostfile or c.config.get("kiln_hosts")):
-        raise UsageError(f"no cluster {cluster!r} in {state.kiln_home()}/clusters: set it up with cluster.mesh "
-                         "(with -H) or cluster.up")
+        raise UsageError(f"no cluster {cluster!r} in {state.kiln_home()}/clusters: set it up with kiln mesh "
+                         "(with -H) or kiln up")
     hosts = host_list(c, hostfile, slots, saved)
     options = ssh_options(c, saved)
     name = cluster or mesh.default_cluster_name(hosts, options.config_file)
@@ -143,18 +142,43 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
         raise KilnError("preflight failed (see the table above)")
 
 
-@cluster_task(help={**HOST_HELP, "source": "the folder to copy (default: this project)"})
-def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, source=None, accept_new_host_keys=False,
+def user_command(c) -> list[str]:
+    """The words after `--` on the command line (kiln keeps them as given; fab joins and they are split)."""
+    return list(c.config.get("kiln_command") or [])
+
+
+def project_folder(code: str | None, command: list[str]) -> Path | None:
+    """The folder synced to every node for the user's command: --code, else the current folder."""
+    if not command:
+        if code:
+            raise UsageError("--code goes with a command: kiln train --code DIR -- python train.py")
+        return None
+    folder = Path(code or ".").resolve()
+    if not folder.is_dir():
+        raise UsageError(f"--code {code}: no such folder")
+    script = next((word for word in command[:2] if word.endswith(".py")), None)
+    if script and not Path(script).is_absolute() and not (folder / script).is_file():
+        raise UsageError(f"{script}: no such file in {folder} (the folder synced to the nodes; see --code)")
+    return folder
+
+
+@cluster_task(help={**HOST_HELP, "code": "the project folder to copy (default: the current folder)"})
+def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, code=None, accept_new_host_keys=False,
          dry_run=False):
-    """Copy the training code to ~/kiln/code on every node."""
+    """Copy a project to ~/kiln/code on every node (what train -- CMD runs from), leaving out what its
+    .kilnignore, else its .gitignore, leaves out."""
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
-    source = source or str(PROJECT)
+    source = Path(code or ".").resolve()
+    if not source.is_dir():
+        raise UsageError(f"--code {code}: no such folder")
     where = f"~/{REMOTE_ROOT}/code on {len(goal.hosts)} host(s)"
     if dry_run:
-        print(f"would mirror {Path(source).resolve()} to {where}: " + ", ".join(h.label for h in goal.hosts))
+        print(f"would mirror {source} to {where}: " + ", ".join(h.label for h in goal.hosts))
         return
-    open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys).sync(source, f"{REMOTE_ROOT}/code")
-    print(f"synced {Path(source).resolve()} to {where}")
+    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+    group.sync(str(source), f"{REMOTE_ROOT}/code")
+    group.sync_lib(f"{REMOTE_ROOT}/lib")
+    print(f"synced {source} to {where}")
 
 
 TRAIN_HELP = {
@@ -166,30 +190,42 @@ TRAIN_HELP = {
     "mpi": "horovod: run over MPI instead of Gloo",
     "nic": "the network interface the nodes use between them (default: found)",
     "base_port": f"tf-config: first port for the processes on each host (default {topology.DEFAULT_BASE_PORT})",
-    "args": "extra arguments for the trainer, e.g. '--epochs 3 --batch-size 64'",
+    "args": "extra arguments for kiln's reference trainer, e.g. '--epochs 3 --batch-size 64' (with no command)",
+    "code": "with a command: the project folder synced to the nodes and run from (default: the current folder)",
+    "checkpoint_dir": "the folder (on the nodes) the program checkpoints to, copied from the first node to the "
+                      "others before a restart (default: the run's checkpoints/; KILN_CHECKPOINT_DIR)",
     "run_id": "name the run (default: time stamp + random)",
-    "detach": "start the run and return; follow it with cluster.status / cluster.logs",
+    "detach": "start the run and return; follow it with kiln status / kiln logs",
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
-    "max_restarts": "when a process fails, restart the run from the chief's last checkpoint up to N times",
+    "max_restarts": "when a process fails, restart the run (from the chief's last checkpoint) up to N times",
     "stall_factor": "stop a run whose steps stop moving for this many times the median time between logged "
                     "steps (default 20; 0: no watchdog)",
-    "stall_minimum": "... and for at least this many seconds (default 60)",
+    "stall_minimum": "... and for at least this many seconds (default 60); a program that writes no kiln "
+                     "metrics is stalled when it prints nothing for this long",
 }
 
 
 @cluster_task(help=TRAIN_HELP)
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
-          base_port=topology.DEFAULT_BASE_PORT, args="", run_id=None, detach=False, timeout=3600, max_restarts=0,
-          stall_factor=20.0, stall_minimum=60.0, dry_run=False):
-    """Train across the hosts: mesh, preflight, sync, start every process, watch, collect."""
+          base_port=topology.DEFAULT_BASE_PORT, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
+          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, dry_run=False):
+    """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
+
+    `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
+    with no command, kiln's reference trainer. See the README for the environment every process gets."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
+    command = user_command(c)
+    if command and args:
+        raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
+    folder = project_folder(code, command)
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     hosts = goal.hosts
+    program = launch.Program(tuple(command), tuple(split_args(args)), checkpoint_dir)
     spec = launch.RunSpec(
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
-        root=f"~/{REMOTE_ROOT}", trainer_args=tuple(split_args(args)), nic=nic or "(found at run time)", ps=int(ps),
+        root=f"~/{REMOTE_ROOT}", program=program, nic=nic or "(found at run time)", ps=int(ps),
         chief=chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
@@ -205,18 +241,21 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     if not passed:
         print(table)
         raise KilnError("preflight failed (see the table above); nothing was started")
-    group.sync(str(PROJECT), f"{REMOTE_ROOT}/code")
+    group.sync_lib(paths.lib)
+    if folder:
+        group.sync(str(folder), paths.code)
+        group.check_program(launch.program_check(program, group.python, paths))
     record = record_run(group, plan, paths)
     supervisor = Supervisor(group, plan, paths, stall_factor=float(stall_factor), stall_minimum=float(stall_minimum))
     supervisor.start()
     print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(hosts)} host(s)", flush=True)
     if detach:
-        print(f"follow it with: fab cluster.status --run-id {plan.run_id} / cluster.logs --run-id {plan.run_id}")
+        print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
         return
     try:
         supervisor.run(record, float(timeout), max_restarts=int(max_restarts))
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the run goes on; stop it with fab cluster.stop --run-id {plan.run_id}")
+        print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")
         raise Exit(code=130) from None
 
 

@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FAB = Path(sys.executable).with_name("fab")
+KILN = Path(sys.executable).with_name("kiln")
 
 
 def can_make_namespaces() -> str | None:
@@ -47,6 +48,15 @@ class LocalCluster:
         """Run `fab -S <cluster ssh config> -H <hosts> ARGS` from the repository root."""
         argv = [str(FAB), "-S", self.ssh_config, *(["-H", hosts] if hosts is not None else []), *args]
         done = subprocess.run(argv, cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{argv} exited {done.returncode}\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def kiln(self, *args: str, cwd: Path, hosts: str | None = "node1,node2,node3", timeout: float = 300,
+             check: bool = False):
+        """Run `kiln -S <cluster ssh config> -H <hosts> ARGS` from a user's project folder."""
+        argv = [str(KILN), "-S", self.ssh_config, *(["-H", hosts] if hosts is not None else []), *args]
+        done = subprocess.run(argv, cwd=cwd, env=self.env(), capture_output=True, text=True, timeout=timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"{argv} exited {done.returncode}\n{done.stdout}\n{done.stderr}")
         return done

@@ -499,8 +499,8 @@ def test_train_dry_run_on_the_cluster_is_the_plan_for_its_hosts(env, ec2, image)
                "--ssh-cidr", CIDR, "--ssh-wait", "0")
     assert made.returncode == 0, made.stderr
     assert "not waiting for SSH to answer (--ssh-wait 0)" in made.stdout
-    assert "recorded as first-contact; fab cluster.mesh --cluster train --accept-new-host-keys " \
-           "(or cluster.train --cluster train --accept-new-host-keys)" in made.stdout
+    assert "recorded as first-contact; kiln mesh --cluster train --accept-new-host-keys " \
+           "(or kiln train --cluster train --accept-new-host-keys)" in made.stdout
     saved = json.loads((env / "kiln" / "clusters" / "train" / "cluster.json").read_text())
     assert {i["host_keys"] for i in saved["instances"]} == {"first-contact"}
     assert (env / "kiln" / "clusters" / "train" / "known_hosts").read_text() == ""

@@ -282,7 +282,7 @@ def test_a_meshed_cluster_is_named_instead_of_listed(cluster):
     assert by_name.returncode == 0 and by_name.stdout == by_list.stdout
     missing = subprocess.run([*bare[:1], "cluster.check", "--cluster", "nosuch"], cwd=ROOT, env=cluster.env(),
                              capture_output=True, text=True, timeout=60)
-    assert missing.returncode == 2 and "no cluster 'nosuch'" in missing.stderr and "cluster.mesh" in missing.stderr
+    assert missing.returncode == 2 and "no cluster 'nosuch'" in missing.stderr and "kiln mesh" in missing.stderr
 
 
 def test_unknown_host_keys_are_refused_unless_trusted_on_first_use(cluster, tmp_path):
@@ -334,9 +334,9 @@ def test_changed_host_key_is_refused_everywhere(cluster):
         assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
 
         paths = launch.NodePaths(group.remote_root(hosts[0]))
-        group.sync(".", "kiln/code")
+        group.sync_lib(paths.lib)
         plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
-                                   paths=paths, trainer_args=["--epochs", "1"], nic="eth0")
+                                   paths=paths, program=launch.Program(trainer_args=("--epochs", "1")), nic="eth0")
         record = record_run(group, plan, paths)
         supervisor = Supervisor(group, plan, paths)
         supervisor.start()

@@ -4,6 +4,7 @@ from bootstrap import topology
 from bootstrap.launch import (
     Launch,
     NodePaths,
+    Program,
     RunPlan,
     Verdict,
     describe_failure,
@@ -14,6 +15,8 @@ from bootstrap.launch import (
     process_env,
 )
 
+REFERENCE = Program()
+
 PATHS = NodePaths("/root/kiln")
 NAMES = ("node1", "node2", "node3")
 PY = "/v/bin/python"
@@ -22,15 +25,25 @@ PY = "/v/bin/python"
 def test_process_env_puts_the_shim_first_and_tags_the_run():
     assert process_env("r1", PY, PATHS) == {
         "KILN_RUN_ID": "r1",
-        "PYTHONPATH": "/root/kiln/code",
+        "KILN_MODEL_DIR": "/root/kiln/runs/r1/model",
+        "KILN_CHECKPOINT_DIR": "/root/kiln/runs/r1/checkpoints",
+        "KILN_OUTPUT_DIR": "/root/kiln/runs/r1/output",
+        "PYTHONPATH": "/root/kiln/lib",
         "PYTHONUNBUFFERED": "1",
         "TF_USE_LEGACY_KERAS": "1",
-        "PATH": "/root/kiln/code/bootstrap/shim:/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PATH": "/root/kiln/lib/shim:/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
 
 
+def test_a_user_program_runs_from_the_project_with_its_checkpoint_dir():
+    env = process_env("r1", PY, PATHS, Program(("python", "train.py"), checkpoint_dir="/data/ckpt"))
+    assert env["PYTHONPATH"] == "/root/kiln/code"
+    assert env["KILN_CHECKPOINT_DIR"] == "/data/ckpt"
+
+
 def test_horovod_plan_is_one_horovodrun_on_the_first_node():
-    plan = plan_horovod("r1", NAMES, [1, 1, 1], python=PY, paths=PATHS, trainer_args=["--epochs", "2"], nic="eth0")
+    plan = plan_horovod("r1", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=Program(trainer_args=("--epochs", "2")),
+                        nic="eth0")
     run = "/root/kiln/runs/r1"
     assert plan == RunPlan("r1", "horovod", NAMES, (Launch(
         0, "horovodrun",
@@ -40,12 +53,13 @@ def test_horovod_plan_is_one_horovodrun_on_the_first_node():
          "--epochs", "2"),
         process_env("r1", PY, PATHS),
         {f"{run}/hostfile": "node1 slots=1\nnode2 slots=1\nnode3 slots=1\n"},
-    ),), ("horovodrun",), ("node1", "node2", "node3"))
+        "/root/kiln/lib",
+    ),), ("horovodrun",), ("node1", "node2", "node3"), checkpoint_dir=f"{run}/checkpoints")
 
 
 def test_tf_config_plan_gives_each_process_its_own_tf_config():
     topo = topology.plan_tf_config(NAMES, [1, 1, 1], ps=1)
-    plan = plan_tf_config("r2", topo, python=PY, paths=PATHS, trainer_args=[])
+    plan = plan_tf_config("r2", topo, python=PY, paths=PATHS, program=REFERENCE)
     assert [(launch.host, launch.task) for launch in plan.launches] == [
         (0, "chief-0"), (0, "worker-0"), (1, "worker-1"), (2, "worker-2"), (0, "ps-0")]
     assert plan.finishing == ("chief-0",)
@@ -60,7 +74,7 @@ def test_tf_config_plan_gives_each_process_its_own_tf_config():
 
 def test_multiworker_plan_uses_the_multiworker_strategy():
     topo = topology.plan_tf_config(NAMES[:2], [1, 1])
-    plan = plan_tf_config("r3", topo, python=PY, paths=PATHS, trainer_args=["--epochs", "1"])
+    plan = plan_tf_config("r3", topo, python=PY, paths=PATHS, program=Program(trainer_args=("--epochs", "1")))
     assert {launch.argv[4] for launch in plan.launches} == {"multiworker"}
     assert plan.finishing == ("worker-0", "worker-1")
 
@@ -74,7 +88,7 @@ def test_launch_command_writes_files_before_starting():
 
 def _plan():
     topo = topology.plan_tf_config(NAMES, [1, 1, 1], ps=1)
-    return plan_tf_config("r", topo, python=PY, paths=PATHS, trainer_args=[])
+    return plan_tf_config("r", topo, python=PY, paths=PATHS, program=REFERENCE)
 
 
 def test_judge_running_done_and_failed():
@@ -91,7 +105,7 @@ def test_judge_running_done_and_failed():
 
 
 def test_failure_message_names_host_and_horovod_rank():
-    plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, trainer_args=[], nic=None)
+    plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=REFERENCE, nic=None)
     verdict = Verdict(True, (("node1", "horovodrun", 1),))
     log = ("[1]<stderr>:Killed\nProcess 2 exit with status code 137.\n"
            "Terminating remaining workers after failure of Process 2.\n")
@@ -120,20 +134,20 @@ def test_progress_flags_streams_past_the_stall_limit():
 def test_failed_hosts_blame_the_rank_horovod_names():
     from bootstrap.launch import failed_hosts
 
-    plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, trainer_args=[], nic=None)
+    plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=REFERENCE, nic=None)
     verdict = Verdict(True, (("node1", "horovodrun", 1),))
     assert failed_hosts(plan, verdict, "Terminating remaining workers after failure of Process 1.") == ["node2"]
     assert failed_hosts(plan, verdict, "") == ["node1"]
 
 
 def test_a_single_node_horovod_run_names_no_interface():
-    plan = plan_horovod("r", ("node1",), [2], python=PY, paths=PATHS, trainer_args=[], nic="eth0")
+    plan = plan_horovod("r", ("node1",), [2], python=PY, paths=PATHS, program=REFERENCE, nic="eth0")
     assert "--network-interfaces" not in plan.launches[0].argv
     assert plan.launches[0].argv[1:3] == ("-np", "2")
 
 
 def test_a_single_process_horovod_run_keeps_its_log_in_one_file():
-    plan = plan_horovod("r", ("node1",), [1], python=PY, paths=PATHS, trainer_args=[], nic="eth0")
+    plan = plan_horovod("r", ("node1",), [1], python=PY, paths=PATHS, program=REFERENCE, nic="eth0")
     assert "--output-filename" not in plan.launches[0].argv
 
 
@@ -160,3 +174,57 @@ def test_an_attempt_names_the_frozen_host_and_is_not_restarted_when_processes_su
     stuck = judge_attempt(plan, Verdict(True, ()), error="no step progress", error_hosts=["n1"], left=["n2"])
     assert stuck.failure == "no step progress; could not stop: n2" and not should_restart(stuck, 0, 3)
     assert not should_restart(judge_attempt(plan, Verdict(True, ())), 0, 3)
+
+
+def test_a_user_command_runs_in_every_process_with_the_nodes_python():
+    from bootstrap.launch import user_argv
+
+    assert user_argv(["train.py", "--epochs", "3"], PY) == [PY, "train.py", "--epochs", "3"]
+    assert user_argv(["python", "-m", "mypkg.train"], PY) == [PY, "-m", "mypkg.train"]
+    assert user_argv(["python3", "t.py"], PY) == [PY, "t.py"]
+    assert user_argv(["./run.sh", "a b"], PY) == ["./run.sh", "a b"]
+    topo = topology.plan_tf_config(NAMES, [1, 1, 1], chief=True)
+    plan = plan_tf_config("u", topo, python=PY, paths=PATHS, program=Program(("python", "mwms.py", "--x", "a b")))
+    assert {launch.argv for launch in plan.launches} == {(PY, "mwms.py", "--x", "a b")}
+    assert {launch.cwd for launch in plan.launches} == {"/root/kiln/code"}
+    outputs = [(launch.env["KILN_TASK"], launch.env["KILN_OUTPUT_DIR"]) for launch in plan.launches]
+    assert outputs == [(t, f"/root/kiln/runs/u/output/{t}") for t in ("chief-0", "worker-0", "worker-1", "worker-2")]
+
+
+def test_horovod_runs_a_user_command_through_the_rank_shim():
+    plan = plan_horovod("u", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=Program(("hvd.py",)), nic=None)
+    argv = plan.launches[0].argv
+    assert argv[-3:] == ("/root/kiln/lib/shim/kiln-rank", PY, "hvd.py")
+    assert plan.launches[0].cwd == "/root/kiln/code"
+    command = launch_command(plan.launches[0], PATHS, "u")
+    assert "mkdir -p /root/kiln/runs/u/output && " in command
+
+
+def test_the_program_check_names_what_is_missing():
+    from bootstrap.launch import program_check
+
+    assert program_check(REFERENCE, PY, PATHS) is None
+    check = program_check(Program(("python", "train.py")), "/bin/sh", PATHS)
+    assert check.startswith("cd /root/kiln/code && PATH=") and "[ -f train.py ]" in check
+
+
+def test_the_program_check_runs_in_a_shell(tmp_path):
+    import subprocess
+
+    from bootstrap.launch import program_check
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("")
+
+    def run(*argv, python="/bin/sh"):
+        command = program_check(Program(argv), python, NodePaths(str(tmp_path)))
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=10)
+
+    assert run("python", "train.py").returncode == 0
+    missing = run("python", "other.py")
+    assert missing.returncode == 1 and missing.stdout.strip() == f"other.py: no such file in {tmp_path}/code"
+    assert run("python", "train.py", python="/nonexistent/python").stdout.startswith("/nonexistent/python: no such")
+    unknown = run("no-such-command-kiln", "x")
+    assert unknown.returncode == 1 and unknown.stdout.startswith("no-such-command-kiln: command not found (PATH=")
+    assert run("./run.sh").stdout.strip() == f"./run.sh: no such executable (from {tmp_path}/code)"
+    assert run("true").returncode == 0

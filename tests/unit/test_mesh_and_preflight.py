@@ -85,7 +85,7 @@ def test_preflight_names_loopback_names_version_skew_and_busy_ports():
     found = preflight.check_nodes(nodes, ports=[23456])
     assert found == [
         preflight.Finding("n2", "resolve", "own hostname 'node2' resolves to loopback 127.0.1.1 (Gloo would bind "
-                                           "there); run cluster.mesh"),
+                                           "there); run kiln mesh"),
         preflight.Finding("n2", "resolve", "'node3' resolves to nothing, expected 10.9.0.4"),
         preflight.Finding("n2", "ports", "port 23456 is in use"),
         preflight.Finding("n2", "versions", "tensorflow 2.17.0 differs from 2.18.1 on n1"),

@@ -34,7 +34,7 @@ def test_a_new_cluster_may_be_named_with_a_hostfile(tmp_path):
 
 
 def test_an_unknown_cluster_without_hosts_says_how_to_make_it():
-    with pytest.raises(UsageError, match="no cluster 'missing'.*cluster.mesh"):
+    with pytest.raises(UsageError, match="no cluster 'missing'.*kiln mesh"):
         target(context(), hostfile=None, cluster="missing", slots=None, python=None)
 
 

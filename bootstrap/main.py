@@ -1,0 +1,76 @@
+"""The `kiln` command: Fabric's own program with kiln's tasks at the top level and the cluster executor set in
+code, so `kiln -H h1,h2 train -- python train.py` works from any folder with every `fab` core flag.
+
+Everything after the first `--` is the user's command, kept as the argv it was given (invoke would join it into
+one string); the tasks read it from the config as `kiln_command`.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from fabric import Config
+from fabric.main import Fab
+from invoke.exceptions import Exit
+
+from bootstrap.executor import ClusterExecutor
+from bootstrap.tasks import namespace
+
+
+class KilnConfig(Config):
+    """Fabric's configuration, read from kiln's own files (/etc/kiln.yaml, ~/.kiln.yaml) and KILN_* variables."""
+
+    prefix = "kiln"
+
+    @staticmethod
+    def global_defaults():
+        defaults = Config.global_defaults()
+        defaults["timeouts"]["connect"] = 10
+        return defaults
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(kiln's own argv, the user's command after the first `--`)."""
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
+class Kiln(Fab):
+    command: list[str] = []
+
+    def run(self, argv=None, exit: bool = True) -> None:
+        own, self.command = split_command(list(sys.argv if argv is None else argv))
+        super().run(own, exit=exit)
+
+    def update_config(self, merge: bool = True) -> None:
+        super().update_config()
+        self.config["kiln_command"] = list(self.command)
+
+    def no_tasks_given(self) -> None:
+        if self.command:
+            raise Exit("kiln: name a task for the command, e.g. `kiln -H h1,h2 train -- python train.py` "
+                       "(see kiln --list)", code=2)
+        super().no_tasks_given()
+
+
+def kiln_version() -> str:
+    try:
+        return version("kiln")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def make_program() -> Kiln:
+    return Kiln(name="kiln", binary="kiln", version=kiln_version(), namespace=namespace(flat=True),
+                executor_class=ClusterExecutor, config_class=KilnConfig)
+
+
+def main() -> None:
+    make_program().run()
+
+
+if __name__ == "__main__":
+    main()
