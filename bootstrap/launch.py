@@ -43,6 +43,7 @@ class RunPlan:
     rank_hosts: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()  # what the processes listen on, per host: preflight checks they are free
     checkpoint_dir: str = ""  # spread from the first node to the others before a restart
+    watch_output: bool = False  # a user's program: silence counts as a stall (kiln's trainer logs its steps)
 
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
@@ -164,7 +165,8 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
     launch = Launch(0, HOROVOD_TASK, tuple(argv), process_env(run_id, python, paths, program),
                     {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)}, working_dir(program, paths))
     return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),
-                   tuple(topology.horovod_rank_hosts(names, slots)), checkpoint_dir=checkpoint_dir(program, run_dir))
+                   tuple(topology.horovod_rank_hosts(names, slots)), checkpoint_dir=checkpoint_dir(program, run_dir),
+                   watch_output=program.is_user)
 
 
 def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: NodePaths,
@@ -182,7 +184,7 @@ def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: 
     finishing = tuple(p.task for p in topology.finishing_tasks(topo))
     return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing,
                    ports=tuple(sorted({p.port for p in topo.processes})),
-                   checkpoint_dir=checkpoint_dir(program, run_dir))
+                   checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user)
 
 
 @dataclass(frozen=True)
@@ -354,6 +356,37 @@ class Progress:
         limit = max(minimum, factor * gaps[len(gaps) // 2])
         late = [stream for stream, seen in self.changes.items() if now - seen[-1][0] > limit]
         return sorted(late), limit
+
+
+    def silent(self, now: float, *, minimum: float) -> list[str]:
+        """Streams that have not moved for over `minimum` seconds since they were first seen."""
+        return sorted(stream for stream, seen in self.changes.items() if now - seen[-1][0] > minimum)
+
+
+def output_streams(plan: RunPlan, found: Mapping[str, Mapping]) -> dict[str, int]:
+    """How much each process that logs no kiln metrics has printed, as `task@host` streams (pure). Only the
+    processes that must finish count (a parameter server waits in silence); a horovod rank counts on its own
+    host (horovodrun keeps every rank's output on the first node), horovodrun itself only with no rank files.
+    `found`: each node's progress answer, by node name."""
+    if not plan.watch_output:
+        return {}
+    logged = {task for answer in found.values() for task in answer["metrics"]}
+    streams = {}
+    for host, answer in found.items():
+        output = answer.get("output", {})
+        has_ranks = any(name.startswith("rank-") for name in output)
+        for name, size in output.items():
+            if name in logged or (name == HOROVOD_TASK and has_ranks):
+                continue
+            if name.startswith("rank-"):
+                rank = int(name[len("rank-"):])
+                where = plan.rank_hosts[rank] if rank < len(plan.rank_hosts) else host
+            elif name in plan.finishing:
+                where = host
+            else:
+                continue
+            streams[f"{name}@{where}"] = size
+    return streams
 
 
 def blame(stalled: list[str], stopped_hosts: list[str]) -> list[str]:

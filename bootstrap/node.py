@@ -298,20 +298,27 @@ def stop(run_id, grace):
 
 
 def progress(run_id, run_dir):
-    """The last logged step of every metrics file here, and this node's processes
-    of the run that are stopped (state T: a hung or frozen process)."""
-    metrics = {}
+    """The last logged step of every metrics file here, how much each process has printed (its log; a
+    horovod rank's files), and this node's processes of the run that are stopped (state T: hung or frozen)."""
     try:
-        names = [n for n in os.listdir(run_dir) if n.startswith("metrics.") and n.endswith(".jsonl")]
+        entries = os.listdir(run_dir)
     except OSError:
-        names = []
-    for name in names:
+        entries = []
+    metrics = {}
+    for name in (n for n in entries if n.startswith("metrics.") and n.endswith(".jsonl")):
         last = last_line(os.path.join(run_dir, name))
         try:
             row = json.loads(last)
             metrics[name[len("metrics."):-len(".jsonl")]] = {"step": int(row["step"])}
         except (ValueError, KeyError, TypeError):
             continue
+    output = {name[:-len(".log")]: file_size(os.path.join(run_dir, name)) for name in entries if name.endswith(".log")}
+    ranks = os.path.join(run_dir, "ranks")  # horovodrun --output-filename: ranks/rank.N/{stdout,stderr}
+    for name in os.listdir(ranks) if os.path.isdir(ranks) else ():
+        if name.startswith("rank.") and name[len("rank."):].isdigit():
+            folder = os.path.join(ranks, name)
+            output["rank-" + name[len("rank."):]] = sum(file_size(os.path.join(folder, f))
+                                                       for f in ("stdout", "stderr"))
     here = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("uts", "mnt")]
     stopped = []
     for pid in run_processes(run_id):
@@ -324,7 +331,14 @@ def progress(run_id, run_dir):
             continue
         if state in ("T", "t"):
             stopped.append(pid)
-    return {"metrics": metrics, "stopped": stopped}
+    return {"metrics": metrics, "output": output, "stopped": stopped}
+
+
+def file_size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def last_line(path):

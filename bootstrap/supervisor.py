@@ -85,13 +85,13 @@ class Supervisor:
 
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
-        progress = launch.Progress()
+        steps, output = launch.Progress(), launch.Progress()
         while True:
             verdict = launch.judge(self.plan, self.states())
             if verdict.done:
                 return verdict
             if self.stall_factor:
-                self.check_progress(progress)
+                self.check_progress(steps, output)
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
             time.sleep(self.interval)
@@ -111,20 +111,24 @@ class Supervisor:
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
         return sorted(names[host] for host, found in seen.items() if found["stopped"])
 
-    def check_progress(self, progress: launch.Progress) -> None:
-        """Raise Stalled when some process's logged step stopped moving."""
+    def check_progress(self, steps: launch.Progress, output: launch.Progress) -> None:
+        """Raise Stalled when some process's logged step stopped moving, or when a process that logs no
+        kiln metrics has printed nothing for `stall_minimum` seconds."""
         seen = self.progress()
         now = time.monotonic()
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
-        progress.observe(now, {f"{task}@{names[host]}": row["step"]
-                               for host, found in seen.items() for task, row in found["metrics"].items()})
-        late, limit = progress.stalled(now, factor=self.stall_factor, minimum=self.stall_minimum)
-        if late:
+        steps.observe(now, {f"{task}@{names[host]}": row["step"]
+                            for host, found in seen.items() for task, row in found["metrics"].items()})
+        output.observe(now, launch.output_streams(self.plan, {names[host]: found for host, found in seen.items()}))
+        late, limit = steps.stalled(now, factor=self.stall_factor, minimum=self.stall_minimum)
+        quiet = output.silent(now, minimum=self.stall_minimum)
+        if late or quiet:
             frozen = [names[host] for host, found in seen.items() if found["stopped"]]
-            hosts = launch.blame(late, frozen)
+            hosts = launch.blame(late + quiet, frozen)
             detail = " (a process there is stopped)" if frozen else ""
-            raise Stalled(f"no step progress for over {limit:.0f}s from {', '.join(late)}; "
-                          f"stalled: {', '.join(hosts)}{detail}", hosts)
+            what = [f"no step progress for over {limit:.0f}s from {', '.join(late)}"] if late else []
+            what += [f"no output for over {self.stall_minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
+            raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
     def stop(self) -> dict[str, str]:
         """Stop every process of the run on every host; failures by host."""

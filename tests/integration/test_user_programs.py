@@ -5,11 +5,15 @@ the environment contract, the synced project, outputs collected, and the errors 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_processes
+from conftest import KILN, ROOT, run_processes
 
 pytestmark = pytest.mark.integration
 CLUSTER_NAME = "ku"
@@ -84,3 +88,65 @@ def test_a_missing_script_or_command_is_named_and_nothing_starts(cluster, projec
     assert "nothing was started" in unknown.stderr
     assert not (cluster.runs / "nocmd").exists()
     assert run_processes("nocmd") == []
+
+
+SILENT_WORKER = """\
+import json, os, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+for tick in range(2000):
+    if task["index"] != 1:  # worker-1 (on node2) hangs without a word
+        print(tick, flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_a_program_that_prints_nothing_is_stopped_by_the_watchdog_naming_its_host(cluster, project):
+    (project / "silent.py").write_text(SILENT_WORKER)
+    done = cluster.kiln("train", "--mode", "tf-config", "--run-id", "silent", "--stall-minimum", "6", "--",
+                        "python", "silent.py", cwd=project, timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no output for over 6s from worker-1@node2; stalled: node2" in done.stderr
+    assert json.loads((cluster.runs / "silent" / "summary.json").read_text())["status"] == "failed"
+    assert run_processes("silent") == []
+
+
+def worker_pid(run_id: str, task: str) -> int | None:
+    """The Python of the user's program running as `task` in this run."""
+    for pid in run_processes(run_id):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"KILN_TASK={task}".encode() in environ and b"keras_multiworker.py" in argv:
+            return pid
+    return None
+
+
+def test_a_killed_worker_is_restarted_and_resumes_from_backup_and_restore(cluster, project):
+    argv = [str(KILN), "-S", cluster.ssh_config, "-H", "node1,node2,node3", "train", "--mode", "tf-config",
+            "--run-id", "resume", "--max-restarts", "1", "--", "python", "keras_multiworker.py", "--epochs", "5",
+            "--steps", "5", "--pause", "2"]
+    with subprocess.Popen(argv, cwd=project, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as train:
+        try:
+            log = cluster.node_dir("node2") / "kiln" / "runs" / "resume" / "worker-1.log"
+            end = time.monotonic() + 180
+            while time.monotonic() < end and "epoch 1 done" not in (log.read_text() if log.exists() else ""):
+                time.sleep(0.5)
+            pid = worker_pid("resume", "worker-1")
+            assert pid, "worker-1 never finished its second epoch"
+            os.kill(pid, signal.SIGKILL)
+            out, err = train.communicate(timeout=300)
+        finally:
+            if train.poll() is None:
+                train.kill()
+    assert train.returncode == 0, out + err
+    data = json.loads((cluster.runs / "resume" / "summary.json").read_text())
+    [restart] = data["restarts"]
+    assert "worker-1 on node2 exited with status 137" in restart["failure"]
+    results = outputs(cluster, "resume")
+    assert set(results) == {"node1/worker-0", "node2/worker-1", "node3/worker-2"}
+    for result in results.values():  # the second attempt began where BackupAndRestore left off, not at epoch 0
+        assert result["epochs"][0] > 0 and result["epochs"][-1] == 4, result
+    assert run_processes("resume") == []

@@ -228,3 +228,28 @@ def test_the_program_check_runs_in_a_shell(tmp_path):
     assert unknown.returncode == 1 and unknown.stdout.startswith("no-such-command-kiln: command not found (PATH=")
     assert run("./run.sh").stdout.strip() == f"./run.sh: no such executable (from {tmp_path}/code)"
     assert run("true").returncode == 0
+
+
+def test_silent_processes_of_a_user_program_are_watched_by_their_output():
+    from bootstrap.launch import Progress, output_streams
+
+    topo = topology.plan_tf_config(NAMES, [1, 1, 1], ps=1)
+    plan = plan_tf_config("u", topo, python=PY, paths=PATHS, program=Program(("ps.py",)))
+    found = {"node1": {"metrics": {}, "output": {"chief-0": 10, "worker-0": 0, "ps-0": 0}},
+             "node2": {"metrics": {}, "output": {"worker-1": 0}}}
+    assert output_streams(plan, found) == {"chief-0@node1": 10}  # servers wait in silence
+    reference = plan_tf_config("r", topo, python=PY, paths=PATHS, program=REFERENCE)
+    assert output_streams(reference, found) == {}  # kiln's trainer is watched by its steps
+
+    hvd = plan_horovod("h", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=Program(("hvd.py",)), nic=None)
+    ranks = {"node1": {"metrics": {"rank-0": {"step": 3}},
+                       "output": {"horovodrun": 50, "rank-0": 20, "rank-1": 5, "rank-2": 7}}}
+    assert output_streams(hvd, ranks) == {"rank-1@node2": 5, "rank-2@node3": 7}
+    single = plan_horovod("h", NAMES[:1], [1], python=PY, paths=PATHS, program=Program(("hvd.py",)), nic=None)
+    assert output_streams(single, {"node1": {"metrics": {}, "output": {"horovodrun": 9}}}) == {"horovodrun@node1": 9}
+
+    progress = Progress()
+    progress.observe(0, {"a@n1": 0, "b@n2": 0})
+    progress.observe(4, {"a@n1": 10, "b@n2": 0})
+    assert progress.silent(5, minimum=3) == ["b@n2"]
+    assert progress.silent(5, minimum=6) == []

@@ -1,0 +1,69 @@
+"""The `kiln` command from any folder: Fabric's core flags, kiln's tasks at the top level, and the user's command
+after `--` kept word for word (and `fab cluster.train -- CMD` from the repository, too)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bootstrap.main import split_command
+from kiln.paths import PROJECT
+
+KILN = Path(sys.executable).with_name("kiln")
+FAB = Path(sys.executable).with_name("fab")
+
+
+def kiln(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(KILN), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "KILN_HOME": str(home / ".kiln")})
+
+
+@pytest.mark.parametrize(("argv", "own", "command"), [
+    (["kiln", "-H", "a", "train"], ["kiln", "-H", "a", "train"], []),
+    (["kiln", "train", "--", "python", "t.py", "a b"], ["kiln", "train"], ["python", "t.py", "a b"]),
+    (["kiln", "run", "--", "sh", "-c", "x -- y"], ["kiln", "run"], ["sh", "-c", "x -- y"]),
+    (["kiln", "train", "--"], ["kiln", "train"], []),
+])
+def test_the_users_command_is_what_follows_the_first_double_dash(argv, own, command):
+    assert split_command(argv) == (own, command)
+
+
+def test_kiln_lists_its_tasks_and_version_from_any_folder(tmp_path):
+    listed = kiln("--list", cwd=tmp_path, home=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[0] for line in listed.stdout.splitlines()[1:] if line.startswith("  ")}
+    assert {"mesh", "check", "sync", "train", "status", "logs", "stop", "up", "down", "list", "sweep"} <= names
+    version = kiln("-V", cwd=tmp_path, home=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("kiln ")
+    helped = kiln("--help", "train", cwd=tmp_path, home=tmp_path)
+    assert helped.returncode == 0 and "--mode=STRING" in helped.stdout and "--code=STRING" in helped.stdout
+
+
+def test_a_dry_run_shows_the_users_command_word_for_word(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    done = kiln("-H", "n1,n2", "train", "--mode", "tf-config", "--dry-run", "--run-id", "dry", "--",
+                "python", "t.py", "--name", "a b", cwd=tmp_path, home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"{sys.executable} t.py --name 'a b'" in done.stdout
+    assert done.stdout.count("TF_CONFIG=") == 2
+
+
+def test_fab_from_the_repository_hands_the_command_to_the_task(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    done = subprocess.run([str(FAB), "-H", "n1", "cluster.train", "--dry-run", "--run-id", "dry", "--code",
+                           str(tmp_path), "--", "python", "t.py", "--epochs", "2"], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "KILN_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert f"{sys.executable} t.py --epochs 2" in done.stdout
+
+
+def test_a_command_without_a_task_or_a_missing_script_is_refused(tmp_path):
+    bare = kiln("-H", "n1", "--", "hostname", cwd=tmp_path, home=tmp_path)
+    assert bare.returncode == 2 and "name a task" in bare.stderr
+    missing = kiln("-H", "n1", "train", "--dry-run", "--", "python", "nosuch.py", cwd=tmp_path, home=tmp_path)
+    assert missing.returncode == 2 and f"nosuch.py: no such file in {tmp_path}" in missing.stderr
+    both = kiln("-H", "n1", "train", "--args", "--epochs 1", "--", "true", cwd=tmp_path, home=tmp_path)
+    assert both.returncode == 2 and "--args is for kiln's reference trainer" in both.stderr
