@@ -187,6 +187,48 @@ def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: 
                    checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user)
 
 
+def shard(items: Sequence[str], count: int) -> list[list[str]]:
+    """`items` in `count` contiguous parts, in order, sizes differing by at most one: every item exactly once."""
+    size, extra = divmod(len(items), count)
+    parts, start = [], 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        parts.append(list(items[start:end]))
+        start = end
+    return parts
+
+
+def spread(count: int, slots: Sequence[int]) -> list[int]:
+    """The host of each of `count` processes: the hosts' slots in turn (host 0's first slot, its second, ...,
+    then host 1's), round and round."""
+    seats = [host for host, n in enumerate(slots) for _ in range(n)]
+    return [seats[i % len(seats)] for i in range(count)]
+
+
+def plan_processes(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
+                   program: Program, processes: int = 0, inputs: Sequence[str] | None = None) -> RunPlan:
+    """`kiln run`: the user's command as `processes` independent processes over the hosts (default: one per
+    slot), each told its shard (KILN_SHARD_INDEX/COUNT) and, with `inputs`, given its part of them as a file
+    (KILN_SHARD_INPUTS, one item per line)."""
+    count = processes or sum(slots)
+    run_dir = paths.run(run_id)
+    parts = shard(inputs, count) if inputs is not None else None
+    launches = []
+    for index, host in enumerate(spread(count, slots)):
+        task = f"shard-{index}"
+        env = process_env(run_id, python, paths, program)
+        env.update({"KILN_TASK": task, "KILN_OUTPUT_DIR": f"{env['KILN_OUTPUT_DIR']}/{task}",
+                    "KILN_SHARD_INDEX": str(index), "KILN_SHARD_COUNT": str(count)})
+        files = {}
+        if parts is not None:
+            env["KILN_SHARD_INPUTS"] = f"{run_dir}/{task}.inputs"
+            files[env["KILN_SHARD_INPUTS"]] = "".join(f"{item}\n" for item in parts[index])
+        launches.append(Launch(host, task, tuple(user_argv(program.argv, python)), env, files,
+                               working_dir(program, paths)))
+    return RunPlan(run_id, "run", tuple(names), tuple(launches), tuple(item.task for item in launches),
+                   checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=True)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What the operator asked to run, on nodes known by their cluster names, from `root` on every node."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bootstrap.state import RunRecord
 
+PROCESS_COLUMNS = ("process", "host", "exit", "seconds")
 RESULT_COLUMNS = ("mode", "nodes", "processes", "final_loss", "accuracy", "examples/s", "wall_s", "status")
 
 
@@ -33,6 +34,29 @@ def exit_codes(folder: Path) -> dict[str, dict[str, int]]:
         except ValueError:
             continue
     return codes
+
+
+def durations(folder: Path) -> dict[str, float]:
+    """Seconds each process ran, from its collected pid file (written as it started) to its exit file."""
+    found = {}
+    for path in sorted(folder.glob("hosts/*/*.exit")):
+        try:
+            found[path.stem] = round(path.stat().st_mtime - path.with_suffix(".pid").stat().st_mtime, 1)
+        except OSError:
+            continue
+    return found
+
+
+def process_rows(data: dict) -> list[dict]:
+    """One row per process of a run: where it ran, its exit code and how long it ran."""
+    codes = {task: code for by_task in data["exit_codes"].values() for task, code in by_task.items()}
+    rows = []
+    for process in data["processes"]:
+        task = process["task"]
+        seconds = data.get("durations", {}).get(task)
+        rows.append({"process": task, "host": process["host"], "exit": str(codes.get(task, "-")),
+                     "seconds": "-" if seconds is None else f"{seconds:.1f}"})
+    return rows
 
 
 def headline(results: dict[str, dict]) -> dict:
@@ -70,6 +94,7 @@ def summary(record: RunRecord, *, status: str, failure: str | None, folder: Path
         "processes": [asdict(task) for task in record.tasks],
         "world_size": len(record.rank_hosts) or len(record.tasks),
         "exit_codes": exit_codes(folder),
+        "durations": durations(folder),
         "results": results,
         **headline(results),
         "wall_time": round(wall, 2),

@@ -206,7 +206,10 @@ class Supervisor:
                             wall=time.monotonic() - started, restarts=restarts)
         state.save_summary(self.plan.run_id, data)
         plots.draw(self.folder)
-        print(runs.format_rows([runs.result_row(data)]))
+        if self.plan.mode == "run":
+            print(runs.format_rows(runs.process_rows(data), runs.PROCESS_COLUMNS))
+        else:
+            print(runs.format_rows([runs.result_row(data)]))
         print(f"run folder: {self.folder}")
         if failure:
             raise RunFailed(f"run {self.plan.run_id} failed: {failure}")

@@ -15,6 +15,7 @@ from bootstrap.cluster import REMOTE_ROOT, Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
+from bootstrap.inputs import list_inputs
 from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.tasks import cluster_task
 
@@ -237,6 +238,15 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     plan = launch.plan_run(replace(
         spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
         nic=nic or topology.common_interface({n.name: n.iface for n in nodes})))
+    start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
+                    max_restarts=int(max_restarts), stall_factor=float(stall_factor),
+                    stall_minimum=float(stall_minimum))
+
+
+def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
+                    folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
+                    stall_minimum: float) -> None:
+    """Preflight, sync, start every process of the plan, then (unless detached) watch it to its end."""
     table, passed = group.preflight(ports=plan.ports)
     if not passed:
         print(table)
@@ -246,17 +256,69 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         group.sync(str(folder), paths.code)
         group.check_program(launch.program_check(program, group.python, paths))
     record = record_run(group, plan, paths)
-    supervisor = Supervisor(group, plan, paths, stall_factor=float(stall_factor), stall_minimum=float(stall_minimum))
+    supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum)
     supervisor.start()
-    print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(hosts)} host(s)", flush=True)
+    print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(group.hosts)} host(s)", flush=True)
     if detach:
         print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
         return
     try:
-        supervisor.run(record, float(timeout), max_restarts=int(max_restarts))
+        supervisor.run(record, timeout, max_restarts=max_restarts)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")
         raise Exit(code=130) from None
+
+
+RUN_TASK_HELP = {
+    **HOST_HELP,
+    "processes": "how many processes (default: one per slot; -H gives each host one), spread over the hosts",
+    "shard_input": "a list file (one item per line), a folder (its files) or s3://bucket/prefix (its objects): "
+                   "each process gets its contiguous share in the file KILN_SHARD_INPUTS",
+    "code": "the project folder synced to the nodes and run from (default: the current folder)",
+    "run_id": "name the run (default: time stamp + random)",
+    "detach": "start the processes and return; follow them with kiln status / kiln logs",
+    "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
+    "max_restarts": "when a process fails, start every process again up to N times",
+    "stall_minimum": "stop the run when a process prints nothing for this many seconds (default 0: never)",
+}
+
+
+@cluster_task(name="run", help=RUN_TASK_HELP)
+def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False, processes=0,
+         shard_input=None, code=None, run_id=None, detach=False, timeout=3600, max_restarts=0, stall_minimum=0.0,
+         dry_run=False):
+    """Run a command on every host (or --processes N over them), each with its shard: `kiln -H h1,h2 run -- CMD`.
+
+    Every process gets KILN_SHARD_INDEX and KILN_SHARD_COUNT (and KILN_SHARD_INPUTS with --shard-input); what
+    it writes to KILN_OUTPUT_DIR comes back to the run folder; a table of exit codes and durations ends it."""
+    command = user_command(c)
+    if not command:
+        raise UsageError("give the command after --, e.g. kiln -H h1,h2 run -- python process.py")
+    if int(processes) < 0:
+        raise UsageError(f"--processes {processes}: give a positive number")
+    folder = project_folder(code, command)
+    items = list_inputs(shard_input, folder) if shard_input else None
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
+    program = launch.Program(tuple(command))
+    run_id = state.validate_run_id(run_id) if run_id else state.new_run_id()
+
+    def plan_for(names, python_path: str, root: str) -> launch.RunPlan:
+        return launch.plan_processes(run_id, names, [h.slots for h in goal.hosts], python=python_path,
+                                     paths=launch.NodePaths(root), program=program, processes=int(processes),
+                                     inputs=items)
+
+    if dry_run:
+        print(launch.describe_plan(plan_for([h.address for h in goal.hosts], goal.python, f"~/{REMOTE_ROOT}"),
+                                   goal.hosts))
+        return
+    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+    nodes = group.require_facts("connect")
+    group.apply_mesh()
+    paths = launch.NodePaths(same_root(group))
+    plan = plan_for([n.name for n in nodes], group.python, paths.root)
+    start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
+                    max_restarts=int(max_restarts), stall_factor=1.0 if float(stall_minimum) else 0.0,
+                    stall_minimum=float(stall_minimum))
 
 
 def same_root(group: Cluster) -> str:

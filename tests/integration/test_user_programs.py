@@ -150,3 +150,30 @@ def test_a_killed_worker_is_restarted_and_resumes_from_backup_and_restore(cluste
     for result in results.values():  # the second attempt began where BackupAndRestore left off, not at epoch 0
         assert result["epochs"][0] > 0 and result["epochs"][-1] == 4, result
     assert run_processes("resume") == []
+
+
+def test_run_shards_a_hundred_items_over_three_nodes_each_exactly_once(cluster, project):
+    items = [f"item-{n:03d}" for n in range(100)]
+    (project / "items.txt").write_text("\n".join(items) + "\n")
+    done = cluster.kiln("run", "--run-id", "sharded", "--processes", "5", "--shard-input", "items.txt", "--",
+                        "python", "process_shard.py", cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    processed = sorted((cluster.runs / "sharded" / "hosts").glob("*/output/shard-*/processed.tsv"))
+    where = {f"{path.parts[-4]}/{path.parts[-2]}" for path in processed}
+    assert where == {"node1/shard-0", "node2/shard-1", "node3/shard-2", "node1/shard-3", "node2/shard-4"}
+    seen = [line.split("\t")[0] for path in processed for line in path.read_text().splitlines()]
+    assert sorted(seen) == items
+    table = done.stdout.splitlines()
+    assert table[table.index(next(line for line in table if line.startswith("process"))) + 1].split()[:3] == [
+        "shard-0", "node1", "0"]
+    data = json.loads((cluster.runs / "sharded" / "summary.json").read_text())
+    assert set(data["durations"]) == {f"shard-{n}" for n in range(5)}
+    assert run_processes("sharded") == []
+
+
+def test_run_names_the_host_of_a_failing_process(cluster, project):
+    done = cluster.kiln("run", "--run-id", "onefails", "--", "sh", "-c", 'test "$KILN_SHARD_INDEX" != 2',
+                        cwd=project)
+    assert done.returncode == 1
+    assert "shard-2 on node3 exited with status 1" in done.stderr
+    assert run_processes("onefails") == []
