@@ -29,15 +29,17 @@ class SshOptions:
     control_persist: int = 60
 
 
-def ssh_option_args(options: SshOptions) -> list[str]:
-    """Options shared by every connection. Host keys are always checked."""
+def ssh_option_args(options: SshOptions, *, forwards: bool = False) -> list[str]:
+    """Options shared by every connection. Host keys are always checked; no forwarding unless `forwards`
+    (the port forwards given on the command line, never the agent)."""
     args = []
     if options.config_file:
         args += ["-F", options.config_file]
     if options.identity:
         args += ["-i", options.identity, "-o", "IdentitiesOnly=yes"]
     args += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={options.connect_timeout}"]
-    args += ["-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes"]
+    args += ["-o", "ForwardAgent=no"]
+    args += ["-o", "ExitOnForwardFailure=yes"] if forwards else ["-o", "ClearAllForwardings=yes"]
     args += ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
     if options.known_hosts:
         args += ["-o", "GlobalKnownHostsFile=" + " ".join((*options.known_hosts, "/etc/ssh/ssh_known_hosts"))]
@@ -65,6 +67,20 @@ def host_args(host: Host) -> list[str]:
 def ssh_argv(host: Host, remote_command: str, options: SshOptions) -> list[str]:
     """Run one shell command string on `host`."""
     return ["ssh", *ssh_option_args(options), *host_args(host), "--", host.address, remote_command]
+
+
+def forward_argv(host: Host, local_port: int, remote_port: int, remote_command: str, options: SshOptions) -> list[str]:
+    """Run `remote_command` on `host` with 127.0.0.1:`local_port` here forwarded to its 127.0.0.1:`remote_port`
+    (loopback at both ends: nothing is opened to the network)."""
+    return ["ssh", *ssh_option_args(options, forwards=True), *host_args(host),
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", "--", host.address, remote_command]
+
+
+def tied_to_connection(command: str) -> str:
+    """`command` as a remote shell runs it so that it ends with the connection: a helper reads the connection's
+    stdin (kept open by the operator's side) and stops the command at its end, whatever ended the connection."""
+    return (f"exec 3<&0; {command} </dev/null & pid=$!; "
+            "(cat <&3 >/dev/null; kill $pid) >/dev/null 2>&1 & wait $pid")
 
 
 def control_argv(host: Host, operation: str, options: SshOptions) -> list[str]:
@@ -122,6 +138,12 @@ def rsync_pull_argv(host: Host, source_dir: str, dest_dir: str, options: SshOpti
     """Copy `source_dir` from `host` into the local `dest_dir`."""
     return ["rsync", "-a", f"--timeout={timeout}", "--mkpath", "-e", rsync_ssh_command(host, options),
             rsync_target(host, source_dir.rstrip("/") + "/"), dest_dir.rstrip("/") + "/"]
+
+
+def rsync_fetch_argv(host: Host, path: str, dest_dir: str, options: SshOptions, timeout: int = 60) -> list[str]:
+    """Copy the file or folder `path` from `host` into the local `dest_dir` (keeping what a broken copy got)."""
+    return ["rsync", "-a", "--partial", f"--timeout={timeout}", "--mkpath", "-e", rsync_ssh_command(host, options),
+            rsync_target(host, path.rstrip("/")), dest_dir.rstrip("/") + "/"]
 
 
 def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, extra: Sequence[str] = ()) -> list[str]:

@@ -1,7 +1,8 @@
 """kiln's Fabric tasks: they parse the command line, call the launcher, and print. `namespace()` is the
 `cluster` collection that fabfile.py (and any program built on Fabric) exposes.
 
-Modules: cluster (mesh, check, sync, train, run), runs (status, logs, stop), aws (up, down, list, sweep).
+Modules: cluster (mesh, check, sync, train, run), runs (status, logs, stop, fetch, tensorboard),
+aws (up, down, list, sweep).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def namespace(*, flat: bool = False) -> Collection:
     from bootstrap.tasks import aws, cluster, runs
 
     tasks = Collection() if flat else Collection("cluster")
-    for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_")), (runs, ("status", "logs", "stop")),
+    for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_")),
+                          (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
                           (aws, ("up", "down", "list_", "sweep"))):
         for name in names:
             tasks.add_task(getattr(module, name))

@@ -1,4 +1,4 @@
-"""Tasks on a run, found by its id in runs/ (no -H needed): status, logs, stop."""
+"""Tasks on a run, found by its id in the runs folder (no -H needed): status, logs, stop, fetch, tensorboard."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import shlex
 import subprocess
 import threading
 import time
+from dataclasses import replace
+from pathlib import PurePosixPath
 
 from bootstrap import commands, launch, runs, state
 from bootstrap.cluster import Cluster
 from bootstrap.commands import SshOptions
-from bootstrap.errors import RemoteError, UsageError
+from bootstrap.errors import KilnError, RemoteError, UsageError
 from bootstrap.supervisor import Supervisor
 from bootstrap.tasks import cluster_task
 
@@ -97,3 +99,65 @@ def stop(c, run_id=None):
     if left:
         raise RemoteError("stop", left)
 
+
+
+def fetch_destination(folder, node: str, path: str):
+    """Where a fetched path lands: under the node's folder of the run, by its path in the node's run folder
+    (`model` → hosts/<node>/model), or under fetched/ for an absolute path."""
+    pure = PurePosixPath(path)
+    if ".." in pure.parts:
+        raise UsageError(f"--path {path}: name a path in the run folder (or an absolute one), without ..")
+    if pure.is_absolute():
+        return folder / "hosts" / node / "fetched" / pure.relative_to("/").parent
+    return folder / "hosts" / node / pure.parent
+
+
+@cluster_task(help={**RUN_HELP, "path": "what to copy: a path in the run's folder on the nodes (e.g. model, "
+                                        "checkpoints, output) or an absolute path",
+                    "host": "only this node (its hostname; default: every node of the run)"})
+def fetch(c, path, run_id=None, host=None):
+    """Copy a file or folder from the nodes of a run into its run folder (resumable: run it again to finish)."""
+    record, group, paths = reopen(c, run_id)
+    chosen = [i for i, name in enumerate(record.names) if host in (None, name)]
+    if not chosen:
+        raise UsageError(f"no host {host!r} in run {record.run_id} (hosts: {', '.join(record.names)})")
+    folder = state.run_folder(record.run_id)
+    source = path if PurePosixPath(path).is_absolute() else f"{paths.run(record.run_id)}/{path}"
+
+    def pull(index: int) -> str:
+        destination = fetch_destination(folder, record.names[index], path)
+        group.remote.rsync(group.hosts[index], commands.rsync_fetch_argv(group.hosts[index], source, str(destination),
+                                                                         group.remote.options))
+        return str(destination / PurePosixPath(source).name)
+
+    fetched, failures = group.remote.map([group.hosts[i] for i in chosen], lambda h: pull(group.hosts.index(h)))
+    for where in fetched.values():
+        print(f"fetched {where}")
+    if failures:
+        raise RemoteError(f"fetch {source}", {h.label: reason for h, reason in failures.items()})
+
+
+@cluster_task(help={**RUN_HELP, "port": "the local port to open TensorBoard on (default 6006)",
+                    "remote_port": "the port TensorBoard listens on, on the chief's loopback (default: a free one)"})
+def tensorboard(c, run_id=None, port=6006, remote_port=0):
+    """TensorBoard over a run's folder on its first node, at http://127.0.0.1:PORT here (an SSH forward from
+    loopback to loopback: no port is opened to the network). Ctrl-C ends it."""
+    record, group, paths = reopen(c, run_id)
+    chief = group.hosts[0]
+    remote_port = int(remote_port) or 16006 + int(time.time()) % 1000
+    command = shlex.join([record.python, "-m", "tensorboard.main", "--logdir", paths.run(record.run_id),
+                          "--host", "127.0.0.1", "--port", str(remote_port)])
+    options = replace(group.remote.options, control_path=None)  # its own connection, ending with it
+    argv = commands.forward_argv(chief, int(port), remote_port, commands.tied_to_connection(command), options)
+    print(f"TensorBoard for run {record.run_id} ({record.names[0]}): http://127.0.0.1:{port}/  (Ctrl-C ends it)",
+          flush=True)
+    with subprocess.Popen(argv, stdin=subprocess.PIPE) as process:  # its stdin open: TensorBoard lives while it does
+        try:
+            code = process.wait()
+        except KeyboardInterrupt:
+            process.terminate()
+            process.wait(timeout=10)
+            return
+    if code != 0:
+        raise KilnError(f"tensorboard on {record.names[0]} ended with status {code} (is port {port} free here, "
+                        f"and tensorboard installed beside {record.python}?)")

@@ -177,3 +177,53 @@ def test_run_names_the_host_of_a_failing_process(cluster, project):
     assert done.returncode == 1
     assert "shard-2 on node3 exited with status 1" in done.stderr
     assert run_processes("onefails") == []
+
+
+def test_fetch_brings_a_path_back_from_every_node_of_a_run(cluster, project):
+    made = cluster.kiln("run", "--run-id", "fetchme", "--", "sh", "-c",
+                        'mkdir -p "$KILN_MODEL_DIR" && echo "$KILN_SHARD_INDEX" > "$KILN_MODEL_DIR/weights.txt"',
+                        cwd=project)
+    assert made.returncode == 0, made.stdout + made.stderr
+    folder = cluster.runs / "fetchme" / "hosts"
+    for model in folder.glob("*/model"):
+        shutil.rmtree(model)
+    fetched = cluster.kiln("fetch", "--run-id", "fetchme", "model", cwd=project, hosts=None)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert {p.parts[-3]: p.read_text().strip() for p in folder.glob("*/model/weights.txt")} == {
+        "node1": "0", "node2": "1", "node3": "2"}
+    home = cluster.ssh("node2", "mkdir -p data && echo only-here > data/notes.txt && pwd").stdout.strip()
+    one = cluster.kiln("fetch", "--run-id", "fetchme", "--host", "node2", f"{home}/data", cwd=project, hosts=None)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert (folder / "node2" / "fetched" / home.lstrip("/") / "data" / "notes.txt").read_text() == "only-here\n"
+    missing = cluster.kiln("fetch", "--run-id", "fetchme", "nosuch", cwd=project, hosts=None)
+    assert missing.returncode == 1 and "node1" in missing.stderr and "nosuch" in missing.stderr
+
+
+def test_tensorboard_is_forwarded_from_the_chief_and_ends_with_the_command(cluster, project):
+    import socket
+    import urllib.request
+
+    made = cluster.kiln("run", "--run-id", "board", "--", "true", cwd=project)
+    assert made.returncode == 0, made.stdout + made.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [str(KILN), "tensorboard", "--run-id", "board", "--port", str(port)]
+    with subprocess.Popen(argv, cwd=project, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as board:
+        try:
+            page, end = "", time.monotonic() + 120
+            while time.monotonic() < end and "TensorBoard" not in page:
+                try:
+                    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read().decode()
+                except OSError:
+                    time.sleep(1)
+            assert "TensorBoard" in page, board.stderr.read() if board.poll() is not None else "no page"
+        finally:
+            board.send_signal(signal.SIGINT)
+            board.wait(timeout=30)
+    for _ in range(20):
+        if cluster.ssh("node1", "pgrep -f '[t]ensorboard[.]main'").returncode != 0:
+            break
+        time.sleep(0.5)
+    assert cluster.ssh("node1", "pgrep -f '[t]ensorboard[.]main'").returncode != 0, "TensorBoard outlived the command"
