@@ -22,9 +22,9 @@ CLUSTER = "kiln"
 STATE = Path("/run/kiln/local") / CLUSTER
 
 
-def step(title: str, argv: list[str], timeout: float = 900) -> None:
+def step(title: str, argv: list[str], timeout: float = 900, cwd: Path = ROOT) -> None:
     print(f"\n== {title}\n$ {' '.join(argv)}", flush=True)
-    done = subprocess.run(argv, cwd=ROOT, timeout=timeout)
+    done = subprocess.run(argv, cwd=cwd, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"demo: {title} failed (exit {done.returncode})")
 
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
     options = parser.parse_args(argv)
     local_cluster = [sys.executable, "-m", "testbed.cluster"]
-    fab = [str(Path(sys.executable).with_name("fab")), "-S", str(STATE / "ssh_config"),
-           "-H", ",".join(f"node{i}" for i in range(1, options.nodes + 1))]
+    kiln = [str(Path(sys.executable).with_name("kiln")), "-S", str(STATE / "ssh_config"),
+            "-H", ",".join(f"node{i}" for i in range(1, options.nodes + 1))]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     modes = [
         ("horovod", ["--mode", "horovod"]),
@@ -47,15 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
     try:
         step(f"a local cluster of {options.nodes} nodes", [*local_cluster, "up", str(options.nodes), "--name", CLUSTER])
-        step("the SSH mesh", [*fab, "cluster.mesh", "--cluster", CLUSTER])
-        step("preflight", [*fab, "cluster.check", "--cluster", CLUSTER])
+        step("the SSH mesh", [*kiln, "mesh", "--cluster", CLUSTER])
+        step("preflight", [*kiln, "check", "--cluster", CLUSTER])
         rows = []
         for index, (label, args) in enumerate(modes):
             run_id = f"demo-{stamp}-{index}"
-            step(f"training: {label}", [*fab, "cluster.train", "--cluster", CLUSTER, *args, "--run-id", run_id,
+            step(f"training: {label}", [*kiln, "train", "--cluster", CLUSTER, *args, "--run-id", run_id,
                                         "--args", f"--epochs {options.epochs}"])
             data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
             rows.append({**runs.result_row(data), "mode": label})
+        run_id = f"demo-{stamp}-user"  # a user's own program, from its own folder (examples/)
+        step("training your own program: examples/keras_multiworker.py",
+             [*kiln, "train", "--cluster", CLUSTER, "--mode", "tf-config", "--run-id", run_id, "--",
+              "python", "keras_multiworker.py", "--epochs", str(options.epochs)], cwd=ROOT / "examples")
+        data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
+        rows.append({**runs.result_row(data), "mode": "your program (tf-config)"})
         print("\n" + runs.format_rows(rows))
         print(f"\nrun folders: {state.runs_root()}/demo-{stamp}-*")
     finally:
