@@ -100,7 +100,7 @@ def program_check(program: Program, python: str, paths: NodePaths) -> str | None
         return None
     argv = user_argv(program.argv, python)
     code = paths.code
-    env_path = process_env("check", python, paths, program)["PATH"]
+    env_path = process_path(python, paths)
 
     def fail(what: str) -> str:
         return f"{{ echo {shlex.quote(what)}; exit 1; }}"
@@ -117,6 +117,11 @@ def program_check(program: Program, python: str, paths: NodePaths) -> str | None
     return f"cd {shlex.quote(code)} && PATH={shlex.quote(env_path)} && " + " && ".join(checks)
 
 
+def process_path(python: str, paths: NodePaths) -> str:
+    """Every process's PATH: kiln's shims first (horovodrun's ssh), then the nodes' Python, then the system's."""
+    return f"{paths.lib}/shim:{PurePosixPath(python).parent}:{SYSTEM_PATH}"
+
+
 def checkpoint_dir(program: Program, run_dir: str) -> str:
     return program.checkpoint_dir or f"{run_dir}/checkpoints"
 
@@ -124,7 +129,6 @@ def checkpoint_dir(program: Program, run_dir: str) -> str:
 def process_env(run_id: str, python: str, paths: NodePaths, program: Program = Program()) -> dict[str, str]:
     """What every process gets: the environment contract (README), the code on PYTHONPATH (kiln's for the
     reference trainer, the user's project for theirs), legacy Keras, and kiln's ssh shim first on PATH."""
-    python_bin = str(PurePosixPath(python).parent)
     run_dir = paths.run(run_id)
     return {
         "KILN_RUN_ID": run_id,
@@ -134,7 +138,7 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
         "PYTHONPATH": paths.code if program.is_user else paths.lib,
         "PYTHONUNBUFFERED": "1",
         "TF_USE_LEGACY_KERAS": "1",
-        "PATH": f"{paths.lib}/shim:{python_bin}:{SYSTEM_PATH}",
+        "PATH": process_path(python, paths),
     }
 
 

@@ -148,15 +148,20 @@ def user_command(c) -> list[str]:
     return list(c.config.get("kiln_command") or [])
 
 
+def code_folder(code: str | None) -> Path:
+    folder = Path(code or ".").resolve()
+    if not folder.is_dir():
+        raise UsageError(f"--code {code}: no such folder")
+    return folder
+
+
 def project_folder(code: str | None, command: list[str]) -> Path | None:
     """The folder synced to every node for the user's command: --code, else the current folder."""
     if not command:
         if code:
             raise UsageError("--code goes with a command: kiln train --code DIR -- python train.py")
         return None
-    folder = Path(code or ".").resolve()
-    if not folder.is_dir():
-        raise UsageError(f"--code {code}: no such folder")
+    folder = code_folder(code)
     script = next((word for word in command[:2] if word.endswith(".py")), None)
     if script and not Path(script).is_absolute() and not (folder / script).is_file():
         raise UsageError(f"{script}: no such file in {folder} (the folder synced to the nodes; see --code)")
@@ -169,9 +174,7 @@ def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, code=N
     """Copy a project to ~/kiln/code on every node (what train -- CMD runs from), leaving out what its
     .kilnignore, else its .gitignore, leaves out."""
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
-    source = Path(code or ".").resolve()
-    if not source.is_dir():
-        raise UsageError(f"--code {code}: no such folder")
+    source = code_folder(code)
     where = f"~/{REMOTE_ROOT}/code on {len(goal.hosts)} host(s)"
     if dry_run:
         print(f"would mirror {source} to {where}: " + ", ".join(h.label for h in goal.hosts))
