@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainer import lineage
 from trainer.cli import parse_args
 from trainer.cluster import (
     cluster_of,
@@ -70,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif task is not None and task.type == "evaluator":
             raise TrainerError(f"--model-dir {config.model_uri}: the evaluator needs a local or shared --model-dir")
         check_writable_dir("--checkpoint-dir", config.checkpoints)
+        trained_on = lineage.identity(config)
+        restore_from = lineage.restore_dir(config.checkpoints, config.resume_from, trained_on)
         if config.model_uri is not None:
             check_destination("--model-dir", config.model_uri)
         if is_remote(config.data):
@@ -86,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # The chief exports here, then uploads to --model-dir (see run.train).
                 config = dataclasses.replace(config, model_dir=Path(staging) / "model")
             try:
-                result = run.train(config, task, cluster, started=started)
+                result = run.train(config, task, cluster, started=started,
+                                   restore_from=restore_from, trained_on=trained_on)
             except Preempted as stopped:
                 saved = "checkpoint saved" if stopped.saved else "no checkpoint written by this process"
                 print(f"trainer: {stopped} ({saved}); exiting 143", flush=True)

@@ -88,12 +88,13 @@ class Checkpoints:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
-    def restore(self) -> int:
-        """Restore the newest checkpoint, if any; return its global step (0: none).
+    def restore(self, source: Path | None = None) -> int:
+        """Restore the newest checkpoint in ``source`` (default: the checkpoint
+        directory), if any; return its global step (0: none).
 
         Call it after the optimizer's variables exist (``optimizer.build``), so
         the momentum slots are restored at once rather than deferred."""
-        latest = tf.train.latest_checkpoint(str(self.directory))
+        latest = tf.train.latest_checkpoint(str(source or self.directory))
         if latest is None:
             return 0
         self._checkpoint.restore(latest).assert_existing_objects_matched()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from trainer.config import AUTO, DATASETS, MODELS, STRATEGIES, TrainConfig
 from trainer.errors import TrainerError
-from trainer.storage import is_remote
+from trainer.storage import cache_path, default_state_dir, is_remote, parse_location
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,9 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: ./%(default)s)",
     )
     parser.add_argument(
-        "--run-dir", type=_local_dir, default=defaults.run_dir,
-        help="where this process writes metrics.<task>.jsonl and result.<task>.json "
-        "(default: %(default)s)",
+        "--run-dir", type=_local_dir, default=None,
+        help="where this process writes metrics.<task>.jsonl and result.<task>.json, and the "
+        "checkpoints go (default: the --model-dir; for an s3:// or gs:// one, "
+        "$XDG_STATE_HOME/kiln/trainer/<scheme>/<bucket>/<prefix>)",
     )
     parser.add_argument(
         "--log-every", type=_positive_int, default=defaults.log_every,
@@ -143,7 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--checkpoint-dir", type=_local_dir, default=None,
         help="where the chief keeps the last 2 checkpoints (model, optimizer, global step) and "
-        "where every process looks for one to resume from (default: <run-dir>/checkpoints)",
+        "where every process looks for one to resume from (default: <run-dir>/checkpoints); "
+        "checkpoints written for another --model, --data or --shard are refused",
+    )
+    parser.add_argument(
+        "--resume-from", type=_local_dir, default=None, metavar="CHECKPOINT_DIR",
+        help="resume from the newest checkpoint there even if another configuration wrote it "
+        "(when --checkpoint-dir has none of its own yet, or is this folder); new checkpoints "
+        "still go to --checkpoint-dir (default: resume only this configuration's checkpoints)",
     )
     parser.add_argument(
         "--checkpoint-every", type=_non_negative_int, default=defaults.checkpoint_every,
@@ -163,9 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str]) -> TrainConfig:
+def default_run_dir(model_dir: str, env: Mapping[str, str]) -> Path:
+    """The model dir itself (checkpoints and metrics live with the model, as tf.estimator kept them);
+    for a remote model dir, a local state folder named after it."""
+    if not is_remote(model_dir):
+        return Path(model_dir)
+    return cache_path(default_state_dir(env), parse_location(model_dir))
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> TrainConfig:
     """Parse ``argv`` (without the program name); raise TrainerError on bad input."""
     ns = build_parser().parse_args(list(argv))
+    environ = os.environ if env is None else env
+    run_dir = ns.run_dir if ns.run_dir is not None else default_run_dir(ns.model_dir, environ)
     return TrainConfig(
         strategy=ns.strategy,
         model=ns.model,
@@ -179,9 +198,10 @@ def parse_args(argv: Sequence[str]) -> TrainConfig:
         model_dir=TrainConfig.model_dir if is_remote(ns.model_dir) else Path(ns.model_dir),
         model_uri=ns.model_dir if is_remote(ns.model_dir) else None,
         cache_dir=ns.cache_dir,
-        run_dir=ns.run_dir,
+        run_dir=run_dir,
         log_every=ns.log_every,
         checkpoint_dir=ns.checkpoint_dir,
+        resume_from=ns.resume_from,
         checkpoint_every=ns.checkpoint_every,
         record_ids=ns.record_ids,
     )

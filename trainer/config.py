@@ -28,9 +28,10 @@ class TrainConfig:
     learning_rate: float = 0.01
     seed: int = 42
     model_dir: Path = Path("model")
-    run_dir: Path = Path(".")
+    run_dir: Path = Path("model")  # the model dir unless --run-dir says otherwise (trainer.cli)
     log_every: int = 10
     checkpoint_dir: Path | None = None
+    resume_from: Path | None = None
     checkpoint_every: int = 0
     record_ids: bool = False
     # --model-dir s3://... or gs://...: the chief exports to model_dir (a local

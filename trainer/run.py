@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import data, evaluator, report, storage, strategies
+from trainer import data, evaluator, lineage, report, storage, strategies
 from trainer.checkpoints import CheckpointCallback, Checkpoints, Preempted, StopFlag
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
 from trainer.config import TrainConfig
@@ -98,10 +99,13 @@ def _setup_tf_distribute(
 
 
 def train(
-    config: TrainConfig, task: Task | None, cluster: dict[str, list[str]], *, started: float
+    config: TrainConfig, task: Task | None, cluster: dict[str, list[str]], *, started: float,
+    restore_from: Path | None = None, trained_on: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train under ``config``; ``task`` is None for horovod (known after init);
-    ``started`` is when this process started (``time.time()``).
+    ``started`` is when this process started (``time.time()``); ``restore_from``:
+    where to look for a checkpoint (default: config.checkpoints), ``trained_on``:
+    what the chief records beside its checkpoints (see trainer.lineage).
 
     ParameterServerStrategy's ps and worker tasks serve until killed and never
     return; the evaluator waits for the chief's model and evaluates it.
@@ -134,10 +138,13 @@ def train(
         checkpoints = Checkpoints(
             config.checkpoints, model, writer=setup.chief, collective=config.strategy == "multiworker"
         )
-        restored = checkpoints.restore()
+        restored = checkpoints.restore(restore_from)
+    if setup.chief:
+        lineage.record(config.checkpoints, trained_on or lineage.identity(config))
     resume = plan_resume(plan, restored)
     if restored:
-        print(f"trainer: resumed from step {restored}", flush=True)
+        elsewhere = restore_from is not None and restore_from != config.checkpoints
+        print(f"trainer: resumed from step {restored}" + (f" of {restore_from}" if elsewhere else ""), flush=True)
     logger = MetricsLogger(
         report.metrics_path(config.run_dir, setup.task.name),
         log_every=config.log_every,

@@ -69,6 +69,12 @@ def default_cache_dir(env: Mapping[str, str]) -> Path:
     return base / "kiln" / "data"
 
 
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """``$XDG_STATE_HOME/kiln/trainer``, else ``~/.local/state/kiln/trainer``."""
+    base = Path(env["XDG_STATE_HOME"]) if env.get("XDG_STATE_HOME") else Path.home() / ".local" / "state"
+    return base / "kiln" / "trainer"
+
+
 def cache_path(cache_dir: Path, location: Location) -> Path:
     """Where a remote object is cached: ``<cache-dir>/<scheme>/<bucket>/<key>``."""
     return cache_dir.joinpath(location.scheme, location.bucket, *PurePosixPath(location.key).parts)

@@ -246,3 +246,54 @@ def test_bad_data_or_dir_exits_2_with_one_line_and_writes_nothing(case, tmp_path
     assert done.stderr == f"trainer: error: {message}\n"
     assert done.stdout == ""
     assert not out.exists()
+
+
+def run_trainer_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    folder.mkdir(exist_ok=True)
+    return subprocess.run(trainer(*args), cwd=folder, env=environment(), capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_state_lives_in_the_model_dir_and_another_model_dir_starts_fresh(tmp_path):
+    work = tmp_path / "work"
+    first = run_trainer_in(work, "--epochs", "1", "--model-dir", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    assert list(work.iterdir()) == []  # nothing in the current folder
+    assert (tmp_path / "a" / "saved_model.pb").is_file()
+    assert latest_checkpoint_step(tmp_path / "a" / "checkpoints") == DIGITS_STEPS
+    assert read_result(tmp_path / "a", "local-0")["steps"] == DIGITS_STEPS
+    assert json.loads((tmp_path / "a" / "checkpoints" / "trained-on.json").read_text()) == {
+        "model": "mlp", "data": "digits", "shard": "all"}
+
+    second = run_trainer_in(work, "--epochs", "1", "--model-dir", str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr
+    assert "resumed" not in second.stdout
+    assert read_result(tmp_path / "b", "local-0")["resumed_from_step"] == 0
+
+
+def test_checkpoints_of_other_data_are_refused_unless_resume_from_names_them(tmp_path):
+    digits = load_digits()
+    data = save_npz(tmp_path / "digits.npz", x=digits.data / 16.0, y=digits.target)
+    model_dir = tmp_path / "model"
+    first = run_trainer_in(tmp_path / "work", "--epochs", "1", "--model-dir", str(model_dir))
+    assert first.returncode == 0, first.stderr
+    before = sorted(path.name for path in (model_dir / "checkpoints").iterdir())
+
+    refused = run_trainer_in(tmp_path / "work", "--epochs", "2", "--data", str(data), "--model-dir", str(model_dir))
+    checkpoints = model_dir / "checkpoints"
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"trainer: error: --checkpoint-dir {checkpoints} holds checkpoints of another run "
+        f"(data: {data} here, digits there): resume them on purpose with --resume-from {checkpoints}, "
+        f"or give this run its own --model-dir or --checkpoint-dir\n")
+    assert sorted(path.name for path in checkpoints.iterdir()) == before
+
+    # Fine-tuning on purpose: restore another folder's checkpoint, keep this run's own.
+    tuned = tmp_path / "tuned"
+    resumed = run_trainer_in(tmp_path / "work", "--epochs", "2", "--data", str(data), "--model-dir", str(tuned),
+                             "--resume-from", str(checkpoints))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"trainer: resumed from step {DIGITS_STEPS} of {checkpoints}\n" in resumed.stdout
+    assert read_result(tuned, "local-0")["resumed_from_step"] == DIGITS_STEPS
+    assert latest_checkpoint_step(tuned / "checkpoints") == 2 * DIGITS_STEPS
+    assert json.loads((tuned / "checkpoints" / "trained-on.json").read_text())["data"] == str(data)

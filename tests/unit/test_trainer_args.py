@@ -59,7 +59,7 @@ def test_no_arguments_give_the_documented_defaults():
         learning_rate=0.01,
         seed=42,
         model_dir=Path("model"),
-        run_dir=Path("."),
+        run_dir=Path("model"),  # state lives with the model, never in the current folder
         log_every=10,
     )
 
