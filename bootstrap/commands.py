@@ -151,10 +151,11 @@ def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, ex
     return [python, "-m", "trainer", "--strategy", strategy, "--run-dir", run_dir, "--model-dir", model_dir, *extra]
 
 
-def horovodrun_argv(horovodrun: str, *, processes: int, hostfile: str, entry: Sequence[str], nic: str | None,
-                    mpi: bool = False, output_dir: str | None = None, start_timeout: int = 60) -> list[str]:
-    """One horovodrun over a generated hostfile; Gloo unless `mpi`."""
-    argv = [horovodrun, "-np", str(processes), "--hostfile", hostfile, "--mpi" if mpi else "--gloo",
+def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str, entry: Sequence[str],
+                    nic: str | None, mpi: bool = False, output_dir: str | None = None,
+                    start_timeout: int = 60) -> list[str]:
+    """One horovodrun (the argv that starts it) over a generated hostfile; Gloo unless `mpi`."""
+    argv = [*horovodrun, "-np", str(processes), "--hostfile", hostfile, "--mpi" if mpi else "--gloo",
             "--start-timeout", str(start_timeout)]
     if nic:
         argv += ["--network-interfaces", nic]

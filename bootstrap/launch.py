@@ -160,7 +160,8 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
     entry = entry_argv(program, python, "horovod", run_dir)
     if program.is_user:  # each rank gets its own KILN_OUTPUT_DIR (output/rank-N)
         entry = [f"{paths.lib}/shim/kiln-rank", *entry]
-    horovodrun = str(PurePosixPath(python).parent / "horovodrun")
+    # horovodrun through kiln's shim/horovodrun.py: its build check answered from a per-install cache.
+    horovodrun = [python, f"{paths.lib}/shim/horovodrun.py"]
     # On one node horovodrun talks over loopback and refuses any other interface; with one process
     # its --output-filename divides by zero (horovod 0.28.1), and the log has that one rank anyway.
     argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=f"{run_dir}/hostfile", entry=entry,

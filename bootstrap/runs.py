@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bootstrap.state import RunRecord
+from bootstrap.timeline import ProcessTimes, totals
 
 PROCESS_COLUMNS = ("process", "host", "exit", "seconds")
 RESULT_COLUMNS = ("mode", "nodes", "processes", "final_loss", "accuracy", "examples/s", "wall_s", "status")
@@ -47,6 +48,48 @@ def durations(folder: Path) -> dict[str, float]:
     return found
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _step_times(path: Path, since: float) -> list[float]:
+    """The `time` of every metrics line written at or after `since` (an earlier attempt's lines stay in a
+    resumed run's file)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            stamp = float(json.loads(line)["time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if stamp >= since:
+            found.append(stamp)
+    return found
+
+
+def process_times(folder: Path) -> dict[str, ProcessTimes]:
+    """`task@node`: when each collected process started (its pid file), logged its first and last metrics
+    line, and exited (its exit file); the nodes' clocks, as rsync keeps the files' times."""
+    found: dict[str, ProcessTimes] = {}
+    for pid in sorted(folder.glob("hosts/*/*.pid")):
+        node, task, started = pid.parent.name, pid.stem, _mtime(pid)
+        found[f"{task}@{node}"] = ProcessTimes(started=started, exited=_mtime(pid.with_suffix(".exit")))
+    since = min((t.started for t in found.values() if t.started), default=0.0)
+    for metrics in sorted(folder.glob("hosts/*/metrics.*.jsonl")):
+        node, task = metrics.parent.name, metrics.name[len("metrics."):-len(".jsonl")]
+        steps = _step_times(metrics, since)
+        if steps:  # a Horovod rank has no pid file of its own: horovodrun has
+            own = found.get(f"{task}@{node}", ProcessTimes())
+            found[f"{task}@{node}"] = ProcessTimes(own.started, min(steps), max(steps), own.exited)
+    return found
+
+
 def process_rows(data: dict) -> list[dict]:
     """One row per process of a run: where it ran, its exit code and how long it ran."""
     codes = {task: code for by_task in data["exit_codes"].values() for task, code in by_task.items()}
@@ -73,7 +116,7 @@ def headline(results: dict[str, dict]) -> dict:
 
 
 def summary(record: RunRecord, *, status: str, failure: str | None, folder: Path, wall: float,
-            restarts: list[dict] | None = None) -> dict:
+            restarts: list[dict] | None = None, phases: Sequence[dict] = ()) -> dict:
     """What a run did, for summary.json. Each restart gets the step the chief had
     logged when it failed and the step the chief resumed from."""
     results = trainer_results(folder)
@@ -99,6 +142,8 @@ def summary(record: RunRecord, *, status: str, failure: str | None, folder: Path
         **headline(results),
         "wall_time": round(wall, 2),
         "restarts": restarts,
+        "phases": sorted(phases, key=lambda item: (item["began"], item["ended"])),
+        "phase_seconds": totals(phases),
     }
 
 

@@ -14,6 +14,7 @@ from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
 from bootstrap.state import RunRecord
+from bootstrap.timeline import Timeline, node_spans
 
 CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
 
@@ -44,9 +45,10 @@ class Supervisor:
     a watchdog stops a run whose logged steps stop moving for that many times the
     median time between steps (and at least `stall_minimum` seconds)."""
 
-    def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 2.0,
-                 stall_factor: float = 0, stall_minimum: float = 60):
+    def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 1.0,
+                 stall_factor: float = 0, stall_minimum: float = 60, timeline: Timeline | None = None):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
+        self.timeline = timeline or Timeline()
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
         self.folder = state.run_folder(plan.run_id)
@@ -183,13 +185,19 @@ class Supervisor:
         restarts = []
         while True:
             error, error_hosts = None, []
+            timeline = self.timeline
             try:
-                verdict = self.watch(timeout)
+                with timeline.phase("watch"):
+                    verdict = self.watch(timeout)
             except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
                 verdict, error, error_hosts = Verdict(True, ()), str(failure), getattr(failure, "hosts", [])
+            watched = timeline.of("watch")[-1]["ended"]
             frozen = self.frozen_hosts() if verdict.failed else []
-            left = self.stop()
-            self.collect()
+            with timeline.phase("stop"):
+                left = self.stop()
+            with timeline.phase("collect"):
+                self.collect()
+            timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
             log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
                 if verdict.failed else ""
             attempt = launch.judge_attempt(self.plan, verdict, horovod_log=log, error=error,
@@ -199,11 +207,14 @@ class Supervisor:
             restarts.append({"attempt": len(restarts) + 1, "failure": attempt.failure,
                              "hosts": list(attempt.blamed), "at_step": self.chief_step()})
             print(f"restart {len(restarts)} of {max_restarts} after: {attempt.failure}", flush=True)
-            self.spread_checkpoint()
-            self.start()
+            timeline.attempt += 1
+            with timeline.phase("restore"):
+                self.spread_checkpoint()
+            with timeline.phase("start"):
+                self.start()
         failure = attempt.failure
         data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
-                            wall=time.monotonic() - started, restarts=restarts)
+                            wall=time.monotonic() - started, restarts=restarts, phases=self.timeline.spans)
         state.save_summary(self.plan.run_id, data)
         plots.draw(self.folder)
         if self.plan.mode == "run":

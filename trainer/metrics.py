@@ -151,6 +151,7 @@ class MetricsLogger(keras.callbacks.Callback):
             "accuracy": values.get("accuracy"),
             "examples_per_sec": (self._step - self._last_step) * self._examples_per_step / interval,
             "wall_time": now - self._start,
+            "time": time.time(),  # when, for the launcher's phase record (bootstrap.timeline)
         }
         self._last_time, self._last_step = now, self._step
         assert self._file is not None

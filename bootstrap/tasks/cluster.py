@@ -18,6 +18,7 @@ from bootstrap.hosts import Host
 from bootstrap.inputs import list_inputs
 from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.tasks import cluster_task
+from bootstrap.timeline import Timeline
 
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
@@ -234,33 +235,40 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return
-    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    nodes = group.require_facts("connect")
-    group.apply_mesh()
+    timeline = Timeline()
+    with timeline.phase("connect"):
+        group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+        nodes = group.require_facts("connect")
+    with timeline.phase("mesh"):
+        group.apply_mesh()
     paths = launch.NodePaths(same_root(group))
     plan = launch.plan_run(replace(
         spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
         nic=nic or topology.common_interface({n.name: n.iface for n in nodes})))
     start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=float(stall_factor),
-                    stall_minimum=float(stall_minimum))
+                    stall_minimum=float(stall_minimum), timeline=timeline)
 
 
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
-                    stall_minimum: float) -> None:
+                    stall_minimum: float, timeline: Timeline) -> None:
     """Preflight, sync, start every process of the plan, then (unless detached) watch it to its end."""
-    table, passed = group.preflight(ports=plan.ports)
+    with timeline.phase("preflight"):
+        table, passed = group.preflight(ports=plan.ports)
     if not passed:
         print(table)
         raise KilnError("preflight failed (see the table above); nothing was started")
-    group.sync_lib(paths.lib)
-    if folder:
-        group.sync(str(folder), paths.code)
-        group.check_program(launch.program_check(program, group.python, paths))
+    with timeline.phase("sync"):
+        group.sync_lib(paths.lib)
+        if folder:
+            group.sync(str(folder), paths.code)
+            group.check_program(launch.program_check(program, group.python, paths))
     record = record_run(group, plan, paths)
-    supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum)
-    supervisor.start()
+    supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
+                            timeline=timeline)
+    with timeline.phase("start"):
+        supervisor.start()
     print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(group.hosts)} host(s)", flush=True)
     if detach:
         print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
@@ -314,14 +322,17 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
         print(launch.describe_plan(plan_for([h.address for h in goal.hosts], goal.python, f"~/{REMOTE_ROOT}"),
                                    goal.hosts))
         return
-    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    nodes = group.require_facts("connect")
-    group.apply_mesh()
+    timeline = Timeline()
+    with timeline.phase("connect"):
+        group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+        nodes = group.require_facts("connect")
+    with timeline.phase("mesh"):
+        group.apply_mesh()
     paths = launch.NodePaths(same_root(group))
     plan = plan_for([n.name for n in nodes], group.python, paths.root)
     start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=1.0 if float(stall_minimum) else 0.0,
-                    stall_minimum=float(stall_minimum))
+                    stall_minimum=float(stall_minimum), timeline=timeline)
 
 
 def same_root(group: Cluster) -> str:

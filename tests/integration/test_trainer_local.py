@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TIMEOUT = 180  # seconds for any one trainer process
 DIGITS_TRAIN = 1437  # 80% of scikit-learn's 1797 digits
-METRIC_KEYS = {"step", "epoch", "loss", "accuracy", "examples_per_sec", "wall_time"}
+METRIC_KEYS = {"step", "epoch", "loss", "accuracy", "examples_per_sec", "wall_time", "time"}
 RESULT_KEYS = {
     "strategy", "task", "world_size", "epochs", "steps", "global_batch_size", "per_replica_batch_size",
     "learning_rate", "first_loss", "final_loss", "test_accuracy", "examples_per_sec", "wall_time",

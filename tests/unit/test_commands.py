@@ -56,15 +56,15 @@ def test_rsync_mirrors_code_over_the_same_ssh_settings():
 
 def test_horovodrun_argv_is_exact():
     entry = trainer_argv("/v/bin/python", "horovod", run_dir="/r", model_dir="/r/model", extra=["--epochs", "2"])
-    assert horovodrun_argv("/v/bin/horovodrun", processes=3, hostfile="/r/hostfile", entry=entry, nic="eth0",
+    assert horovodrun_argv(["/v/bin/horovodrun"], processes=3, hostfile="/r/hostfile", entry=entry, nic="eth0",
                            output_dir="/r/ranks") == [
         "/v/bin/horovodrun", "-np", "3", "--hostfile", "/r/hostfile", "--gloo", "--start-timeout", "60",
         "--network-interfaces", "eth0", "--output-filename", "/r/ranks",
         "/v/bin/python", "-m", "trainer", "--strategy", "horovod", "--run-dir", "/r", "--model-dir", "/r/model",
         "--epochs", "2",
     ]
-    assert horovodrun_argv("hr", processes=2, hostfile="h", entry=["x"], nic=None, mpi=True) == [
-        "hr", "-np", "2", "--hostfile", "h", "--mpi", "--start-timeout", "60", "x"]
+    assert horovodrun_argv(["py", "hr.py"], processes=2, hostfile="h", entry=["x"], nic=None, mpi=True) == [
+        "py", "hr.py", "-np", "2", "--hostfile", "h", "--mpi", "--start-timeout", "60", "x"]
 
 
 def test_detached_command_leaves_pid_log_and_exit_files():

@@ -47,7 +47,8 @@ def test_horovod_plan_is_one_horovodrun_on_the_first_node():
     run = "/root/kiln/runs/r1"
     assert plan == RunPlan("r1", "horovod", NAMES, (Launch(
         0, "horovodrun",
-        ("/v/bin/horovodrun", "-np", "3", "--hostfile", f"{run}/hostfile", "--gloo", "--start-timeout", "60",
+        (PY, "/root/kiln/lib/shim/horovodrun.py", "-np", "3", "--hostfile", f"{run}/hostfile", "--gloo",
+         "--start-timeout", "60",
          "--network-interfaces", "eth0", "--output-filename", f"{run}/ranks",
          PY, "-m", "trainer", "--strategy", "horovod", "--run-dir", run, "--model-dir", f"{run}/model",
          "--epochs", "2"),
@@ -143,7 +144,7 @@ def test_failed_hosts_blame_the_rank_horovod_names():
 def test_a_single_node_horovod_run_names_no_interface():
     plan = plan_horovod("r", ("node1",), [2], python=PY, paths=PATHS, program=REFERENCE, nic="eth0")
     assert "--network-interfaces" not in plan.launches[0].argv
-    assert plan.launches[0].argv[1:3] == ("-np", "2")
+    assert plan.launches[0].argv[2:4] == ("-np", "2")
 
 
 def test_a_single_process_horovod_run_keeps_its_log_in_one_file():
