@@ -2,10 +2,13 @@
 """usage: bench/throughput.py [--epochs E] [--nodes 1,2,3]
 
 Training throughput on a local cluster (synthetic data), 1, 2 and 3 nodes in each
-launch mode, as examples/s and as a ratio to one node; and kiln's launcher
-overhead: the wall time of `fab cluster.train` (mesh, check, sync, start, watch,
-collect) and of the run alone, each as a ratio to the same trainer processes
-started by hand over ssh. Measured in one run; nothing is asserted.
+launch mode, as examples/s and as a ratio to one node, with kiln's fixed cost
+(`kiln train`'s wall time less the training itself, first logged step to last) and where it went (the phases
+of summary.json); then kiln's launcher overhead on the most nodes, for kiln's reference trainer and for a user's program
+(examples/keras_multiworker.py, examples/horovod_keras.py): the wall time of
+`kiln train` (mesh, check, sync, start, watch, collect) against the very processes
+kiln planned (same argv, environment and folder), started by hand over plain ssh
+and waited for. Measured in one run; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -21,12 +24,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-from bootstrap import topology  # noqa: E402
+from bootstrap import launch
+from bootstrap.timeline import NODE_PHASES, OPERATOR_PHASES
+from kiln.paths import PROJECT
 
 CLUSTER = "kbt"
 STATE = Path("/run/kiln/local") / CLUSTER
+SSH_CONFIG = STATE / "ssh_config"
+NIC = "eth0"  # every local node's interface (testbed.cluster)
+KILN = Path(sys.executable).with_name("kiln")
+EXAMPLES = PROJECT / "examples"
+PHASES = (*OPERATOR_PHASES[:5], *NODE_PHASES, *OPERATOR_PHASES[6:8])  # in the order a run goes through them
+USER_PROGRAMS = {"tf-config": ("python", "keras_multiworker.py"), "horovod": ("python", "horovod_keras.py")}
 
 
 def local_cluster(*args: str) -> None:
@@ -34,34 +43,58 @@ def local_cluster(*args: str) -> None:
                    check=True, timeout=300, stdout=subprocess.DEVNULL)
 
 
-def kiln_train(nodes: int, mode: str, trainer_args: str, env: dict) -> tuple[dict, float]:
-    run_id = f"bench-{mode}-{nodes}-{int(time.time())}"
-    argv = [str(Path(sys.executable).with_name("fab")), "-S", str(STATE / "ssh_config"),
-            "-H", ",".join(f"node{i}" for i in range(1, nodes + 1)), "cluster.train", "--mode", mode,
-            "--run-id", run_id, "--args", trainer_args]
+def names(nodes: int) -> tuple[str, ...]:
+    return tuple(f"node{i}" for i in range(1, nodes + 1))
+
+
+def kiln_train(nodes: int, mode: str, env: dict, *, trainer_args: str = "",
+               command: tuple[str, ...] = ()) -> tuple[dict, float]:
+    """One `kiln train`, timed from the operator's side; its summary.json."""
+    run_id = f"bench-{mode}-{nodes}-{'user' if command else 'ref'}-{time.time_ns()}"
+    argv = [str(KILN), "-S", str(SSH_CONFIG), "-H", ",".join(names(nodes)), "train", "--mode", mode,
+            "--nic", NIC, "--run-id", run_id]
+    if command:
+        argv += ["--code", str(EXAMPLES), "--", *command]
+    else:
+        argv += ["--args", trainer_args]
     start = time.perf_counter()
-    subprocess.run(argv, check=True, timeout=1800, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, timeout=1800, env=env, cwd=PROJECT, stdout=subprocess.DEVNULL)
     total = time.perf_counter() - start
     return json.loads((Path(env["KILN_RUNS"]) / run_id / "summary.json").read_text()), total
 
 
-def by_hand(nodes: int, trainer_args: str) -> float:
-    """The same multi-worker processes, started with plain ssh and waited for."""
-    names = [f"node{i}" for i in range(1, nodes + 1)]
-    topo = topology.plan_tf_config(names, [1] * nodes)
+def ssh(node: str, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(SSH_CONFIG), node, command], check=True, timeout=1800, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
 
-    def one(process: topology.Process) -> None:
-        config = json.dumps(topology.tf_config(topo, process))
-        command = (f"cd ~/kiln/code && TF_CONFIG={shlex.quote(config)} TF_USE_LEGACY_KERAS=1 "
-                   f"{shlex.quote(sys.executable)} -m trainer --strategy multiworker --run-dir /tmp/bench-by-hand "
-                   f"--model-dir /tmp/bench-by-hand/model {trainer_args}")
-        subprocess.run(["ssh", "-F", str(STATE / "ssh_config"), names[process.host], command], check=True,
-                       timeout=1800, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+def by_hand(nodes: int, mode: str, program: launch.Program) -> float:
+    """The processes `kiln train` would start (launch.plan_run), each started with plain ssh in the
+    foreground from its folder with its environment, and waited for: no mesh, check, sync or watch."""
+    root = ssh("node1", "echo $HOME").stdout.strip() + "/kiln"
+    spec = launch.RunSpec(run_id=f"bench-by-hand-{time.time_ns()}", mode=mode, names=names(nodes),
+                          slots=(1,) * nodes, python=sys.executable, root=root, program=program, nic=NIC)
+    plan = launch.plan_run(spec)
+    run_dir = launch.NodePaths(root).run(spec.run_id)
+
+    def one(process: launch.Launch) -> None:
+        folders = [run_dir, *(value for key, value in process.env.items() if key == "KILN_OUTPUT_DIR")]
+        files = "".join(f"printf %s {shlex.quote(text)} > {shlex.quote(path)} && "
+                        for path, text in process.files.items())
+        env = " ".join(shlex.quote(f"{key}={value}") for key, value in process.env.items())
+        log = shlex.quote(f"{run_dir}/{process.task}.log")
+        ssh(plan.names[process.host], f"mkdir -p {shlex.join(folders)} && {files}cd {shlex.quote(process.cwd)} && "
+                                      f"env {env} {shlex.join(process.argv)} >{log} 2>&1")
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(nodes) as pool:
-        list(pool.map(one, topo.processes))
+    with ThreadPoolExecutor(len(plan.launches)) as pool:
+        list(pool.map(one, plan.launches))
     return time.perf_counter() - start
+
+
+def phase_row(label: str, mode: str, nodes: int, seconds: dict[str, float]) -> str:
+    return f"{label:<10} {mode:<10} {nodes:>5} " + " ".join(
+        f"{seconds[name]:>{len(name)}.1f}" if name in seconds else f"{'-':>{len(name)}}" for name in PHASES)
 
 
 def main() -> int:
@@ -70,28 +103,48 @@ def main() -> int:
     parser.add_argument("--nodes", default="1,2,3")
     options = parser.parse_args()
     sizes = [int(n) for n in options.nodes.split(",")]
+    most = max(sizes)
     trainer_args = f"--data synthetic --epochs {options.epochs} --log-every 20"
     local_cluster("down")
-    local_cluster("up", str(max(sizes)))
+    local_cluster("up", str(most))
     try:
         with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as runs:
             env = {**os.environ, "KILN_HOME": home, "KILN_RUNS": runs}
-            print(f"{'mode':<10} {'nodes':>5} {'examples/s':>11} {'vs 1 node':>9} {'run_s':>7} {'fab_s':>7}")
-            last = {}
+            print(f"{'mode':<10} {'nodes':>5} {'examples/s':>11} {'vs 1 node':>9} {'run_s':>7} {'kiln_s':>7} "
+                  f"{'fixed_s':>7}")
+            overhead, phases, fixed = [], [], {}
             for mode in ("horovod", "tf-config"):
                 base = None
                 for nodes in sizes:
-                    data, total = kiln_train(nodes, mode, trainer_args, env)
+                    data, total = kiln_train(nodes, mode, env, trainer_args=trainer_args)
                     rate = data["examples_per_sec"] or 0.0
                     base = base or rate
-                    last[mode] = (data["wall_time"], total)
-                    print(f"{mode:<10} {nodes:>5} {rate:>11.0f} {rate / base:>9.2f} {data['wall_time']:>7.1f} "
-                          f"{total:>7.1f}", flush=True)
-            hand = by_hand(max(sizes), trainer_args)
-            run_s, fab_s = last["tf-config"]
-            print(f"\nlauncher overhead, tf-config on {max(sizes)} nodes: by hand {hand:.1f}s; "
-                  f"kiln run {run_s:.1f}s ({run_s / hand:.2f}x); whole fab cluster.train {fab_s:.1f}s "
-                  f"({fab_s / hand:.2f}x)")
+                    # The run's own time is its training (first logged step to last); the rest is the fixed cost.
+                    run_s = data["phase_seconds"]["training"]
+                    fixed[mode, nodes] = total - run_s
+                    print(f"{mode:<10} {nodes:>5} {rate:>11.0f} {rate / base:>9.2f} {run_s:>7.1f} "
+                          f"{total:>7.1f} {fixed[mode, nodes]:>7.1f}", flush=True)
+                    phases.append(phase_row("reference", mode, nodes, data["phase_seconds"]))
+            print("horovod's fixed cost above tf-config's: " + ", ".join(
+                f"{n} node(s) {fixed['horovod', n] - fixed['tf-config', n]:+.1f}s" for n in sizes), flush=True)
+
+            for mode in ("horovod", "tf-config"):
+                ref = launch.Program(trainer_args=tuple(shlex.split(trainer_args)))
+                user = launch.Program(argv=(*USER_PROGRAMS[mode], "--epochs", str(options.epochs)))
+                for label, program in (("reference", ref), ("user", user)):
+                    # kiln first: it meshes and syncs what the hand-started processes then find in place.
+                    data, total = kiln_train(most, mode, env, trainer_args=trainer_args, command=program.argv)
+                    hand = by_hand(most, mode, program)
+                    overhead.append(f"{label:<10} {mode:<10} {hand:>9.1f} {total:>7.1f} {total - hand:>10.1f} "
+                                    f"{total / hand:>6.2f}")
+                    if label == "user":
+                        phases.append(phase_row(label, mode, most, data["phase_seconds"]))
+            print(f"\nlauncher overhead on {most} nodes: the same processes by hand over ssh, then through kiln")
+            print(f"{'program':<10} {'mode':<10} {'by_hand_s':>9} {'kiln_s':>7} {'overhead_s':>10} {'ratio':>6}")
+            print("\n".join(overhead))
+            print("\nwhere kiln's time went (summary.json phase_seconds, s)")
+            print(f"{'program':<10} {'mode':<10} {'nodes':>5} " + " ".join(PHASES))
+            print("\n".join(phases))
     finally:
         local_cluster("down")
     return 0

@@ -53,7 +53,7 @@ def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder 
         strategy=tf.distribute.get_strategy(),
         plan=plan,
         train_input=dataset,
-        wrap_optimizer=hvd.DistributedOptimizer,
+        wrap_optimizer=lambda optimizer: strategies.horovod_optimizer(hvd, optimizer),
         callbacks=[
             hvd.callbacks.BroadcastGlobalVariablesCallback(0),
             # Before MetricsLogger, so the epoch loss it reports is the ranks' mean.
