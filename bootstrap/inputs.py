@@ -3,6 +3,7 @@ or the objects under an S3 prefix, always in the same (sorted) order."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from bootstrap.errors import KilnError, UsageError
@@ -37,8 +38,11 @@ def s3_objects(uri: str) -> list[str]:
     bucket, _, prefix = uri[len("s3://"):].partition("/")
     if not bucket:
         raise UsageError(f"--shard-input {uri}: give s3://bucket/prefix")
-    client = boto3.client("s3", config=botocore.config.Config(connect_timeout=10, read_timeout=30,
-                                                              retries={"max_attempts": 3}))
+    from bootstrap.aws.cloud import ENDPOINT_ENV
+
+    client = boto3.client("s3", endpoint_url=os.environ.get(ENDPOINT_ENV) or None,
+                          config=botocore.config.Config(connect_timeout=10, read_timeout=30,
+                                                        retries={"max_attempts": 3}))
     try:
         keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
                 for item in page.get("Contents", []) if not item["Key"].endswith("/")]

@@ -53,10 +53,11 @@ class LocalCluster:
         return done
 
     def kiln(self, *args: str, cwd: Path, hosts: str | None = "node1,node2,node3", timeout: float = 300,
-             check: bool = False):
-        """Run `kiln -S <cluster ssh config> -H <hosts> ARGS` from a user's project folder."""
+             check: bool = False, env: dict[str, str] | None = None):
+        """Run `kiln -S <cluster ssh config> -H <hosts> ARGS` from a user's project folder (`env`: added)."""
         argv = [str(KILN), "-S", self.ssh_config, *(["-H", hosts] if hosts is not None else []), *args]
-        done = subprocess.run(argv, cwd=cwd, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(argv, cwd=cwd, env={**self.env(), **(env or {})}, capture_output=True, text=True,
+                              timeout=timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"{argv} exited {done.returncode}\n{done.stdout}\n{done.stderr}")
         return done

@@ -171,6 +171,37 @@ def test_run_shards_a_hundred_items_over_three_nodes_each_exactly_once(cluster, 
     assert run_processes("sharded") == []
 
 
+def test_run_shards_the_objects_under_an_s3_prefix(cluster, project):
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1", "KILN_AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        s3 = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                                   region_name="us-east-1").client("s3", endpoint_url=aws["KILN_AWS_ENDPOINT_URL"])
+        s3.create_bucket(Bucket="kiln-inputs")
+        keys = [f"images/part-{n:02d}.jpg" for n in range(12)]
+        for key in [*keys, "other/not-mine.jpg"]:
+            s3.put_object(Bucket="kiln-inputs", Key=key, Body=b"x")
+        done = cluster.kiln("run", "--run-id", "s3sharded", "--processes", "3", "--shard-input",
+                            "s3://kiln-inputs/images/", "--", "python", "process_shard.py", cwd=project, env=aws)
+        assert done.returncode == 0, done.stdout + done.stderr
+        empty = cluster.kiln("run", "--run-id", "s3empty", "--shard-input", "s3://kiln-inputs/nothing/", "--",
+                             "python", "process_shard.py", cwd=project, env=aws)
+    finally:
+        server.stop()
+    processed = sorted((cluster.runs / "s3sharded" / "hosts").glob("*/output/shard-*/processed.tsv"))
+    shares = [[line.split("\t")[0] for line in path.read_text().splitlines()] for path in processed]
+    assert sorted(item for share in shares for item in share) == [f"s3://kiln-inputs/{key}" for key in keys]
+    assert sorted(len(share) for share in shares) == [4, 4, 4]
+    assert empty.returncode == 2
+    assert "--shard-input s3://kiln-inputs/nothing/: no objects under it" in empty.stderr
+    assert not (cluster.runs / "s3empty").exists()
+
+
 def test_run_names_the_host_of_a_failing_process(cluster, project):
     done = cluster.kiln("run", "--run-id", "onefails", "--", "sh", "-c", 'test "$KILN_SHARD_INDEX" != 2',
                         cwd=project)
