@@ -182,10 +182,9 @@ class Supervisor:
         """Watch the run to its end, restarting it up to `max_restarts` times from
         the last checkpoint; stop, collect, and write summary.json."""
         started = time.monotonic()
-        restarts = []
+        restarts, timeline = [], self.timeline
         while True:
             error, error_hosts = None, []
-            timeline = self.timeline
             try:
                 with timeline.phase("watch"):
                     verdict = self.watch(timeout)

@@ -89,6 +89,17 @@ def open_cluster(c, goal: Target, *, fanout: int, accept_new_host_keys: bool = F
                            timeout=float(c.config.timeouts.command or 300), accept_new=accept_new_host_keys)
 
 
+def connect_and_mesh(c, goal: Target, timeline: Timeline, *, fanout: int,
+                     accept_new_host_keys: bool) -> tuple[Cluster, list[mesh.Node]]:
+    """What every run begins with, timed: connect (the nodes' facts), then the mesh."""
+    with timeline.phase("connect"):
+        group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+        nodes = group.require_facts("connect")
+    with timeline.phase("mesh"):
+        group.apply_mesh()
+    return group, nodes
+
+
 def parse_ports(text: str) -> list[int]:
     try:
         ports = [int(p) for p in str(text).split(",") if p.strip()]
@@ -236,11 +247,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return
     timeline = Timeline()
-    with timeline.phase("connect"):
-        group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-        nodes = group.require_facts("connect")
-    with timeline.phase("mesh"):
-        group.apply_mesh()
+    group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     paths = launch.NodePaths(same_root(group))
     plan = launch.plan_run(replace(
         spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
@@ -323,11 +330,7 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
                                    goal.hosts))
         return
     timeline = Timeline()
-    with timeline.phase("connect"):
-        group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-        nodes = group.require_facts("connect")
-    with timeline.phase("mesh"):
-        group.apply_mesh()
+    group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     paths = launch.NodePaths(same_root(group))
     plan = plan_for([n.name for n in nodes], group.python, paths.root)
     start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
