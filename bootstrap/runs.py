@@ -39,13 +39,9 @@ def exit_codes(folder: Path) -> dict[str, dict[str, int]]:
 
 def durations(folder: Path) -> dict[str, float]:
     """Seconds each process ran, from its collected pid file (written as it started) to its exit file."""
-    found = {}
-    for path in sorted(folder.glob("hosts/*/*.exit")):
-        try:
-            found[path.stem] = round(path.stat().st_mtime - path.with_suffix(".pid").stat().st_mtime, 1)
-        except OSError:
-            continue
-    return found
+    return {key.split("@")[0]: round(times.exited - times.started, 1)
+            for key, times in process_times(folder).items()
+            if times.started is not None and times.exited is not None}
 
 
 def _mtime(path: Path) -> float | None:

@@ -100,12 +100,12 @@ def _setup_tf_distribute(
 
 def train(
     config: TrainConfig, task: Task | None, cluster: dict[str, list[str]], *, started: float,
-    restore_from: Path | None = None, trained_on: Mapping[str, str] | None = None,
+    restore_from: Path, trained_on: Mapping[str, str],
 ) -> dict[str, Any]:
     """Train under ``config``; ``task`` is None for horovod (known after init);
     ``started`` is when this process started (``time.time()``); ``restore_from``:
-    where to look for a checkpoint (default: config.checkpoints), ``trained_on``:
-    what the chief records beside its checkpoints (see trainer.lineage).
+    where to look for a checkpoint, ``trained_on``: what the chief records beside
+    its checkpoints (both from trainer.lineage, decided before TensorFlow loads).
 
     ParameterServerStrategy's ps and worker tasks serve until killed and never
     return; the evaluator waits for the chief's model and evaluates it.
@@ -140,10 +140,10 @@ def train(
         )
         restored = checkpoints.restore(restore_from)
     if setup.chief:
-        lineage.record(config.checkpoints, trained_on or lineage.identity(config))
+        lineage.record(config.checkpoints, trained_on)
     resume = plan_resume(plan, restored)
     if restored:
-        elsewhere = restore_from is not None and restore_from != config.checkpoints
+        elsewhere = restore_from != config.checkpoints
         print(f"trainer: resumed from step {restored}" + (f" of {restore_from}" if elsewhere else ""), flush=True)
     logger = MetricsLogger(
         report.metrics_path(config.run_dir, setup.task.name),
