@@ -1,7 +1,9 @@
-"""usage: scripts/verify [--hosts URLS [--ssh-config F]] [--rootfs DIR] [--image DIR] [-- PYTEST-ARGS...]
+"""usage: scripts/verify [--hosts URLS [--ssh-config F]] [--local] [--rootfs DIR] [--image DIR] [-- PYTEST-ARGS...]
 
 Run the testinfra suite (tests/infra) against:
   --hosts ssh://user@host,...   live nodes or images booted anywhere (testinfra's host URLs)
+  --local                       this machine (testinfra's local backend), e.g. a GPU host kiln did not bake:
+                                scripts/verify --local -- -m gpu --gpu=required --facts-only --facts-json F
   --rootfs DIR                  a captured image's root filesystem (chroot; /proc, /sys, /dev bound in for the run)
   (neither)                     the newest local image in images/ (or --image DIR): boot it under qemu on a
                                 throwaway overlay, check it over SSH with its host key pinned, stop it; markers
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/verify", description="Run the testinfra suite.")
     parser.add_argument("--hosts", help="testinfra host URLs, e.g. ssh://ubuntu@10.0.0.5,ssh://ubuntu@10.0.0.6")
     parser.add_argument("--ssh-config", help="an ssh_config for --hosts")
+    parser.add_argument("--local", action="store_true", help="check this machine")
     parser.add_argument("--rootfs", type=Path, help="a captured image's root filesystem")
     parser.add_argument("--image", type=Path, help="a local image folder (default: the newest in images/)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
@@ -68,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def verify(args: argparse.Namespace) -> int:
     extra = [a for a in args.pytest_args if a != "--"]
+    if sum(map(bool, (args.hosts, args.local, args.rootfs))) > 1:
+        raise UsageError("give one of --hosts, --local and --rootfs")
+    if args.local:
+        return subprocess.run(pytest_argv("--hosts=local://", *extra)).returncode
     if args.hosts:
         ssh_config = [f"--ssh-config={args.ssh_config}"] if args.ssh_config else []
         return subprocess.run(pytest_argv(f"--hosts={args.hosts}", *ssh_config, *extra)).returncode

@@ -16,6 +16,8 @@ from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
 from bootstrap.mesh import Node
 from bootstrap.ssh import Remote, default_control_dir
+from kiln.gpu import facts as gpufacts
+from kiln.gpu import health
 
 REMOTE_ROOT = "kiln"
 
@@ -110,9 +112,11 @@ class Cluster:
             return None
         return [entry.name for entry in saved]
 
-    def preflight(self, ports: Sequence[int] = (), probes: int = 8) -> tuple[str, bool]:
+    def preflight(self, ports: Sequence[int] = (), probes: int = 8, gpu_framework: str | None = None,
+                  ) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
-        otherwise); `probes` nodes log in to the next one. (table, all passed)"""
+        otherwise); `probes` nodes log in to the next one; with `gpu_framework`, the
+        GPU health check too. (table, all passed)"""
         def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
             edges = preflight.ring_probes(len(self.hosts), probes) if names else []
             targets = {self.hosts[a]: names[b] for a, b in edges}
@@ -131,9 +135,38 @@ class Cluster:
             raise KilnError(f"preflight: {error}") from None
         findings = preflight.check_nodes(self.nodes, ports=ports)
         findings += preflight.check_probes(self.nodes)
+        checks, summary = preflight.CHECKS, []
+        if gpu_framework is not None:
+            reports, lost = self.gpu_reports(framework=gpu_framework)
+            unreachable.update({h: r for h, r in lost.items() if h not in unreachable})
+            findings += [preflight.Finding(label, "gpu", problem)
+                         for label, problems in health.judge_cluster(reports).items() for problem in problems]
+            checks, summary = (*checks, "gpu"), ["", *(health.summary(report) for report in reports)]
         labels = [h.label for h in self.hosts]
-        table = preflight.format_table(labels, findings, {h.label: r for h, r in unreachable.items()})
-        return table, not findings and not unreachable
+        table = preflight.format_table(labels, findings, {h.label: r for h, r in unreachable.items()}, checks)
+        return "\n".join([table, *summary]), not findings and not unreachable
+
+    def gpu_reports(self, *, framework: str = "auto", timeout: float = 600) -> tuple[list[health.NodeReport],
+                                                                                   dict[Host, str]]:
+        """Every node's GPU facts, and its probe's figures where it has GPUs (kiln.gpu.probe with the nodes'
+        Python and framework); (reports in host order, unreachable reasons)."""
+        probe = Path(gpufacts.__file__).with_name("probe.py").read_text()
+
+        def gather(host: Host) -> health.NodeReport:
+            found = gpufacts.host_facts(self.remote.check(host, gpufacts.gather_command(self.python),
+                                                          timeout=120))
+            if not found["gpus"]:
+                return health.NodeReport(host.label, found)
+            result = self.remote.run(host, ["env", "TF_CPP_MIN_LOG_LEVEL=3", self.python, "-c", probe,
+                                            "--framework", framework], timeout=timeout)
+            lines = result.stdout.strip().splitlines()
+            measured = (json.loads(lines[-1]) if lines and lines[-1].startswith("{") else
+                        {"framework": None, "devices": [], "error": f"exited {result.code}: "
+                                                                   f"{(result.stderr.strip() or 'no output')[-300:]}"})
+            return health.NodeReport(host.label, found, measured)
+
+        reports, unreachable = self.remote.map(self.hosts, gather)
+        return [reports[h] for h in self.hosts if h in reports], unreachable
 
     def sync(self, source: str, destination: str) -> None:
         """Mirror a project folder to the same path on every node, leaving out what its .kilnignore (else its

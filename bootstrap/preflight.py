@@ -112,14 +112,15 @@ def check_probes(nodes: Sequence[Node]) -> list[Finding]:
     return found
 
 
-def format_table(hosts: Sequence[str], findings: Sequence[Finding], unreachable: Mapping[str, str]) -> str:
+def format_table(hosts: Sequence[str], findings: Sequence[Finding], unreachable: Mapping[str, str],
+                 checks: Sequence[str] = CHECKS) -> str:
     """A per-host table of checks (ok / FAIL), then what failed, host by host."""
     failed = {(f.host, f.check) for f in findings} | {(h, "reach") for h in unreachable}
     width = max([len("host"), *(len(h) for h in hosts)])
-    lines = ["  ".join(["host".ljust(width), *(c.ljust(8) for c in CHECKS)]).rstrip()]
+    lines = ["  ".join(["host".ljust(width), *(c.ljust(8) for c in checks)]).rstrip()]
     for host in hosts:
         cells = []
-        for check in CHECKS:
+        for check in checks:
             if host in unreachable and check != "reach":
                 cells.append("-".ljust(8))
             else:

@@ -19,6 +19,7 @@ from bootstrap.inputs import list_inputs
 from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.tasks import cluster_task
 from bootstrap.timeline import Timeline
+from kiln.gpu import probe
 
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
@@ -139,17 +140,27 @@ def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
 
 
 @cluster_task(help={**HOST_HELP, "ports": "comma-separated ports that must be free on every node",
-                    "probes": "how many nodes prove the mesh by logging in to the next (default 8, 0: none)"})
-def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=8,
-          accept_new_host_keys=False, dry_run=False):
-    """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh."""
+                    "probes": "how many nodes prove the mesh by logging in to the next (default 8, 0: none)",
+                    "gpu": "also check the GPUs: same model and count everywhere, driver, ECC, pending repairs, "
+                           "Xid events, and bandwidth and matmul speed against the model's data sheet",
+                    "gpu_framework": "what measures the GPUs: auto (the first of tensorflow, torch, jax, cupy "
+                                     "the nodes' Python has) or one of them"})
+def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=8, gpu=False,
+          gpu_framework="auto", accept_new_host_keys=False, dry_run=False):
+    """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh (and, with
+    --gpu, the GPUs' health and speed)."""
+    frameworks = ("auto", *probe.FRAMEWORKS)
+    if gpu_framework not in frameworks:
+        raise UsageError(f"--gpu-framework {gpu_framework!r}: one of {', '.join(frameworks)}")
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     wanted_ports = parse_ports(ports)
     if dry_run:
-        print(f"would check {len(goal.hosts)} host(s): " + ", ".join(h.label for h in goal.hosts))
+        print(f"would check {len(goal.hosts)} host(s){' and their GPUs' if gpu else ''}: "
+              + ", ".join(h.label for h in goal.hosts))
         return
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    table, passed = group.preflight(ports=wanted_ports, probes=int(probes))
+    table, passed = group.preflight(ports=wanted_ports, probes=int(probes),
+                                    gpu_framework=gpu_framework if gpu else None)
     print(table)
     if not passed:
         raise KilnError("preflight failed (see the table above)")

@@ -9,6 +9,7 @@ and must also equal the image's own manifest (/etc/kiln/manifest.json).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,13 @@ def pytest_addoption(parser):
     group.addoption("--expect-gpus", type=int, default=None,
                     help="how many GPUs every host must have (default: as many as lspci lists)")
     group.addoption("--matrix", default=str(MATRIX), help="the version matrix the image must match")
+    group.addoption("--facts-only", action="store_true",
+                    help="judge what the GPU hosts have (health, speed) without holding them to kiln's matrix")
+    group.addoption("--facts-json", help="write what the suite found on each host (GPU facts, probe) to this file")
+    group.addoption("--gpu-python", help="the Python whose framework measures the GPUs "
+                                         "(default: the kiln image's venv where present, else python3)")
+    group.addoption("--gpu-framework", default="auto", choices=("auto", "tensorflow", "torch", "jax", "cupy"),
+                    help="the framework the probe measures with (default: the first the Python has)")
     group.addoption("--gpu-container-image", default="ubuntu:24.04",
                     help="the image `docker run --gpus all` uses to prove the container runtime sees the GPUs")
 
@@ -34,11 +42,27 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{marker}: {text}")
 
 
+RECORDS = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="module")
+def host_record(host, pytestconfig) -> dict:
+    """What the suite found on this host, written to --facts-json at the end."""
+    records = pytestconfig.stash.setdefault(RECORDS, {})
+    return records.setdefault(host.backend.get_pytest_id(), {})
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("facts_json", None)
+    records = session.config.stash.get(RECORDS, {})
+    if path and records:
+        Path(path).write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")
+
+
 @pytest.fixture(scope="session")
 def matrix(pytestconfig) -> dict[str, str]:
     loaded = yaml.safe_load(Path(pytestconfig.getoption("matrix")).read_text())
     return {key: str(value) for key, value in loaded.items()}
-
 
 
 @pytest.fixture(scope="module")

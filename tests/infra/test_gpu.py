@@ -1,91 +1,167 @@
-"""The GPUs, end to end: driver, CUDA, cuDNN, NCCL, containers, TensorFlow. Skipped where no NVIDIA GPU
-is present (--gpu=required makes that a failure)."""
+"""The GPUs, end to end: what the host has (count, driver, ECC, pending repairs, Xid events, speed against the
+model's data sheet) and, for a kiln image, that the versions are the matrix's and containers and TensorFlow see
+every GPU. Skipped where the PCI bus has no NVIDIA GPU (--gpu=required makes that a failure). With
+--facts-only the matrix checks are left out, so the suite judges any GPU host, and --facts-json writes what it
+found."""
 
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
-from kiln_infra import run_checked, venv_python
+from kiln_infra import VENV, run_checked, venv_python
+
+from kiln.gpu import facts as gpufacts
+from kiln.gpu import health
 
 pytestmark = pytest.mark.gpu
+PROBE = Path(gpufacts.__file__).with_name("probe.py")
+
+
+def gpu_python(host, pytestconfig) -> str:
+    """The Python the probe runs with: --gpu-python, else a kiln image's venv, else python3."""
+    chosen = pytestconfig.getoption("gpu_python")
+    if chosen:
+        return chosen
+    return f"{VENV}/bin/python" if host.file(f"{VENV}/bin/python").exists else "python3"
 
 
 @pytest.fixture(scope="module")
-def gpus(host, pytestconfig) -> list[dict]:
-    """The GPUs nvidia-smi sees, or a skip (a failure with --gpu=required) where there are none."""
-    listed = host.run("lspci -d 10de: -n 2>/dev/null | grep -cE ' 03(00|02): '").stdout.strip()
-    if not host.exists("nvidia-smi") or listed in ("", "0"):
-        smi = "found" if host.exists("nvidia-smi") else "missing"
-        reason = f"no NVIDIA GPU on this host (lspci lists {listed or 0}, nvidia-smi {smi})"
+def facts(host, pytestconfig, host_record) -> dict:
+    """What the host has (kiln.gpu.facts), or a skip (a failure with --gpu=required) without an NVIDIA GPU."""
+    gathered = gpufacts.host_facts(host.run(gpufacts.gather_command(gpu_python(host, pytestconfig))).stdout)
+    host_record["facts"] = gathered
+    if not gathered["pci_gpus"] and not gathered["gpus"]:
+        smi = "missing" if gathered["errors"].get("nvidia-smi") == "nvidia-smi is not installed" else "found"
+        reason = f"no NVIDIA GPU on this host (the PCI bus lists 0, nvidia-smi {smi})"
         if pytestconfig.getoption("gpu") == "required":
             pytest.fail(reason + " and --gpu=required")
         pytest.skip(reason)
-    query = run_checked(host, "nvidia-smi --query-gpu=index,name,driver_version,uuid --format=csv,noheader")
-    rows = [dict(zip(("index", "name", "driver", "uuid"), (c.strip() for c in line.split(",")), strict=True))
-            for line in query.stdout.splitlines() if line.strip()]
-    return rows
+    return gathered
 
 
-def test_nvidia_smi_sees_every_gpu(host, gpus, pytestconfig):
+@pytest.fixture(scope="module")
+def probe(host, facts, pytestconfig, host_record) -> dict:
+    """The probe's figures for every GPU, measured with the framework the host's Python has."""
+    framework = pytestconfig.getoption("gpu_framework")
+    command = (f"{shlex.quote(gpu_python(host, pytestconfig))} -c {shlex.quote(PROBE.read_text())} "
+               f"--framework {framework}")
+    result = host.run(f"TF_CPP_MIN_LOG_LEVEL=3 timeout 600 {command}")
+    lines = result.stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        pytest.fail(f"the probe printed no result (exit {result.rc}):\n{result.stdout[-2000:]}\n"
+                    f"{result.stderr[-2000:]}")
+    measured = json.loads(lines[-1])
+    host_record["probe"] = measured
+    if measured.get("error"):
+        pytest.fail(f"the probe failed: {measured['error']}")
+    return measured
+
+
+@pytest.fixture
+def matrix_checks(pytestconfig):
+    if pytestconfig.getoption("facts_only"):
+        pytest.skip("--facts-only: versions are not held against kiln's matrix")
+
+
+def test_nvidia_smi_sees_every_gpu(facts, pytestconfig):
     expected = pytestconfig.getoption("expect_gpus")
-    if expected is None:
-        expected = int(host.run("lspci -d 10de: -n | grep -cE ' 03(00|02): '").stdout.strip())
-    assert len(gpus) == expected, f"nvidia-smi sees {len(gpus)} GPUs, expected {expected}: {gpus}"
+    pci = facts["pci_gpus"]
+    assert "nvidia-smi" not in facts["errors"], f"nvidia-smi: {facts['errors'].get('nvidia-smi')}"
+    assert len(facts["gpus"]) == len(pci), (
+        f"nvidia-smi sees {len(facts['gpus'])} GPUs, the PCI bus has {len(pci)}: {pci}")
+    if expected is not None:
+        assert len(facts["gpus"]) == expected, f"{len(facts['gpus'])} GPUs, expected {expected}"
 
 
-def test_driver_is_the_matrix_branch(gpus, matrix):
-    drivers = {gpu["driver"] for gpu in gpus}
-    assert drivers == {matrix["nvidia_driver_version"]}, (
-        f"driver {sorted(drivers)}, the matrix wants {matrix['nvidia_driver_version']}")
+def test_the_loaded_driver_is_the_installed_one(facts):
+    module = facts["driver"]["module"]
+    assert module, "the NVIDIA kernel module is not loaded (no /proc/driver/nvidia/version)"
+    assert module["version"] == facts["driver"]["version"], (
+        f"kernel module {module['version']}, nvidia-smi's library {facts['driver']['version']}: reboot")
 
 
-def test_cuda_toolkit_version(host, gpus, matrix):
-    version = json.loads(run_checked(host, "cat /usr/local/cuda/version.json").stdout)["cuda"]["version"]
-    assert version == matrix["cuda_version"], f"CUDA {version}, the matrix wants {matrix['cuda_version']}"
+def test_no_uncorrectable_ecc_errors(facts):
+    bad = {gpu["bus_id"]: gpu["ecc_uncorrectable"]["volatile"] for gpu in facts["gpus"]
+           if gpu["ecc_uncorrectable"]["volatile"]}
+    assert not bad, f"uncorrectable ECC errors since the driver loaded: {bad}"
 
 
-def test_cudnn_version(host, gpus, matrix):
-    header = run_checked(host, "cat /usr/include/x86_64-linux-gnu/cudnn_version_v9.h /usr/include/cudnn_version.h "
-                               "2>/dev/null | grep -E '#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) '").stdout
-    parts = {line.split()[1]: line.split()[2] for line in header.splitlines()}
-    version = ".".join(parts[k] for k in ("CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"))
-    assert matrix["cuda_cudnn_version"].startswith(version + "."), (
-        f"cuDNN {version}, the matrix wants {matrix['cuda_cudnn_version']}")
+def test_no_memory_repair_waits_for_a_reset(facts):
+    waiting = {gpu["bus_id"]: problem for gpu in facts["gpus"] for problem in gpufacts.gpu_problems(gpu)
+               if "pending" in problem or "remapping failed" in problem}
+    assert not waiting, f"{waiting}"
 
 
-def test_nccl_version(host, gpus, matrix):
-    code = ("import ctypes; lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); "
-            "lib.ncclGetVersion(ctypes.byref(v)); v = v.value; "
-            "print(f'{v // 10000}.{v % 10000 // 100}.{v % 100}')")
-    version = run_checked(host, f"python3 -c \"{code}\"").stdout.strip()
-    assert version == matrix["cuda_nccl_version"], f"NCCL {version}, the matrix wants {matrix['cuda_nccl_version']}"
+def test_no_hardware_slowdown(facts):
+    held = {gpu["bus_id"]: gpu["slowdowns"] for gpu in facts["gpus"]
+            if set(gpu["slowdowns"]) & set(gpufacts.SLOWDOWNS)}
+    assert not held, f"clocks held down: {held}"
 
 
-def test_docker_runs_a_container_on_every_gpu(host, gpus, pytestconfig):
+def test_no_xid_events(facts):
+    if not facts["xid"]["readable"]:
+        pytest.skip("the kernel log is not readable here (dmesg needs root or kernel.dmesg_restrict=0)")
+    assert not facts["xid"]["events"], f"Xid events in the kernel log: {facts['xid']['events']}"
+
+
+def test_cuda_nccl_and_cudnn_are_found(facts):
+    missing = [name for name, found in (("the CUDA driver API", facts["cuda"]["driver_supports"]),
+                                        ("NCCL", facts["nccl"]["version"]), ("cuDNN", facts["cudnn"]["version"]))
+               if not found]
+    assert not missing, f"not found: {', '.join(missing)} (packages: {facts['packages']})"
+
+
+def test_matmul_on_every_gpu_matches_numpy(facts, probe):
+    assert len(probe["devices"]) == len(facts["gpus"]), (
+        f"{probe['framework']} sees {len(probe['devices'])} GPUs, nvidia-smi {len(facts['gpus'])}")
+    bad = {d["device"]: d["matmul_error"] for d in probe["devices"] if d["matmul_error"] > health.MAX_MATMUL_ERROR}
+    assert not bad, f"float32 matmul differs from numpy on {bad}"
+
+
+def test_every_gpu_is_as_fast_as_its_data_sheet_says(facts, probe):
+    slow = {}
+    for gpu, device in zip(facts["gpus"], probe["devices"], strict=False):
+        found, notes = health.judge_probe(gpu["name"], device)
+        slow.update({f"GPU {gpu['index']}": problem for problem in found if "matmul differs" not in problem})
+        if notes and not found:
+            pytest.skip("; ".join(notes))
+    assert not slow, f"{slow}"
+
+
+def test_driver_is_the_matrix_branch(facts, matrix, matrix_checks):
+    assert facts["driver"]["version"] == matrix["nvidia_driver_version"], (
+        f"driver {facts['driver']['version']}, the matrix wants {matrix['nvidia_driver_version']}")
+
+
+def test_cuda_toolkit_version(facts, matrix, matrix_checks):
+    assert facts["cuda"]["toolkit"] == matrix["cuda_version"], (
+        f"CUDA {facts['cuda']['toolkit']}, the matrix wants {matrix['cuda_version']}")
+
+
+def test_cudnn_version(facts, matrix, matrix_checks):
+    debs = {p: v for p, v in facts["cudnn"]["found"].items() if p.startswith("deb ")}
+    assert any(matrix["cuda_cudnn_version"] == v for v in debs.values()), (
+        f"cuDNN {debs or facts['cudnn']['found']}, the matrix wants {matrix['cuda_cudnn_version']}")
+
+
+def test_nccl_version(facts, matrix, matrix_checks):
+    loaded = facts["nccl"]["found"].get("library")
+    assert loaded == matrix["cuda_nccl_version"], (
+        f"NCCL {loaded} (libnccl.so.2), the matrix wants {matrix['cuda_nccl_version']}")
+
+
+def test_docker_runs_a_container_on_every_gpu(host, facts, pytestconfig, matrix_checks):
     image = pytestconfig.getoption("gpu_container_image")
     result = run_checked(host, f"timeout 300 docker run --rm --gpus all {image} nvidia-smi -L")
     seen = [line for line in result.stdout.splitlines() if line.startswith("GPU ")]
-    assert len(seen) == len(gpus), f"the container sees {len(seen)} GPUs, the host {len(gpus)}:\n{result.stdout}"
+    assert len(seen) == len(facts["gpus"]), (
+        f"the container sees {len(seen)} GPUs, the host {len(facts['gpus'])}:\n{result.stdout}")
 
 
-def test_tensorflow_sees_every_gpu(host, gpus):
+def test_tensorflow_sees_every_gpu(host, facts, matrix_checks):
     code = "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
     seen = int(run_checked(host, venv_python(code)).stdout.split()[-1])
-    assert seen == len(gpus), f"TensorFlow sees {seen} GPUs, nvidia-smi {len(gpus)}"
-
-
-def test_matmul_on_every_gpu_matches_numpy(host, gpus):
-    code = (
-        "import numpy as np, tensorflow as tf\n"
-        "a = np.random.default_rng(0).standard_normal((1024, 1024)).astype('float32')\n"
-        "want = a @ a\n"
-        "for gpu in tf.config.list_logical_devices('GPU'):\n"
-        "    with tf.device(gpu.name):\n"
-        "        got = tf.linalg.matmul(a, a).numpy()\n"
-        "    print(gpu.name, float(np.max(np.abs(got - want)) / np.max(np.abs(want))))\n"
-    )
-    rows = [line.split() for line in run_checked(host, venv_python(code)).stdout.splitlines() if "GPU" in line]
-    assert len(rows) == len(gpus), f"the matmul ran on {len(rows)} GPUs of {len(gpus)}"
-    bad = [(name, err) for name, err in rows if float(err) > 1e-3]
-    assert not bad, f"matmul differs from numpy on {bad}"
+    assert seen == len(facts["gpus"]), f"TensorFlow sees {seen} GPUs, nvidia-smi {len(facts['gpus'])}"

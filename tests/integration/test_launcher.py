@@ -63,6 +63,20 @@ def test_check_passes_and_shows_a_table(cluster):
     assert [line.split() for line in lines[1:4]] == [[n] + ["ok"] * 6 for n in ("node1", "node2", "node3")]
 
 
+def test_check_gpu_fails_on_nodes_without_a_gpu_naming_each(cluster):
+    done = cluster.fab("cluster.check", "--gpu", hosts=HOSTS)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[-1] == "gpu", done.stdout
+    for node in HOSTS.split(","):
+        row = next(line.split() for line in lines if line.startswith(node + " "))
+        assert row[1:-1] == ["ok"] * (len(row) - 2) and row[-1] == "FAIL", done.stdout
+        assert (f"{node}: gpu: no NVIDIA GPU: the PCI bus lists none (nvidia-smi: nvidia-smi is not installed)"
+                in lines), done.stdout
+        assert f"{node}: none" in lines, done.stdout
+    assert "preflight failed" in done.stderr
+
+
 def test_malformed_host_list_names_the_bad_item(cluster):
     done = cluster.fab("cluster.train", hosts="node1,node2:99999")
     assert done.returncode == 2
