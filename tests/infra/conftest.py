@@ -22,7 +22,7 @@ def pytest_addoption(parser):
     group.addoption("--gpu", choices=("auto", "required"), default="auto",
                     help="auto: GPU checks skip where no NVIDIA GPU is present; required: they fail there")
     group.addoption("--expect-gpus", type=int, default=None,
-                    help="how many GPUs every host must have (default: as many as lspci lists)")
+                    help="how many GPUs every host must have (default: as many as the PCI bus lists)")
     group.addoption("--matrix", default=str(MATRIX), help="the version matrix the image must match")
     group.addoption("--facts-only", action="store_true",
                     help="judge what the GPU hosts have (health, speed) without holding them to kiln's matrix")
