@@ -270,7 +270,7 @@ def _upstream(version: str) -> str:
 
 
 def _library(name: str, debs: dict[str, str], wheels: dict[str, str], loaded: str | None,
-                deb_pattern: str, wheel_prefix: str) -> dict:
+             deb_pattern: str, wheel_prefix: str) -> dict:
     found = {}
     if loaded:
         found["library"] = loaded
