@@ -1,0 +1,121 @@
+"""Watch the instance metadata service for a spot interruption notice (IMDSv2, session tokens only).
+
+AWS posts `spot/instance-action` about two minutes before it stops or terminates a spot instance; before that
+the path answers 404. Every read carries a session token from `PUT /latest/api/token` (IMDSv2: kiln's instances
+require it, so a plain GET is refused with 401), and a refused token is fetched again once.
+
+    python interruption.py [--endpoint URL] [--interval S] [--once]
+
+prints one JSON line when a notice comes (`{"action": "terminate", "time": "...", "seen": ...}`) and exits 0;
+`--once` looks once and prints `{"action": null}` where there is none. Standard library only: it runs on nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ENDPOINT = "http://169.254.169.254"
+TOKEN_TTL_SECONDS = 21600
+NOTICE_PATH = "latest/meta-data/spot/instance-action"
+
+
+class MetadataError(Exception):
+    pass
+
+
+class Metadata:
+    """An IMDSv2 client: one session token, renewed when it expires or is refused."""
+
+    def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
+        self.endpoint = endpoint.rstrip("/")
+        self.timeout = timeout
+        self._token: str | None = None
+        self._expires = 0.0
+
+    def token(self) -> str:
+        if self._token is None or time.monotonic() > self._expires:
+            request = urllib.request.Request(f"{self.endpoint}/latest/api/token", method="PUT",
+                                             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)})
+            self._token = self._open(request).decode()
+            self._expires = time.monotonic() + TOKEN_TTL_SECONDS - 60
+        return self._token
+
+    def get(self, path: str) -> str | None:
+        """The text at a metadata path; None where it answers 404 (not there, or not yet)."""
+        for attempt in range(2):
+            request = urllib.request.Request(f"{self.endpoint}/{path}",
+                                             headers={"X-aws-ec2-metadata-token": self.token()})
+            try:
+                return self._open(request).decode()
+            except urllib.error.HTTPError as error:
+                if error.code == 404:
+                    return None
+                if error.code == 401 and attempt == 0:
+                    self._token = None
+                    continue
+                raise MetadataError(f"GET /{path}: HTTP {error.code}") from None
+        raise AssertionError("unreachable")
+
+    def _open(self, request: urllib.request.Request) -> bytes:
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.read()
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise MetadataError(f"{self.endpoint} is not answering: {reason}") from None
+
+
+def parse_notice(text: str | None) -> dict | None:
+    """`{"action": "terminate"|"stop"|"hibernate", "time": "2026-11-25T10:02:00Z"}`, or None for no notice."""
+    if text is None:
+        return None
+    notice = json.loads(text)
+    if notice.get("action") not in ("terminate", "stop", "hibernate"):
+        raise MetadataError(f"unexpected instance-action: {text[:200]!r}")
+    return {"action": notice["action"], "time": notice.get("time")}
+
+
+def wait_for_notice(metadata: Metadata, interval: float, deadline: float | None = None) -> dict | None:
+    """Poll until a notice comes (returned) or the deadline passes (None). A metadata service that stops
+    answering is retried: an instance being stopped loses it last."""
+    while True:
+        try:
+            notice = parse_notice(metadata.get(NOTICE_PATH))
+        except MetadataError as error:
+            print(f"interruption: {error}", file=sys.stderr)
+            notice = None
+        if notice:
+            return {**notice, "seen": time.time()}
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="interruption", description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint", default=ENDPOINT)
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between looks (default 5)")
+    parser.add_argument("--once", action="store_true", help="look once and say what is there")
+    args = parser.parse_args(argv)
+    metadata = Metadata(args.endpoint)
+    if args.once:
+        try:
+            notice = parse_notice(metadata.get(NOTICE_PATH))
+        except MetadataError as error:
+            print(f"interruption: {error}", file=sys.stderr)
+            return 1
+        print(json.dumps(notice or {"action": None}))
+        return 0
+    print(json.dumps(wait_for_notice(metadata, args.interval)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

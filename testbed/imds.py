@@ -1,0 +1,97 @@
+"""A stand-in for EC2's instance metadata service with IMDSv2 required, for the spot-interruption tests.
+
+It answers as the real one does for what kiln reads: `PUT /latest/api/token` with a TTL header of 1 to 21600
+seconds gives a session token (400 without it); a GET without a valid, unexpired token is refused with 401;
+`/latest/meta-data/spot/instance-action` is 404 until `interrupt()` posts a notice, then
+`{"action": ..., "time": ...}`; `/latest/meta-data/instance-id` names the instance.
+
+    with Imds("i-0abc") as imds:      # serves on 127.0.0.1, a free port: imds.endpoint
+        imds.interrupt("terminate")
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+NOTICE_LEAD_SECONDS = 120
+
+
+class Imds:
+    def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0):
+        self.instance_id = instance_id
+        self.notice: dict | None = None
+        self.tokens: dict[str, float] = {}
+        self.requests: list[tuple[str, str, int]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def interrupt(self, action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECONDS) -> dict:
+        """Post a spot interruption notice: the instance goes `lead_seconds` from now."""
+        at = datetime.now(UTC) + timedelta(seconds=lead_seconds)
+        with self._lock:
+            self.notice = {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            return dict(self.notice)
+
+    def expire_tokens(self) -> None:
+        with self._lock:
+            self.tokens.clear()
+
+    def __enter__(self) -> Imds:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _answer(self, method: str, path: str, headers) -> tuple[int, str]:
+        with self._lock:
+            if method == "PUT":
+                if path != "/latest/api/token":
+                    return 405, "Method Not Allowed"
+                ttl = headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+                if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
+                    return 400, "Bad Request"
+                token = secrets.token_urlsafe(32)
+                self.tokens[token] = time.monotonic() + int(ttl)
+                return 200, token
+            token = headers.get("X-aws-ec2-metadata-token")
+            if token is None or self.tokens.get(token, 0) < time.monotonic():
+                return 401, "Unauthorized"
+            if path == "/latest/meta-data/instance-id":
+                return 200, self.instance_id
+            if path == "/latest/meta-data/spot/instance-action" and self.notice:
+                return 200, json.dumps(self.notice)
+            return 404, "Not Found"
+
+    def _handler(self):
+        imds = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self):
+                status, body = imds._answer(self.command, self.path, self.headers)
+                imds.requests.append((self.command, self.path, status))
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = _reply
+
+            def log_message(self, *args):
+                pass
+
+        return Handler

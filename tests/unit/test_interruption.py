@@ -1,0 +1,92 @@
+"""The spot interruption watcher (bootstrap/shim/interruption.py) against the IMDSv2 stand-in over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bootstrap.shim import interruption
+from bootstrap.shim.interruption import Metadata, MetadataError, parse_notice
+from testbed.imds import Imds
+
+
+@pytest.fixture
+def imds():
+    with Imds("i-0kiln") as served:
+        yield served
+
+
+def test_every_read_carries_a_session_token(imds):
+    metadata = Metadata(imds.endpoint)
+    assert metadata.get("latest/meta-data/instance-id") == "i-0kiln"
+    assert metadata.get("latest/meta-data/instance-id") == "i-0kiln"
+    assert [r[:2] for r in imds.requests] == [("PUT", "/latest/api/token"),
+                                              ("GET", "/latest/meta-data/instance-id"),
+                                              ("GET", "/latest/meta-data/instance-id")]
+
+
+def test_a_plain_get_is_refused_as_imdsv2_requires(imds):
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{imds.endpoint}/latest/meta-data/instance-id", timeout=2)
+    assert refused.value.code == 401
+
+
+def test_a_refused_token_is_fetched_again_once(imds):
+    metadata = Metadata(imds.endpoint)
+    metadata.get("latest/meta-data/instance-id")
+    imds.expire_tokens()
+    assert metadata.get("latest/meta-data/instance-id") == "i-0kiln"
+    assert [r for r in imds.requests if r[0] == "PUT"] == [("PUT", "/latest/api/token", 200)] * 2
+
+
+def test_no_notice_until_one_is_posted(imds):
+    metadata = Metadata(imds.endpoint)
+    assert parse_notice(metadata.get(interruption.NOTICE_PATH)) is None
+    posted = imds.interrupt("terminate")
+    assert parse_notice(metadata.get(interruption.NOTICE_PATH)) == posted
+
+
+def test_the_watcher_returns_when_the_notice_comes(imds):
+    metadata = Metadata(imds.endpoint)
+    assert interruption.wait_for_notice(metadata, 0.05, deadline=time.monotonic() + 0.3) is None
+    imds.interrupt("stop")
+    notice = interruption.wait_for_notice(metadata, 0.05, deadline=time.monotonic() + 5)
+    assert notice["action"] == "stop" and notice["seen"] <= time.time()
+
+
+def test_the_watcher_as_a_process(imds):
+    script = interruption.__file__
+    once = subprocess.run([sys.executable, script, "--endpoint", imds.endpoint, "--once"], capture_output=True,
+                          text=True, timeout=30)
+    assert (once.returncode, json.loads(once.stdout)) == (0, {"action": None})
+    watcher = subprocess.Popen([sys.executable, script, "--endpoint", imds.endpoint, "--interval", "0.1"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        assert watcher.poll() is None
+        posted = imds.interrupt("terminate")
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0
+    assert {k: v for k, v in json.loads(out).items() if k != "seen"} == posted
+
+
+def test_an_unreachable_service_is_named():
+    metadata = Metadata("http://127.0.0.1:9", timeout=0.5)
+    with pytest.raises(MetadataError, match="http://127.0.0.1:9 is not answering"):
+        metadata.get(interruption.NOTICE_PATH)
+    once = subprocess.run([sys.executable, interruption.__file__, "--endpoint", "http://127.0.0.1:9", "--once"],
+                          capture_output=True, text=True, timeout=30)
+    assert once.returncode == 1 and "is not answering" in once.stderr
+
+
+def test_an_unknown_action_is_an_error():
+    with pytest.raises(MetadataError, match="unexpected instance-action"):
+        parse_notice('{"action": "reboot"}')
