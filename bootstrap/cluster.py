@@ -17,7 +17,7 @@ from bootstrap.hosts import Host
 from bootstrap.mesh import Node
 from bootstrap.ssh import Remote, default_control_dir
 from kiln.gpu import facts as gpufacts
-from kiln.gpu import health
+from kiln.gpu import health, probe
 
 REMOTE_ROOT = "kiln"
 
@@ -150,20 +150,15 @@ class Cluster:
                                                                                    dict[Host, str]]:
         """Every node's GPU facts, and its probe's figures where it has GPUs (kiln.gpu.probe with the nodes'
         Python and framework); (reports in host order, unreachable reasons)."""
-        probe = Path(gpufacts.__file__).with_name("probe.py").read_text()
+        argv = probe.remote_argv(self.python, framework)
 
         def gather(host: Host) -> health.NodeReport:
             found = gpufacts.host_facts(self.remote.check(host, gpufacts.gather_command(self.python),
                                                           timeout=120))
             if not found["gpus"]:
                 return health.NodeReport(host.label, found)
-            result = self.remote.run(host, ["env", "TF_CPP_MIN_LOG_LEVEL=3", self.python, "-c", probe,
-                                            "--framework", framework], timeout=timeout)
-            lines = result.stdout.strip().splitlines()
-            measured = (json.loads(lines[-1]) if lines and lines[-1].startswith("{") else
-                        {"framework": None, "devices": [], "error": f"exited {result.code}: "
-                                                                   f"{(result.stderr.strip() or 'no output')[-300:]}"})
-            return health.NodeReport(host.label, found, measured)
+            result = self.remote.run(host, argv, timeout=timeout)
+            return health.NodeReport(host.label, found, probe.read_result(result.code, result.stdout, result.stderr))
 
         reports, unreachable = self.remote.map(self.hosts, gather)
         return [reports[h] for h in self.hosts if h in reports], unreachable

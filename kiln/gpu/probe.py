@@ -169,6 +169,22 @@ def with_cupy(args):
     return f"cupy {cupy.__version__}", results
 
 
+def remote_argv(python, framework="auto"):
+    """How a host runs this file without a copy of it: the source given to `python -c` (the launcher's ssh and
+    testinfra's host.run both send it this way)."""
+    with open(__file__) as source:
+        return ["env", "TF_CPP_MIN_LOG_LEVEL=3", python, "-c", source.read(), "--framework", framework]
+
+
+def read_result(code, stdout, stderr):
+    """The JSON a run printed last, or an error result naming the exit code and what it said."""
+    lines = stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        return json.loads(lines[-1])
+    said = (stderr.strip() or stdout.strip() or "no output")[-300:]
+    return {"framework": None, "devices": [], "error": f"exited {code} without a result: {said}"}
+
+
 RUNNERS = {"tensorflow": with_tensorflow, "torch": with_torch, "jax": with_jax, "cupy": with_cupy}
 
 

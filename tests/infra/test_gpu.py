@@ -6,18 +6,16 @@ found."""
 
 from __future__ import annotations
 
-import json
 import shlex
-from pathlib import Path
 
 import pytest
 from kiln_infra import VENV, run_checked, venv_python
 
 from kiln.gpu import facts as gpufacts
 from kiln.gpu import health
+from kiln.gpu import probe as gpuprobe
 
 pytestmark = pytest.mark.gpu
-PROBE = Path(gpufacts.__file__).with_name("probe.py")
 
 
 def gpu_python(host, pytestconfig) -> str:
@@ -45,15 +43,9 @@ def facts(host, pytestconfig, host_record) -> dict:
 @pytest.fixture(scope="module")
 def probe(host, facts, pytestconfig, host_record) -> dict:
     """The probe's figures for every GPU, measured with the framework the host's Python has."""
-    framework = pytestconfig.getoption("gpu_framework")
-    command = (f"{shlex.quote(gpu_python(host, pytestconfig))} -c {shlex.quote(PROBE.read_text())} "
-               f"--framework {framework}")
-    result = host.run(f"TF_CPP_MIN_LOG_LEVEL=3 timeout 600 {command}")
-    lines = result.stdout.strip().splitlines()
-    if not lines or not lines[-1].startswith("{"):
-        pytest.fail(f"the probe printed no result (exit {result.rc}):\n{result.stdout[-2000:]}\n"
-                    f"{result.stderr[-2000:]}")
-    measured = json.loads(lines[-1])
+    argv = gpuprobe.remote_argv(gpu_python(host, pytestconfig), pytestconfig.getoption("gpu_framework"))
+    result = host.run(f"timeout 600 {shlex.join(argv)}")
+    measured = gpuprobe.read_result(result.rc, result.stdout, result.stderr)
     host_record["probe"] = measured
     if measured.get("error"):
         pytest.fail(f"the probe failed: {measured['error']}")
