@@ -38,3 +38,16 @@ def known_hosts_lines(names: Iterable[str], keys: Sequence[str], port: int | Non
     """One line per key pinning it under every name (duplicates dropped, order kept), each line ending in \\n."""
     patterns = ",".join(host_pattern(name, port) for name in dict.fromkeys(names))
     return [f"{patterns} {public_key(key)}\n" for key in keys]
+
+
+def without_hosts(text: str, names: Iterable[str], port: int | None = None) -> str:
+    """known_hosts text with every line naming one of `names` removed (a replaced machine's old keys); comments
+    and other hosts' lines stay as they are."""
+    gone = {host_pattern(name, port) for name in names}
+    kept = []
+    for line in text.splitlines(keepends=True):
+        fields = line.split(maxsplit=1)
+        if fields and not line.startswith("#") and gone & set(fields[0].split(",")):
+            continue
+        kept.append(line)
+    return "".join(kept)

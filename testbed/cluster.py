@@ -2,6 +2,9 @@
 
 usage: local-cluster up [N] [--name NAME] [--subnet CIDR]   # N=3, NAME=kiln
        local-cluster down [--name NAME]
+       local-cluster lose NODE [--name NAME]      # the node's machine is gone: processes, network, disk
+       local-cluster replace NODE [--name NAME]   # a fresh machine in its place: same address, new host keys
+       local-cluster interrupt NODE [--name NAME] # post a spot interruption notice on the node (--metadata)
        local-cluster status [--name NAME] [--json]
        local-cluster env [--name NAME]    # set -a; eval "$(local-cluster env)"; set +a
 
@@ -9,7 +12,11 @@ Node i of cluster NAME: network namespace NAME-n{i} on bridge NAME-br (veth NAME
 node{i}, private bind mounts over /etc/ssh, /etc/hosts, /root/.ssh and /root/kiln, its own sshd on port 22.
 The operator reaches nodes with a per-cluster key and pinned host keys: `ssh -F STATE/ssh_config node2 hostname`.
 State: /run/kiln/local/NAME/. `down` finds everything by name, so it also works after a crash or without the
-state directory. Needs root, iproute2, util-linux and openssh.
+state directory. With `up --metadata`, every node has its own stand-in EC2 metadata service (IMDSv2,
+testbed.imds) at 169.254.169.254 inside its network, where `interrupt` posts a spot interruption notice.
+A replaced node starts with an empty /root/kiln and new host keys (the operator's known_hosts in the state
+directory pins them; the old ones are removed), as a cloud replacement would.
+Needs root, iproute2, util-linux and openssh.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -31,8 +39,11 @@ from pathlib import Path
 
 from kiln import proc
 from kiln.errors import KilnError, UsageError, run_main
+from kiln.hostkeys import without_hosts
+from kiln.paths import PROJECT
 from kiln.sshwait import probe_ssh, wait_for_ssh
 from testbed import netns as plan  # the pure half: names, addresses, file texts
+from testbed.imds import notice_text
 
 TOOLS = ("ip", "unshare", "mount", "ssh", "ssh-keygen", plan.SSHD)
 WORKERS = min(32, 4 * (os.cpu_count() or 1))  # bound for fan-outs that spawn processes
@@ -83,9 +94,11 @@ def ns_id(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def kill_namespace_processes(netns: list[str], grace: float = 3.0) -> None:
-    """SIGTERM every process in the namespaces, SIGKILL what is left after grace seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+def kill_namespace_processes(netns: list[str], grace: float = 3.0, *, abrupt: bool = False) -> None:
+    """SIGTERM every process in the namespaces, SIGKILL what is left after grace seconds (`abrupt`: SIGKILL at
+    once, as a machine that loses its power)."""
+    steps = ((signal.SIGTERM, grace),) if not abrupt else ()
+    for sig, wait in (*steps, (signal.SIGKILL, 5.0)):
         pids = namespace_pids(netns)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -149,6 +162,23 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
     return plan.NodeBoot(node, proc, plan.known_hosts_lines(node, keys))
 
 
+def start_metadata(node: plan.Node, node_dir: Path, timeout: float = 30) -> None:
+    """Serve the node's stand-in metadata service at EC2's address in its network (a fresh instance id); wait
+    until it listens."""
+    run(["ip", "-n", node.netns, "addr", "add", f"{plan.METADATA_ADDRESS}/32", "dev", "lo"])
+    argv = plan.metadata_argv(sys.executable, node, node_dir, f"i-{secrets.token_hex(8)}")
+    with open(node_dir / "imds.log", "wb") as log:
+        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                  cwd=PROJECT)
+    deadline = time.monotonic() + timeout
+    while not (node_dir / "imds.ready").exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            said = (node_dir / "imds.log").read_text(errors="replace").strip().splitlines()
+            raise KilnError(f"{node.name}: the stand-in metadata service did not start: "
+                            f"{said[-1] if said else f'exit {server.poll()}'}")
+        time.sleep(0.02)
+
+
 def wait_for_sshd(boots: list[plan.NodeBoot], state: Path, timeout: float) -> None:
     """Wait until every node's sshd sends its banner; name the node whose sshd died or never answered."""
     by_endpoint = {(boot.node.ip, 22): boot for boot in boots}
@@ -183,6 +213,35 @@ def verify_login(cluster: plan.Cluster, state: Path) -> None:
         raise KilnError(f"node1 reports hostname {out!r}, not node1")
 
 
+def lose_node(name: str, node: plan.Node, timeout: float = 30) -> None:
+    """Take a node away as a lost machine goes: its processes killed at once, its network and disk removed."""
+    kill_namespace_processes([node.netns], abrupt=True)
+    run(["ip", "-force", "-batch", "-"], stdin=plan.teardown_batch([node.netns], [node.veth]), timeout=timeout,
+        check=False)
+    deadline = time.monotonic() + timeout
+    while node.netns in find_netns(name) or node.veth in find_links(name):
+        if time.monotonic() > deadline:
+            raise KilnError(f"could not remove {node.netns} of cluster {name}")
+        time.sleep(0.2)
+    shutil.rmtree(plan.STATE_ROOT / name / node.name, ignore_errors=True)
+
+
+def replace_node(name: str, node: plan.Node, timeout: float = 60) -> list[str]:
+    """Boot a fresh node in `node`'s place (lost first if still there): same name and address, empty disk, new
+    host keys, pinned in the operator's known_hosts instead of the old ones. Its known_hosts lines."""
+    nodes, state = load_nodes(name), plan.STATE_ROOT / name
+    cluster = plan.cluster_from_nodes(name, nodes)
+    lose_node(name, node)
+    run(["ip", "-batch", "-"], stdin=plan.node_root_batch(cluster, node), timeout=timeout)
+    boot = boot_node(cluster, node, state / node.name, (state / "operator_key.pub").read_text())
+    if nodes[node.index - 1].get("metadata"):
+        start_metadata(node, state / node.name)
+    wait_for_sshd([boot], state, timeout)
+    known = state / "known_hosts"
+    write(known, without_hosts(known.read_text(), [node.name, node.ip]) + "".join(boot.known_hosts))
+    return boot.known_hosts
+
+
 # ---------------------------------------------------------------- sub-commands
 
 def preflight() -> None:
@@ -192,25 +251,33 @@ def preflight() -> None:
         raise UsageError(f"required tools missing: {', '.join(missing)}")
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    """Create a cluster of N nodes and wait until each one's sshd answers."""
-    started, name, state = time.monotonic(), args.name, plan.STATE_ROOT / args.name
-    if not 1 <= args.count <= plan.MAX_NODES:
-        raise UsageError(f"N must be between 1 and {plan.MAX_NODES}, not {args.count}")
+def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: bool = False) -> plan.Cluster:
+    """Create a cluster of `count` nodes and wait until each one's sshd answers (with `metadata`, each with its
+    stand-in metadata service); on any failure remove it all."""
+    state = plan.STATE_ROOT / name
+    if not 1 <= count <= plan.MAX_NODES:
+        raise UsageError(f"N must be between 1 and {plan.MAX_NODES}, not {count}")
     if find_netns(name) or find_links(name) or state.exists():
         raise UsageError(f"cluster {name} already exists (run: local-cluster down --name {name})")
-    candidates = [plan.parse_subnet(args.subnet, args.count)] if args.subnet else plan.candidate_subnets(name)
-    cluster = plan.plan_cluster(name, args.count, plan.pick_subnet(candidates, used_networks()))
+    candidates = [plan.parse_subnet(subnet, count)] if subnet else plan.candidate_subnets(name)
+    cluster = plan.plan_cluster(name, count, plan.pick_subnet(candidates, used_networks()))
     plan.STATE_ROOT.mkdir(parents=True, exist_ok=True)
     state.mkdir(mode=0o700)  # atomic: a concurrent `up` of the same name stops here
     try:
-        build(cluster, state)
+        build(cluster, state, metadata=metadata)
     except BaseException as exc:
         try:
             teardown(name)
         except KilnError as cleanup:
             raise UsageError(f"{exc}; cleaning up also failed: {cleanup}") from None
         raise
+    return cluster
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Create a cluster of N nodes and wait until each one's sshd answers."""
+    started, name, state = time.monotonic(), args.name, plan.STATE_ROOT / args.name
+    cluster = make_cluster(name, args.count, args.subnet, metadata=args.metadata)
     print(f"cluster {name}: {args.count} nodes up on {cluster.bridge} {cluster.subnet} "
           f"in {time.monotonic() - started:.1f} s\n"
           f"  state: {state}\n  ssh:   ssh -F {state / 'ssh_config'} node1\n"
@@ -219,7 +286,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(cluster: plan.Cluster, state: Path) -> None:
+def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False) -> None:
     """Make the operator key, the network and the nodes; wait for every sshd; log in once."""
     key = state / "operator_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
@@ -233,8 +300,12 @@ def build(cluster: plan.Cluster, state: Path) -> None:
     write(state / "known_hosts", "".join(line for boot in boots for line in boot.known_hosts))
     write(state / "ssh_config", plan.ssh_config_text(cluster, state))
     write(state / "hostfile", "".join(f"{n.name}\n" for n in cluster.nodes))
-    nodes = [dict(asdict(n), subnet=str(cluster.subnet), state_dir=str(state / n.name)) for n in cluster.nodes]
+    nodes = [dict(asdict(n), subnet=str(cluster.subnet), state_dir=str(state / n.name), metadata=metadata)
+             for n in cluster.nodes]
     write(state / "nodes.json", json.dumps(nodes, indent=1) + "\n")
+    if metadata:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(lambda n: start_metadata(n, state / n.name), cluster.nodes))
     wait_for_sshd(boots, state, timeout)
     verify_login(cluster, state)
 
@@ -243,6 +314,36 @@ def cmd_down(args: argparse.Namespace) -> int:
     """Remove the cluster: its processes, namespaces, links and state (idempotent)."""
     if teardown(args.name):
         print(f"cluster {args.name}: down")
+    return 0
+
+
+def cmd_lose(args: argparse.Namespace) -> int:
+    """Take NODE away as a lost machine goes: its processes killed at once, its network and disk removed."""
+    node = plan.find_node(plan.cluster_from_nodes(args.name, load_nodes(args.name)), args.node)
+    lose_node(args.name, node)
+    print(f"cluster {args.name}: {node.name} lost")
+    return 0
+
+
+def cmd_interrupt(args: argparse.Namespace) -> int:
+    """Post a spot interruption notice on NODE's metadata service (the cluster was made with --metadata)."""
+    nodes = load_nodes(args.name)
+    node = plan.find_node(plan.cluster_from_nodes(args.name, nodes), args.node)
+    if not nodes[node.index - 1].get("metadata"):
+        raise UsageError(f"cluster {args.name} has no metadata services (make it with: local-cluster up --metadata)")
+    text = notice_text(args.action, args.lead)
+    notice = plan.STATE_ROOT / args.name / node.name / "notice.json"
+    write(notice.with_suffix(".tmp"), text)
+    notice.with_suffix(".tmp").rename(notice)
+    print(f"cluster {args.name}: {node.name} has a notice: {text}")
+    return 0
+
+
+def cmd_replace(args: argparse.Namespace) -> int:
+    """Put a fresh machine in NODE's place: same name and address, empty disk, new host keys."""
+    node = plan.find_node(plan.cluster_from_nodes(args.name, load_nodes(args.name)), args.node)
+    lines = replace_node(args.name, node)
+    print(f"cluster {args.name}: {node.name} replaced; its host keys:\n" + "".join(lines), end="")
     return 0
 
 
@@ -288,7 +389,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      description=f"{title}\n\n{details}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for func in (cmd_up, cmd_down, cmd_status, cmd_env):
+    for func in (cmd_up, cmd_down, cmd_status, cmd_env, cmd_lose, cmd_replace, cmd_interrupt):
         cmd = sub.add_parser(func.__name__[4:], help=func.__doc__, description=func.__doc__)
         cmd.set_defaults(func=func)
         cmd.add_argument("--name", default="kiln", help="cluster name, [a-z][a-z0-9]{0,5} (default kiln)")
@@ -296,8 +397,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             cmd.add_argument("count", type=int, nargs="?", default=3, metavar="N",
                              help=f"number of nodes, 1..{plan.MAX_NODES} (default 3)")
             cmd.add_argument("--subnet", help="private IPv4 CIDR (default: 10.x.0.0/16 derived from the name)")
+            cmd.add_argument("--metadata", action="store_true",
+                             help="give every node a stand-in EC2 metadata service at 169.254.169.254")
         if func is cmd_status:
             cmd.add_argument("--json", action="store_true", help="print JSON")
+        if func in (cmd_lose, cmd_replace, cmd_interrupt):
+            cmd.add_argument("node", metavar="NODE", help="the node's name (node2) or address")
+        if func is cmd_interrupt:
+            cmd.add_argument("--action", default="terminate", choices=("terminate", "stop", "hibernate"))
+            cmd.add_argument("--lead", type=int, default=120, help="seconds until the instance goes (default 120)")
     return parser.parse_args(argv)
 
 

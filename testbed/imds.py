@@ -7,28 +7,54 @@ seconds gives a session token (400 without it); a GET without a valid, unexpired
 
     with Imds("i-0abc") as imds:      # serves on 127.0.0.1, a free port: imds.endpoint
         imds.interrupt("terminate")
+
+As a program it serves a local cluster's node at EC2's own address inside the node's network namespace
+(testbed.cluster starts it), and posts the notice written to --notice-file (`local-cluster interrupt NODE`):
+
+    python -m testbed.imds --host 169.254.169.254 --port 80 --instance-id node2 --notice-file F
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import secrets
+import socketserver
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 NOTICE_LEAD_SECONDS = 120
 
 
+def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECONDS) -> str:
+    """The instance-action document EC2 posts: the instance goes `lead_seconds` from now."""
+    at = datetime.now(UTC) + timedelta(seconds=lead_seconds)
+    return json.dumps({"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")})
+
+
+class _Server(ThreadingHTTPServer):
+    """HTTPServer without its reverse DNS lookup of the bound address at start (seconds where no resolver
+    answers, as inside a local cluster's node)."""
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
 class Imds:
-    def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0,
+                 notice_file: Path | None = None):
         self.instance_id = instance_id
+        self.notice_file = notice_file
         self.notice: dict | None = None
         self.tokens: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._server = _Server((host, port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -38,10 +64,17 @@ class Imds:
 
     def interrupt(self, action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECONDS) -> dict:
         """Post a spot interruption notice: the instance goes `lead_seconds` from now."""
-        at = datetime.now(UTC) + timedelta(seconds=lead_seconds)
         with self._lock:
-            self.notice = {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            self.notice = json.loads(notice_text(action, lead_seconds))
             return dict(self.notice)
+
+    def _posted(self) -> dict | None:
+        if self.notice is None and self.notice_file is not None:
+            try:
+                self.notice = json.loads(self.notice_file.read_text())
+            except (OSError, ValueError):
+                pass
+        return self.notice
 
     def expire_tokens(self) -> None:
         with self._lock:
@@ -71,7 +104,7 @@ class Imds:
                 return 401, "Unauthorized"
             if path == "/latest/meta-data/instance-id":
                 return 200, self.instance_id
-            if path == "/latest/meta-data/spot/instance-action" and self.notice:
+            if path == "/latest/meta-data/spot/instance-action" and self._posted():
                 return 200, json.dumps(self.notice)
             return 404, "Not Found"
 
@@ -95,3 +128,22 @@ class Imds:
                 pass
 
         return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="imds", description="a stand-in EC2 instance metadata service (IMDSv2)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=80)
+    parser.add_argument("--instance-id", default="i-0123456789abcdef0")
+    parser.add_argument("--notice-file", type=Path, help="serve the notice written here (JSON), once it is")
+    parser.add_argument("--ready-file", type=Path, help="made once the service listens")
+    args = parser.parse_args(argv)
+    imds = Imds(args.instance_id, args.host, args.port, notice_file=args.notice_file)
+    if args.ready_file:
+        args.ready_file.touch()
+    imds._server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

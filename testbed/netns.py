@@ -25,6 +25,7 @@ NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
+METADATA_ADDRESS = "169.254.169.254"  # EC2's instance metadata service; with --metadata each node has its own
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,34 @@ def root_batch(cluster: Cluster) -> str:
     br = cluster.bridge
     lines = [f"link add {br} address {cluster.gateway_mac} type bridge",
              f"addr add {cluster.gateway}/{cluster.subnet.prefixlen} dev {br}", f"link set {br} up"]
-    for n in cluster.nodes:
-        lines += [f"netns add {n.netns}", f"link add {n.veth} type veth peer name eth0 address {n.mac} netns {n.netns}",
-                  f"link set {n.veth} master {br} up", f"neigh replace {n.ip} lladdr {n.mac} dev {br} nud permanent"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + "".join(node_root_batch(cluster, n) for n in cluster.nodes)
+
+
+def node_root_batch(cluster: Cluster, node: Node) -> str:
+    """`ip -batch` input plugging one node into the cluster's bridge: its namespace, veth pair, neighbour entry."""
+    return (f"netns add {node.netns}\n"
+            f"link add {node.veth} type veth peer name eth0 address {node.mac} netns {node.netns}\n"
+            f"link set {node.veth} master {cluster.bridge} up\n"
+            f"neigh replace {node.ip} lladdr {node.mac} dev {cluster.bridge} nud permanent\n")
+
+
+def cluster_from_nodes(name: str, nodes: list[dict]) -> Cluster:
+    """The plan of a running cluster again, from the nodes.json its `up` wrote (names, addresses and MACs are
+    derived from the name, the subnet and the count, so they come out the same)."""
+    if not nodes:
+        raise UsageError(f"cluster {name} has no nodes")
+    cluster = plan_cluster(name, len(nodes), ipaddress.IPv4Network(nodes[0]["subnet"]))
+    recorded = [(n["name"], n["ip"]) for n in nodes]
+    if recorded != [(n.name, n.ip) for n in cluster.nodes]:
+        raise UsageError(f"cluster {name}: its nodes.json does not match its plan; take it down and up again")
+    return cluster
+
+
+def find_node(cluster: Cluster, name: str) -> Node:
+    for node in cluster.nodes:
+        if name in (node.name, node.ip):
+            return node
+    raise UsageError(f"cluster {cluster.name} has no node {name!r} (it has {', '.join(n.name for n in cluster.nodes)})")
 
 
 def node_batch(cluster: Cluster, node: Node) -> str:
@@ -127,6 +152,13 @@ def node_batch(cluster: Cluster, node: Node) -> str:
     return (f"link set lo up\naddr add {node.ip}/{cluster.subnet.prefixlen} dev eth0\nlink set eth0 up\n"
             f"route add default via {cluster.gateway}\n"
             f"neigh replace {cluster.gateway} lladdr {cluster.gateway_mac} dev eth0 nud permanent\n")
+
+
+def metadata_argv(python: str, node: Node, node_dir: Path, instance_id: str) -> list[str]:
+    """argv that serves a stand-in metadata service (testbed.imds) at EC2's address inside the node's network."""
+    return ["ip", "netns", "exec", node.netns, python, "-m", "testbed.imds", "--host", METADATA_ADDRESS,
+            "--port", "80", "--instance-id", instance_id, "--notice-file", str(node_dir / "notice.json"),
+            "--ready-file", str(node_dir / "imds.ready")]
 
 
 def sshd_config_text(node: Node) -> str:

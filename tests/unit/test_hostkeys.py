@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.hostkeys import console_host_keys, host_pattern, known_hosts_lines, public_key
+from kiln.hostkeys import console_host_keys, host_pattern, known_hosts_lines, public_key, without_hosts
 
 ED = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB8i"
 EC = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY="
@@ -69,3 +69,17 @@ def test_host_keys_come_from_a_real_cloud_init_console():
         "ip-172-31-5-9 login: ")
     assert console_host_keys(console) == ["ecdsa-sha2-nistp256 AAAAE2VjZHNh",
                                                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5", "ssh-rsa AAAAB3NzaC1yc2E"]
+
+
+def test_a_replaced_machine_loses_its_old_lines_and_only_those():
+    text = ("# pinned by kiln\n"
+            "node1,10.9.0.2 ssh-ed25519 AAAA1\n"
+            "node2,10.9.0.3 ssh-ed25519 AAAA2\n"
+            "node2,10.9.0.3 ecdsa-sha2-nistp256 BBBB2\n"
+            "node20,10.9.0.21 ssh-ed25519 AAAA20\n"
+            "[10.9.0.3]:2222 ssh-ed25519 CCCC\n")
+    kept = without_hosts(text, ["node2", "10.9.0.3"])
+    assert kept == ("# pinned by kiln\nnode1,10.9.0.2 ssh-ed25519 AAAA1\n"
+                    "node20,10.9.0.21 ssh-ed25519 AAAA20\n[10.9.0.3]:2222 ssh-ed25519 CCCC\n")
+    assert without_hosts(text, ["10.9.0.3"], port=2222).count("CCCC") == 0
+    assert without_hosts(text, ["node9"]) == text

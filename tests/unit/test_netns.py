@@ -77,3 +77,17 @@ def test_node_mounts_cover_the_private_paths_and_hide_the_state():
 def test_known_hosts_lines_carry_name_and_address():
     node = plan.Node(1, "node1", "10.9.0.2", "kiln-n1", "kiln-v1", "02:00:00:00:00:01")
     assert plan.known_hosts_lines(node, ["ssh-ed25519 AAAA root@node1\n"]) == ["node1,10.9.0.2 ssh-ed25519 AAAA\n"]
+
+
+def test_a_running_cluster_is_planned_again_from_its_nodes_file():
+    cluster = plan.plan_cluster("kt", 3, ipaddress.IPv4Network("10.9.0.0/16"))
+    nodes = [dict(name=n.name, ip=n.ip, netns=n.netns, subnet="10.9.0.0/16") for n in cluster.nodes]
+    assert plan.cluster_from_nodes("kt", nodes) == cluster
+    assert plan.find_node(cluster, "node2") == plan.find_node(cluster, "10.9.0.3") == cluster.nodes[1]
+    with pytest.raises(UsageError, match="has no node 'node4'"):
+        plan.find_node(cluster, "node4")
+    with pytest.raises(UsageError, match="does not match its plan"):
+        plan.cluster_from_nodes("kt", nodes[:1] + [dict(nodes[1], ip="10.9.0.99")] + nodes[2:])
+    one = plan.plan_cluster("kt", 1, ipaddress.IPv4Network("10.9.0.0/16"))
+    assert plan.node_root_batch(one, one.nodes[0]) == "".join(
+        line + "\n" for line in plan.root_batch(one).splitlines()[3:])
