@@ -175,9 +175,11 @@ class Cluster:
         self.remote.map_or_raise("sync", self.hosts, push)
 
     def sync_lib(self, destination: str) -> None:
-        """Put kiln's own node-side part (the reference trainer, the shims) in `destination` on every node."""
+        """Put kiln's own node-side part (the reference trainer, the shims, node.py for the interruption watcher)
+        in `destination` on every node."""
         trainer = importlib.util.find_spec("trainer")  # found, not imported: importing it sets TensorFlow's env
-        folders = [*trainer.submodule_search_locations, str(Path(__file__).parent / "shim")]
+        here = Path(__file__).parent
+        folders = [*trainer.submodule_search_locations, str(here / "shim"), str(here / "node.py")]
 
         def push(host: Host) -> None:
             self.remote.rsync(host, commands.rsync_push_folders_argv(folders, host, destination,

@@ -17,6 +17,8 @@ MODES = ("horovod", "tf-config")
 HOROVOD_TASK = "horovodrun"
 _HOROVOD_FAILED_RANK = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOTICE_INTERVAL = 2  # seconds between the watcher's looks at the metadata service (EC2 advises 5)
+NOTICE_GRACE = 90  # seconds a run's processes get to checkpoint after a notice (EC2 gives two minutes)
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,19 @@ def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
     return f"{writes}{start} && {started}"
 
 
+def watcher_command(run_id: str, python: str, paths: NodePaths, timeout: float) -> str:
+    """The shell command that starts a node's spot interruption watcher for the run, detached: on a notice it
+    writes notice.json in the run folder and stops the run's processes there with SIGTERM (node.py stop), so
+    they can checkpoint. It carries the run's id, so stopping the run stops it too."""
+    run_dir = paths.run(run_id)
+    argv = [python, f"{paths.lib}/shim/interruption.py", "--interval", str(NOTICE_INTERVAL), "--timeout",
+            f"{timeout:g}", "--run-dir", run_dir, "--", python, "-S", f"{paths.lib}/node.py", "stop", run_id,
+            str(NOTICE_GRACE)]
+    log = shlex.quote(f"{run_dir}/interruption.log")
+    inner = f"{commands.remote_command(argv, env={'KILN_RUN_ID': run_id})} >> {log} 2>&1"
+    return f"mkdir -p {shlex.quote(run_dir)} && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"
+
+
 def describe_plan(plan: RunPlan, hosts: Sequence[Host]) -> str:
     """The plan as a person reads it (`--dry-run`)."""
     lines = [f"run {plan.run_id}: mode {plan.mode}, {len(hosts)} host(s)"]
@@ -360,6 +375,7 @@ class Attempt:
     failure: str | None
     blamed: tuple[str, ...] = ()
     restartable: bool = True
+    left: tuple[str, ...] = ()
 
 
 def judge_attempt(plan: RunPlan, verdict: Verdict, *, horovod_log: str = "", error: str | None = None,
@@ -375,11 +391,24 @@ def judge_attempt(plan: RunPlan, verdict: Verdict, *, horovod_log: str = "", err
             blamed = list(frozen)
     if left:
         failure = (failure + "; " if failure else "") + "could not stop: " + ", ".join(left)
-    return Attempt(failure, tuple(sorted(set(blamed))), restartable=not left)
+    return Attempt(failure, tuple(sorted(set(blamed))), restartable=not left, left=tuple(left))
 
 
 def should_restart(attempt: Attempt, restarts_done: int, max_restarts: int) -> bool:
     return attempt.failure is not None and attempt.restartable and restarts_done < max_restarts
+
+
+def next_action(attempt: Attempt, *, lost: Sequence[str] = (), restarts_done: int = 0, max_restarts: int = 0,
+                recoveries_done: int = 0, max_recoveries: int = 0) -> str:
+    """What follows an attempt (pure): "finish"; "restart" on the same hosts; or "recover": replace the `lost`
+    hosts (they stopped answering) through the provider, then restart. A run with a lost host cannot restart
+    where it was; processes that would not stop on a host still answering end it."""
+    if attempt.failure is None:
+        return "finish"
+    if lost:
+        stuck = set(attempt.left) - set(lost)
+        return "recover" if not stuck and recoveries_done < max_recoveries else "finish"
+    return "restart" if should_restart(attempt, restarts_done, max_restarts) else "finish"
 
 
 @dataclass

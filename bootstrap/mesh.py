@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.state import cluster_dir
-from kiln.hostkeys import known_hosts_lines
+from kiln.hostkeys import known_hosts_lines, without_hosts
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,22 @@ def known_hosts_text(nodes: Sequence[Node]) -> str:
     """Every node's host keys under its hostname, its address, and the name the operator uses."""
     return "".join(line for node in nodes for line in known_hosts_lines(
         [node.name, node.address, node.host.address], node.facts["host_keys"], node.host.port))
+
+
+def replaced_known_hosts(text: str, nodes: Sequence[Node], replaced: Sequence) -> str:
+    """The cluster's pinned known_hosts with each replaced machine's old keys gone (under every name the mesh
+    gave it) and the keys its provider vouches for pinned under the new host's name (pure)."""
+    for item in replaced:
+        old_names = [item.old.address] + [name for node in nodes if node.host == item.old
+                                          for name in (node.name, node.address)]
+        text = without_hosts(text, old_names, item.old.port)
+        text += "".join(known_hosts_lines([item.new.address], item.host_keys, item.new.port))
+    return text
+
+
+def pin_replacements(cluster: str, nodes: Sequence[Node], replaced: Sequence) -> None:
+    path = cluster_dir(cluster) / "known_hosts"
+    path.write_text(replaced_known_hosts(path.read_text() if path.exists() else "", nodes, replaced))
 
 
 def node_ssh_config(cluster: str, nodes: Sequence[Node]) -> str:

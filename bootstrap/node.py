@@ -376,6 +376,15 @@ def status(run_dir, tasks):
     return result
 
 
+def notice(run_dir):
+    """The spot interruption notice the run's watcher wrote here (shim/interruption.py), or None."""
+    text = read_text(os.path.join(run_dir, "notice.json"))
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
 def answer(verb, args, stdin):
     if verb == "facts":
         ports = [int(p) for p in args[0].split(",") if p] if args else []
@@ -389,6 +398,8 @@ def answer(verb, args, stdin):
         return status(args[0], args[1:])
     if verb == "progress":
         return progress(args[0], args[1])
+    if verb == "notice":
+        return notice(args[0])
     raise ValueError(f"unknown verb {verb!r}")
 
 

@@ -47,6 +47,11 @@ _FAILURES = (
 )
 
 
+def is_unreachable(reason: str) -> bool:
+    """Whether a failure reason (describe_failure's) says the host could not be reached at all."""
+    return reason.startswith("unreachable: ")
+
+
 class HostFailure(KilnError):
     """One host failed one call; the message is the reason shown to the user."""
 
@@ -294,6 +299,16 @@ class Remote:
     def disconnect(self, hosts: Iterable[Host]) -> None:
         """Close the shared connections to `hosts` (quietly; they may be gone)."""
         self.map(hosts, lambda host: self._execute(host, commands.control_argv(host, "exit", self.options), 10, None))
+
+    def reset(self, hosts: Iterable[Host]) -> None:
+        """Drop what is open to `hosts` (their machines were replaced): their agents and shared connections."""
+        hosts = set(hosts)
+        with _AGENTS_LOCK:
+            keys = [key for key in _AGENTS if key[0] in hosts]
+            agents = [_AGENTS.pop(key) for key in keys]
+        for agent in agents:
+            agent.close(wait=1)
+        self.disconnect(hosts)
 
     def user_known_hosts(self, host: Host) -> tuple[str, ...]:
         """The known_hosts files ssh would use for `host`, from `ssh -G`."""

@@ -92,7 +92,8 @@ class Instance:
 
 @dataclass(frozen=True)
 class ClusterRecord:
-    """How to reach a cluster by name (`--cluster NAME`); the cloud part only for clusters kiln started."""
+    """How to reach a cluster by name (`--cluster NAME`); the provider and cloud part only for clusters kiln
+    started (`kiln up`): provider "aws" or "local" (bootstrap.providers), None for hosts kiln was given."""
 
     name: str
     hosts: tuple[Host, ...]
@@ -101,6 +102,7 @@ class ClusterRecord:
     region: str | None = None
     user: str | None = None
     instances: tuple[Instance, ...] = ()
+    provider: str | None = None
 
 
 def save_cluster(record: ClusterRecord) -> None:
@@ -118,7 +120,8 @@ def load_cluster(name: str) -> ClusterRecord | None:
         return ClusterRecord(
             name=data["name"], hosts=tuple(host_from_json(h) for h in data["hosts"]), python=data["python"],
             ssh=SshSettings(**data.get("ssh", {})), region=data.get("region"), user=data.get("user"),
-            instances=tuple(Instance(**i) for i in data.get("instances", [])))
+            instances=tuple(Instance(**i) for i in data.get("instances", [])),
+            provider=data.get("provider", "aws" if data.get("instances") else None))
     except (KeyError, TypeError) as error:
         raise KilnError(f"{path} is not a kiln cluster file ({error}); remove it and set the cluster up again") \
             from None

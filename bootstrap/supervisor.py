@@ -6,6 +6,8 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from bootstrap import commands, launch, plots, runs, state
@@ -13,10 +15,25 @@ from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
+from bootstrap.providers import Replacement
+from bootstrap.ssh import is_unreachable
 from bootstrap.state import RunRecord
 from bootstrap.timeline import Timeline, node_spans
 
 CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
+# Replaces lost hosts (the provider, the mesh, the sync) and returns what it did and the run's new plan.
+Recover = Callable[[list[Host]], tuple[list["Replacement"], RunPlan]]
+
+
+class Interrupted(KilnError):
+    """Spot interruption notices came for some nodes (their watchers stopped the run's processes there)."""
+
+    def __init__(self, notices: dict[Host, dict]):
+        self.noticed = list(notices)
+        self.hosts = [host.label for host in notices]
+        said = "; ".join(f"{host.label}: {notice.get('action')} at {notice.get('time')}"
+                         for host, notice in notices.items())
+        super().__init__(f"spot interruption notice ({said})")
 
 
 class Stalled(KilnError):
@@ -46,8 +63,10 @@ class Supervisor:
     median time between steps (and at least `stall_minimum` seconds)."""
 
     def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 1.0,
-                 stall_factor: float = 0, stall_minimum: float = 60, timeline: Timeline | None = None):
+                 stall_factor: float = 0, stall_minimum: float = 60, timeline: Timeline | None = None,
+                 notice_watch: float = 3600):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
+        self.notice_watch = notice_watch
         self.timeline = timeline or Timeline()
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
@@ -62,13 +81,15 @@ class Supervisor:
         by_host: dict[int, list[launch.Launch]] = {}
         for item in self.plan.launches:
             by_host.setdefault(item.host, []).append(item)
+        watcher = launch.watcher_command(self.plan.run_id, self.group.python, self.paths, self.notice_watch)
 
         def start(host: Host) -> None:
-            items = by_host[self.group.hosts.index(host)]
-            command = " && ".join(launch.launch_command(item, self.paths, self.plan.run_id) for item in items)
+            items = by_host.get(self.group.hosts.index(host), [])
+            command = " && ".join([*(launch.launch_command(item, self.paths, self.plan.run_id) for item in items),
+                                   watcher])
             self.group.remote.check(host, command, timeout=60)
 
-        _, failures = self.group.remote.map([self.group.hosts[i] for i in by_host], start)
+        _, failures = self.group.remote.map(self.group.hosts, start)
         if failures:
             self.stop()
             raise RemoteError("start", {h.label: r for h, r in failures.items()})
@@ -85,11 +106,20 @@ class Supervisor:
         results = self.group.remote.map_or_raise("status", [hosts[i] for i in wanted], look)
         return {hosts.index(h): states for h, states in results.items()}
 
+    def notices(self) -> dict[Host, dict]:
+        """The spot interruption notices the nodes' watchers have written for this run, by host."""
+        remote, python = self.group.remote, self.group.python
+        found = remote.map_or_raise("notice", self.group.hosts, lambda h: remote.node(
+            h, python, "notice", self.run_dir, timeout=30))
+        return {host: notice for host, notice in found.items() if notice}
+
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
         steps, output = launch.Progress(), launch.Progress()
         while True:
             verdict = launch.judge(self.plan, self.states())
+            if noticed := self.notices():
+                raise Interrupted(noticed)
             if verdict.done:
                 return verdict
             if self.stall_factor:
@@ -132,37 +162,40 @@ class Supervisor:
             what += [f"no output for over {self.stall_minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
             raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
-    def stop(self) -> dict[str, str]:
-        """Stop every process of the run on every host; failures by host."""
+    def stop(self, skip: Sequence[Host] = ()) -> dict[str, str]:
+        """Stop every process of the run on every host (but `skip`: gone); failures by host."""
         remote, python = self.group.remote, self.group.python
-        _, failures = remote.map(self.group.hosts,
+        _, failures = remote.map([h for h in self.group.hosts if h not in skip],
                                  lambda h: remote.node(h, python, "stop", self.plan.run_id, "5", timeout=60))
         return {h.label: r for h, r in failures.items()}
 
-    def collect(self) -> Path:
-        """Copy every node's run folder into runs/<id>/hosts/<node>/."""
+    def collect(self, skip: Sequence[Host] = ()) -> Path:
+        """Copy every node's run folder (but `skip`'s: gone) into runs/<id>/hosts/<node>/."""
         def pull(host: Host) -> None:
             name = self.plan.names[self.group.hosts.index(host)]
             argv = commands.rsync_pull_argv(host, self.run_dir, str(self.folder / "hosts" / name),
                                             self.group.remote.options)
             self.group.remote.rsync(host, argv)
 
-        _, failures = self.group.remote.map(self.group.hosts, pull)
+        _, failures = self.group.remote.map([h for h in self.group.hosts if h not in skip], pull)
         for host, reason in failures.items():
             print(f"warning: could not collect from {host.label}: {reason}", file=sys.stderr)
         return self.folder
 
     def spread_checkpoint(self) -> None:
-        """Give every node the chief's checkpoints (first node) before a restart,
-        so every process resumes from the same step without shared storage."""
+        """Give every node the chief's checkpoints (first node) before a restart, so every process resumes
+        from the same step without shared storage. A chief that was replaced has none: the copy kept here from
+        an earlier restart is given to every node instead, if there is one."""
         source, others = self.group.hosts[0], self.group.hosts[1:]
         checkpoints = self.plan.checkpoint_dir or f"{self.run_dir}/checkpoints"
         local = self.folder / "checkpoints"
         options = self.group.remote.options
-        present = self.group.remote.run(source, ["test", "-d", checkpoints], timeout=30).code == 0
-        if not present:
+        if self.group.remote.run(source, ["test", "-d", checkpoints], timeout=30).code == 0:
+            self.group.remote.rsync(source, commands.rsync_pull_argv(source, checkpoints, str(local), options))
+        elif local.is_dir():
+            others = self.group.hosts
+        else:
             return
-        self.group.remote.rsync(source, commands.rsync_pull_argv(source, checkpoints, str(local), options))
         self.group.remote.map_or_raise("spread checkpoints", others, lambda h: self.group.remote.rsync(
             h, commands.rsync_push_argv(str(local), h, checkpoints, options, excludes=())))
 
@@ -178,39 +211,88 @@ class Supervisor:
                     return None
         return None
 
-    def run(self, record: RunRecord, timeout: float, max_restarts: int = 0) -> dict:
-        """Watch the run to its end, restarting it up to `max_restarts` times from
-        the last checkpoint; stop, collect, and write summary.json."""
+    def lost_hosts(self, unreachable: Sequence[str] = ()) -> list[Host]:
+        """Hosts that no longer answer (their machine is gone or cut off): those the watch found `unreachable`
+        (labels), and those of the others that fail a trivial command now."""
+        known = [h for h in self.group.hosts if h.label in unreachable]
+        _, failures = self.group.remote.map([h for h in self.group.hosts if h not in known],
+                                            lambda h: self.group.remote.check(h, "true", timeout=15))
+        return [host for host in self.group.hosts if host in known or host in failures]
+
+    def run(self, record: RunRecord, timeout: float, max_restarts: int = 0, *,
+            recover: Recover | None = None, max_recoveries: int = 0) -> dict:
+        """Watch the run to its end, restarting it up to `max_restarts` times from the last checkpoint; with
+        `recover`, a node that stopped answering is replaced (up to `max_recoveries` times) and the run restarts
+        on the new one from the last checkpoint; stop, collect, and write summary.json."""
         started = time.monotonic()
         restarts, timeline = [], self.timeline
+        recoveries = 0
         while True:
-            error, error_hosts = None, []
+            error, error_hosts, unreachable, noticed = None, [], [], []
             try:
                 with timeline.phase("watch"):
                     verdict = self.watch(timeout)
             except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
-                verdict, error, error_hosts = Verdict(True, ()), str(failure), getattr(failure, "hosts", [])
+                verdict, error = Verdict(True, ()), str(failure)
+                failures = getattr(failure, "failures", {})  # a RemoteError's reasons by host
+                error_hosts = getattr(failure, "hosts", None) or sorted(failures)
+                unreachable = [label for label, reason in failures.items() if is_unreachable(reason)]
+                noticed = getattr(failure, "noticed", [])
             watched = timeline.of("watch")[-1]["ended"]
-            frozen = self.frozen_hosts() if verdict.failed else []
+            detected = time.time()
+            lost = self.lost_hosts(unreachable) if recover and (verdict.failed or error) else []
+            going = [*lost, *(host for host in noticed if host not in lost)]  # to be replaced
+            frozen = self.frozen_hosts() if verdict.failed and not going else []
             with timeline.phase("stop"):
-                left = self.stop()
+                left = self.stop(skip=lost)
             with timeline.phase("collect"):
-                self.collect()
+                self.collect(skip=lost)
             timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
             log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
                 if verdict.failed else ""
+            going_labels = [h.label for h in going]
             attempt = launch.judge_attempt(self.plan, verdict, horovod_log=log, error=error,
                                            error_hosts=error_hosts, frozen=frozen, left=list(left))
-            if not launch.should_restart(attempt, len(restarts), max_restarts):
+            action = launch.next_action(attempt, lost=going_labels, restarts_done=len(restarts) - recoveries,
+                                        max_restarts=max_restarts, recoveries_done=recoveries,
+                                        max_recoveries=max_recoveries)
+            if action == "finish":
+                if going and recover:
+                    attempt = replace(attempt, failure=f"{attempt.failure}; lost: {', '.join(going_labels)}"
+                                      + ("" if recoveries < max_recoveries else
+                                         f" (all {max_recoveries} recoveries of --max-recoveries used)"))
                 break
-            restarts.append({"attempt": len(restarts) + 1, "failure": attempt.failure,
-                             "hosts": list(attempt.blamed), "at_step": self.chief_step()})
-            print(f"restart {len(restarts)} of {max_restarts} after: {attempt.failure}", flush=True)
+            entry = {"attempt": len(restarts) + 1, "failure": attempt.failure, "hosts": list(attempt.blamed),
+                     "at_step": self.chief_step()}
+            if action == "recover":
+                recoveries += 1
+                names = {h: self.plan.names[self.group.hosts.index(h)] for h in going}
+                print(f"recovery {recoveries} of {max_recoveries}: replacing {', '.join(going_labels)}", flush=True)
+                for name in names.values():  # the machine's files stay apart from its successor's
+                    kept = self.folder / "hosts" / name
+                    if kept.is_dir():
+                        (self.folder / "replaced").mkdir(exist_ok=True)
+                        kept.rename(self.folder / "replaced" / f"{name}-{recoveries}")
+                with timeline.phase("replace"):
+                    replaced, self.plan = recover(going)
+                    self.run_dir = self.paths.run(self.plan.run_id)
+                    record = record_run(self.group, self.plan, self.paths)
+                entry.update(kind="recovery", lost=[names[h] for h in lost], detected_at=round(detected, 3),
+                             interrupted=[names[h] for h in going if h not in lost],
+                             replaced=[{"old": r.old.label, "new": r.new.label} for r in replaced])
+            else:
+                entry["kind"] = "restart"
+                print(f"restart {len(restarts) + 1 - recoveries} of {max_restarts} after: {attempt.failure}",
+                      flush=True)
+            restarts.append(entry)
             timeline.attempt += 1
             with timeline.phase("restore"):
                 self.spread_checkpoint()
             with timeline.phase("start"):
                 self.start()
+            if action == "recover":
+                entry["restarted_at"] = round(time.time(), 3)
+                entry["seconds_to_restart"] = round(entry["restarted_at"] - entry["detected_at"], 2)
         failure = attempt.failure
         data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
                             wall=time.monotonic() - started, restarts=restarts, phases=self.timeline.spans)

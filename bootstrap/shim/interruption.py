@@ -4,16 +4,20 @@ AWS posts `spot/instance-action` about two minutes before it stops or terminates
 the path answers 404. Every read carries a session token from `PUT /latest/api/token` (IMDSv2: kiln's instances
 require it, so a plain GET is refused with 401), and a refused token is fetched again once.
 
-    python interruption.py [--endpoint URL] [--interval S] [--once]
+    python interruption.py [--endpoint URL] [--interval S] [--once] [--run-dir DIR] [--timeout S] [-- CMD...]
 
 prints one JSON line when a notice comes (`{"action": "terminate", "time": "...", "seen": ...}`) and exits 0;
-`--once` looks once and prints `{"action": null}` where there is none. Standard library only: it runs on nodes.
+`--once` looks once and prints `{"action": null}` where there is none. With `--run-dir` (kiln starts it so with
+every run on every node) it writes the notice to DIR/notice.json for the launcher, then becomes CMD (kiln's:
+stop this run's processes here with SIGTERM, so they can checkpoint); where no metadata service answers (not a
+cloud instance) it exits at once; it gives up after `--timeout` seconds. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -26,6 +30,10 @@ NOTICE_PATH = "latest/meta-data/spot/instance-action"
 
 class MetadataError(Exception):
     pass
+
+
+class Unreachable(MetadataError):
+    """Nothing answers at the endpoint (no metadata service: not a cloud instance, or not yet)."""
 
 
 class Metadata:
@@ -69,7 +77,7 @@ class Metadata:
             raise
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
-            raise MetadataError(f"{self.endpoint} is not answering: {reason}") from None
+            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
 
 
 def parse_notice(text: str | None) -> dict | None:
@@ -98,12 +106,24 @@ def wait_for_notice(metadata: Metadata, interval: float, deadline: float | None 
         time.sleep(interval)
 
 
+def report(run_dir: str, notice: dict) -> None:
+    """Write the notice where the launcher looks (atomically: it may read at any time)."""
+    path = os.path.join(run_dir, "notice.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(notice, handle)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="interruption", description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint", default=ENDPOINT)
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between looks (default 5)")
     parser.add_argument("--once", action="store_true", help="look once and say what is there")
+    parser.add_argument("--run-dir", help="write the notice to RUN_DIR/notice.json")
+    parser.add_argument("--timeout", type=float, help="stop watching after this many seconds")
+    parser.add_argument("then", nargs=argparse.REMAINDER, help="-- CMD...: run in the watcher's place on a notice")
     args = parser.parse_args(argv)
+    then = args.then[1:] if args.then[:1] == ["--"] else args.then
     metadata = Metadata(args.endpoint)
     if args.once:
         try:
@@ -113,7 +133,19 @@ def main(argv: list[str]) -> int:
             return 1
         print(json.dumps(notice or {"action": None}))
         return 0
-    print(json.dumps(wait_for_notice(metadata, args.interval)), flush=True)
+    if args.run_dir:
+        try:
+            metadata.token()
+        except Unreachable as error:
+            print(f"interruption: not watching: {error}", file=sys.stderr)
+            return 0
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    notice = wait_for_notice(metadata, args.interval, deadline)
+    print(json.dumps(notice), flush=True)
+    if notice and args.run_dir:
+        report(args.run_dir, notice)
+        if then:
+            os.execvp(then[0], then)
     return 0
 
 

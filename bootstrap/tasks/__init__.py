@@ -2,7 +2,7 @@
 `cluster` collection that fabfile.py (and any program built on Fabric) exposes.
 
 Modules: cluster (mesh, check, sync, train, run), runs (status, logs, stop, fetch, tensorboard),
-aws (up, down, list, sweep).
+lifecycle (up, down, list, sweep: AWS, or a local cluster with --provider local).
 """
 
 from __future__ import annotations
@@ -68,12 +68,12 @@ def cluster_task(**task_kwargs):
 
 def namespace(*, flat: bool = False) -> Collection:
     """kiln's tasks: at the top level (`kiln train`, flat) or under `cluster` (`fab cluster.train`)."""
-    from bootstrap.tasks import aws, cluster, runs
+    from bootstrap.tasks import cluster, lifecycle, runs
 
     tasks = Collection() if flat else Collection("cluster")
     for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_")),
                           (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
-                          (aws, ("up", "down", "list_", "sweep"))):
+                          (lifecycle, ("up", "down", "list_", "sweep"))):
         for name in names:
             tasks.add_task(getattr(module, name))
     return tasks if flat else Collection(tasks)

@@ -10,13 +10,14 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from bootstrap import hosts as hostlists
-from bootstrap import launch, mesh, state, topology
+from bootstrap import launch, mesh, providers, state, topology
 from bootstrap.cluster import REMOTE_ROOT, Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.inputs import list_inputs
-from bootstrap.supervisor import Supervisor, record_run
+from bootstrap.recovery import recoverer
+from bootstrap.supervisor import Recover, Supervisor, record_run
 from bootstrap.tasks import cluster_task
 from bootstrap.timeline import Timeline
 from kiln.gpu import probe
@@ -225,6 +226,9 @@ TRAIN_HELP = {
     "detach": "start the run and return; follow it with kiln status / kiln logs",
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
     "max_restarts": "when a process fails, restart the run (from the chief's last checkpoint) up to N times",
+    "managed": "replace a node that stops answering (through the provider of the cluster kiln up made) and "
+               "restart the run on it from the last checkpoint",
+    "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
     "stall_factor": "stop a run whose steps stop moving for this many times the median time between logged "
                     "steps (default 20; 0: no watchdog)",
     "stall_minimum": "... and for at least this many seconds (default 60); a program that writes no kiln "
@@ -236,7 +240,8 @@ TRAIN_HELP = {
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
           base_port=topology.DEFAULT_BASE_PORT, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
-          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, dry_run=False):
+          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
+          dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
@@ -248,6 +253,11 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     folder = project_folder(code, command)
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     hosts = goal.hosts
+    if managed and detach:
+        raise UsageError("--managed watches the run to replace lost nodes: it cannot --detach")
+    if int(max_recoveries) < 0:
+        raise UsageError(f"--max-recoveries {max_recoveries}: give 0 or more")
+    provider = providers.for_cluster(state.load_cluster(goal.name), cluster) if managed else None
     program = launch.Program(tuple(command), tuple(split_args(args)), checkpoint_dir)
     spec = launch.RunSpec(
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
@@ -260,17 +270,19 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     timeline = Timeline()
     group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     paths = launch.NodePaths(same_root(group))
-    plan = launch.plan_run(replace(
-        spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
-        nic=nic or topology.common_interface({n.name: n.iface for n in nodes})))
-    start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
+    spec = replace(spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
+                   nic=nic or topology.common_interface({n.name: n.iface for n in nodes}))
+    recover = recoverer(group, provider, spec, paths, program, folder) if provider else None
+    start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=float(stall_factor),
-                    stall_minimum=float(stall_minimum), timeline=timeline)
+                    stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
+                    max_recoveries=int(max_recoveries))
 
 
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
-                    stall_minimum: float, timeline: Timeline) -> None:
+                    stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
+                    max_recoveries: int = 0) -> None:
     """Preflight, sync, start every process of the plan, then (unless detached) watch it to its end."""
     with timeline.phase("preflight"):
         table, passed = group.preflight(ports=plan.ports)
@@ -284,7 +296,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
             group.check_program(launch.program_check(program, group.python, paths))
     record = record_run(group, plan, paths)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
-                            timeline=timeline)
+                            timeline=timeline, notice_watch=timeout)
     with timeline.phase("start"):
         supervisor.start()
     print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(group.hosts)} host(s)", flush=True)
@@ -292,7 +304,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
         return
     try:
-        supervisor.run(record, timeout, max_restarts=max_restarts)
+        supervisor.run(record, timeout, max_restarts=max_restarts, recover=recover, max_recoveries=max_recoveries)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")
         raise Exit(code=130) from None

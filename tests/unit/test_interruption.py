@@ -90,3 +90,37 @@ def test_an_unreachable_service_is_named():
 def test_an_unknown_action_is_an_error():
     with pytest.raises(MetadataError, match="unexpected instance-action"):
         parse_notice('{"action": "reboot"}')
+
+
+def test_with_a_run_dir_the_notice_is_written_and_the_watcher_becomes_the_command(imds, tmp_path):
+    done = tmp_path / "then"
+    watcher = subprocess.Popen([sys.executable, interruption.__file__, "--endpoint", imds.endpoint, "--interval",
+                                "0.1", "--run-dir", str(tmp_path), "--", "sh", "-c", f"echo $$ > {done}"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        assert watcher.poll() is None and not (tmp_path / "notice.json").exists()
+        posted = imds.interrupt("terminate")
+        watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0
+    written = json.loads((tmp_path / "notice.json").read_text())
+    assert {k: v for k, v in written.items() if k != "seen"} == posted
+    assert int(done.read_text()) == watcher.pid  # exec'd: the command runs as the watcher's own process
+
+
+def test_where_no_metadata_service_answers_the_run_watcher_stops_at_once(tmp_path):
+    quiet = subprocess.run([sys.executable, interruption.__file__, "--endpoint", "http://127.0.0.1:9",
+                            "--run-dir", str(tmp_path), "--", "touch", str(tmp_path / "then")],
+                           capture_output=True, text=True, timeout=30)
+    assert quiet.returncode == 0 and "not watching" in quiet.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_run_watcher_gives_up_after_its_timeout(imds, tmp_path):
+    gave_up = subprocess.run([sys.executable, interruption.__file__, "--endpoint", imds.endpoint, "--interval",
+                              "0.05", "--timeout", "0.3", "--run-dir", str(tmp_path), "--", "false"],
+                             capture_output=True, text=True, timeout=30)
+    assert (gave_up.returncode, gave_up.stdout.strip()) == (0, "null")
+    assert list(tmp_path.iterdir()) == []

@@ -177,6 +177,23 @@ def test_an_attempt_names_the_frozen_host_and_is_not_restarted_when_processes_su
     assert not should_restart(judge_attempt(plan, Verdict(True, ())), 0, 3)
 
 
+def test_a_lost_host_is_replaced_not_restarted_on_and_only_up_to_the_limit():
+    from bootstrap.launch import RunPlan, Verdict, judge_attempt, next_action
+
+    plan = RunPlan("r", "tf-config", ("n1", "n2", "n3"), (), ("worker-0",))
+    gone = judge_attempt(plan, Verdict(True, ()), error="status failed on 1 host(s)", error_hosts=["n2"],
+                         left=["n2"])
+    assert next_action(gone, lost=["n2"], max_restarts=5) == "finish"  # no restart where a node is gone
+    assert next_action(gone, lost=["n2"], max_recoveries=1) == "recover"
+    assert next_action(gone, lost=["n2"], recoveries_done=1, max_recoveries=1) == "finish"
+    stuck = judge_attempt(plan, Verdict(True, ()), error="lost", error_hosts=["n2"], left=["n2", "n3"])
+    assert next_action(stuck, lost=["n2"], max_recoveries=3) == "finish"  # n3 answers but would not stop
+    crashed = judge_attempt(plan, Verdict(True, (("n3", "worker-2", 1),)))
+    assert next_action(crashed, max_restarts=1, max_recoveries=1) == "restart"
+    assert next_action(crashed, max_recoveries=1) == "finish"
+    assert next_action(judge_attempt(plan, Verdict(True, ())), lost=["n2"], max_recoveries=1) == "finish"
+
+
 def test_a_user_command_runs_in_every_process_with_the_nodes_python():
     from bootstrap.launch import user_argv
 
@@ -254,3 +271,20 @@ def test_silent_processes_of_a_user_program_are_watched_by_their_output():
     progress.observe(4, {"a@n1": 10, "b@n2": 0})
     assert progress.silent(5, minimum=3) == ["b@n2"]
     assert progress.silent(5, minimum=6) == []
+
+
+def test_every_node_watches_for_interruption_notices_as_part_of_the_run():
+    import shlex
+
+    from bootstrap.launch import NOTICE_GRACE, NodePaths, watcher_command
+
+    command = watcher_command("r1", "/v/bin/python", NodePaths("/root/kiln"), 600)
+    assert command.startswith("mkdir -p /root/kiln/runs/r1 && { setsid sh -c ")
+    inner = shlex.split(shlex.split(command.split("setsid ", 1)[1].rsplit(" < /dev/null", 1)[0])[2])
+    assert inner[:3] == ["env", "KILN_RUN_ID=r1", "/v/bin/python"]  # so stopping the run stops the watcher
+    watcher = inner[3:inner.index("--") + 1]
+    assert watcher == ["/root/kiln/lib/shim/interruption.py", "--interval", "2", "--timeout", "600", "--run-dir",
+                       "/root/kiln/runs/r1", "--"]
+    assert inner[inner.index("--") + 1:inner.index(">>")] == [
+        "/v/bin/python", "-S", "/root/kiln/lib/node.py", "stop", "r1", str(NOTICE_GRACE)]
+    assert inner[inner.index(">>") + 1:] == ["/root/kiln/runs/r1/interruption.log", "2>&1"]

@@ -49,6 +49,19 @@ def test_known_hosts_pin_every_name_a_node_is_reached_by():
     )
 
 
+def test_a_replaced_node_loses_its_old_pins_and_gets_the_providers():
+    from bootstrap.providers import Replacement
+
+    nodes = three_nodes()
+    pinned = mesh.known_hosts_text(nodes)
+    swapped = [Replacement(Host("n2", 2222), Host("n2", 2222), ("ssh-ed25519 NEW2",)),
+               Replacement(Host("n3"), Host("n9"), ("ssh-ed25519 NEW9", "ecdsa-sha2-nistp256 NEW9E"))]
+    assert mesh.replaced_known_hosts(pinned, nodes, swapped) == (
+        "node1,10.9.0.2,n1 ssh-ed25519 KEYnode1\n"
+        "[n2]:2222 ssh-ed25519 NEW2\n"
+        "n9 ssh-ed25519 NEW9\nn9 ecdsa-sha2-nistp256 NEW9E\n")
+
+
 def test_node_ssh_config_uses_the_cluster_key_and_pins():
     text = mesh.node_ssh_config("demo", three_nodes())
     assert text == (

@@ -1,12 +1,15 @@
-"""Tasks on AWS clusters: up, down, list, sweep (bootstrap.aws does the work); they parse and print."""
+"""Tasks that make and remove clusters: up, down, list, sweep. AWS by default (bootstrap.aws does the work);
+`--provider local` makes a cluster of network namespaces on this machine (bootstrap.providers). They parse and
+print."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
 
-from bootstrap import state
+from bootstrap import providers, state
 from bootstrap.aws import plan
+from bootstrap.errors import UsageError
 from bootstrap.tasks import cluster_task
 
 AWS_HELP = {
@@ -25,14 +28,27 @@ AWS_HELP = {
     "ttl_hours": "tag the resources to expire after this many hours (default 24); kiln sweep removes them",
     "ssh_wait": "wait up to SECONDS for SSH to answer on every instance, else roll back (default 300; 0: skip)",
     "dry_run": "print the plan and change nothing",
+    "provider": "aws (default), or local: nodes in network namespaces on this machine (root), which "
+                "train --managed can replace",
 }
 
 
 @cluster_task(help=AWS_HELP)
 def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
-       image_tags=None, dry_run=False):
-    """Start an AWS cluster from a kiln AMI and write its cluster file (then use --cluster NAME)."""
+       image_tags=None, dry_run=False, provider="aws"):
+    """Start a cluster (AWS from a kiln AMI, or --provider local) and write its cluster file (then --cluster NAME)."""
+    if provider not in providers.KINDS:
+        raise UsageError(f"--provider {provider}: choose one of {', '.join(providers.KINDS)}")
+    if provider == "local":
+        given = [flag for flag, value in (("--spot", spot), ("--max-price", max_price), ("--ami", ami),
+                                          ("--ssh-cidr", ssh_cidr), ("--dry-run", dry_run)) if value]
+        if given:
+            raise UsageError(f"{', '.join(given)}: AWS options; --provider local takes a name and --count")
+        record = providers.LocalProvider(name).up(int(count))
+        print(f"cluster {name}: {len(record.hosts)} local node(s) up: {', '.join(h.label for h in record.hosts)}; "
+              f"next: kiln check --cluster {name}")
+        return
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
                                     ttl_hours=ttl_hours, image_tags=image_tags)
@@ -72,7 +88,12 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
 
 @cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})
 def down(c, name, region=None, profile=None):
-    """Terminate an AWS cluster and delete everything tagged with its name (safe to repeat)."""
+    """Remove a cluster: on AWS terminate it and delete everything tagged with its name (safe to repeat)."""
+    record = state.load_cluster(name) if plan.NAME.fullmatch(name or "") else None
+    if record is not None and record.provider == "local":
+        providers.LocalProvider(name).down()
+        print(f"cluster {name}: local nodes removed")
+        return
     from bootstrap.aws import cloud as aws
 
     removed = aws.down(name, region=region, profile=profile)

@@ -1,0 +1,92 @@
+"""Where a cluster's machines come from. A provider makes a cluster (`up`), puts a fresh machine in a lost one's
+place (`replace`), and removes it (`down`); `kiln up --provider` picks one and the cluster file remembers it, so
+`kiln train --managed` can replace a node it lost.
+
+local: the network-namespace cluster of testbed.cluster on this machine (root), whose nodes can be lost and
+replaced by fresh ones with new host keys. aws: bootstrap.aws (up and down; replacing is not built yet).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+from bootstrap import state
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+from kiln.hostkeys import public_key
+
+KINDS = ("aws", "local")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A lost machine and the fresh one in its place, with the host keys the provider vouches for."""
+
+    old: Host
+    new: Host
+    host_keys: tuple[str, ...]
+
+
+class Provider(Protocol):
+    kind: str
+
+    def replace(self, host: Host) -> Replacement: ...
+
+    def down(self) -> bool: ...
+
+
+class LocalProvider:
+    """Nodes of `local-cluster` (testbed.cluster) on this machine; their names are their hosts."""
+
+    kind = "local"
+
+    def __init__(self, name: str):
+        from testbed import netns
+
+        self.name = netns.check_name(name)
+
+    def up(self, count: int, python: str = sys.executable) -> state.ClusterRecord:
+        """Start `count` nodes and write the cluster file (the nodes share this machine's Python)."""
+        from testbed import cluster as local
+        from testbed import netns
+
+        if state.load_cluster(self.name) is not None:
+            raise UsageError(f"cluster {self.name} already exists (kiln down {self.name} first)")
+        local.preflight()
+        made = local.make_cluster(self.name, count, metadata=True)
+        record = state.ClusterRecord(
+            self.name, tuple(Host(node.name) for node in made.nodes), python,
+            state.SshSettings(config_file=str(netns.STATE_ROOT / self.name / "ssh_config")), provider=self.kind)
+        state.save_cluster(record)
+        return record
+
+    def replace(self, host: Host) -> Replacement:
+        from testbed import cluster as local
+        from testbed import netns
+
+        try:
+            node = netns.find_node(netns.cluster_from_nodes(self.name, local.load_nodes(self.name)), host.address)
+            lines = local.replace_node(self.name, node)
+        except KilnError as error:
+            raise KilnError(f"could not replace {host.label}: {error}") from None
+        return Replacement(host, host, tuple(public_key(line.split(maxsplit=1)[1]) for line in lines))
+
+    def down(self) -> bool:
+        from testbed import cluster as local
+
+        removed = local.teardown(self.name)
+        state.forget_cluster(self.name)
+        return removed
+
+
+def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provider:
+    """The provider that can replace the nodes of a cluster, from its cluster file."""
+    if record is None or record.provider is None:
+        raise UsageError(f"--managed needs a cluster that kiln started (kiln up NAME --provider local|aws, then "
+                         f"--cluster NAME); {name or 'these hosts'} {'is' if name else 'are'} not one")
+    if record.provider == "local":
+        return LocalProvider(record.name)
+    raise UsageError(f"cluster {record.name}: replacing {record.provider} nodes is not supported yet "
+                     "(--managed works with kiln up --provider local)")
