@@ -6,7 +6,7 @@ import hashlib
 import ipaddress
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
@@ -104,8 +104,13 @@ def replaced_known_hosts(text: str, nodes: Sequence[Node], replaced: Sequence) -
 
 
 def pin_replacements(cluster: str, nodes: Sequence[Node], replaced: Sequence) -> None:
+    """Pin the replacements' keys instead of the old machines' (also out of the keys trusted on first contact)."""
     path = cluster_dir(cluster) / "known_hosts"
     path.write_text(replaced_known_hosts(path.read_text() if path.exists() else "", nodes, replaced))
+    first_contact = cluster_dir(cluster) / "known_hosts.first-contact"
+    if first_contact.exists():
+        first_contact.write_text(replaced_known_hosts(first_contact.read_text(), nodes,
+                                                      [replace(r, host_keys=()) for r in replaced]))
 
 
 def node_ssh_config(cluster: str, nodes: Sequence[Node]) -> str:

@@ -260,16 +260,23 @@ def read_text(path):
         return ""
 
 
+def namespaces(pid="self"):
+    """A process's UTS and mount namespaces: what tells apart the nodes of a local cluster, which share one PID
+    space (on a real machine every process has the same)."""
+    return [os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("uts", "mnt")]
+
+
 def run_processes(run_id):
-    """Processes of this run on this machine, found by the KILN_RUN_ID they carry."""
+    """Processes of this run on this node, found by the KILN_RUN_ID they carry."""
     needle = f"\0KILN_RUN_ID={run_id}\0".encode()
+    here = namespaces()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in b"\0" + handle.read() + b"\0":
+                if needle in b"\0" + handle.read() + b"\0" and namespaces(entry) == here:
                     found.append(int(entry))
         except OSError:
             continue
@@ -319,12 +326,9 @@ def progress(run_id, run_dir):
             folder = os.path.join(ranks, name)
             output["rank-" + name[len("rank."):]] = sum(file_size(os.path.join(folder, f))
                                                        for f in ("stdout", "stderr"))
-    here = [os.readlink(f"/proc/self/ns/{kind}") for kind in ("uts", "mnt")]
     stopped = []
     for pid in run_processes(run_id):
         try:
-            if [os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("uts", "mnt")] != here:
-                continue  # another node's process (local clusters share one PID space)
             with open(f"/proc/{pid}/stat") as handle:
                 state = handle.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
@@ -376,6 +380,12 @@ def status(run_dir, tasks):
     return result
 
 
+def look(run_dir, tasks):
+    """What the launcher's watch asks every node at each look: its tasks' states and the spot interruption
+    notice its watcher wrote, if any."""
+    return {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
+
+
 def notice(run_dir):
     """The spot interruption notice the run's watcher wrote here (shim/interruption.py), or None."""
     text = read_text(os.path.join(run_dir, "notice.json"))
@@ -398,8 +408,8 @@ def answer(verb, args, stdin):
         return status(args[0], args[1:])
     if verb == "progress":
         return progress(args[0], args[1])
-    if verb == "notice":
-        return notice(args[0])
+    if verb == "look":
+        return look(args[0], args[1:])
     raise ValueError(f"unknown verb {verb!r}")
 
 

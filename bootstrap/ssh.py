@@ -300,6 +300,12 @@ class Remote:
         """Close the shared connections to `hosts` (quietly; they may be gone)."""
         self.map(hosts, lambda host: self._execute(host, commands.control_argv(host, "exit", self.options), 10, None))
 
+    def reachable(self, host: Host) -> str | None:
+        """Why a fresh connection to `host` fails (the shared one may hang on a peer that is gone), or None."""
+        fresh = replace(self.options, control_path="none")
+        result = self._execute(host, commands.ssh_argv(host, "true", fresh), self.options.connect_timeout, None)
+        return None if result.code == 0 else describe_failure(result.code, result.stderr)
+
     def reset(self, hosts: Iterable[Host]) -> None:
         """Drop what is open to `hosts` (their machines were replaced): their agents and shared connections."""
         hosts = set(hosts)

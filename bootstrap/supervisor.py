@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +68,7 @@ class Supervisor:
                  notice_watch: float = 3600):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
         self.notice_watch = notice_watch
+        self.lost: list[Host] = []
         self.timeline = timeline or Timeline()
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
@@ -76,7 +78,7 @@ class Supervisor:
         """Make the run folder on every node (clearing a previous attempt's pid and
         exit files), then start every process detached."""
         run_dir = shlex.quote(self.run_dir)
-        prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit"
+        prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit {run_dir}/notice.json"
         self.group.remote.map_or_raise("prepare", self.group.hosts, lambda h: self.group.remote.check(h, prepare))
         by_host: dict[int, list[launch.Launch]] = {}
         for item in self.plan.launches:
@@ -106,19 +108,24 @@ class Supervisor:
         results = self.group.remote.map_or_raise("status", [hosts[i] for i in wanted], look)
         return {hosts.index(h): states for h, states in results.items()}
 
-    def notices(self) -> dict[Host, dict]:
-        """The spot interruption notices the nodes' watchers have written for this run, by host."""
-        remote, python = self.group.remote, self.group.python
-        found = remote.map_or_raise("notice", self.group.hosts, lambda h: remote.node(
-            h, python, "notice", self.run_dir, timeout=30))
-        return {host: notice for host, notice in found.items() if notice}
+    def look(self) -> tuple[dict[int, dict[str, dict]], dict[Host, dict]]:
+        """One question to every node (also those without processes of their own, whose loss or notice
+        matters too): its processes' states, and the spot interruption notice its watcher wrote, if any."""
+        hosts, remote = self.group.hosts, self.group.remote
+        answers = remote.map_or_raise("status", hosts, lambda h: remote.node(
+            h, self.group.python, "look", self.run_dir, *self.plan.tasks_on(hosts.index(h)), timeout=30))
+        states = {hosts.index(h): answer["tasks"] for h, answer in answers.items() if answer["tasks"]}
+        return states, {h: answer["notice"] for h, answer in answers.items() if answer["notice"]}
 
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
         steps, output = launch.Progress(), launch.Progress()
         while True:
-            verdict = launch.judge(self.plan, self.states())
-            if noticed := self.notices():
+            states, noticed = self.look()
+            verdict = launch.judge(self.plan, states)
+            if verdict.done and not verdict.failed:
+                return verdict
+            if noticed:  # before a failure: the notice's SIGTERM is what makes processes exit
                 raise Interrupted(noticed)
             if verdict.done:
                 return verdict
@@ -162,11 +169,17 @@ class Supervisor:
             what += [f"no output for over {self.stall_minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
             raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
-    def stop(self, skip: Sequence[Host] = ()) -> dict[str, str]:
-        """Stop every process of the run on every host (but `skip`: gone); failures by host."""
+    def stop(self, skip: Sequence[Host] = (), patient: Sequence[Host] = ()) -> dict[str, str]:
+        """Stop every process of the run on every host (but `skip`: gone) with SIGTERM, then SIGKILL after 5 s;
+        on `patient` hosts (a spot notice came: their processes may be checkpointing) after NOTICE_GRACE s.
+        Failures by host."""
         remote, python = self.group.remote, self.group.python
-        _, failures = remote.map([h for h in self.group.hosts if h not in skip],
-                                 lambda h: remote.node(h, python, "stop", self.plan.run_id, "5", timeout=60))
+
+        def halt(host: Host) -> dict:
+            grace = launch.NOTICE_GRACE if host in patient else 5
+            return remote.node(host, python, "stop", self.plan.run_id, str(grace), timeout=grace + 55)
+
+        _, failures = remote.map([h for h in self.group.hosts if h not in skip], halt)
         return {h.label: r for h, r in failures.items()}
 
     def collect(self, skip: Sequence[Host] = ()) -> Path:
@@ -211,13 +224,27 @@ class Supervisor:
                     return None
         return None
 
-    def lost_hosts(self, unreachable: Sequence[str] = ()) -> list[Host]:
-        """Hosts that no longer answer (their machine is gone or cut off): those the watch found `unreachable`
-        (labels), and those of the others that fail a trivial command now."""
-        known = [h for h in self.group.hosts if h.label in unreachable]
-        _, failures = self.group.remote.map([h for h in self.group.hosts if h not in known],
-                                            lambda h: self.group.remote.check(h, "true", timeout=15))
-        return [host for host in self.group.hosts if host in known or host in failures]
+    def lost_hosts(self) -> list[Host]:
+        """Hosts whose machine is gone: a fresh connection to them (not the shared one, which may hang on a
+        dead peer) cannot be made."""
+        reasons = self.group.remote.map(self.group.hosts, self.group.remote.reachable)[0]
+        return [host for host in self.group.hosts if reasons.get(host) and is_unreachable(reasons[host])]
+
+    def keep_chief_checkpoints(self, going: Sequence[Host]) -> None:
+        """Before the chief's machine is replaced, keep the checkpoints collected from it as the copy every node
+        gets (spread_checkpoint); a chief lost without a word took its newest ones with it."""
+        chief = self.group.hosts[0]
+        if chief not in going:
+            return
+        collected = self.folder / "hosts" / self.plan.names[0] / "checkpoints"
+        kept = self.folder / "checkpoints"
+        if chief in self.lost or not collected.is_dir():
+            where = "the copy kept here from an earlier restart" if kept.is_dir() else "the start"
+            print(f"warning: the chief {chief.label} went with its newest checkpoints; resuming from {where} "
+                  "(a --checkpoint-dir on shared storage, s3://..., survives a lost node)", file=sys.stderr)
+            return
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(collected, kept)
 
     def run(self, record: RunRecord, timeout: float, max_restarts: int = 0, *,
             recover: Recover | None = None, max_recoveries: int = 0) -> dict:
@@ -228,25 +255,23 @@ class Supervisor:
         restarts, timeline = [], self.timeline
         recoveries = 0
         while True:
-            error, error_hosts, unreachable, noticed = None, [], [], []
+            error, error_hosts, noticed = None, [], []
             try:
                 with timeline.phase("watch"):
                     verdict = self.watch(timeout)
             except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
                 verdict, error = Verdict(True, ()), str(failure)
-                failures = getattr(failure, "failures", {})  # a RemoteError's reasons by host
-                error_hosts = getattr(failure, "hosts", None) or sorted(failures)
-                unreachable = [label for label, reason in failures.items() if is_unreachable(reason)]
+                error_hosts = getattr(failure, "hosts", None) or sorted(getattr(failure, "failures", {}))
                 noticed = getattr(failure, "noticed", [])
             watched = timeline.of("watch")[-1]["ended"]
             detected = time.time()
-            lost = self.lost_hosts(unreachable) if recover and (verdict.failed or error) else []
-            going = [*lost, *(host for host in noticed if host not in lost)]  # to be replaced
+            self.lost = self.lost_hosts() if recover and (verdict.failed or error) else []
+            going = [*self.lost, *(host for host in noticed if host not in self.lost)]  # to be replaced
             frozen = self.frozen_hosts() if verdict.failed and not going else []
             with timeline.phase("stop"):
-                left = self.stop(skip=lost)
+                left = self.stop(skip=self.lost, patient=noticed)
             with timeline.phase("collect"):
-                self.collect(skip=lost)
+                self.collect(skip=self.lost)
             timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
             log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
                 if verdict.failed else ""
@@ -255,7 +280,7 @@ class Supervisor:
                                            error_hosts=error_hosts, frozen=frozen, left=list(left))
             action = launch.next_action(attempt, lost=going_labels, restarts_done=len(restarts) - recoveries,
                                         max_restarts=max_restarts, recoveries_done=recoveries,
-                                        max_recoveries=max_recoveries)
+                                        max_recoveries=max_recoveries if recover else 0)
             if action == "finish":
                 if going and recover:
                     attempt = replace(attempt, failure=f"{attempt.failure}; lost: {', '.join(going_labels)}"
@@ -268,17 +293,22 @@ class Supervisor:
                 recoveries += 1
                 names = {h: self.plan.names[self.group.hosts.index(h)] for h in going}
                 print(f"recovery {recoveries} of {max_recoveries}: replacing {', '.join(going_labels)}", flush=True)
+                self.keep_chief_checkpoints(going)
                 for name in names.values():  # the machine's files stay apart from its successor's
                     kept = self.folder / "hosts" / name
                     if kept.is_dir():
                         (self.folder / "replaced").mkdir(exist_ok=True)
                         kept.rename(self.folder / "replaced" / f"{name}-{recoveries}")
-                with timeline.phase("replace"):
-                    replaced, self.plan = recover(going)
-                    self.run_dir = self.paths.run(self.plan.run_id)
-                    record = record_run(self.group, self.plan, self.paths)
-                entry.update(kind="recovery", lost=[names[h] for h in lost], detected_at=round(detected, 3),
-                             interrupted=[names[h] for h in going if h not in lost],
+                try:
+                    with timeline.phase("replace"):
+                        replaced, self.plan = recover(going)
+                except KilnError as failure:
+                    attempt = replace(attempt, failure=f"{attempt.failure}; recovery failed: {failure}")
+                    break
+                self.run_dir = self.paths.run(self.plan.run_id)
+                record = record_run(self.group, self.plan, self.paths)
+                entry.update(kind="recovery", lost=[names[h] for h in self.lost], detected_at=round(detected, 3),
+                             interrupted=[names[h] for h in going if h not in self.lost],
                              replaced=[{"old": r.old.label, "new": r.new.label} for r in replaced])
             else:
                 entry["kind"] = "restart"

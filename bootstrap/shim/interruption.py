@@ -41,6 +41,7 @@ class Metadata:
 
     def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
         self.endpoint = endpoint.rstrip("/")
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
         self.timeout = timeout
         self._token: str | None = None
         self._expires = 0.0
@@ -49,7 +50,10 @@ class Metadata:
         if self._token is None or time.monotonic() > self._expires:
             request = urllib.request.Request(f"{self.endpoint}/latest/api/token", method="PUT",
                                              headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)})
-            self._token = self._open(request).decode()
+            try:
+                self._token = self._open(request).decode()
+            except urllib.error.HTTPError as error:
+                raise MetadataError(f"PUT /latest/api/token: HTTP {error.code}") from None
             self._expires = time.monotonic() + TOKEN_TTL_SECONDS - 60
         return self._token
 
@@ -71,7 +75,7 @@ class Metadata:
 
     def _open(self, request: urllib.request.Request) -> bytes:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with self._opener.open(request, timeout=self.timeout) as response:
                 return response.read()
         except urllib.error.HTTPError:
             raise

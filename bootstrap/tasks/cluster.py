@@ -276,7 +276,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=float(stall_factor),
                     stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
-                    max_recoveries=int(max_recoveries))
+                    max_recoveries=int(max_recoveries) if recover else 0)
 
 
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,

@@ -68,10 +68,10 @@ def last_step(metrics: Path) -> int:
 
 
 def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int = 2 * CHECKPOINT_EVERY + 2,
-                   how: str = "lose") -> tuple[subprocess.CompletedProcess, float]:
-    """Start a managed tf-config run; once node2's worker has logged `min_step`, lose node2 (`how`: or post a
-    spot interruption notice on it). (result, when)"""
-    argv = [str(KILN), "train", "--cluster", NAME, "--managed", "--mode", "tf-config", "--run-id", run_id, *options,
+                   how: str = "lose", node: str = "node2") -> tuple[subprocess.CompletedProcess, float]:
+    """Start a tf-config run (`options`: --managed...); once node2's worker has logged `min_step`, lose `node`
+    (`how`: or post a spot interruption notice on it). (result, when)"""
+    argv = [str(KILN), "train", "--cluster", NAME, "--mode", "tf-config", "--run-id", run_id, *options,
             "--args", f"--epochs {EPOCHS} --log-every 1 --checkpoint-every {CHECKPOINT_EVERY}"]
     env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
     metrics = STATE / "node2" / "kiln" / "runs" / run_id / "metrics.worker-1.jsonl"
@@ -82,7 +82,7 @@ def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int =
             while last_step(metrics) < min_step:
                 assert train.poll() is None and time.monotonic() < deadline, "node2 never got to training"
                 time.sleep(0.3)
-            lost = local_cluster(how, "node2")
+            lost = local_cluster(how, node)
             assert lost.returncode == 0, lost.stderr
             lost_at = time.time()
             out, err = train.communicate(timeout=400)
@@ -99,7 +99,7 @@ def pinned_keys(managed: Managed, name: str) -> set[str]:
 
 def test_a_lost_node_is_replaced_and_the_run_finishes_from_its_last_checkpoint(managed):
     before = pinned_keys(managed, "node2")
-    done, lost_at = train_and_lose(managed, "lose-node2")
+    done, lost_at = train_and_lose(managed, "lose-node2", "--managed")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "recovery 1 of 3: replacing node2" in done.stdout
     data = managed.summary("lose-node2")
@@ -126,35 +126,50 @@ def test_a_lost_node_is_replaced_and_the_run_finishes_from_its_last_checkpoint(m
     assert run_processes("lose-node2") == []
 
 
-def test_a_spot_interruption_notice_checkpoints_replaces_the_node_and_the_run_finishes(managed):
-    before = pinned_keys(managed, "node2")
-    done, posted_at = train_and_lose(managed, "notice-node2", how="interrupt")
+def test_a_spot_interruption_notice_on_the_chief_replaces_it_and_the_run_finishes(managed):
+    """The chief's machine is the one to go: its checkpoints are collected before it does, and its successor
+    resumes from them."""
+    before = pinned_keys(managed, "node1")
+    done, posted_at = train_and_lose(managed, "notice-node1", "--managed", how="interrupt", node="node1")
     assert done.returncode == 0, done.stdout + done.stderr
-    data = managed.summary("notice-node2")
+    assert "warning" not in done.stderr, done.stderr
+    data = managed.summary("notice-node1")
     assert data["status"] == "ok"
     [recovery] = data["restarts"]
-    assert recovery["kind"] == "recovery" and recovery["interrupted"] == ["node2"] and recovery["lost"] == []
-    assert recovery["failure"].startswith("spot interruption notice (node2: terminate at ")
+    assert recovery["kind"] == "recovery" and recovery["interrupted"] == ["node1"] and recovery["lost"] == []
+    assert recovery["failure"].startswith("spot interruption notice (node1: terminate at ")
     assert posted_at < recovery["detected_at"] < recovery["restarted_at"]
-    assert recovery["steps_redone"] <= CHECKPOINT_EVERY
-    # node2's watcher saw the notice, wrote it for kiln and stopped the worker there with SIGTERM; the replaced
-    # machine's files are kept apart from its successor's.
-    replaced = managed.runs / "notice-node2" / "replaced" / "node2-1"
+    assert recovery["resumed_from_step"] > 0 and recovery["steps_redone"] <= CHECKPOINT_EVERY
+    # node1's watcher saw the notice, wrote it for kiln and stopped the worker there (SIGTERM, nothing left);
+    # the replaced machine's files are kept apart from its successor's.
+    replaced = managed.runs / "notice-node1" / "replaced" / "node1-1"
     notice = json.loads((replaced / "notice.json").read_text())
     assert notice["action"] == "terminate" and notice["seen"] >= posted_at
-    assert (replaced / "worker-1.exit").read_text().strip() == "143"  # 128 + SIGTERM
+    assert (replaced / "worker-0.exit").read_text().strip() == "143"  # 128 + SIGTERM
     said = (replaced / "interruption.log").read_text().splitlines()
     assert json.loads(said[0])["action"] == "terminate" and json.loads(said[-1]) == {"left": []}, said
-    assert not (managed.runs / "notice-node2" / "hosts" / "node2" / "notice.json").exists()
+    assert not (managed.runs / "notice-node1" / "hosts" / "node1" / "notice.json").exists()
     workers = {task: result for task, result in data["results"].items() if task.startswith("worker-")}
     steps = workers["worker-0"]["steps"]
     assert steps == EPOCHS * (steps // EPOCHS) and all(r["steps"] == steps for r in workers.values())
-    assert not pinned_keys(managed, "node2") & before
-    assert run_processes("notice-node2") == []
+    assert workers["worker-0"]["resumed_from_step"] == recovery["resumed_from_step"]
+    assert not pinned_keys(managed, "node1") & before
+    assert run_processes("notice-node1") == []
+
+
+def test_without_managed_a_notice_ends_the_run_naming_the_node(managed):
+    done, _ = train_and_lose(managed, "notice-plain", how="interrupt", node="node3")
+    assert done.returncode == 1
+    assert "spot interruption notice (node3: terminate at " in done.stderr, done.stderr
+    data = managed.summary("notice-plain")
+    assert data["status"] == "failed" and data["restarts"] == []
+    assert run_processes("notice-plain") == []
+    again = local_cluster("replace", "node3")  # the machine would go: the next test needs a node3
+    assert again.returncode == 0, again.stderr
 
 
 def test_with_no_recovery_left_a_lost_node_fails_the_run_and_leaves_nothing_running(managed):
-    done, _ = train_and_lose(managed, "no-recovery", "--max-recoveries", "0")
+    done, _ = train_and_lose(managed, "no-recovery", "--managed", "--max-recoveries", "0")
     assert done.returncode != 0
     assert "lost: node2 (all 0 recoveries of --max-recoveries used)" in done.stderr, done.stderr
     assert managed.summary("no-recovery")["status"] == "failed"
