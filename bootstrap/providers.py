@@ -3,7 +3,8 @@ place (`replace`), and removes it (`down`); `kiln up --provider` picks one and t
 `kiln train --managed` can replace a node it lost.
 
 local: the network-namespace cluster of testbed.cluster on this machine (root), whose nodes can be lost and
-replaced by fresh ones with new host keys. aws: bootstrap.aws (up and down; replacing is not built yet).
+replaced by fresh ones with new host keys. aws: bootstrap.aws (a replacement is launched as `up` launched the
+cluster, must show its host keys on its console, and the old instance is terminated).
 """
 
 from __future__ import annotations
@@ -81,6 +82,27 @@ class LocalProvider:
         return removed
 
 
+class AwsProvider:
+    """The instances of a cluster `kiln up` made on AWS (bootstrap.aws.cloud)."""
+
+    kind = "aws"
+
+    def __init__(self, record: state.ClusterRecord):
+        self.record = record
+
+    def replace(self, host: Host) -> Replacement:
+        from bootstrap.aws import cloud
+
+        new, keys = cloud.replace(self.record.name, host.address, region=self.record.region)
+        self.record = state.load_cluster(self.record.name) or self.record
+        return Replacement(host, new, tuple(keys))
+
+    def down(self) -> bool:
+        from bootstrap.aws import cloud
+
+        return bool(cloud.down(self.record.name, region=self.record.region))
+
+
 def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provider:
     """The provider that can replace the nodes of a cluster, from its cluster file."""
     if record is None or record.provider is None:
@@ -88,5 +110,6 @@ def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provide
                          f"--cluster NAME); {name or 'these hosts'} {'is' if name else 'are'} not one")
     if record.provider == "local":
         return LocalProvider(record.name)
-    raise UsageError(f"cluster {record.name}: replacing {record.provider} nodes is not supported yet "
-                     "(--managed works with kiln up --provider local)")
+    if record.provider == "aws":
+        return AwsProvider(record)
+    raise UsageError(f"cluster {record.name}: kiln cannot replace nodes of a {record.provider} cluster")

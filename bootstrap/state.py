@@ -152,6 +152,10 @@ def save_cloud_state(cluster: str, data: dict) -> None:
     write_json(cluster_dir(cluster) / "aws.json", data)
 
 
+def load_cloud_state(cluster: str) -> dict | None:
+    return read_json(cluster_dir(cluster) / "aws.json")
+
+
 def has_cloud_state(cluster: str) -> bool:
     return (cluster_dir(cluster) / "aws.json").exists()
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from dataclasses import replace as changed
 from datetime import UTC, datetime
 from pathlib import Path
 
 from bootstrap import mesh, state
 from bootstrap.aws import plan
 from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 from kiln.hostkeys import known_hosts_lines
 from kiln.sshwait import wait_for_ssh
@@ -277,7 +279,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         state.save_cloud_state(request.name, {
             "region": aws.region, "instances": instance_ids, "security_group": group_id,
             "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
-            "ami": image, "tags": tags, "host_keys": host_keys})
+            "ami": image, "tags": tags, "host_keys": host_keys, "request": asdict(request)})
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=aws.region, user=request.user,
@@ -295,6 +297,62 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
             "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
             "host_keys": host_keys, "ssh_wait": ssh_wait_s}
+
+
+def replace(name: str, address: str, *, region: str | None = None, profile: str | None = None,
+            aws: Aws | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S, ssh_wait_s: float = SSH_WAIT_S,
+            terminated_timeout_s: float = TERMINATED_TIMEOUT_S) -> tuple[Host, list[str]]:
+    """Put a new instance, launched as `up` launched the cluster's, in place of the one at `address`, and
+    terminate the old one; update the cluster's files. (the new host, the host keys its console shows)
+
+    The new instance must run, answer SSH and show its host keys (kiln never trusts a replacement on first
+    contact); otherwise it is terminated and the cluster is left as it was."""
+    record, cloud = state.load_cluster(name), state.load_cloud_state(name)
+    if record is None or cloud is None or "request" not in cloud:
+        raise UsageError(f"cluster {name}: no record of how kiln launched it (kiln up of this version makes one)")
+    old = next((i for i in record.instances if i.address == address), None)
+    if old is None:
+        raise UsageError(f"cluster {name} has no instance at {address}")
+    aws = aws or connect(region or record.region, profile)
+    request = changed(plan.Request(**{**cloud["request"], "image_tags": tuple(
+        tuple(pair) for pair in cloud["request"].get("image_tags", ()))}), count=1)
+    step, new_id = "run the instance", None
+    try:
+        params = plan.run_instances_request(request, ami=cloud["ami"], group_id=cloud["security_group"],
+                                            tags=cloud["tags"])
+        new_id = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
+        step = "wait until it runs"
+        wait(aws, "instance_running", [new_id], running_timeout_s)
+        [described] = [i for r in aws.ec2.describe_instances(InstanceIds=[new_id])["Reservations"]
+                       for i in r["Instances"]]
+        [host] = plan.hosts_from_instances([described], request.user)
+        started = time.monotonic()
+        step = "wait until SSH answers"
+        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
+            raise AwsError(plan.no_answer_error([f"{new_id} ({host.address})"], ssh_wait_s))
+        step = "read its host keys from the console"
+        keys = console_host_keys(aws, [new_id], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_id)
+        if not keys:
+            raise AwsError(f"the console of {new_id} shows no host keys: kiln does not trust a replacement "
+                           "on first contact")
+    except BaseException as error:
+        if new_id:
+            failures = Rollback()
+            failures.push(f"terminate {new_id}", lambda: remove(aws, [plan.Resource("instance", new_id, {})],
+                                                                terminated_timeout_s))
+            left = failures.run()
+        else:
+            left = []
+        raise AwsError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: "
+                       f"{describe_error(error)}" + (f"; left behind: {'; '.join(left)}" if left else
+                                                      "; nothing new is left running")) from None
+    remove(aws, [plan.Resource("instance", old.id, {})], terminated_timeout_s)
+    instances = tuple(state.Instance(new_id, host.address, "console") if i is old else i for i in record.instances)
+    hosts = tuple(host if h.address == address else h for h in record.hosts)
+    state.save_cluster(changed(record, hosts=hosts, instances=instances))
+    state.save_cloud_state(name, {**cloud, "instances": [i.id for i in instances],
+                                  "host_keys": {i.address: i.host_keys for i in instances}})
+    return host, keys
 
 
 def console_text(aws: Aws, instance_id: str) -> str:

@@ -28,8 +28,8 @@ AWS_HELP = {
     "ttl_hours": "tag the resources to expire after this many hours (default 24); kiln sweep removes them",
     "ssh_wait": "wait up to SECONDS for SSH to answer on every instance, else roll back (default 300; 0: skip)",
     "dry_run": "print the plan and change nothing",
-    "provider": "aws (default), or local: nodes in network namespaces on this machine (root), which "
-                "train --managed can replace",
+    "provider": "aws (default), or local: nodes in network namespaces on this machine (root); "
+                "train --managed replaces lost nodes through it",
 }
 
 

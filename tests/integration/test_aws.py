@@ -512,3 +512,73 @@ def test_train_dry_run_on_the_cluster_is_the_plan_for_its_hosts(env, ec2, image)
     assert by_name.returncode == 0 and by_hosts.returncode == 0, by_name.stderr + by_hosts.stderr
     assert by_name.stdout == by_hosts.stdout
     assert all(i["address"] in by_name.stdout for i in saved["instances"])
+
+
+class KeyedConsoles:
+    """An EC2 client on which every instance's console shows cloud-init's host keys (moto's console is fixed)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def __getattr__(self, attribute):
+        return getattr(self.client, attribute)
+
+    def get_console_output(self, InstanceId):  # noqa: N803 - boto3's name
+        return {**self.client.get_console_output(InstanceId=InstanceId), "Output": CONSOLE}
+
+
+def test_a_node_is_replaced_by_an_instance_launched_as_the_cluster_was(env, ec2, image):
+    connected = aws.connect()
+    connected.ec2 = KeyedConsoles(connected.ec2)
+    aws.up("swap", 2, "g5.xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    first, second = state.load_cluster("swap").instances
+    host, keys = aws.replace("swap", second.address, aws=connected, ssh_wait_s=0)
+    assert keys == CONSOLE_KEYS
+    running = {i["InstanceId"]: i for i in instances_of(ec2, "swap")}
+    assert first.id in running and second.id not in running and len(running) == 2
+    [new] = [i for i in running.values() if i["InstanceId"] != first.id]
+    old = running[first.id]
+    assert new["PrivateIpAddress"] == host.address or new.get("PublicIpAddress") == host.address
+    for same in ("InstanceType", "ImageId", "KeyName", "InstanceLifecycle"):
+        assert new.get(same) == old.get(same), same
+    assert new["MetadataOptions"]["HttpTokens"] == "required"
+    assert [g["GroupId"] for g in new["SecurityGroups"]] == [g["GroupId"] for g in old["SecurityGroups"]]
+    assert plan.tags_of(new) == plan.tags_of(old)
+    saved = state.load_cluster("swap")
+    assert [i.id for i in saved.instances] == [first.id, new["InstanceId"]]
+    assert [h.address for h in saved.hosts] == [first.address, host.address] and saved.provider == "aws"
+    assert saved.instances[1].host_keys == "console"
+    assert json.loads((env / "kiln" / "clusters" / "swap" / "aws.json").read_text())["instances"] == [
+        first.id, new["InstanceId"]]
+    aws.down("swap")
+    assert leftovers(ec2) == []
+
+
+@pytest.mark.parametrize(("fault", "step"), [
+    ("capacity", "could not run the instance: InsufficientInstanceCapacity"),
+    ("no console keys", "could not read its host keys from the console"),
+])
+def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, ec2, image, fault, step):
+    connected = aws.connect()
+    connected.ec2 = KeyedConsoles(connected.ec2)
+    aws.up("keep", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    before = state.load_cluster("keep")
+    ids = {i.id for i in before.instances}
+    if fault == "capacity":
+        connected.ec2 = FailOn(connected.ec2, "run_instances", capacity_error("RunInstances"))
+    else:
+        class Mute(KeyedConsoles):
+            def get_console_output(self, InstanceId):  # noqa: N803 - boto3's name
+                return self.client.get_console_output(InstanceId=InstanceId) if InstanceId not in ids else \
+                    {**self.client.get_console_output(InstanceId=InstanceId), "Output": CONSOLE}
+        connected.ec2 = Mute(connected.ec2.client)
+    with pytest.raises(aws.AwsError) as raised:
+        aws.replace("keep", before.instances[1].address, aws=connected, ssh_wait_s=0)
+    message = str(raised.value)
+    assert message.startswith(f"cluster keep: could not replace {before.instances[1].address} "
+                              f"({before.instances[1].id}): {step}"), message
+    assert message.endswith("; nothing new is left running"), message
+    assert {i["InstanceId"] for i in instances_of(ec2, "keep")} == ids  # the old ones run, nothing new does
+    assert state.load_cluster("keep") == before
+    aws.down("keep")
+    assert leftovers(ec2) == []
