@@ -346,12 +346,17 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
         raise AwsError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: "
                        f"{describe_error(error)}" + (f"; left behind: {'; '.join(left)}" if left else
                                                       "; nothing new is left running")) from None
-    remove(aws, [plan.Resource("instance", old.id, {})], terminated_timeout_s)
     instances = tuple(state.Instance(new_id, host.address, "console") if i is old else i for i in record.instances)
     hosts = tuple(host if h.address == address else h for h in record.hosts)
     state.save_cluster(changed(record, hosts=hosts, instances=instances))
     state.save_cloud_state(name, {**cloud, "instances": [i.id for i in instances],
                                   "host_keys": {i.address: i.host_keys for i in instances}})
+    try:
+        remove(aws, [plan.Resource("instance", old.id, {})], terminated_timeout_s)
+    except Exception as error:
+        raise AwsError(f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but the old instance "
+                       f"{old.id} could not be terminated: {describe_error(error)} (kiln down {name} finds it by "
+                       "its tags)") from None
     return host, keys
 
 
