@@ -106,8 +106,9 @@ class AwsProvider:
 def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provider:
     """The provider that can replace the nodes of a cluster, from its cluster file."""
     if record is None or record.provider is None:
-        raise UsageError(f"--managed needs a cluster that kiln started (kiln up NAME --provider local|aws, then "
-                         f"--cluster NAME); {name or 'these hosts'} {'is' if name else 'are'} not one")
+        raise UsageError(f"--managed and --down-after need a cluster that kiln started (kiln up NAME --provider "
+                         f"local|aws, then --cluster NAME); {name or 'these hosts'} {'is' if name else 'are'} "
+                         "not one")
     if record.provider == "local":
         return LocalProvider(record.name)
     if record.provider == "aws":

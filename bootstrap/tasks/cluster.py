@@ -229,6 +229,8 @@ TRAIN_HELP = {
     "managed": "replace a node that stops answering (through the provider of the cluster kiln up made) and "
                "restart the run on it from the last checkpoint",
     "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
+    "down_after": "remove the cluster (kiln up made it) once the run has ended and its folder is collected, "
+                  "also when it failed",
     "stall_factor": "stop a run whose steps stop moving for this many times the median time between logged "
                     "steps (default 20; 0: no watchdog)",
     "stall_minimum": "... and for at least this many seconds (default 60); a program that writes no kiln "
@@ -241,7 +243,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
           base_port=topology.DEFAULT_BASE_PORT, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
-          dry_run=False):
+          down_after=False, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
@@ -255,9 +257,11 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     hosts = goal.hosts
     if managed and detach:
         raise UsageError("--managed watches the run to replace lost nodes: it cannot --detach")
+    if down_after and detach:
+        raise UsageError("--down-after waits for the run to end: it cannot --detach")
     if int(max_recoveries) < 0:
         raise UsageError(f"--max-recoveries {max_recoveries}: give 0 or more")
-    provider = providers.for_cluster(state.load_cluster(goal.name), cluster) if managed else None
+    owner = providers.for_cluster(state.load_cluster(goal.name), cluster) if managed or down_after else None
     program = launch.Program(tuple(command), tuple(split_args(args)), checkpoint_dir)
     spec = launch.RunSpec(
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
@@ -267,16 +271,22 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return
-    timeline = Timeline()
-    group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    paths = launch.NodePaths(same_root(group))
-    spec = replace(spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
-                   nic=nic or topology.common_interface({n.name: n.iface for n in nodes}))
-    recover = recoverer(group, provider, spec, paths, program, folder) if provider else None
-    start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach, timeout=float(timeout),
-                    max_restarts=int(max_restarts), stall_factor=float(stall_factor),
-                    stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
-                    max_recoveries=int(max_recoveries) if recover else 0)
+    try:
+        timeline = Timeline()
+        group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout,
+                                        accept_new_host_keys=accept_new_host_keys)
+        paths = launch.NodePaths(same_root(group))
+        spec = replace(spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
+                       nic=nic or topology.common_interface({n.name: n.iface for n in nodes}))
+        recover = recoverer(group, owner, spec, paths, program, folder) if managed else None
+        start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
+                        timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
+                        stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
+                        max_recoveries=int(max_recoveries) if recover else 0)
+    finally:
+        if down_after:
+            print(f"--down-after: removing cluster {goal.name}", flush=True)
+            owner.down()
 
 
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,

@@ -1,6 +1,6 @@
-"""Tasks that make and remove clusters: up, down, list, sweep. AWS by default (bootstrap.aws does the work);
-`--provider local` makes a cluster of network namespaces on this machine (bootstrap.providers). They parse and
-print."""
+"""Tasks that make and remove clusters: up, down, list, sweep, and launch (up, train, down in one go). AWS by
+default (bootstrap.aws does the work); `--provider local` makes a cluster of network namespaces on this machine
+(bootstrap.providers). They parse and print."""
 
 from __future__ import annotations
 
@@ -84,6 +84,37 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
     if first_contact:
         print(plan.first_contact_note(made["name"], first_contact))
     print(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
+
+
+LAUNCH_HELP = {
+    **{k: AWS_HELP[k] for k in ("name", "provider", "count", "instance_type", "spot", "max_price", "ami", "ssh_cidr",
+                                "user", "region", "profile", "ttl_hours", "ssh_wait")},
+    "mode": "horovod (default) or tf-config", "args": "arguments for kiln's reference trainer",
+    "code": "the project folder to run from (default: the current folder)", "run_id": "name the run",
+    "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
+    "managed": "replace a node that is lost or gets a spot notice (see train --managed)",
+    "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
+    "accept_new_host_keys": "trust host keys the consoles did not show, on first contact (default: refuse)",
+}
+
+
+@cluster_task(help=LAUNCH_HELP)
+def launch(c, name, provider="aws", count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None,
+           ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
+           mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
+           accept_new_host_keys=False):
+    """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
+    whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
+    from bootstrap.tasks.cluster import train
+
+    up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot, max_price=max_price, ami=ami,
+       ssh_cidr=ssh_cidr, user=user, region=region, profile=profile, ttl_hours=ttl_hours, ssh_wait=ssh_wait)
+    try:
+        train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
+              max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys)
+    finally:
+        print(f"launch: removing cluster {name}", flush=True)
+        down(c, name, region=region, profile=profile)
 
 
 @cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})

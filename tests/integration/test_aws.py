@@ -582,3 +582,15 @@ def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, ec2
     assert state.load_cluster("keep") == before
     aws.down("keep")
     assert leftovers(ec2) == []
+
+
+def test_launch_removes_everything_when_the_run_cannot_start(env, ec2, image):
+    """moto's instances have no sshd behind their addresses: the train step fails, and launch still downs."""
+    done = fab(env, "cluster.launch", "--name", "once", "--count", "2", "--instance-type", "g5.xlarge",
+               "--ssh-cidr", CIDR, "--ssh-wait", "0", "--accept-new-host-keys")
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "cluster once is running" in done.stdout and "launch: removing cluster once" in done.stdout
+    assert "connect failed on 2 host(s)" in done.stderr, done.stderr
+    assert "cluster once: removed" in done.stdout, done.stdout
+    assert leftovers(ec2) == []
+    assert not (env / "kiln" / "clusters" / "once" / "cluster.json").exists()

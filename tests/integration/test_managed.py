@@ -180,8 +180,53 @@ def test_with_no_recovery_left_a_lost_node_fails_the_run_and_leaves_nothing_runn
 
 def test_managed_needs_a_cluster_whose_provider_can_replace_nodes(managed, tmp_path):
     done = managed.kiln("-S", str(STATE / "ssh_config"), "-H", "node1,node2", "train", "--managed")
-    assert done.returncode == 2 and "--managed needs a cluster that kiln started" in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    assert "--managed and --down-after need a cluster that kiln started" in done.stderr, done.stderr
     detached = managed.kiln("train", "--cluster", NAME, "--managed", "--detach")
     assert detached.returncode == 2 and "cannot --detach" in detached.stderr, detached.stderr
     again = managed.kiln("up", NAME, "--provider", "local", "--count", "2")
     assert again.returncode == 2 and f"cluster {NAME} already exists" in again.stderr, again.stderr
+
+
+def test_launch_removes_the_cluster_when_the_run_fails(tmp_path):
+    """up, train, down in one go: the program fails, and the cluster goes all the same."""
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+    (tmp_path / "fail.py").write_text("import sys\nprint('failing on purpose')\nsys.exit(3)\n")
+    try:
+        done = once.kiln("launch", "--name", "kl", "--provider", "local", "--count", "2", "--mode", "tf-config",
+                         "--run-id", "fails", "--", "python", "fail.py")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "exited with status 3" in done.stderr, done.stderr
+        assert "launch: removing cluster kl" in done.stdout and "cluster kl: local nodes removed" in done.stdout
+        assert once.summary("fails")["status"] == "failed"
+        assert "failing on purpose" in (once.runs / "fails" / "hosts" / "node1" / "worker-0.log").read_text()
+        assert not (netns.STATE_ROOT / "kl").exists()
+        assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                                timeout=30).stdout.split() if ns.startswith("kl-")]
+        assert not (once.home / "clusters" / "kl" / "cluster.json").exists()
+    finally:
+        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kl"], capture_output=True,
+                       timeout=120)
+
+
+def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+    (tmp_path / "ok.py").write_text("import os, pathlib\n"
+                                    "pathlib.Path(os.environ['KILN_OUTPUT_DIR'], 'made.txt').write_text('kept')\n")
+    try:
+        up = once.kiln("up", "kd", "--provider", "local", "--count", "1")
+        assert up.returncode == 0, up.stderr
+        done = once.kiln("train", "--cluster", "kd", "--mode", "tf-config", "--run-id", "then-down", "--down-after",
+                         "--", "python", "ok.py")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert once.summary("then-down")["status"] == "ok"
+        assert (once.runs / "then-down" / "hosts" / "node1" / "output" / "worker-0" / "made.txt").read_text() == "kept"
+        assert "--down-after: removing cluster kd" in done.stdout
+        assert not (netns.STATE_ROOT / "kd").exists() and not (once.home / "clusters" / "kd").exists()
+    finally:
+        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kd"], capture_output=True,
+                       timeout=120)
