@@ -38,12 +38,24 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:at], argv[at + 1:]
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def help_before_task(argv: list[str], tasks) -> list[str]:
+    """`kiln up --help` as `kiln --help up`: invoke would take a --help after a task with a positional argument
+    (`kiln up NAME`) as that argument's value. Core options before the task stay."""
+    first = next((i for i, word in enumerate(argv) if i and word in tasks), None)
+    if first is None or not any(word in HELP_FLAGS for word in argv[first + 1:]):
+        return argv
+    return [*argv[:first], "--help", argv[first]]
+
+
 class Kiln(Fab):
     command: list[str] = []
 
     def run(self, argv=None, exit: bool = True) -> None:
         own, self.command = split_command(list(sys.argv if argv is None else argv))
-        super().run(own, exit=exit)
+        super().run(help_before_task(own, self.namespace.task_names), exit=exit)
 
     def update_config(self, merge: bool = True) -> None:
         super().update_config()

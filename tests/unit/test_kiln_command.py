@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.main import split_command
+from bootstrap.main import help_before_task, split_command
 from kiln.paths import PROJECT
 
 KILN = Path(sys.executable).with_name("kiln")
@@ -67,3 +67,14 @@ def test_a_command_without_a_task_or_a_missing_script_is_refused(tmp_path):
     assert missing.returncode == 2 and f"nosuch.py: no such file in {tmp_path}" in missing.stderr
     both = kiln("-H", "n1", "train", "--args", "--epochs 1", "--", "true", cwd=tmp_path, home=tmp_path)
     assert both.returncode == 2 and "--args is for kiln's reference trainer" in both.stderr
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["kiln", "up", "--help"], ["kiln", "--help", "up"]),
+    (["kiln", "-H", "h1,h2", "train", "--mode", "tf-config", "-h"], ["kiln", "-H", "h1,h2", "--help", "train"]),
+    (["kiln", "--help", "up"], ["kiln", "--help", "up"]),
+    (["kiln", "up", "exp", "--provider", "local"], ["kiln", "up", "exp", "--provider", "local"]),
+    (["kiln", "-H", "up"], ["kiln", "-H", "up"]),  # a host called up, no task: left to invoke
+])
+def test_help_after_a_task_is_help_for_that_task(argv, expected):
+    assert help_before_task(argv, {"up": None, "train": None}) == expected
