@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 # The operator's steps, in the order a run takes them (a restart adds restore, then start..collect again).
-OPERATOR_PHASES = ("connect", "mesh", "preflight", "sync", "start", "watch", "stop", "collect", "restore")
+OPERATOR_PHASES = ("connect", "mesh", "preflight", "sync", "start", "watch", "stop", "collect", "replace", "restore")
 # What the nodes' files tell, between the start and the watch's end.
 NODE_PHASES = ("startup", "training", "teardown", "noticed")
 
