@@ -82,9 +82,9 @@ def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int =
             while last_step(metrics) < min_step:
                 assert train.poll() is None and time.monotonic() < deadline, "node2 never got to training"
                 time.sleep(0.3)
+            lost_at = time.time()  # the loss begins: kiln may see it before the command returns
             lost = local_cluster(how, node)
             assert lost.returncode == 0, lost.stderr
-            lost_at = time.time()
             out, err = train.communicate(timeout=400)
         finally:
             if train.poll() is None:
