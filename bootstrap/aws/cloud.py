@@ -336,13 +336,11 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
             raise AwsError(f"the console of {new_id} shows no host keys: kiln does not trust a replacement "
                            "on first contact")
     except BaseException as error:
+        undo = Rollback()
         if new_id:
-            failures = Rollback()
-            failures.push(f"terminate {new_id}", lambda: remove(aws, [plan.Resource("instance", new_id, {})],
-                                                                terminated_timeout_s))
-            left = failures.run()
-        else:
-            left = []
+            undo.push(f"terminate {new_id}", lambda: remove(aws, [plan.Resource("instance", new_id, {})],
+                                                             terminated_timeout_s))
+        left = undo.run()
         raise AwsError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: "
                        f"{describe_error(error)}" + (f"; left behind: {'; '.join(left)}" if left else
                                                       "; nothing new is left running")) from None
