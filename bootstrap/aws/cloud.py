@@ -28,6 +28,8 @@ TERMINATED_TIMEOUT_S = 600
 WAITER_DELAY_S = 5
 SSH_WAIT_S = plan.SSH_WAIT_S
 CONSOLE_POLL_S = 10
+SNAPSHOT_TIMEOUT_S = 3600
+SNAPSHOT_POLL_S = 15
 
 
 class AwsError(KilnError):
@@ -135,6 +137,17 @@ def find_resources(aws: Aws, name: str | None = None) -> list[plan.Resource]:
     return found
 
 
+def find_snapshots(aws: Aws, name: str | None = None) -> list[plan.Snapshot]:
+    """Every kiln-tagged snapshot of a data volume (of the cluster `name`, if given). They outlive the cluster:
+    `down` leaves them, `sweep` removes them once they expire."""
+    if name is None:
+        tagged = [{"Name": "tag-key", "Values": [plan.TAG_DATA]}]
+    else:
+        tagged = [{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}, {"Name": "tag-key", "Values": [plan.TAG_DATA]}]
+    return [plan.snapshot_of(s) for page in aws.ec2.get_paginator("describe_snapshots").paginate(
+        OwnerIds=["self"], Filters=tagged) for s in page["Snapshots"]]
+
+
 def wait(aws: Aws, waiter: str, instance_ids: list[str], timeout_s: float) -> None:
     if instance_ids:
         aws.ec2.get_waiter(waiter).wait(InstanceIds=instance_ids, WaiterConfig={
@@ -202,15 +215,18 @@ class Rollback:
 
 def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
        spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
-       ttl_hours: float = 24.0, image_tags: str | None = None, *, region: str | None = None,
-       profile: str | None = None, python: str = "python3",
+       ttl_hours: float = 24.0, image_tags: str | None = None, volume_gib: int | None = None, *,
+       region: str | None = None, profile: str | None = None, python: str = "python3",
        aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
        ssh_wait_s: float = SSH_WAIT_S) -> dict:
     """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
-    the consoles show, write its cluster file, and return what was made. On any failure, undo it all."""
+    the consoles show, write its cluster file, and return what was made. On any failure, undo it all.
+
+    With volume_gib, each node gets an encrypted data volume of its own, restored from the cluster's newest
+    complete set of snapshots where there is one (`down --snapshot` makes them), else empty."""
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours, image_tags=image_tags)
+                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume_gib)
     ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)
@@ -220,6 +236,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) tagged "
                          f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} (kiln down --name "
                          f"{request.name})")
+    restored = plan.latest_snapshot_set(find_snapshots(aws, request.name)) if request.volume_gib else {}
     tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
     folder = state.cluster_dir(request.name)
     rollback = Rollback()
@@ -261,6 +278,10 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         described = plan.launch_order([i for r in aws.ec2.describe_instances(InstanceIds=instance_ids)[
             "Reservations"] for i in r["Instances"]])
         hosts = plan.hosts_from_instances(described, request.user)
+        volumes = []
+        if request.volume_gib:
+            step = "create the data volumes"
+            volumes = attach_data_volumes(aws, described, request.volume_gib, tags, restored, running_timeout_s)
         started = time.monotonic()
 
         step = "wait until SSH answers"
@@ -279,7 +300,9 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         state.save_cloud_state(request.name, {
             "region": aws.region, "instances": instance_ids, "security_group": group_id,
             "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
-            "ami": image, "tags": tags, "host_keys": host_keys, "request": asdict(request)})
+            "ami": image, "tags": tags, "host_keys": host_keys, "request": asdict(request),
+            "data_volumes": volumes, "restored_from": plan.restore_note(request.name, request.count, restored)
+            if request.volume_gib else None})
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=aws.region, user=request.user,
@@ -296,7 +319,27 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         raise AwsError(message) from None
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
             "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
-            "host_keys": host_keys, "ssh_wait": ssh_wait_s}
+            "host_keys": host_keys, "ssh_wait": ssh_wait_s, "data_volumes": volumes,
+            "restore_note": plan.restore_note(request.name, request.count, restored) if request.volume_gib else None}
+
+
+def attach_data_volumes(aws: Aws, instances: Sequence[dict], size_gib: int, tags: dict[str, str],
+                        restored: dict[int, plan.Snapshot], timeout_s: float) -> list[str]:
+    """Create node i's data volume (from restored[i] where there is one) in its instance's zone and attach it at
+    plan.DATA_DEVICE; the image mounts it when the disk appears. The volume ids, in node order."""
+    volume_ids = [aws.ec2.create_volume(**plan.data_volume_request(
+        zone=instance["Placement"]["AvailabilityZone"], size_gib=size_gib, tags=tags, index=index,
+        snapshot=restored.get(index)))["VolumeId"] for index, instance in enumerate(instances)]
+    wait_volumes(aws, "volume_available", volume_ids, timeout_s)
+    for instance, volume_id in zip(instances, volume_ids, strict=True):
+        aws.ec2.attach_volume(Device=plan.DATA_DEVICE, InstanceId=instance["InstanceId"], VolumeId=volume_id)
+    return volume_ids
+
+
+def wait_volumes(aws: Aws, waiter: str, volume_ids: list[str], timeout_s: float) -> None:
+    if volume_ids:
+        aws.ec2.get_waiter(waiter).wait(VolumeIds=volume_ids, WaiterConfig={
+            "Delay": WAITER_DELAY_S, "MaxAttempts": max(1, int(timeout_s // WAITER_DELAY_S))})
 
 
 def replace(name: str, address: str, *, region: str | None = None, profile: str | None = None,
@@ -355,6 +398,16 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
         raise AwsError(f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but the old instance "
                        f"{old.id} could not be terminated: {describe_error(error)} (kiln down {name} finds it by "
                        "its tags)") from None
+    volumes = cloud.get("data_volumes") or []
+    index = [i.id for i in record.instances].index(old.id)
+    if index < len(volumes):
+        try:
+            wait_volumes(aws, "volume_available", [volumes[index]], terminated_timeout_s)
+            aws.ec2.attach_volume(Device=plan.DATA_DEVICE, InstanceId=new_id, VolumeId=volumes[index])
+        except Exception as error:
+            raise AwsError(f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but its data volume "
+                           f"{volumes[index]} could not be attached to it: {describe_error(error)} (the volume is "
+                           "kept, tagged with the cluster)") from None
     return host, keys
 
 
@@ -402,9 +455,9 @@ def pin_host_keys(folder: Path, instances: list[dict], hosts, found: dict[str, l
 
 def down(name: str, *, region: str | None = None, profile: str | None = None, aws: Aws | None = None,
          timeout_s: float = TERMINATED_TIMEOUT_S) -> list[str]:
-    """Remove everything tagged with the cluster's name; an empty list when there was nothing."""
-    if not isinstance(name, str) or not plan.NAME.fullmatch(name):
-        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    """Remove everything tagged with the cluster's name (its snapshots stay); an empty list when there was
+    nothing."""
+    check_name(name)
     aws = aws or connect(region, profile)
     caller(aws)
     try:
@@ -413,6 +466,76 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
     forget_local(name)
     return removed
+
+
+def check_name(name) -> str:
+    if not isinstance(name, str) or not plan.NAME.fullmatch(name):
+        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    return name
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """What `down --snapshot` did: the resources removed, the snapshots taken, the volumes kept (and why)."""
+
+    removed: list[str]
+    snapshots: list[plan.Snapshot]
+    kept: list[str]
+
+
+def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, region: str | None = None,
+                        profile: str | None = None, aws: Aws | None = None, now: datetime | None = None,
+                        timeout_s: float = TERMINATED_TIMEOUT_S,
+                        snapshot_timeout_s: float = SNAPSHOT_TIMEOUT_S) -> Teardown:
+    """Terminate the instances (their shutdown unmounts the data volumes), snapshot each data volume, and remove
+    the rest. A volume whose snapshot fails is kept, tagged with the cluster, and named; the rest goes."""
+    check_name(name)
+    ttl_days = plan.validate_snapshot_ttl(ttl_days)
+    aws = aws or connect(region, profile)
+    caller(aws)
+    taken_at = plan.format_time(now or datetime.now(UTC))
+    snapshots: list[plan.Snapshot] = []
+    kept: list[str] = []
+    try:
+        resources = find_resources(aws, name)
+        instances = [r for r in resources if r.kind == "instance"]
+        removed = remove(aws, instances, timeout_s)
+        for volume in sorted((r for r in resources if r.kind == "volume" and plan.TAG_DATA in r.tags),
+                             key=lambda r: (r.tags[plan.TAG_DATA], r.id)):
+            try:
+                made = aws.ec2.create_snapshot(**plan.snapshot_request(
+                    volume, plan.snapshot_tags(volume.tags, now or datetime.now(UTC), ttl_days), taken_at))
+                aws.ec2.get_waiter("snapshot_completed").wait(SnapshotIds=[made["SnapshotId"]], WaiterConfig={
+                    "Delay": SNAPSHOT_POLL_S, "MaxAttempts": max(1, int(snapshot_timeout_s // SNAPSHOT_POLL_S))})
+                [described] = aws.ec2.describe_snapshots(SnapshotIds=[made["SnapshotId"]])["Snapshots"]
+                snapshots.append(plan.snapshot_of(described))
+            except Exception as error:
+                kept.append(f"{volume.id} (node {volume.tags[plan.TAG_DATA]}): {describe_error(error)}")
+        keep = {line.split()[0] for line in kept}
+        removed += remove(aws, [r for r in resources if r.kind != "instance" and r.id not in keep], timeout_s)
+    except Exception as error:
+        raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
+    forget_local(name)
+    return Teardown(removed, snapshots, kept)
+
+
+def list_snapshots(*, region: str | None = None, profile: str | None = None,
+                   aws: Aws | None = None) -> list[plan.Snapshot]:
+    aws = aws or connect(region, profile)
+    caller(aws)
+    return sorted(find_snapshots(aws), key=plan.snapshot_order)
+
+
+def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, region: str | None = None,
+                    profile: str | None = None, aws: Aws | None = None) -> list[plan.Snapshot]:
+    """The data snapshots past their expiry; deleted unless dry_run."""
+    aws = aws or connect(region, profile)
+    caller(aws)
+    expired = plan.expired_snapshots(find_snapshots(aws), now or datetime.now(UTC))
+    if not dry_run:
+        for snapshot in expired:
+            aws.ec2.delete_snapshot(SnapshotId=snapshot.id)
+    return expired
 
 
 def list_clusters(*, region: str | None = None, profile: str | None = None,

@@ -6,6 +6,7 @@ Everything here is pure and unit-tested for exact output; bootstrap.aws does the
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ TAG_CLUSTER = "kiln:cluster"
 TAG_OWNER = "kiln:owner"
 TAG_EXPIRES = "kiln:expires"
 TAG_PROFILE = "kiln:profile"
+TAG_DATA = "kiln:data"  # on a data volume and its snapshots: the node's index in launch order
+TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`: its time
 
 NAME = re.compile(r"[a-z0-9-]{1,32}")
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
@@ -29,6 +32,15 @@ IMDS_HOP_LIMIT = 2
 ROOT_DEVICE = "/dev/sda1"
 ROOT_VOLUME_GIB = 100
 SSH_WAIT_S = 300
+# The data volume: attached at this device, found on the node by its filesystem label (or, unformatted, by its
+# exact size) by the image's kiln-data-volume unit, which reads its settings from this file.
+DATA_DEVICE = "/dev/sdf"
+DATA_MOUNT = "/data"
+DATA_LABEL = "kiln-data"
+DATA_SETTINGS = "/etc/kiln/data-volume.json"
+MAX_VOLUME_GIB = 16384
+SNAPSHOT_TTL_DAYS = 30.0
+MAX_SNAPSHOT_TTL_DAYS = 3650.0
 
 # Placeholders the dry run prints where AWS would supply the value.
 AMI_PLACEHOLDER = "<newest available AMI tagged kiln:profile={profile}>"
@@ -51,6 +63,7 @@ class Request:
     user: str = "ubuntu"
     ttl_hours: float = 24.0
     image_tags: tuple[tuple[str, str], ...] = ()
+    volume_gib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ def validate_cidr(text: str | None) -> str:
 
 def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
                      image_profile: str = "gpu", spot: bool = False, max_price=None, user: str = "ubuntu",
-                     ttl_hours=24.0, image_tags: str | None = None) -> Request:
+                     ttl_hours=24.0, image_tags: str | None = None, volume_gib=None) -> Request:
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
@@ -122,7 +135,30 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
     return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
-                   user, ttl_hours, parse_image_tags(image_tags))
+                   user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib))
+
+
+def validate_volume(size_gib) -> int | None:
+    """--volume SIZE_GB: one data volume of this many GiB per node (None: no data volume)."""
+    if size_gib is None or size_gib is False:
+        return None
+    try:
+        size = int(str(size_gib))
+    except ValueError:
+        raise UsageError(f"--volume {size_gib!r}: give the data volume's size in GiB, e.g. 100") from None
+    if not 1 <= size <= MAX_VOLUME_GIB:
+        raise UsageError(f"--volume {size}: give 1 to {MAX_VOLUME_GIB} GiB")
+    return size
+
+
+def validate_snapshot_ttl(days) -> float:
+    try:
+        value = float(days)
+    except (TypeError, ValueError):
+        raise UsageError(f"--snapshot-ttl-days {days!r} is not a number") from None
+    if not 0 < value <= MAX_SNAPSHOT_TTL_DAYS:
+        raise UsageError(f"--snapshot-ttl-days {value:g}: give more than 0 and at most {MAX_SNAPSHOT_TTL_DAYS:g}")
+    return value
 
 
 def parse_image_tags(text: str | None) -> tuple[tuple[str, str], ...]:
@@ -196,6 +232,8 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
                                          "DeleteOnTermination": True}}],
         "TagSpecifications": tag_specifications(tags, "instance", "volume", "network-interface"),
     }
+    if request.volume_gib:
+        params["UserData"] = first_boot_settings(request.volume_gib, request.user)
     if request.spot:
         spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if request.max_price:
@@ -325,3 +363,105 @@ def first_contact_note(name: str, addresses: Sequence[str]) -> str:
     return (f"host keys of {', '.join(addresses)} were not in the console output: recorded as first-contact; "
             f"kiln mesh --cluster {name} --accept-new-host-keys (or kiln train --cluster {name} "
             "--accept-new-host-keys) records them on first contact")
+
+
+def first_boot_settings(size_gib: int, user: str) -> str:
+    """The instance's user data: cloud-init writes the settings the image's kiln-data-volume unit reads (it mounts
+    the volume, formatting it only if it has no filesystem yet, whenever the disk appears)."""
+    settings = {"label": DATA_LABEL, "mount": DATA_MOUNT, "owner": user, "size_bytes": size_gib * 2**30}
+    files = [{"path": DATA_SETTINGS, "permissions": "0644", "owner": "root:root",
+              "content": json.dumps(settings, sort_keys=True) + "\n"}]
+    return "#cloud-config\n" + json.dumps({"write_files": files}, sort_keys=True) + "\n"
+
+
+def data_volume_request(*, zone: str, size_gib: int, tags: dict[str, str], index: int,
+                        snapshot: Snapshot | None = None) -> dict:
+    """CreateVolume for node `index`: encrypted gp3, restored from `snapshot` when given (never smaller than it)."""
+    params = {"AvailabilityZone": zone, "Size": max(size_gib, snapshot.size_gib if snapshot else 0),
+              "VolumeType": "gp3", "Encrypted": True,
+              "TagSpecifications": tag_specifications({**tags, TAG_DATA: str(index)}, "volume")}
+    if snapshot is not None:
+        params["SnapshotId"] = snapshot.id
+    return params
+
+
+def snapshot_request(volume: Resource, tags: dict[str, str], taken_at: str) -> dict:
+    """CreateSnapshot of a data volume, tagged with the cluster, the node's index and the set it belongs to."""
+    index = volume.tags.get(TAG_DATA, "")
+    return {"VolumeId": volume.id, "Description": f"kiln cluster {tags[TAG_CLUSTER]} node {index} data, {taken_at}",
+            "TagSpecifications": tag_specifications(
+                {**tags, TAG_DATA: index, TAG_SNAPSHOT_SET: taken_at,
+                 "Name": f"{tags.get('Name', '')}-data-{index}"}, "snapshot")}
+
+
+def snapshot_tags(volume_tags: dict[str, str], now: datetime, ttl_days: float) -> dict[str, str]:
+    """A snapshot keeps the cluster's name and owner, and expires on its own clock (sweep removes it then)."""
+    kept = {key: volume_tags[key] for key in (TAG_CLUSTER, TAG_OWNER, "Name") if key in volume_tags}
+    return {**kept, TAG_EXPIRES: format_time(now + timedelta(days=ttl_days))}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A kiln-tagged snapshot of one node's data volume."""
+
+    id: str
+    cluster: str
+    index: int | None
+    taken_at: str
+    size_gib: int
+    state: str
+    tags: dict
+
+    @property
+    def expires(self) -> datetime | None:
+        return parse_time(self.tags.get(TAG_EXPIRES, ""))
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
+
+
+def snapshot_of(described: dict) -> Snapshot:
+    tags = tags_of(described)
+    index = tags.get(TAG_DATA, "")
+    return Snapshot(described["SnapshotId"], tags.get(TAG_CLUSTER, ""), int(index) if index.isdigit() else None,
+                    tags.get(TAG_SNAPSHOT_SET, ""), int(described.get("VolumeSize") or 0),
+                    described.get("State", ""), tags)
+
+
+def latest_snapshot_set(snapshots: Iterable[Snapshot]) -> dict[int, Snapshot]:
+    """The newest set of completed data snapshots, by node index; a set with any snapshot not completed is
+    passed over (a `down --snapshot` that failed part-way)."""
+    sets: dict[str, list[Snapshot]] = {}
+    for snapshot in snapshots:
+        if snapshot.index is not None and snapshot.taken_at:
+            sets.setdefault(snapshot.taken_at, []).append(snapshot)
+    for taken_at in sorted(sets, reverse=True):
+        members = sets[taken_at]
+        if all(s.state == "completed" for s in members):
+            return {s.index: s for s in sorted(members, key=lambda s: s.id)}
+    return {}
+
+
+def restore_note(name: str, count: int, restored: dict[int, Snapshot]) -> str:
+    """What `up --volume` says about the snapshots it restores from."""
+    if not restored:
+        return f"cluster {name}: no snapshot of its data volumes: each node gets an empty volume"
+    taken_at = next(iter(restored.values())).taken_at
+    fresh = [i for i in range(count) if i not in restored]
+    left = sorted(i for i in restored if i >= count)
+    note = (f"cluster {name}: data volumes restored from the snapshots of {taken_at} "
+            f"({', '.join(f'node {i}: {s.id}' for i, s in sorted(restored.items()) if i < count)})")
+    if fresh:
+        note += f"; node(s) {', '.join(map(str, fresh))} had no snapshot and get an empty volume"
+    if left:
+        note += f"; the snapshot(s) of node(s) {', '.join(map(str, left))} are not used (fewer nodes now)"
+    return note
+
+
+def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:
+    return sorted((s for s in snapshots if s.expired(now)), key=snapshot_order)
+
+
+def snapshot_order(snapshot: Snapshot) -> tuple:
+    """Cluster, then the time of its set, then node."""
+    return (snapshot.cluster, snapshot.taken_at, -1 if snapshot.index is None else snapshot.index, snapshot.id)

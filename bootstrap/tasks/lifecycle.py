@@ -28,21 +28,29 @@ AWS_HELP = {
     "ttl_hours": "tag the resources to expire after this many hours (default 24); kiln sweep removes them",
     "ssh_wait": "wait up to SECONDS for SSH to answer on every instance, else roll back (default 300; 0: skip)",
     "dry_run": "print the plan and change nothing",
+    "volume": "give each node an encrypted data volume of SIZE_GB GiB, mounted at /data, restored from the "
+              "cluster's newest snapshots (down --snapshot) where there are some",
     "provider": "aws (default), or local: nodes in network namespaces on this machine (root); "
                 "train --managed replaces lost nodes through it",
+}
+SNAPSHOT_HELP = {
+    "snapshot": "snapshot each node's data volume before removing it; the snapshots stay (kiln list shows them, "
+                "up --volume restores them, sweep removes them once they expire)",
+    "snapshot_ttl_days": "with --snapshot: tag the snapshots to expire after this many days (default 30)",
 }
 
 
 @cluster_task(help=AWS_HELP)
 def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
-       image_tags=None, dry_run=False, provider="aws"):
+       image_tags=None, dry_run=False, provider="aws", volume=None):
     """Start a cluster (AWS from a kiln AMI, or --provider local) and write its cluster file (then --cluster NAME)."""
     if provider not in providers.KINDS:
         raise UsageError(f"--provider {provider}: choose one of {', '.join(providers.KINDS)}")
     if provider == "local":
         given = [flag for flag, value in (("--spot", spot), ("--max-price", max_price), ("--ami", ami),
-                                          ("--ssh-cidr", ssh_cidr), ("--dry-run", dry_run)) if value]
+                                          ("--ssh-cidr", ssh_cidr), ("--dry-run", dry_run), ("--volume", volume))
+                 if value]
         if given:
             raise UsageError(f"{', '.join(given)}: AWS options; --provider local takes a name and --count")
         record = providers.LocalProvider(name).up(int(count))
@@ -51,7 +59,7 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
         return
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours, image_tags=image_tags)
+                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume)
     ssh_wait = plan.validate_ssh_wait(ssh_wait)
     if dry_run:
         key = state.cluster_dir(request.name) / "id_ed25519"
@@ -62,6 +70,11 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
         print(f"cluster {request.name}: key {key} (made if missing), then these EC2 calls; any failure undoes them")
         for action, params in steps.steps():
             print(f"{action} {json.dumps(params)}")
+        if request.volume_gib:
+            example = plan.data_volume_request(zone="<instance's zone>", size_gib=request.volume_gib, tags=tags,
+                                               index=0)
+            print(f"then per node: CreateVolume {json.dumps(example)} (from the cluster's newest snapshot of that "
+                  f"node, if any), AttachVolume at {plan.DATA_DEVICE}; the image mounts it at {plan.DATA_MOUNT}")
         ssh = f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait else "(not for SSH: --ssh-wait 0)"
         print(f"then wait for the instances to run {ssh}; pin the host keys their consoles show")
         return
@@ -70,13 +83,16 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
     made = aws.up(request.name, request.count, request.instance_type, ami=request.ami,
                   image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
                   ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours,
-                  image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None, region=region,
-                  profile=profile, ssh_wait_s=ssh_wait)
+                  image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None,
+                  volume_gib=request.volume_gib, region=region, profile=profile, ssh_wait_s=ssh_wait)
     if not made["ssh_wait"]:
         print("not waiting for SSH to answer (--ssh-wait 0): the instances may still be booting")
     print(f"cluster {made['name']} is running in {made['region']} from {made['ami']}, expires {made['expires']}:")
-    for host, instance in zip(made["hosts"], made["instances"], strict=True):
-        print(f"  {host} ({instance})")
+    volumes = made["data_volumes"] or [None] * len(made["hosts"])
+    for host, instance, volume in zip(made["hosts"], made["instances"], volumes, strict=True):
+        print(f"  {host} ({instance})" + (f", data volume {volume} at {plan.DATA_MOUNT}" if volume else ""))
+    if made["restore_note"]:
+        print(made["restore_note"])
     pinned = [a for a, how in made["host_keys"].items() if how == "console"]
     first_contact = [a for a, how in made["host_keys"].items() if how == "first-contact"]
     if pinned:
@@ -88,7 +104,8 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
 
 LAUNCH_HELP = {
     **{k: AWS_HELP[k] for k in ("name", "provider", "count", "instance_type", "spot", "max_price", "ami", "ssh_cidr",
-                                "user", "region", "profile", "ttl_hours", "ssh_wait")},
+                                "user", "region", "profile", "ttl_hours", "ssh_wait", "volume")},
+    "snapshot": SNAPSHOT_HELP["snapshot"],
     "mode": "horovod (default) or tf-config", "args": "arguments for kiln's reference trainer",
     "code": "the project folder to run from (default: the current folder)", "run_id": "name the run",
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
@@ -102,31 +119,47 @@ LAUNCH_HELP = {
 def launch(c, name, provider="aws", count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None,
            ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
            mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
-           accept_new_host_keys=False):
+           accept_new_host_keys=False, volume=None, snapshot=False):
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
     whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
     from bootstrap.tasks.cluster import train
 
     up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot, max_price=max_price, ami=ami,
-       ssh_cidr=ssh_cidr, user=user, region=region, profile=profile, ttl_hours=ttl_hours, ssh_wait=ssh_wait)
+       ssh_cidr=ssh_cidr, user=user, region=region, profile=profile, ttl_hours=ttl_hours, ssh_wait=ssh_wait,
+       volume=volume)
     try:
         train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
               max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys)
     finally:
         print(f"launch: removing cluster {name}", flush=True)
-        down(c, name, region=region, profile=profile)
+        down(c, name, region=region, profile=profile, snapshot=snapshot)
 
 
-@cluster_task(help={k: AWS_HELP[k] for k in ("name", "region", "profile")})
-def down(c, name, region=None, profile=None):
+@cluster_task(help={**{k: AWS_HELP[k] for k in ("name", "region", "profile")}, **SNAPSHOT_HELP})
+def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=plan.SNAPSHOT_TTL_DAYS):
     """Remove a cluster: on AWS terminate it and delete everything tagged with its name (safe to repeat)."""
     record = state.load_cluster(name) if plan.NAME.fullmatch(name or "") else None
     if record is not None and record.provider == "local":
+        if snapshot:
+            raise UsageError(f"--snapshot: cluster {name} is local; its nodes have no data volumes")
         providers.LocalProvider(name).down()
         print(f"cluster {name}: local nodes removed")
         return
     from bootstrap.aws import cloud as aws
 
+    if snapshot:
+        done = aws.down_with_snapshots(name, ttl_days=snapshot_ttl_days, region=region, profile=profile)
+        for made in done.snapshots:
+            print(f"cluster {name}: node {made.index}'s data volume kept as {made.id} ({made.size_gib} GiB, "
+                  f"expires {plan.format_time(made.expires)}); kiln up {name} --volume N restores it")
+        if not done.snapshots and not done.kept:
+            print(f"cluster {name}: no data volumes to snapshot")
+        print(f"cluster {name}: removed {len(done.removed)} resource(s)")
+        if done.kept:
+            raise aws.AwsError(f"cluster.down {name}: could not snapshot {len(done.kept)} data volume(s), kept "
+                               f"(tagged kiln:cluster={name}; kiln down {name} --snapshot tries again): "
+                               + "; ".join(done.kept))
+        return
     removed = aws.down(name, region=region, profile=profile)
     if not removed:
         print(f"cluster {name}: nothing tagged kiln:cluster={name} is left; nothing to do")
@@ -138,10 +171,11 @@ def down(c, name, region=None, profile=None):
 
 @cluster_task(name="list", help={k: AWS_HELP[k] for k in ("region", "profile")})
 def list_(c, region=None, profile=None):
-    """List the AWS clusters kiln has tagged, with their expiry."""
+    """List the AWS clusters kiln has tagged, with their expiry, and the snapshots of their data volumes."""
     from bootstrap.aws import cloud as aws
 
     summaries = aws.list_clusters(region=region, profile=profile)
+    snapshots = aws.list_snapshots(region=region, profile=profile)
     if not summaries:
         print("no kiln clusters")
     now = datetime.now(UTC)
@@ -152,16 +186,27 @@ def list_(c, region=None, profile=None):
               f"expires {expires}{flag}, owner {summary.owner or '?'}")
         for instance in summary.instances:
             print(f"  {instance}")
+    if snapshots:
+        print("data snapshots:")
+    for snapshot in snapshots:
+        expires = plan.format_time(snapshot.expires) if snapshot.expires else "never"
+        flag = " (expired)" if snapshot.expired(now) else ""
+        print(f"  {snapshot.cluster} node {snapshot.index} {snapshot.id}: {snapshot.size_gib} GiB, {snapshot.state}, "
+              f"taken {snapshot.taken_at}, expires {expires}{flag}")
 
 
 @cluster_task(help={k: AWS_HELP[k] for k in ("region", "profile", "dry_run")})
 def sweep(c, region=None, profile=None, dry_run=False):
-    """Remove every kiln-tagged AWS cluster past its kiln:expires time."""
+    """Remove every kiln-tagged AWS cluster and data snapshot past its kiln:expires time."""
     from bootstrap.aws import cloud as aws
 
     expired = aws.sweep(dry_run=dry_run, region=region, profile=profile)
-    if not expired:
+    snapshots = aws.sweep_snapshots(dry_run=dry_run, region=region, profile=profile)
+    if not expired and not snapshots:
         print("nothing has expired")
+    verb = "would remove" if dry_run else "removed"
     for summary in expired:
-        verb = "would remove" if dry_run else "removed"
         print(f"{verb} {summary.name}: {summary.resources} resource(s), expired {plan.format_time(summary.expires)}")
+    for snapshot in snapshots:
+        print(f"{verb} snapshot {snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken {snapshot.taken_at}, "
+              f"expired {plan.format_time(snapshot.expires)}")

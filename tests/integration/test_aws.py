@@ -181,12 +181,15 @@ def image(ec2):
     yield made["gpu"]
     for summary in aws.list_clusters():  # a failed test must not leak into the next one
         aws.down(summary.name)
+    for snapshot in aws.list_snapshots():
+        ec2.delete_snapshot(SnapshotId=snapshot.id)
     for image_id in made.values():
         ec2.deregister_image(ImageId=image_id)
 
 
-def leftovers(ec2, name: str | None = None) -> list[str]:
-    """Every kiln-tagged resource of any kind, looked up independently of kiln's own code."""
+def leftovers(ec2, name: str | None = None, snapshots: bool = True) -> list[str]:
+    """Every kiln-tagged resource of any kind (data snapshots too, unless told), looked up independently of
+    kiln's own code."""
     tag = [{"Name": "tag-key", "Values": [plan.TAG_CLUSTER]}] if name is None else \
         [{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}]
     prefix = "kiln-" if name is None else f"kiln-{name}"
@@ -200,7 +203,15 @@ def leftovers(ec2, name: str | None = None) -> list[str]:
               if k["KeyName"].startswith(prefix)]
     found += [f"placement-group {g['GroupName']}" for g in ec2.describe_placement_groups()["PlacementGroups"]
               if g["GroupName"].startswith(prefix)]
+    if snapshots:
+        found += snapshots_of(ec2, name)
     return found
+
+
+def snapshots_of(ec2, name: str | None = None) -> list[str]:
+    tag = [{"Name": "tag-key", "Values": [plan.TAG_CLUSTER]}] if name is None else \
+        [{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}]
+    return [f"snapshot {s['SnapshotId']}" for s in ec2.describe_snapshots(OwnerIds=["self"], Filters=tag)["Snapshots"]]
 
 
 def instances_of(ec2, name: str) -> list[dict]:
@@ -594,3 +605,139 @@ def test_launch_removes_everything_when_the_run_cannot_start(env, ec2, image):
     assert "cluster once: removed" in done.stdout, done.stdout
     assert leftovers(ec2) == []
     assert not (env / "kiln" / "clusters" / "once" / "cluster.json").exists()
+
+
+def data_volumes_of(ec2, name: str) -> dict[str, dict]:
+    """The cluster's data volumes by node index, with what they are attached to."""
+    volumes = ec2.describe_volumes(Filters=[{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]},
+                                            {"Name": "tag-key", "Values": [plan.TAG_DATA]}])["Volumes"]
+    return {plan.tags_of(v)[plan.TAG_DATA]: v for v in volumes}
+
+
+def user_data_of(ec2, instance_id: str) -> str:
+    import base64
+
+    value = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
+    return base64.b64decode(value).decode()
+
+
+def test_data_volumes_outlive_the_cluster_as_snapshots_and_come_back(env, ec2, image):
+    made = aws.up("keeper", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=20)
+    assert made["restore_note"] == "cluster keeper: no snapshot of its data volumes: each node gets an empty volume"
+    instances = {i["InstanceId"]: i for i in instances_of(ec2, "keeper")}
+    volumes = data_volumes_of(ec2, "keeper")
+    assert sorted(volumes) == ["0", "1"]
+    assert [volumes[str(n)]["VolumeId"] for n in range(2)] == made["data_volumes"]
+    for index, instance_id in enumerate(made["instances"]):
+        volume = volumes[str(index)]
+        assert (volume["Size"], volume["Encrypted"], volume["VolumeType"]) == (20, True, "gp3")
+        assert [(a["InstanceId"], a["Device"]) for a in volume["Attachments"]] == [(instance_id, plan.DATA_DEVICE)]
+        assert volume["AvailabilityZone"] == instances[instance_id]["Placement"]["AvailabilityZone"]
+        settings = user_data_of(ec2, instance_id)
+        assert settings.startswith("#cloud-config\n")
+        [written] = json.loads(settings.split("\n", 1)[1])["write_files"]
+        assert written["path"] == plan.DATA_SETTINGS
+        assert json.loads(written["content"]) == {"label": plan.DATA_LABEL, "mount": plan.DATA_MOUNT,
+                                                  "owner": "ubuntu", "size_bytes": 20 * 2**30}
+
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    done = aws.down_with_snapshots("keeper", ttl_days=7, now=later)
+    assert done.kept == [] and leftovers(ec2, "keeper", snapshots=False) == []
+    assert [(s.index, s.state, s.size_gib, s.taken_at) for s in done.snapshots] == [
+        (0, "completed", 20, plan.format_time(later)), (1, "completed", 20, plan.format_time(later))]
+    assert {s.tags[plan.TAG_OWNER] for s in done.snapshots} == {plan.tags_of(next(iter(instances.values())))[
+        plan.TAG_OWNER]}
+    assert timedelta(days=6.9) < done.snapshots[0].expires - datetime.now(UTC) <= timedelta(days=7, minutes=5)
+    assert sorted(snapshots_of(ec2, "keeper")) == sorted(f"snapshot {s.id}" for s in done.snapshots)
+    assert state.load_cluster("keeper") is None
+    listed = fab(env, "cluster.list")
+    assert listed.returncode == 0, listed.stderr
+    assert "data snapshots:" in listed.stdout and f"keeper node 1 {done.snapshots[1].id}: 20 GiB" in listed.stdout
+
+    again = aws.up("keeper", 3, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=10)
+    first, second = done.snapshots
+    assert again["restore_note"] == (
+        f"cluster keeper: data volumes restored from the snapshots of {plan.format_time(later)} (node 0: {first.id}, "
+        f"node 1: {second.id}); node(s) 2 had no snapshot and get an empty volume")
+    volumes = data_volumes_of(ec2, "keeper")
+    assert [(volumes[str(n)].get("SnapshotId") or None, volumes[str(n)]["Size"]) for n in range(3)] == [
+        (first.id, 20), (second.id, 20), (None, 10)]  # never smaller than the snapshot
+    aws.down("keeper")
+    assert leftovers(ec2, snapshots=False) == [] and len(snapshots_of(ec2, "keeper")) == 2  # down keeps snapshots
+
+    assert aws.sweep_snapshots(now=datetime.now(UTC) + timedelta(days=6)) == []
+    expired = aws.sweep_snapshots(now=datetime.now(UTC) + timedelta(days=8), dry_run=True)
+    assert [s.id for s in expired] == [first.id, second.id] and len(snapshots_of(ec2, "keeper")) == 2
+    assert [s.id for s in aws.sweep_snapshots(now=datetime.now(UTC) + timedelta(days=8))] == [first.id, second.id]
+    assert leftovers(ec2) == []
+
+
+def test_sweep_removes_only_expired_snapshots(env, ec2, image):
+    aws.up("old", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=1)
+    aws.up("new", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=1)
+    [old] = aws.down_with_snapshots("old", ttl_days=1, now=datetime.now(UTC) - timedelta(days=2)).snapshots
+    [new] = aws.down_with_snapshots("new", ttl_days=1).snapshots
+    swept = fab(env, "cluster.sweep")
+    assert swept.returncode == 0, swept.stderr
+    assert f"removed snapshot {old.id} of old node 0" in swept.stdout and new.id not in swept.stdout
+    assert snapshots_of(ec2) == [f"snapshot {new.id}"]
+
+
+def test_a_snapshot_that_fails_keeps_its_volume(env, ec2, image):
+    from botocore.exceptions import ClientError
+
+    aws.up("fragile", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
+    volumes = data_volumes_of(ec2, "fragile")
+    connected = aws.connect()
+    connected.ec2 = FailOn(connected.ec2, "create_snapshot", ClientError(
+        {"Error": {"Code": "SnapshotCreationPerVolumeRateExceeded", "Message": "slow down"}}, "CreateSnapshot"))
+    done = aws.down_with_snapshots("fragile", aws=connected)
+    assert done.kept == [f"{volumes['0']['VolumeId']} (node 0): SnapshotCreationPerVolumeRateExceeded: slow down"]
+    assert [s.index for s in done.snapshots] == [1]
+    assert leftovers(ec2, "fragile", snapshots=False) == [f"volume {volumes['0']['VolumeId']}"]  # the data is kept
+
+    cli = fab(env, "cluster.down", "fragile", "--snapshot")  # again: the kept volume is snapshotted, then deleted
+    assert cli.returncode == 0, cli.stderr
+    assert "node 0's data volume kept as snap-" in cli.stdout
+    assert leftovers(ec2, "fragile", snapshots=False) == []
+    assert len(snapshots_of(ec2, "fragile")) == 2
+
+
+def test_a_bad_snapshot_ttl_is_refused_before_anything_is_removed(env, ec2, image):
+    aws.up("careful", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
+    before = leftovers(ec2, "careful")
+    done = fab(env, "cluster.down", "careful", "--snapshot", "--snapshot-ttl-days", "0")
+    assert done.returncode != 0 and "--snapshot-ttl-days 0: give more than 0" in done.stderr, done.stderr
+    assert leftovers(ec2, "careful") == before and state.load_cluster("careful") is not None
+    aws.down("careful")
+    assert leftovers(ec2) == []
+
+
+@pytest.mark.parametrize(("api", "nth", "step"), [
+    ("create_volume", 2, "create the data volumes"),
+    ("attach_volume", 2, "create the data volumes"),
+])
+def test_a_failure_around_the_data_volumes_rolls_everything_back(env, ec2, image, api, nth, step):
+    connected = aws.connect()
+    connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
+    with pytest.raises(aws.AwsError) as raised:
+        aws.up("halfway", 2, "g5.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0, volume_gib=5)
+    assert str(raised.value).startswith(f"cluster.up halfway: could not {step}: InsufficientInstanceCapacity")
+    assert str(raised.value).endswith("everything it had created was removed")
+    assert leftovers(ec2) == []
+
+
+def test_a_replacement_gets_the_lost_nodes_data_volume(env, ec2, image):
+    connected = aws.connect()
+    connected.ec2 = KeyedConsoles(connected.ec2)
+    aws.up("heal", 2, "g5.xlarge", spot=True, ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=8, aws=connected)
+    before = data_volumes_of(ec2, "heal")
+    lost = state.load_cluster("heal").instances[1]
+    aws.replace("heal", lost.address, aws=connected, ssh_wait_s=0)
+    new_id = state.load_cluster("heal").instances[1].id
+    after = data_volumes_of(ec2, "heal")
+    assert {k: v["VolumeId"] for k, v in after.items()} == {k: v["VolumeId"] for k, v in before.items()}
+    assert [(a["InstanceId"], a["Device"]) for a in after["1"]["Attachments"]] == [(new_id, plan.DATA_DEVICE)]
+    assert new_id != lost.id and plan.DATA_SETTINGS in user_data_of(ec2, new_id)
+    aws.down("heal")
+    assert leftovers(ec2) == []

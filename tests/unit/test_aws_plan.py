@@ -171,3 +171,93 @@ def test_image_tags_narrow_the_ami_lookup():
     ]
     with pytest.raises(UsageError, match="--image-tags 'kiln:fingerprint': write KEY=VALUE"):
         plan.validate_request("exp1", 1, "p3.2xlarge", ssh_cidr="203.0.113.7/32", image_tags="kiln:fingerprint")
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, None), ("100", 100), (1, 1), (16384, 16384)])
+def test_volume_size_is_whole_gib(given, expected):
+    assert request(volume_gib=given).volume_gib == expected
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("big", "--volume 'big': give the data volume's size in GiB, e.g. 100"),
+    ("1.5", "--volume '1.5': give the data volume's size in GiB, e.g. 100"),
+    (0, "--volume 0: give 1 to 16384 GiB"),
+    (20000, "--volume 20000: give 1 to 16384 GiB"),
+])
+def test_bad_volume_size_is_one_clear_error(given, message):
+    with pytest.raises(UsageError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+        request(volume_gib=given)
+
+
+def test_a_data_volume_puts_its_settings_in_the_user_data():
+    with_volume = plan.run_instances_request(request(volume_gib=50, user="ec2-user"), ami="ami-1", group_id="sg-1",
+                                             tags=TAGS)
+    assert with_volume["UserData"] == (
+        '#cloud-config\n{"write_files": [{"content": "{\\"label\\": \\"kiln-data\\", \\"mount\\": \\"/data\\", '
+        '\\"owner\\": \\"ec2-user\\", \\"size_bytes\\": 53687091200}\\n", "owner": "root:root", '
+        '"path": "/etc/kiln/data-volume.json", "permissions": "0644"}]}\n')
+    assert "UserData" not in plan.run_instances_request(request(), ami="ami-1", group_id="sg-1", tags=TAGS)
+
+
+def snapshot(snapshot_id, index, taken_at, state="completed", size=20, expires="2025-03-08T12:00:00Z",
+             cluster="demo"):
+    return plan.snapshot_of({"SnapshotId": snapshot_id, "VolumeSize": size, "State": state, "Tags": [
+        {"Key": "kiln:cluster", "Value": cluster}, {"Key": "kiln:data", "Value": str(index)},
+        {"Key": "kiln:snapshot-set", "Value": taken_at}, {"Key": "kiln:expires", "Value": expires}]})
+
+
+def test_a_data_volume_is_encrypted_tagged_with_its_node_and_never_smaller_than_its_snapshot():
+    assert plan.data_volume_request(zone="us-east-1a", size_gib=10, tags=TAGS, index=2) == {
+        "AvailabilityZone": "us-east-1a", "Size": 10, "VolumeType": "gp3", "Encrypted": True,
+        "TagSpecifications": [{"ResourceType": "volume", "Tags": [*TAG_LIST, {"Key": "kiln:data", "Value": "2"}]}]}
+    restored = plan.data_volume_request(zone="us-east-1a", size_gib=10, tags=TAGS, index=0,
+                                        snapshot=snapshot("snap-1", 0, "2025-03-01T12:00:00Z", size=30))
+    assert (restored["Size"], restored["SnapshotId"]) == (30, "snap-1")
+
+
+def test_a_snapshot_keeps_the_cluster_and_owner_and_expires_on_its_own_clock():
+    volume_tags = {**TAGS, "kiln:data": "1"}
+    tags = plan.snapshot_tags(volume_tags, NOW, 7)
+    assert tags == {"kiln:cluster": "demo", "kiln:owner": "arn:aws:iam::1:user/me", "Name": "kiln-demo",
+                    "kiln:expires": "2025-03-08T12:00:00Z"}
+    made = plan.snapshot_request(plan.Resource("volume", "vol-1", volume_tags), tags, "2025-03-01T12:00:00Z")
+    assert made == {"VolumeId": "vol-1", "Description": "kiln cluster demo node 1 data, 2025-03-01T12:00:00Z",
+                    "TagSpecifications": [{"ResourceType": "snapshot", "Tags": [
+                        {"Key": "kiln:cluster", "Value": "demo"}, {"Key": "kiln:owner",
+                                                                   "Value": "arn:aws:iam::1:user/me"},
+                        {"Key": "Name", "Value": "kiln-demo-data-1"},
+                        {"Key": "kiln:expires", "Value": "2025-03-08T12:00:00Z"},
+                        {"Key": "kiln:data", "Value": "1"},
+                        {"Key": "kiln:snapshot-set", "Value": "2025-03-01T12:00:00Z"}]}]}
+
+
+def test_the_newest_complete_set_of_snapshots_is_restored():
+    older = [snapshot("snap-a0", 0, "2025-03-01T10:00:00Z"), snapshot("snap-a1", 1, "2025-03-01T10:00:00Z")]
+    newer = [snapshot("snap-b1", 1, "2025-03-01T11:00:00Z"), snapshot("snap-b0", 0, "2025-03-01T11:00:00Z")]
+    broken = [snapshot("snap-c0", 0, "2025-03-01T12:00:00Z"),
+              snapshot("snap-c1", 1, "2025-03-01T12:00:00Z", state="error")]
+    assert {i: s.id for i, s in plan.latest_snapshot_set(older + newer + broken).items()} == {
+        0: "snap-b0", 1: "snap-b1"}
+    assert plan.latest_snapshot_set(broken) == {}
+    assert plan.latest_snapshot_set([]) == {}
+
+
+def test_the_restore_note_names_fresh_and_unused_nodes():
+    restored = {0: snapshot("snap-0", 0, "T"), 1: snapshot("snap-1", 1, "T")}
+    assert plan.restore_note("demo", 3, restored) == (
+        "cluster demo: data volumes restored from the snapshots of T (node 0: snap-0, node 1: snap-1); "
+        "node(s) 2 had no snapshot and get an empty volume")
+    assert plan.restore_note("demo", 1, restored) == (
+        "cluster demo: data volumes restored from the snapshots of T (node 0: snap-0); the snapshot(s) of node(s) 1 "
+        "are not used (fewer nodes now)")
+    assert plan.restore_note("demo", 2, {}) == "cluster demo: no snapshot of its data volumes: each node gets an " \
+                                               "empty volume"
+
+
+def test_expired_snapshots_in_cluster_time_and_node_order():
+    kept = snapshot("snap-k", 0, "T1", expires="2025-03-01T12:00:01Z")
+    gone = [snapshot("snap-z", 1, "T1", expires="2025-03-01T12:00:00Z"),
+            snapshot("snap-y", 0, "T1", expires="2025-02-01T00:00:00Z"),
+            snapshot("snap-x", 0, "T0", expires="2025-02-01T00:00:00Z", cluster="alpha")]
+    assert [s.id for s in plan.expired_snapshots([kept, *gone], NOW)] == ["snap-x", "snap-y", "snap-z"]
+    assert not snapshot("snap-n", 0, "T", expires="").expired(NOW)
