@@ -187,6 +187,11 @@ class Cluster:
 
         self.remote.map_or_raise("sync", self.hosts, push)
 
+    def autostop(self, args: Sequence[str], hosts: Sequence[Host] | None = None) -> dict[Host, dict]:
+        """Start (or, with idle 0, stop) every node's idle agent (bootstrap.autostop); its pid per host."""
+        return self.remote.map_or_raise("autostop", hosts or self.hosts,
+                                        lambda h: self.remote.node(h, self.python, "autostop", *args))
+
     def check_program(self, command: str | None) -> None:
         """Run the program check (launch.program_check) on every node; name each node where it failed."""
         if command is None:

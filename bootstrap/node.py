@@ -12,6 +12,7 @@ import socket
 import sys
 
 HOSTS_FILE = "/etc/hosts"
+LOCAL_NODE_MARK = "/etc/ssh/kiln-local-node"  # what testbed.cluster puts in its nodes' private /etc/ssh
 
 
 def facts(ports, names, probe=None):
@@ -266,9 +267,10 @@ def namespaces(pid="self"):
     return [os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("uts", "mnt")]
 
 
-def run_processes(run_id):
-    """Processes of this run on this node, found by the KILN_RUN_ID they carry."""
-    needle = f"\0KILN_RUN_ID={run_id}\0".encode()
+def run_processes(run_id, helpers=False):
+    """Processes of this run on this node, found by the KILN_RUN_ID they carry (run_id None: of any run);
+    kiln's own helpers that carry it (the interruption watcher) only if asked."""
+    needle = f"\0KILN_RUN_ID={run_id}\0".encode() if run_id else b"\0KILN_RUN_ID="
     here = namespaces()
     found = []
     for entry in os.listdir("/proc"):
@@ -276,11 +278,22 @@ def run_processes(run_id):
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in b"\0" + handle.read() + b"\0" and namespaces(entry) == here:
-                    found.append(int(entry))
+                if needle not in b"\0" + handle.read() + b"\0" or namespaces(entry) != here:
+                    continue
+            if not helpers and any(name in read_bytes(f"/proc/{entry}/cmdline") for name in HELPERS):
+                continue
+            found.append(int(entry))
         except OSError:
             continue
     return found
+
+
+HELPERS = (b"shim/interruption.py",)
+
+
+def read_bytes(path):
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 def stop(run_id, grace):
@@ -288,7 +301,7 @@ def stop(run_id, grace):
     import signal
     import time
 
-    pids = run_processes(run_id)
+    pids = run_processes(run_id, helpers=True)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -296,12 +309,12 @@ def stop(run_id, grace):
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and run_processes(run_id):
+        while time.monotonic() < deadline and run_processes(run_id, helpers=True):
             time.sleep(0.1)
-        pids = run_processes(run_id)
+        pids = run_processes(run_id, helpers=True)
         if not pids:
             break
-    return {"left": run_processes(run_id)}
+    return {"left": run_processes(run_id, helpers=True)}
 
 
 def progress(run_id, run_dir):
@@ -395,6 +408,103 @@ def notice(run_dir):
         return None
 
 
+def started_at(pid):
+    """A process's start time in clock ticks since boot (with its pid, what tells it from a later one)."""
+    try:
+        return int(read_text(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def autostop(idle_s, interval_s, shutdown, state_path):
+    """Start this node's idle agent, detached, in place of the one before (idle_s 0: only stop that one). It
+    powers the node off once no kiln run has had a process here for idle_s seconds (`shutdown`: "system" runs
+    shutdown; "namespace", on a local cluster's node, kills every process in the node's network namespace)."""
+    import signal
+    import time
+
+    before = read_json(state_path)
+    replaced = None
+    if before.get("pid") and before.get("pid") != os.getpid() and started_at(before["pid"]) == before.get("since"):
+        os.kill(before["pid"], signal.SIGTERM)
+        replaced = before["pid"]
+    if idle_s <= 0:
+        write_state(state_path, {"cancelled": time.time(), "replaced": replaced})
+        return {"pid": None, "replaced": replaced}
+    if shutdown not in ("system", "namespace"):
+        raise ValueError(f"shutdown {shutdown!r}: system or namespace")
+    if shutdown == "namespace" and not os.path.exists(LOCAL_NODE_MARK):
+        raise ValueError(f"shutdown namespace: no {LOCAL_NODE_MARK}; this is not a local cluster's node")
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                quiet = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(quiet, fd)
+                watch_idle(idle_s, interval_s, shutdown, state_path)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = read_json(state_path)
+        if now.get("pid") and now.get("pid") != before.get("pid"):
+            return {"pid": now["pid"], "replaced": replaced}
+        time.sleep(0.05)
+    raise RuntimeError(f"the idle agent did not start (no pid in {state_path})")
+
+
+def watch_idle(idle_s, interval_s, shutdown, state_path):
+    import time
+
+    me = {"pid": os.getpid(), "since": started_at(os.getpid()), "idle_s": idle_s, "shutdown": shutdown}
+    last_busy = time.time()
+    while True:
+        now = time.time()
+        if run_processes(None):
+            last_busy = now
+        write_state(state_path, {**me, "checked": now, "last_busy": last_busy})
+        if now - last_busy >= idle_s:
+            write_state(state_path, {**me, "checked": now, "last_busy": last_busy, "powered_off": now})
+            power_off(shutdown)
+            return
+        time.sleep(interval_s)
+
+
+def power_off(shutdown):
+    import signal
+    import subprocess
+
+    if shutdown == "system":
+        subprocess.run((["sudo", "-n"] if os.getuid() != 0 else []) + ["shutdown", "-h", "now"],
+                       stdin=subprocess.DEVNULL, timeout=60)
+        return
+    mine = os.readlink("/proc/self/ns/net")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/net") == mine:
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+
+
+def read_json(path):
+    try:
+        return json.loads(read_text(path) or "{}")
+    except ValueError:
+        return {}
+
+
+def write_state(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".new", "w") as handle:
+        json.dump(data, handle)
+    os.replace(path + ".new", path)
+
+
 def answer(verb, args, stdin):
     if verb == "facts":
         ports = [int(p) for p in args[0].split(",") if p] if args else []
@@ -410,6 +520,8 @@ def answer(verb, args, stdin):
         return progress(args[0], args[1])
     if verb == "look":
         return look(args[0], args[1:])
+    if verb == "autostop":
+        return autostop(float(args[0]), float(args[1]), args[2], os.path.expanduser(args[3]))
     raise ValueError(f"unknown verb {verb!r}")
 
 

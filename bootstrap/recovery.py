@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bootstrap import launch, mesh
+from bootstrap import autostop, launch, mesh
 from bootstrap.cluster import Cluster
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, Program, RunPlan, RunSpec
@@ -15,8 +15,9 @@ from bootstrap.providers import Provider, Replacement
 
 
 def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePaths, program: Program,
-              folder: Path | None):
-    """The supervisor's `recover`: lost hosts in, (replacements, the run's new plan) out."""
+              folder: Path | None, idle_minutes: float | None = None):
+    """The supervisor's `recover`: lost hosts in, (replacements, the run's new plan) out. A cluster with
+    autostop (idle_minutes) gets its agent on the new machines too."""
 
     def recover(lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
         replaced = [provider.replace(host) for host in lost]
@@ -30,6 +31,8 @@ def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePath
         if folder:
             group.sync(str(folder), paths.code)
             group.check_program(launch.program_check(program, group.python, paths))
+        if idle_minutes:
+            group.autostop(autostop.agent_args(idle_minutes, provider.kind), [r.new for r in replaced])
         return replaced, launch.plan_run(replace(spec, names=tuple(n.name for n in nodes)))
 
     return recover

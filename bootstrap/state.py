@@ -103,6 +103,7 @@ class ClusterRecord:
     user: str | None = None
     instances: tuple[Instance, ...] = ()
     provider: str | None = None
+    idle_minutes: float | None = None  # autostop: nodes power off after this long without a kiln run
 
 
 def save_cluster(record: ClusterRecord) -> None:
@@ -121,7 +122,8 @@ def load_cluster(name: str) -> ClusterRecord | None:
             name=data["name"], hosts=tuple(host_from_json(h) for h in data["hosts"]), python=data["python"],
             ssh=SshSettings(**data.get("ssh", {})), region=data.get("region"), user=data.get("user"),
             instances=tuple(Instance(**i) for i in data.get("instances", [])),
-            provider=data.get("provider", "aws" if data.get("instances") else None))
+            provider=data.get("provider", "aws" if data.get("instances") else None),
+            idle_minutes=data.get("idle_minutes"))
     except (KeyError, TypeError) as error:
         raise KilnError(f"{path} is not a kiln cluster file ({error}); remove it and set the cluster up again") \
             from None

@@ -144,6 +144,7 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
         run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", f"root@{node.name}", "-f",
              str(etc / f"ssh_host_{kind}_key")])
     write(etc / "sshd_config", plan.sshd_config_text(node))
+    write(etc / "kiln-local-node", f"{cluster.name} {node.name}\n")  # node.py: powering off kills this node only
     if Path("/etc/ssh/ssh_config").is_file():  # the image's ssh client defaults
         shutil.copy2("/etc/ssh/ssh_config", etc / "ssh_config")
     write(node_dir / "hosts", plan.hosts_text(node))

@@ -215,7 +215,8 @@ class Rollback:
 
 def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
        spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
-       ttl_hours: float = 24.0, image_tags: str | None = None, volume_gib: int | None = None, *,
+       ttl_hours: float = 24.0, image_tags: str | None = None, volume_gib: int | None = None,
+       idle_minutes: float | None = None, *,
        region: str | None = None, profile: str | None = None, python: str = "python3",
        aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
        ssh_wait_s: float = SSH_WAIT_S) -> dict:
@@ -226,7 +227,8 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     complete set of snapshots where there is one (`down --snapshot` makes them), else empty."""
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume_gib)
+                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume_gib,
+                                    idle_minutes=idle_minutes)
     ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)
@@ -512,6 +514,8 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
             except Exception as error:
                 kept.append(f"{volume.id} (node {volume.tags[plan.TAG_DATA]}): {describe_error(error)}")
         keep = {line.split()[0] for line in kept}
+        # a terminated instance's volumes detach a little after it is gone; a volume still in use cannot be deleted
+        wait_volumes(aws, "volume_available", [s.volume_id for s in snapshots], timeout_s)
         removed += remove(aws, [r for r in resources if r.kind != "instance" and r.id not in keep], timeout_s)
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None

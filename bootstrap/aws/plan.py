@@ -64,6 +64,7 @@ class Request:
     ttl_hours: float = 24.0
     image_tags: tuple[tuple[str, str], ...] = ()
     volume_gib: int | None = None
+    idle_minutes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def validate_cidr(text: str | None) -> str:
 
 def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
                      image_profile: str = "gpu", spot: bool = False, max_price=None, user: str = "ubuntu",
-                     ttl_hours=24.0, image_tags: str | None = None, volume_gib=None) -> Request:
+                     ttl_hours=24.0, image_tags: str | None = None, volume_gib=None,
+                     idle_minutes: float | None = None) -> Request:
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
@@ -135,7 +137,7 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
     return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
-                   user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib))
+                   user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib), idle_minutes or None)
 
 
 def validate_volume(size_gib) -> int | None:
@@ -234,6 +236,8 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
     }
     if request.volume_gib:
         params["UserData"] = first_boot_settings(request.volume_gib, request.user)
+    if request.idle_minutes:
+        params["InstanceInitiatedShutdownBehavior"] = "terminate"  # an idle node's shutdown ends its bill
     if request.spot:
         spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if request.max_price:
@@ -411,6 +415,7 @@ class Snapshot:
     size_gib: int
     state: str
     tags: dict
+    volume_id: str = ""
 
     @property
     def expires(self) -> datetime | None:
@@ -425,7 +430,7 @@ def snapshot_of(described: dict) -> Snapshot:
     index = tags.get(TAG_DATA, "")
     return Snapshot(described["SnapshotId"], tags.get(TAG_CLUSTER, ""), int(index) if index.isdigit() else None,
                     tags.get(TAG_SNAPSHOT_SET, ""), int(described.get("VolumeSize") or 0),
-                    described.get("State", ""), tags)
+                    described.get("State", ""), tags, described.get("VolumeId", ""))
 
 
 def latest_snapshot_set(snapshots: Iterable[Snapshot]) -> dict[int, Snapshot]:

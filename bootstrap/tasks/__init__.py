@@ -71,7 +71,7 @@ def namespace(*, flat: bool = False) -> Collection:
     from bootstrap.tasks import cluster, lifecycle, runs
 
     tasks = Collection() if flat else Collection("cluster")
-    for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_")),
+    for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_", "autostop")),
                           (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
                           (lifecycle, ("up", "down", "list_", "sweep", "launch"))):
         for name in names:

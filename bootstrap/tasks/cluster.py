@@ -9,6 +9,7 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
+from bootstrap import autostop as autostop_plan
 from bootstrap import hosts as hostlists
 from bootstrap import launch, mesh, providers, state, topology
 from bootstrap.cluster import REMOTE_ROOT, Cluster
@@ -209,6 +210,28 @@ def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, code=N
     print(f"synced {source} to {where}")
 
 
+@cluster_task(help={"cluster": HOST_HELP["cluster"], "fanout": HOST_HELP["fanout"],
+                    "accept_new_host_keys": HOST_HELP["accept_new_host_keys"],
+                    "idle_minutes": "power each node off after N minutes without a kiln run (0: cancel)"})
+def autostop(c, cluster, idle_minutes, fanout=64, accept_new_host_keys=False):
+    """Power a kiln-made cluster's nodes off once they sit idle (no kiln run) for N minutes: the agent on each
+    node shuts it down (AWS: the instance terminates; its data volume stays). 0 cancels."""
+    arm(c, cluster, autostop_plan.validate_idle_minutes(idle_minutes), fanout=fanout,
+        accept_new_host_keys=accept_new_host_keys)
+
+
+def arm(c, cluster: str, idle_minutes: float, *, fanout: int = 64, accept_new_host_keys: bool = False) -> None:
+    """Start (or cancel) the idle agents on every node of the cluster, and remember it in the cluster file."""
+    record = state.load_cluster(mesh.validate_cluster_name(cluster))
+    if record is None or record.provider is None:
+        raise UsageError(f"autostop needs a cluster that kiln started (kiln up NAME ...); {cluster} is not one")
+    goal = target(c, hostfile=None, cluster=cluster, slots=None, python=None)
+    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+    group.autostop(autostop_plan.agent_args(idle_minutes, record.provider))
+    state.save_cluster(replace(record, idle_minutes=idle_minutes or None))
+    print(autostop_plan.describe(idle_minutes, [h.label for h in goal.hosts]))
+
+
 TRAIN_HELP = {
     **HOST_HELP,
     "mode": "horovod (one horovodrun over a hostfile) or tf-config (one process per role)",
@@ -261,7 +284,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         raise UsageError("--down-after waits for the run to end: it cannot --detach")
     if int(max_recoveries) < 0:
         raise UsageError(f"--max-recoveries {max_recoveries}: give 0 or more")
-    owner = providers.for_cluster(state.load_cluster(goal.name), cluster) if managed or down_after else None
+    record = state.load_cluster(goal.name)
+    owner = providers.for_cluster(record, cluster) if managed or down_after else None
     program = launch.Program(tuple(command), tuple(split_args(args)), checkpoint_dir)
     spec = launch.RunSpec(
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
@@ -278,7 +302,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         paths = launch.NodePaths(same_root(group))
         spec = replace(spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
                        nic=nic or topology.common_interface({n.name: n.iface for n in nodes}))
-        recover = recoverer(group, owner, spec, paths, program, folder) if managed else None
+        recover = recoverer(group, owner, spec, paths, program, folder,
+                            record.idle_minutes if record else None) if managed else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
                         timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
                         stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,

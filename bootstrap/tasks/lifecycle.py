@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from bootstrap import providers, state
+from bootstrap import autostop, providers, state
 from bootstrap.aws import plan
 from bootstrap.errors import UsageError
 from bootstrap.tasks import cluster_task
@@ -30,6 +30,8 @@ AWS_HELP = {
     "dry_run": "print the plan and change nothing",
     "volume": "give each node an encrypted data volume of SIZE_GB GiB, mounted at /data, restored from the "
               "cluster's newest snapshots (down --snapshot) where there are some",
+    "idle_minutes": "power each node off after N minutes without a kiln run (see kiln autostop; AWS: the instance "
+                    "terminates, its data volume stays)",
     "provider": "aws (default), or local: nodes in network namespaces on this machine (root); "
                 "train --managed replaces lost nodes through it",
 }
@@ -43,10 +45,13 @@ SNAPSHOT_HELP = {
 @cluster_task(help=AWS_HELP)
 def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
-       image_tags=None, dry_run=False, provider="aws", volume=None):
+       image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None):
     """Start a cluster (AWS from a kiln AMI, or --provider local) and write its cluster file (then --cluster NAME)."""
     if provider not in providers.KINDS:
         raise UsageError(f"--provider {provider}: choose one of {', '.join(providers.KINDS)}")
+    idle_minutes = autostop.validate_idle_minutes(idle_minutes) or None
+    if idle_minutes and provider == "aws" and not float(ssh_wait):
+        raise UsageError("--idle-minutes starts an agent on every node over SSH: it needs --ssh-wait above 0")
     if provider == "local":
         given = [flag for flag, value in (("--spot", spot), ("--max-price", max_price), ("--ami", ami),
                                           ("--ssh-cidr", ssh_cidr), ("--dry-run", dry_run), ("--volume", volume))
@@ -56,10 +61,12 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
         record = providers.LocalProvider(name).up(int(count))
         print(f"cluster {name}: {len(record.hosts)} local node(s) up: {', '.join(h.label for h in record.hosts)}; "
               f"next: kiln check --cluster {name}")
+        arm_or_remove(c, name, idle_minutes)
         return
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume)
+                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume,
+                                    idle_minutes=idle_minutes)
     ssh_wait = plan.validate_ssh_wait(ssh_wait)
     if dry_run:
         key = state.cluster_dir(request.name) / "id_ed25519"
@@ -84,7 +91,8 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
                   image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
                   ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours,
                   image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None,
-                  volume_gib=request.volume_gib, region=region, profile=profile, ssh_wait_s=ssh_wait)
+                  volume_gib=request.volume_gib, idle_minutes=request.idle_minutes, region=region,
+                  profile=profile, ssh_wait_s=ssh_wait)
     if not made["ssh_wait"]:
         print("not waiting for SSH to answer (--ssh-wait 0): the instances may still be booting")
     print(f"cluster {made['name']} is running in {made['region']} from {made['ami']}, expires {made['expires']}:")
@@ -100,6 +108,21 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
     if first_contact:
         print(plan.first_contact_note(made["name"], first_contact))
     print(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
+    arm_or_remove(c, made["name"], idle_minutes, region=region, profile=profile)
+
+
+def arm_or_remove(c, name: str, idle_minutes: float | None, **where) -> None:
+    """Start the idle agents of a cluster just made; if that fails, remove the cluster (nothing would stop it)."""
+    if not idle_minutes:
+        return
+    from bootstrap.tasks.cluster import arm
+
+    try:
+        arm(c, name, idle_minutes)
+    except BaseException:
+        print(f"cluster {name}: the idle agents could not be started; removing the cluster", flush=True)
+        down(c, name, **where)
+        raise
 
 
 LAUNCH_HELP = {

@@ -96,7 +96,8 @@ def test_horovod_has_nccl_on_gpu_images(horovod_build, manifest):
     assert horovod_build["NCCL"], f"Horovod lacks NCCL: {horovod_build}"
 
 
-@pytest.mark.parametrize("unit", ["kiln-ssh-hostkeys.service", "chrony.service", "ssh.service", "docker.service"])
+@pytest.mark.parametrize("unit", ["kiln-ssh-hostkeys.service", "kiln-data-volume.service", "chrony.service",
+                                  "ssh.service", "docker.service"])
 def test_service_is_enabled(host, unit):
     result = host.run(f"systemctl is-enabled {unit}")
     assert result.stdout.strip() == "enabled", f"{unit} is {result.stdout.strip() or result.stderr.strip()}"
@@ -111,6 +112,18 @@ def test_host_keys_are_made_at_first_boot(host, captured):
     assert enabled == "enabled", f"kiln-ssh-hostkeys.service is {enabled or 'not enabled'}: no host keys at first boot"
     if not captured:
         assert host.file("/etc/ssh/ssh_host_ed25519_key").exists, "a booted image has no SSH host key"
+
+
+def test_a_data_volume_is_mounted_whenever_its_disk_appears(host):
+    """kiln up --volume attaches each node's volume once the instance runs: udev must start the mounter then."""
+    rule = host.file("/etc/udev/rules.d/90-kiln-data-volume.rules")
+    assert rule.exists and 'ENV{SYSTEMD_WANTS}+="kiln-data-volume.service"' in rule.content_string, (
+        "no udev rule starts kiln-data-volume.service when a disk appears: a volume attached after boot stays "
+        "unmounted")
+    mounter = host.file("/usr/local/sbin/kiln-data-volume")
+    assert mounter.exists and mounter.mode & 0o111, "/usr/local/sbin/kiln-data-volume is missing or not executable"
+    for tool in ("lsblk", "blkid", "mkfs.ext4"):
+        assert host.exists(tool), f"{tool} is missing: the data volume cannot be found or formatted"
 
 
 # Hygiene: nothing of the bake may ship. A captured image must have none of it; a booted one may

@@ -230,3 +230,77 @@ def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
     finally:
         subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kd"], capture_output=True,
                        timeout=120)
+
+
+def reachable(node: str, name: str) -> bool:
+    return subprocess.run(["ssh", "-F", str(netns.STATE_ROOT / name / "ssh_config"), node, "true"],
+                          capture_output=True, timeout=30).returncode == 0
+
+
+def autostop_state(name: str, node: str) -> dict:
+    try:
+        return json.loads((netns.STATE_ROOT / name / node / "kiln" / "autostop.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_idle_nodes_power_off_but_never_during_a_run(tmp_path):
+    """up --idle-minutes 0.25: a run longer than the idle window keeps both nodes on; once it ends, each node's
+    agent powers it off (a local node: its processes, sshd too, killed) within the window and a check."""
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+    (tmp_path / "busy.py").write_text("import time\ntime.sleep(25)\nprint('worked 25 s')\n")
+    try:
+        up = once.kiln("up", "ka", "--provider", "local", "--count", "2", "--idle-minutes", "0.25")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "autostop: node1, node2 power off after 0.25 minute(s) without a kiln run" in up.stdout, up.stdout
+        assert json.loads((once.home / "clusters" / "ka" / "cluster.json").read_text())["idle_minutes"] == 0.25
+        started = time.time()
+        done = once.kiln("train", "--cluster", "ka", "--mode", "tf-config", "--run-id", "longer-than-idle", "--",
+                         "python", "busy.py")
+        ended = time.time()
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert once.summary("longer-than-idle")["status"] == "ok"
+        for node in ("node1", "node2"):
+            seen = autostop_state("ka", node)
+            assert seen["shutdown"] == "namespace" and seen["idle_s"] == 15
+            assert seen.get("last_busy", 0) > started + 15, seen  # the run's processes were seen late in the run
+        deadline = time.time() + 90
+        while time.time() < deadline and any(reachable(n, "ka") for n in ("node1", "node2")):
+            time.sleep(2)
+        for node in ("node1", "node2"):
+            assert not reachable(node, "ka"), f"{node} still answers 90 s after the run ended"
+            assert autostop_state("ka", node)["powered_off"] >= ended + 10, autostop_state("ka", node)
+        down = once.kiln("down", "ka")
+        assert down.returncode == 0, down.stderr
+    finally:
+        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "ka"], capture_output=True,
+                       timeout=120)
+
+
+def test_autostop_is_cancelled_with_zero_and_refuses_what_it_cannot_stop(tmp_path):
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+    try:
+        up = once.kiln("up", "kb", "--provider", "local", "--count", "1", "--idle-minutes", "0.1")
+        assert up.returncode == 0, up.stdout + up.stderr
+        armed = autostop_state("kb", "node1")["pid"]
+        cancel = once.kiln("autostop", "--cluster", "kb", "--idle-minutes", "0")
+        assert cancel.returncode == 0 and "autostop cancelled on node1" in cancel.stdout, cancel.stderr
+        assert autostop_state("kb", "node1")["replaced"] == armed
+        time.sleep(15)  # well past the 6 s it had
+        assert reachable("node1", "kb")
+        assert json.loads((once.home / "clusters" / "kb" / "cluster.json").read_text())["idle_minutes"] is None
+        bad = once.kiln("autostop", "--cluster", "kb", "--idle-minutes", "-1")
+        assert bad.returncode == 2 and "--idle-minutes -1: give 0 (cancel) to 10080 minutes" in bad.stderr
+        given = once.kiln("-S", str(netns.STATE_ROOT / "kb" / "ssh_config"), "-H", "node1", "mesh",
+                          "--cluster", "handmade")
+        assert given.returncode == 0, given.stderr
+        refused = once.kiln("autostop", "--cluster", "handmade", "--idle-minutes", "5")
+        assert refused.returncode == 2 and "autostop needs a cluster that kiln started" in refused.stderr
+        once.kiln("down", "kb")
+    finally:
+        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kb"], capture_output=True,
+                       timeout=120)
