@@ -280,7 +280,7 @@ def run_processes(run_id, helpers=False):
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 if needle not in b"\0" + handle.read() + b"\0" or namespaces(entry) != here:
                     continue
-            if not helpers and any(name in read_bytes(f"/proc/{entry}/cmdline") for name in HELPERS):
+            if not helpers and is_helper(read_bytes(f"/proc/{entry}/cmdline")):
                 continue
             found.append(int(entry))
         except OSError:
@@ -288,7 +288,12 @@ def run_processes(run_id, helpers=False):
     return found
 
 
-HELPERS = (b"shim/interruption.py",)
+HELPERS = ("/lib/shim/interruption.py",)  # kiln's, in its node folder (~/kiln/lib)
+
+
+def is_helper(cmdline):
+    """Whether a command line (NUL-separated) runs one of kiln's helper scripts."""
+    return any(word.decode(errors="replace").endswith(HELPERS) for word in cmdline.split(b"\0")[:3])
 
 
 def read_bytes(path):
@@ -420,30 +425,33 @@ def autostop(idle_s, interval_s, shutdown, state_path):
     """Start this node's idle agent, detached, in place of the one before (idle_s 0: only stop that one). It
     powers the node off once no kiln run has had a process here for idle_s seconds (`shutdown`: "system" runs
     shutdown; "namespace", on a local cluster's node, kills every process in the node's network namespace)."""
-    import signal
     import time
 
-    before = read_json(state_path)
-    replaced = None
-    if before.get("pid") and before.get("pid") != os.getpid() and started_at(before["pid"]) == before.get("since"):
-        os.kill(before["pid"], signal.SIGTERM)
-        replaced = before["pid"]
-    if idle_s <= 0:
-        write_state(state_path, {"cancelled": time.time(), "replaced": replaced})
-        return {"pid": None, "replaced": replaced}
     if shutdown not in ("system", "namespace"):
         raise ValueError(f"shutdown {shutdown!r}: system or namespace")
     if shutdown == "namespace" and not os.path.exists(LOCAL_NODE_MARK):
         raise ValueError(f"shutdown namespace: no {LOCAL_NODE_MARK}; this is not a local cluster's node")
+    os.makedirs(os.path.dirname(state_path), exist_ok=True)
+    before = read_json(state_path)
+    replaced = end_agent(before)
+    if idle_s <= 0:
+        write_state(state_path, {"cancelled": time.time(), "replaced": replaced})
+        return {"pid": None, "replaced": replaced}
     child = os.fork()
     if child == 0:
         try:
             os.setsid()
             if os.fork() == 0:
-                quiet = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(quiet, fd)
+                os.chdir("/")
+                quiet = os.open(os.devnull, os.O_RDONLY)
+                log = os.open(state_path[:-len(".json")] + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(quiet, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.closerange(3, 1 << 16)  # the serve agent's pipes and the ssh session's stay with it
                 watch_idle(idle_s, interval_s, shutdown, state_path)
+        except BaseException as error:  # the agent's last word, in its log
+            print(f"autostop: {type(error).__name__}: {error}", flush=True)
         finally:
             os._exit(0)
     os.waitpid(child, 0)
@@ -456,31 +464,59 @@ def autostop(idle_s, interval_s, shutdown, state_path):
     raise RuntimeError(f"the idle agent did not start (no pid in {state_path})")
 
 
+def end_agent(recorded, wait=5.0):
+    """Stop the agent a state file names, if it is still that process; its pid, or None."""
+    import signal
+    import time
+
+    pid = recorded.get("pid")
+    if not pid or pid == os.getpid() or started_at(pid) != recorded.get("since"):
+        return None
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    deadline = time.monotonic() + wait
+    while started_at(pid) == recorded.get("since") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
 def watch_idle(idle_s, interval_s, shutdown, state_path):
+    """Look for kiln runs every interval_s; power off once none was seen for idle_s (a monotonic clock: a time
+    step does not count). A power-off that fails is logged and tried again at the next look."""
     import time
 
     me = {"pid": os.getpid(), "since": started_at(os.getpid()), "idle_s": idle_s, "shutdown": shutdown}
-    last_busy = time.time()
+    last_busy, last_busy_at = time.monotonic(), time.time()
+    failure = None
     while True:
-        now = time.time()
         if run_processes(None):
-            last_busy = now
-        write_state(state_path, {**me, "checked": now, "last_busy": last_busy})
-        if now - last_busy >= idle_s:
-            write_state(state_path, {**me, "checked": now, "last_busy": last_busy, "powered_off": now})
-            power_off(shutdown)
-            return
+            last_busy, last_busy_at = time.monotonic(), time.time()
+        seen = {**me, "checked": time.time(), "last_busy": last_busy_at, **({"error": failure} if failure else {})}
+        if time.monotonic() - last_busy >= idle_s:
+            write_state(state_path, {**seen, "powering_off": time.time()})
+            failure = power_off(shutdown)
+            if failure is None:
+                return
+            print(f"autostop: could not power off: {failure}", flush=True)
+            seen["error"] = failure
+        write_state(state_path, seen)
         time.sleep(interval_s)
 
 
 def power_off(shutdown):
+    """Power this node off; None, or why it could not be."""
     import signal
     import subprocess
 
     if shutdown == "system":
-        subprocess.run((["sudo", "-n"] if os.getuid() != 0 else []) + ["shutdown", "-h", "now"],
-                       stdin=subprocess.DEVNULL, timeout=60)
-        return
+        argv = (["sudo", "-n"] if os.getuid() != 0 else []) + ["shutdown", "-h", "now"]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"{' '.join(argv)}: {error}"
+        return None if done.returncode == 0 else f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}"
     mine = os.readlink("/proc/self/ns/net")
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
@@ -489,6 +525,7 @@ def power_off(shutdown):
                     os.kill(int(entry), signal.SIGKILL)
             except OSError:
                 continue
+    return None
 
 
 def read_json(path):
@@ -500,9 +537,10 @@ def read_json(path):
 
 def write_state(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".new", "w") as handle:
+    temporary = f"{path}.{os.getpid()}"
+    with open(temporary, "w") as handle:
         json.dump(data, handle)
-    os.replace(path + ".new", path)
+    os.replace(temporary, path)
 
 
 def answer(verb, args, stdin):

@@ -176,11 +176,14 @@ def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINAT
     if instances:
         aws.ec2.terminate_instances(InstanceIds=instances)
         wait(aws, "instance_terminated", instances, timeout_s)
-    gone = {v["VolumeId"] for v in aws.ec2.describe_volumes(
-        Filters=[{"Name": "volume-id", "Values": [r.id for r in ordered if r.kind == "volume"]}])["Volumes"]} \
-        if any(r.kind == "volume" for r in ordered) else set()
+    left = aws.ec2.describe_volumes(
+        Filters=[{"Name": "volume-id", "Values": [r.id for r in ordered if r.kind == "volume"]}])["Volumes"] \
+        if any(r.kind == "volume" for r in ordered) else []
+    # a terminated instance's volumes detach a little after it is gone; one still in use cannot be deleted
+    wait_volumes(aws, "volume_available", [v["VolumeId"] for v in left if v["State"] == "in-use"], timeout_s)
+    remaining = {v["VolumeId"] for v in left}
     for resource in ordered:
-        if resource.kind == "volume" and resource.id not in gone:
+        if resource.kind == "volume" and resource.id not in remaining:
             continue  # deleted with its instance
         if resource.kind != "instance":
             delete(aws, resource)
@@ -235,10 +238,18 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     image = find_image(aws, request)
     taken = find_resources(aws, request.name)
     if taken:
+        data = [r.id for r in taken if r.kind == "volume" and plan.TAG_DATA in r.tags]
         raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) tagged "
-                         f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} (kiln down --name "
-                         f"{request.name})")
-    restored = plan.latest_snapshot_set(find_snapshots(aws, request.name)) if request.volume_gib else {}
+                         f"{plan.TAG_CLUSTER}={request.name} exist in {aws.region} " + (
+                             f"(kiln down {request.name} --snapshot keeps its data volumes {', '.join(data)} as "
+                             f"snapshots; kiln down {request.name} deletes them)" if data else
+                             f"(kiln down --name {request.name})"))
+    try:
+        restored = plan.latest_snapshot_set(find_snapshots(aws, request.name)) if request.volume_gib else {}
+    except Exception as error:
+        raise AwsError(f"cluster.up {request.name}: could not look for snapshots of its data volumes: "
+                       f"{describe_error(error)}; nothing was created") from None
+    note = plan.restore_note(request.name, request.count, restored) if request.volume_gib else None
     tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
     folder = state.cluster_dir(request.name)
     rollback = Rollback()
@@ -303,8 +314,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
             "region": aws.region, "instances": instance_ids, "security_group": group_id,
             "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
             "ami": image, "tags": tags, "host_keys": host_keys, "request": asdict(request),
-            "data_volumes": volumes, "restored_from": plan.restore_note(request.name, request.count, restored)
-            if request.volume_gib else None})
+            "data_volumes": volumes, "restored_from": note})
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=aws.region, user=request.user,
@@ -322,7 +332,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
             "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
             "host_keys": host_keys, "ssh_wait": ssh_wait_s, "data_volumes": volumes,
-            "restore_note": plan.restore_note(request.name, request.count, restored) if request.volume_gib else None}
+            "restore_note": note}
 
 
 def attach_data_volumes(aws: Aws, instances: Sequence[dict], size_gib: int, tags: dict[str, str],
@@ -459,7 +469,7 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
          timeout_s: float = TERMINATED_TIMEOUT_S) -> list[str]:
     """Remove everything tagged with the cluster's name (its snapshots stay); an empty list when there was
     nothing."""
-    check_name(name)
+    plan.validate_name(name)
     aws = aws or connect(region, profile)
     caller(aws)
     try:
@@ -470,19 +480,13 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
     return removed
 
 
-def check_name(name) -> str:
-    if not isinstance(name, str) or not plan.NAME.fullmatch(name):
-        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
-    return name
-
-
 @dataclass(frozen=True)
 class Teardown:
-    """What `down --snapshot` did: the resources removed, the snapshots taken, the volumes kept (and why)."""
+    """What `down --snapshot` did: the resources removed, the snapshots taken, the volumes kept (id, node, why)."""
 
     removed: list[str]
     snapshots: list[plan.Snapshot]
-    kept: list[str]
+    kept: list[tuple[str, str, str]]
 
 
 def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, region: str | None = None,
@@ -491,54 +495,90 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
                         snapshot_timeout_s: float = SNAPSHOT_TIMEOUT_S) -> Teardown:
     """Terminate the instances (their shutdown unmounts the data volumes), snapshot each data volume, and remove
     the rest. A volume whose snapshot fails is kept, tagged with the cluster, and named; the rest goes."""
-    check_name(name)
+    plan.validate_name(name)
     ttl_days = plan.validate_snapshot_ttl(ttl_days)
     aws = aws or connect(region, profile)
     caller(aws)
-    taken_at = plan.format_time(now or datetime.now(UTC))
+    moment = now or datetime.now(UTC)
+    taken_at = plan.format_time(moment)
     snapshots: list[plan.Snapshot] = []
-    kept: list[str] = []
+    kept: list[tuple[str, str, str]] = []
     try:
         resources = find_resources(aws, name)
         instances = [r for r in resources if r.kind == "instance"]
         removed = remove(aws, instances, timeout_s)
+        started: dict[str, plan.Resource] = {}
         for volume in sorted((r for r in resources if r.kind == "volume" and plan.TAG_DATA in r.tags),
                              key=lambda r: (r.tags[plan.TAG_DATA], r.id)):
             try:
-                made = aws.ec2.create_snapshot(**plan.snapshot_request(
-                    volume, plan.snapshot_tags(volume.tags, now or datetime.now(UTC), ttl_days), taken_at))
-                aws.ec2.get_waiter("snapshot_completed").wait(SnapshotIds=[made["SnapshotId"]], WaiterConfig={
+                started[aws.ec2.create_snapshot(**plan.snapshot_request(
+                    volume, plan.snapshot_tags(volume.tags, moment, ttl_days), taken_at))["SnapshotId"]] = volume
+            except Exception as error:
+                kept.append((volume.id, volume.tags[plan.TAG_DATA], describe_error(error)))
+        for snapshot_id, volume in started.items():
+            try:
+                aws.ec2.get_waiter("snapshot_completed").wait(SnapshotIds=[snapshot_id], WaiterConfig={
                     "Delay": SNAPSHOT_POLL_S, "MaxAttempts": max(1, int(snapshot_timeout_s // SNAPSHOT_POLL_S))})
-                [described] = aws.ec2.describe_snapshots(SnapshotIds=[made["SnapshotId"]])["Snapshots"]
+                [described] = aws.ec2.describe_snapshots(SnapshotIds=[snapshot_id])["Snapshots"]
                 snapshots.append(plan.snapshot_of(described))
             except Exception as error:
-                kept.append(f"{volume.id} (node {volume.tags[plan.TAG_DATA]}): {describe_error(error)}")
-        keep = {line.split()[0] for line in kept}
-        # a terminated instance's volumes detach a little after it is gone; a volume still in use cannot be deleted
-        wait_volumes(aws, "volume_available", [s.volume_id for s in snapshots], timeout_s)
+                kept.append((volume.id, volume.tags[plan.TAG_DATA], f"snapshot {snapshot_id}: {describe_error(error)}"))
+        for volume_id, _, _ in kept:  # a retry completes the set this one missed
+            aws.ec2.create_tags(Resources=[volume_id], Tags=[{"Key": plan.TAG_SNAPSHOT_SET, "Value": next(
+                (v.tags.get(plan.TAG_SNAPSHOT_SET) for v in resources if v.id == volume_id), None) or taken_at}])
+        keep = {volume_id for volume_id, _, _ in kept}
         removed += remove(aws, [r for r in resources if r.kind != "instance" and r.id not in keep], timeout_s)
     except Exception as error:
-        raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
+        raise AwsError(f"cluster.down {name}: {describe_error(error)}"
+                       + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
     forget_local(name)
     return Teardown(removed, snapshots, kept)
+
+
+def terminate_on_shutdown(name: str, *, region: str | None = None, profile: str | None = None,
+                          aws: Aws | None = None) -> list[str]:
+    """Make a shutdown from inside the cluster's instances terminate them (autostop armed after `up`)."""
+    record = state.load_cluster(plan.validate_name(name))
+    if record is None or not record.instances:
+        raise UsageError(f"cluster {name}: no instances on record")
+    aws = aws or connect(region or record.region, profile)
+    try:
+        for instance in record.instances:
+            aws.ec2.modify_instance_attribute(InstanceId=instance.id, Attribute="instanceInitiatedShutdownBehavior",
+                                              Value="terminate")
+    except Exception as error:
+        raise AwsError(f"cluster {name}: could not make a shutdown terminate its instances: "
+                       f"{describe_error(error)}") from None
+    return [i.id for i in record.instances]
 
 
 def list_snapshots(*, region: str | None = None, profile: str | None = None,
                    aws: Aws | None = None) -> list[plan.Snapshot]:
     aws = aws or connect(region, profile)
     caller(aws)
-    return sorted(find_snapshots(aws), key=plan.snapshot_order)
+    try:
+        return sorted(find_snapshots(aws), key=plan.snapshot_order)
+    except Exception as error:
+        raise AwsError(f"list the data snapshots: {describe_error(error)}") from None
 
 
 def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, region: str | None = None,
                     profile: str | None = None, aws: Aws | None = None) -> list[plan.Snapshot]:
-    """The data snapshots past their expiry; deleted unless dry_run."""
+    """The data snapshots past their expiry; deleted unless dry_run (every one tried; the failures named)."""
     aws = aws or connect(region, profile)
     caller(aws)
-    expired = plan.expired_snapshots(find_snapshots(aws), now or datetime.now(UTC))
-    if not dry_run:
-        for snapshot in expired:
+    try:
+        expired = plan.expired_snapshots(find_snapshots(aws), now or datetime.now(UTC))
+    except Exception as error:
+        raise AwsError(f"sweep: list the data snapshots: {describe_error(error)}") from None
+    failed = []
+    for snapshot in [] if dry_run else expired:
+        try:
             aws.ec2.delete_snapshot(SnapshotId=snapshot.id)
+        except Exception as error:
+            failed.append(f"{snapshot.id}: {describe_error(error)}")
+    if failed:
+        raise AwsError(f"sweep: could not delete {len(failed)} expired snapshot(s): {'; '.join(failed)}")
     return expired
 
 

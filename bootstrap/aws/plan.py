@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 
@@ -85,6 +86,12 @@ class Plan:
                 ("CreatePlacementGroup", self.create_placement_group), ("RunInstances", self.run_instances)]
 
 
+def validate_name(name) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    return name
+
+
 def validate_cidr(text: str | None) -> str:
     """The operator's SSH source range; never the whole Internet, never guessed."""
     if not text:
@@ -105,8 +112,7 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
                      ttl_hours=24.0, image_tags: str | None = None, volume_gib=None,
                      idle_minutes: float | None = None) -> Request:
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    validate_name(name)
     try:
         count = int(count)
     except (TypeError, ValueError):
@@ -137,7 +143,8 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
     return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
-                   user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib), idle_minutes or None)
+                   user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib),
+                   validate_idle_minutes(idle_minutes) or None)
 
 
 def validate_volume(size_gib) -> int | None:
@@ -157,7 +164,7 @@ def validate_snapshot_ttl(days) -> float:
     try:
         value = float(days)
     except (TypeError, ValueError):
-        raise UsageError(f"--snapshot-ttl-days {days!r} is not a number") from None
+        raise UsageError(f"--snapshot-ttl-days {days!r}: give days, e.g. 30") from None
     if not 0 < value <= MAX_SNAPSHOT_TTL_DAYS:
         raise UsageError(f"--snapshot-ttl-days {value:g}: give more than 0 and at most {MAX_SNAPSHOT_TTL_DAYS:g}")
     return value
@@ -390,8 +397,11 @@ def data_volume_request(*, zone: str, size_gib: int, tags: dict[str, str], index
 
 
 def snapshot_request(volume: Resource, tags: dict[str, str], taken_at: str) -> dict:
-    """CreateSnapshot of a data volume, tagged with the cluster, the node's index and the set it belongs to."""
+    """CreateSnapshot of a data volume, tagged with the cluster, the node's index and the set it belongs to: the
+    set of this `down --snapshot`, or, for a volume kept when its snapshot failed, the set it missed (so a retry
+    completes that set)."""
     index = volume.tags.get(TAG_DATA, "")
+    taken_at = volume.tags.get(TAG_SNAPSHOT_SET) or taken_at
     return {"VolumeId": volume.id, "Description": f"kiln cluster {tags[TAG_CLUSTER]} node {index} data, {taken_at}",
             "TagSpecifications": tag_specifications(
                 {**tags, TAG_DATA: index, TAG_SNAPSHOT_SET: taken_at,

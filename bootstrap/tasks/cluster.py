@@ -227,6 +227,10 @@ def arm(c, cluster: str, idle_minutes: float, *, fanout: int = 64, accept_new_ho
         raise UsageError(f"autostop needs a cluster that kiln started (kiln up NAME ...); {cluster} is not one")
     goal = target(c, hostfile=None, cluster=cluster, slots=None, python=None)
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+    if idle_minutes and record.provider == "aws":
+        from bootstrap.aws import cloud
+
+        cloud.terminate_on_shutdown(record.name, region=record.region)  # not stopped: stopped disks still bill
     group.autostop(autostop_plan.agent_args(idle_minutes, record.provider))
     state.save_cluster(replace(record, idle_minutes=idle_minutes or None))
     print(autostop_plan.describe(idle_minutes, [h.label for h in goal.hosts]))

@@ -108,6 +108,11 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
     if first_contact:
         print(plan.first_contact_note(made["name"], first_contact))
     print(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
+    if idle_minutes and first_contact:
+        print(f"autostop NOT started: kiln does not log in to hosts whose keys it has not seen; once you trust "
+              f"them: kiln autostop --cluster {made['name']} --idle-minutes {idle_minutes:g} --accept-new-host-keys "
+              f"(the cluster expires at {made['expires']} all the same: kiln sweep)")
+        return
     arm_or_remove(c, made["name"], idle_minutes, region=region, profile=profile)
 
 
@@ -147,6 +152,8 @@ def launch(c, name, provider="aws", count=1, instance_type="p3.2xlarge", spot=Fa
     whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
     from bootstrap.tasks.cluster import train
 
+    if snapshot and provider == "local":
+        raise UsageError("--snapshot: a local cluster's nodes have no data volumes")
     up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot, max_price=max_price, ami=ami,
        ssh_cidr=ssh_cidr, user=user, region=region, profile=profile, ttl_hours=ttl_hours, ssh_wait=ssh_wait,
        volume=volume)
@@ -181,7 +188,7 @@ def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=p
         if done.kept:
             raise aws.AwsError(f"cluster.down {name}: could not snapshot {len(done.kept)} data volume(s), kept "
                                f"(tagged kiln:cluster={name}; kiln down {name} --snapshot tries again): "
-                               + "; ".join(done.kept))
+                               + "; ".join(f"{volume} (node {node}): {why}" for volume, node, why in done.kept))
         return
     removed = aws.down(name, region=region, profile=profile)
     if not removed:

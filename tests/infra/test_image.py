@@ -117,12 +117,15 @@ def test_host_keys_are_made_at_first_boot(host, captured):
 def test_a_data_volume_is_mounted_whenever_its_disk_appears(host):
     """kiln up --volume attaches each node's volume once the instance runs: udev must start the mounter then."""
     rule = host.file("/etc/udev/rules.d/90-kiln-data-volume.rules")
-    assert rule.exists and 'ENV{SYSTEMD_WANTS}+="kiln-data-volume.service"' in rule.content_string, (
+    assert rule.exists and 'ENV{SYSTEMD_WANTS}+="kiln-data-volume@%k.service"' in rule.content_string, (
         "no udev rule starts kiln-data-volume.service when a disk appears: a volume attached after boot stays "
         "unmounted")
+    unit = host.file("/etc/systemd/system/kiln-data-volume@.service")
+    assert unit.exists and "ExecStart=/usr/local/sbin/kiln-data-volume" in unit.content_string, (
+        "kiln-data-volume@.service is missing: udev has no unit to start when the data volume appears")
     mounter = host.file("/usr/local/sbin/kiln-data-volume")
     assert mounter.exists and mounter.mode & 0o111, "/usr/local/sbin/kiln-data-volume is missing or not executable"
-    for tool in ("lsblk", "blkid", "mkfs.ext4"):
+    for tool in ("lsblk", "blkid", "blockdev", "mkfs.ext4", "dumpe2fs", "e2fsck", "resize2fs"):
         assert host.exists(tool), f"{tool} is missing: the data volume cannot be found or formatted"
 
 

@@ -691,8 +691,9 @@ def test_a_snapshot_that_fails_keeps_its_volume(env, ec2, image):
     connected = aws.connect()
     connected.ec2 = FailOn(connected.ec2, "create_snapshot", ClientError(
         {"Error": {"Code": "SnapshotCreationPerVolumeRateExceeded", "Message": "slow down"}}, "CreateSnapshot"))
-    done = aws.down_with_snapshots("fragile", aws=connected)
-    assert done.kept == [f"{volumes['0']['VolumeId']} (node 0): SnapshotCreationPerVolumeRateExceeded: slow down"]
+    first = datetime.now(UTC) - timedelta(minutes=1)
+    done = aws.down_with_snapshots("fragile", aws=connected, now=first)
+    assert done.kept == [(volumes["0"]["VolumeId"], "0", "SnapshotCreationPerVolumeRateExceeded: slow down")]
     assert [s.index for s in done.snapshots] == [1]
     assert leftovers(ec2, "fragile", snapshots=False) == [f"volume {volumes['0']['VolumeId']}"]  # the data is kept
 
@@ -701,6 +702,36 @@ def test_a_snapshot_that_fails_keeps_its_volume(env, ec2, image):
     assert "node 0's data volume kept as snap-" in cli.stdout
     assert leftovers(ec2, "fragile", snapshots=False) == []
     assert len(snapshots_of(ec2, "fragile")) == 2
+    again = aws.up("fragile", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)  # the retry completed the set
+    assert again["restore_note"].startswith(f"cluster fragile: data volumes restored from the snapshots of "
+                                            f"{plan.format_time(first)} (node 0: snap-"), again["restore_note"]
+    assert "node 1: snap-" in again["restore_note"] and "empty" not in again["restore_note"]
+    aws.down("fragile")
+
+
+def test_a_failed_snapshot_is_named_by_the_cli_with_a_nonzero_exit(env, ec2, image):
+    aws.up("named", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
+    [volume] = data_volumes_of(ec2, "named").values()
+    connected = aws.connect()
+    connected.ec2 = FailOn(connected.ec2, "get_waiter", capacity_error("DescribeSnapshots"), nth=2)
+    done = aws.down_with_snapshots("named", aws=connected)  # the 1st waiter: instances; the 2nd: the snapshot
+    assert [(v, n) for v, n, _ in done.kept] == [(volume["VolumeId"], "0")] and done.snapshots == []
+    assert done.kept[0][2].startswith("snapshot snap-") and done.kept[0][2].endswith("InsufficientInstanceCapacity: "
+                                                                                     "no capacity")
+    assert leftovers(ec2, "named", snapshots=False) == [f"volume {volume['VolumeId']}"]
+    aws.down("named")
+    assert leftovers(ec2, snapshots=False) == []
+
+
+def test_autostop_armed_later_makes_a_shutdown_terminate(env, ec2, image):
+    aws.up("later", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+    ids = aws.terminate_on_shutdown("later")
+    assert sorted(ids) == sorted(i["InstanceId"] for i in instances_of(ec2, "later"))
+    for instance_id in ids:
+        assert ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior")[
+            "InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    aws.down("later")
+    assert leftovers(ec2) == []
 
 
 def test_a_bad_snapshot_ttl_is_refused_before_anything_is_removed(env, ec2, image):

@@ -25,10 +25,11 @@ def loops(tmp_path):
         pytest.skip("needs root, losetup and mkfs.ext4")
     made: list[str] = []
 
-    def attach(size: int = SIZE) -> str:
-        backing = tmp_path / f"disk{len(made)}.img"
-        with open(backing, "wb") as disk:
-            disk.truncate(size)
+    def attach(size: int = SIZE, backing: Path | None = None) -> str:
+        if backing is None:
+            backing = tmp_path / f"disk{len(made)}.img"
+            with open(backing, "wb") as disk:
+                disk.truncate(size)
         device = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True,
                                 check=True, timeout=30).stdout.strip()
         made.append(device)
@@ -98,3 +99,29 @@ def test_bad_settings_are_one_line_and_no_settings_is_no_volume(loops, node):
     assert broken.returncode == 1 and broken.stderr.startswith(f"kiln-data-volume: {node['settings']}: ")
     node["settings"].unlink()
     assert node["mount"]().returncode == 0
+
+
+def test_a_disk_of_the_size_with_anything_on_it_is_never_formatted(loops, node):
+    """A foreign filesystem or swap on a disk of exactly the asked size: not kiln's blank volume."""
+    foreign, swap = loops(), loops()
+    subprocess.run(["mkfs.ext4", "-q", "-L", "someone-else", foreign], check=True, timeout=60)
+    subprocess.run(["mkswap", swap], check=True, timeout=60, capture_output=True)
+    left = node["mount"]()
+    assert left.returncode == 0 and left.stdout.startswith("kiln-data-volume: no disk labelled"), left.stdout
+    assert filesystem_label(foreign) == "someone-else" and not os.path.ismount(node["data"])
+    assert subprocess.run(["blkid", "-p", "-s", "TYPE", "-o", "value", swap], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "swap"
+
+
+def test_a_volume_restored_larger_than_its_filesystem_is_grown(loops, node, tmp_path):
+    device = loops()
+    assert node["mount"]().returncode == 0
+    subprocess.run(["umount", str(node["data"])], check=True, timeout=30)
+    subprocess.run(["losetup", "--detach", device], check=True, timeout=30)
+    backing = tmp_path / "disk0.img"
+    with open(backing, "r+b") as disk:  # the snapshot was 32 MiB; the new volume is 64
+        disk.truncate(2 * SIZE)
+    bigger = loops(backing=backing)
+    grown = node["mount"]()
+    assert grown.returncode == 0 and f"{bigger} mounted at" in grown.stdout, grown.stdout + grown.stderr
+    assert os.statvfs(node["data"]).f_blocks * os.statvfs(node["data"]).f_frsize > 1.5 * SIZE

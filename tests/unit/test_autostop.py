@@ -9,7 +9,7 @@ from bootstrap.errors import UsageError
 
 @pytest.mark.parametrize(("given", "expected"), [(None, None), ("30", 30.0), (0, 0.0), ("0.5", 0.5),
                                                  (10080, 10080.0)])
-def test_idle_minutes(given, expected):
+def test_idle_minutes_are_minutes_and_zero_cancels(given, expected):
     assert autostop.validate_idle_minutes(given) == expected
 
 
@@ -31,14 +31,15 @@ def test_the_agent_looks_often_enough_and_not_too_often(idle_s, interval):
 def test_the_provider_says_what_powering_off_means():
     assert autostop.agent_args(30, "aws") == ["1800", "30", "system", "~/kiln/autostop.json"]
     assert autostop.agent_args(0.25, "local") == ["15", "2.5", "namespace", "~/kiln/autostop.json"]
-    assert autostop.agent_args(0, "aws")[0] == "0"
+    assert autostop.agent_args(0, "aws") == ["0", "1", "system", "~/kiln/autostop.json"]
     with pytest.raises(UsageError, match="cluster provider 'gce': kiln cannot power its nodes off"):
         autostop.agent_args(5, "gce")
 
 
 def test_what_kiln_says():
     assert autostop.describe(0, ["a", "b"]) == "autostop cancelled on a, b"
-    assert autostop.describe(30, ["a"]).startswith("autostop: a power off after 30 minute(s) without a kiln run")
+    assert autostop.describe(30, ["a"]) == ("autostop: a power off after 30 minute(s) without a kiln run "
+                                            "(kiln autostop --cluster NAME --idle-minutes 0 cancels)")
 
 
 def test_an_idle_aws_node_terminates_when_it_shuts_down():

@@ -231,6 +231,13 @@ def test_a_snapshot_keeps_the_cluster_and_owner_and_expires_on_its_own_clock():
                         {"Key": "kiln:snapshot-set", "Value": "2025-03-01T12:00:00Z"}]}]}
 
 
+def test_a_retry_snapshots_a_kept_volume_into_the_set_it_missed():
+    kept = plan.Resource("volume", "vol-0", {**TAGS, "kiln:data": "0", "kiln:snapshot-set": "2025-03-01T11:00:00Z"})
+    made = plan.snapshot_request(kept, plan.snapshot_tags(kept.tags, NOW, 7), "2025-03-01T12:00:00Z")
+    assert made["Description"] == "kiln cluster demo node 0 data, 2025-03-01T11:00:00Z"
+    assert {"Key": "kiln:snapshot-set", "Value": "2025-03-01T11:00:00Z"} in made["TagSpecifications"][0]["Tags"]
+
+
 def test_the_newest_complete_set_of_snapshots_is_restored():
     older = [snapshot("snap-a0", 0, "2025-03-01T10:00:00Z"), snapshot("snap-a1", 1, "2025-03-01T10:00:00Z")]
     newer = [snapshot("snap-b1", 1, "2025-03-01T11:00:00Z"), snapshot("snap-b0", 0, "2025-03-01T11:00:00Z")]
