@@ -1,5 +1,5 @@
 """usage: scripts/vm boot --disk D --kernel K --initrd I --state DIR [--snapshot] [--memory MiB] [--cpus N]
-                  [--hostname H] [--authorize PUBKEY_FILE]... [--append CMDLINE] [--timeout S]
+                  [--hostname H] [--authorize PUBKEY_FILE]... [--append CMDLINE] [--data-gib N] [--timeout S]
        scripts/vm ssh --state DIR [-- CMD...]
        scripts/vm stop --state DIR [--timeout S]
        scripts/vm status --state DIR
@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bootstrap.aws import plan
 from kiln import proc, sshwait
 from kiln.errors import KilnError, UsageError, run_main
 from kiln.hostkeys import console_host_keys, known_hosts_lines
@@ -86,13 +87,13 @@ def load_vm(state: Path) -> dict | None:
         return None
 
 
-def make_seed(spec: VmSpec, public_keys: list[str], hostname: str) -> str:
+def make_seed(spec: VmSpec, public_keys: list[str], hostname: str, files: list[dict] | None = None) -> str:
     instance_id = f"kiln-{secrets.token_hex(8)}"
     seed_dir = spec.state / "seed"
     shutil.rmtree(seed_dir, ignore_errors=True)
     seed_dir.mkdir()
     (seed_dir / "meta-data").write_text(vmlib.seed_meta_data(instance_id, hostname))
-    (seed_dir / "user-data").write_text(vmlib.seed_user_data(public_keys))
+    (seed_dir / "user-data").write_text(vmlib.seed_user_data(public_keys, files or ()))
     run(["genisoimage", "-quiet", "-output", str(spec.seed), "-volid", "cidata", "-joliet", "-rock",
          str(seed_dir / "user-data"), str(seed_dir / "meta-data")], timeout=60)
     return instance_id
@@ -175,9 +176,16 @@ def boot(args: argparse.Namespace) -> int:
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-vm@{hostname}", "-f", str(state / "id_ed25519")],
         timeout=30)
     public_keys = [(state / "id_ed25519.pub").read_text()] + [Path(p).read_text() for p in args.authorize]
+    data_disk, files = None, []
+    if args.data_gib:
+        data_disk = state / "data.img"
+        with open(data_disk, "wb") as blank:  # sparse: a fresh, never formatted volume at every boot
+            blank.truncate(args.data_gib * 2**30)
+        files = [plan.data_volume_file(args.data_gib, "root")]
     spec = VmSpec(disk=args.disk.resolve(), kernel=args.kernel.resolve(), initrd=args.initrd.resolve(), state=state,
-                  port=free_port(), memory=args.memory, cpus=args.cpus, snapshot=args.snapshot, append=args.append)
-    instance_id = make_seed(spec, public_keys, hostname)
+                  port=free_port(), memory=args.memory, cpus=args.cpus, snapshot=args.snapshot, append=args.append,
+                  data_disk=data_disk)
+    instance_id = make_seed(spec, public_keys, hostname, files)
     started = time.monotonic()
     spec, pid, argv = start_qemu(spec)
     (state / "ssh_config").write_text(vmlib.ssh_config_text(state, spec.port))
@@ -240,15 +248,18 @@ def status(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def booted(image: Path, state: Path, hostname: str, *, timeout: float = 900) -> Iterator[Path]:
+def booted(image: Path, state: Path, hostname: str, *, timeout: float = 900,
+           data_gib: int | None = None) -> Iterator[Path]:
     """Boot a local image folder (its image.json names disk, kernel and initrd) on a throwaway overlay, as its own
-    process; yield the VM's ssh_config (host kiln-vm, host key pinned); always stop it."""
+    process (with a blank data volume of data_gib GiB and its settings, as kiln up --volume); yield the VM's
+    ssh_config (host kiln-vm, host key pinned); always stop it."""
     record = json.loads((image / "image.json").read_text())
     vm = [sys.executable, "-m", "testbed.vm"]
     try:
         proc.run([*vm, "boot", "--snapshot", "--state", str(state), "--hostname", hostname,
                   "--disk", str(image / record["disk"]), "--kernel", str(image / record["kernel"]),
-                  "--initrd", str(image / record["initrd"])], timeout=timeout, tail_lines=40)
+                  "--initrd", str(image / record["initrd"]), *(["--data-gib", str(data_gib)] if data_gib else [])],
+                 timeout=timeout, tail_lines=40)
         yield state / "ssh_config"
     finally:
         proc.run([*vm, "stop", "--state", str(state)], timeout=180, check=False)
@@ -269,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--authorize", action="append", default=[], metavar="PUBKEY_FILE",
                    help="also authorize this public key for root (repeatable)")
     p.add_argument("--append", default=vmlib.DEFAULT_APPEND, help="kernel command line")
+    p.add_argument("--data-gib", type=int, default=0, metavar="GIB",
+                   help="attach a blank data volume of GIB GiB (/dev/vdc) with its settings, as kiln up --volume")
     p.add_argument("--timeout", type=float, default=float(os.environ.get("KILN_VM_BOOT_TIMEOUT", 300)),
                    help="seconds to wait for SSH (default 300, or $KILN_VM_BOOT_TIMEOUT)")
     p.set_defaults(func=boot)

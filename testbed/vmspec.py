@@ -4,7 +4,9 @@ Nothing here touches the system; testbed.vm does the I/O.
 """
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ class VmSpec:
     cpus: int = 2
     snapshot: bool = False
     append: str = DEFAULT_APPEND
+    data_disk: Path | None = None  # a blank raw disk, /dev/vdc: the node's data volume (kiln up --volume)
 
     @property
     def console(self) -> Path:
@@ -59,6 +62,8 @@ def qemu_argv(spec: VmSpec, qemu: str = "qemu-system-x86_64") -> list[str]:
         "-display", "none", "-serial", f"file:{spec.console}",
         "-daemonize", "-pidfile", str(spec.pidfile),
     ]
+    if spec.data_disk:
+        argv[argv.index("-netdev"):argv.index("-netdev")] = ["-drive", f"file={spec.data_disk},if=virtio,format=raw"]
     if spec.snapshot:
         argv.append("-snapshot")
     return argv
@@ -74,10 +79,13 @@ def seed_meta_data(instance_id: str, hostname: str) -> str:
     return f"instance-id: {instance_id}\nlocal-hostname: {hostname}\n"
 
 
-def seed_user_data(public_keys: list[str]) -> str:
-    """cloud-config authorizing the keys for root only (no default user), key login only."""
+def seed_user_data(public_keys: list[str], files: Sequence[dict] = ()) -> str:
+    """cloud-config authorizing the keys for root only (no default user), key login only; `files` are
+    cloud-init write_files entries (the data volume's settings, as kiln up --volume gives an instance)."""
     lines = ["#cloud-config", "disable_root: false", "ssh_pwauth: false", "users: []", "ssh_authorized_keys:"]
     lines += [f"  - {key.strip()}" for key in public_keys]
+    if files:
+        lines.append(f"write_files: {json.dumps(list(files), sort_keys=True)}")  # YAML reads JSON
     return "\n".join(lines) + "\n"
 
 

@@ -379,10 +379,14 @@ def first_contact_note(name: str, addresses: Sequence[str]) -> str:
 def first_boot_settings(size_gib: int, user: str) -> str:
     """The instance's user data: cloud-init writes the settings the image's kiln-data-volume unit reads (it mounts
     the volume, formatting it only if it has no filesystem yet, whenever the disk appears)."""
+    return "#cloud-config\n" + json.dumps({"write_files": [data_volume_file(size_gib, user)]}, sort_keys=True) + "\n"
+
+
+def data_volume_file(size_gib: int, user: str) -> dict:
+    """cloud-init's write_files entry for the data volume's settings (local VMs take it too: testbed.vm)."""
     settings = {"label": DATA_LABEL, "mount": DATA_MOUNT, "owner": user, "size_bytes": size_gib * 2**30}
-    files = [{"path": DATA_SETTINGS, "permissions": "0644", "owner": "root:root",
-              "content": json.dumps(settings, sort_keys=True) + "\n"}]
-    return "#cloud-config\n" + json.dumps({"write_files": files}, sort_keys=True) + "\n"
+    return {"path": DATA_SETTINGS, "permissions": "0644", "owner": "root:root",
+            "content": json.dumps(settings, sort_keys=True) + "\n"}
 
 
 def data_volume_request(*, zone: str, size_gib: int, tags: dict[str, str], index: int,

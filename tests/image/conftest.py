@@ -45,7 +45,8 @@ def baked_image(images_dir) -> Path:
 @pytest.fixture(scope="session")
 def baked_vm(baked_image, tmp_path_factory):
     """The baked image booted once on a throwaway overlay for the tests that provision it again, with the
-    wheelhouse served to it: yields (ssh_config, wheelhouse port)."""
+    wheelhouse served to it and a blank data volume attached (as kiln up --volume gives a node): yields
+    (ssh_config, wheelhouse port)."""
     state = tmp_path_factory.mktemp("baked-vm")
-    with booted(baked_image, state / "vm", "kiln-again") as ssh_config, served(wheelhouse()) as port:
+    with booted(baked_image, state / "vm", "kiln-again", data_gib=1) as ssh_config, served(wheelhouse()) as port:
         yield ssh_config, port

@@ -129,6 +129,24 @@ def test_a_data_volume_is_mounted_whenever_its_disk_appears(host):
         assert host.exists(tool), f"{tool} is missing: the data volume cannot be found or formatted"
 
 
+def test_the_data_volume_is_mounted_where_its_settings_say(host):
+    """On a node given a data volume (kiln up --volume; make image-test boots its VM with one), once boot is done
+    the volume is mounted at the settings' path, with their label, owned by their user, and in fstab."""
+    settings_file = host.file("/etc/kiln/data-volume.json")
+    if not settings_file.exists:
+        pytest.skip("this host was given no data volume (no /etc/kiln/data-volume.json)")
+    settings = json.loads(settings_file.content_string)
+    host.run("timeout 300 systemctl is-system-running --wait")  # boot is over: the boot and udev runs are done
+    mount = host.mount_point(settings["mount"])
+    assert mount.exists, (f"no filesystem is mounted at {settings['mount']}: "
+                          + host.run("journalctl -b -u 'kiln-data-volume*' --no-pager | tail -20").stdout)
+    assert mount.filesystem == "ext4", mount.filesystem
+    label = host.run(f"blkid -p -s LABEL -o value {mount.device}").stdout.strip()
+    assert label == settings["label"], f"{mount.device} carries the label {label!r}, not {settings['label']!r}"
+    assert host.file(settings["mount"]).user == settings["owner"]
+    assert f"LABEL={settings['label']} {settings['mount']} ext4" in host.file("/etc/fstab").content_string
+
+
 # Hygiene: nothing of the bake may ship. A captured image must have none of it; a booted one may
 # have its own, but none that the bake recorded (fingerprints, machine-id, instance-id).
 LEFTOVERS = {

@@ -41,6 +41,17 @@ def test_the_seed_authorizes_keys_for_root_only_and_names_the_instance():
         "  - ssh-ed25519 AAAA a@b\n  - ssh-ed25519 BBBB c@d\n")
 
 
+def test_a_data_volume_is_the_third_disk_and_its_settings_ride_in_the_seed():
+    argv = qemu_argv(spec(data_disk=Path("/s/data.img")))
+    drives = [argv[i + 1] for i, word in enumerate(argv) if word == "-drive"]
+    assert drives == ["file=/i/disk.qcow2,if=virtio,format=qcow2", "file=/s/seed.iso,if=virtio,format=raw,readonly=on",
+                      "file=/s/data.img,if=virtio,format=raw"]
+    assert seed_user_data(["ssh-ed25519 AAAA a@b"], [{"path": "/etc/kiln/data-volume.json", "content": "{}\n"}]) == (
+        "#cloud-config\ndisable_root: false\nssh_pwauth: false\nusers: []\nssh_authorized_keys:\n"
+        "  - ssh-ed25519 AAAA a@b\n"
+        'write_files: [{"content": "{}\\n", "path": "/etc/kiln/data-volume.json"}]\n')
+
+
 def test_the_ssh_config_checks_the_pinned_host_key():
     text = ssh_config_text(Path("/s"), 2222)
     assert "Host kiln-vm\n  HostName 127.0.0.1\n  Port 2222\n  User root\n" in text
