@@ -280,14 +280,15 @@ def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
     return f"{writes}{start} && {started}"
 
 
-def watcher_command(run_id: str, python: str, paths: NodePaths, timeout: float) -> str:
+def watcher_command(run_id: str, python: str, paths: NodePaths, timeout: float, tasks: Sequence[str] = ()) -> str:
     """The shell command that starts a node's spot interruption watcher for the run, detached: on a notice it
     writes notice.json in the run folder and stops the run's processes there with SIGTERM (node.py stop), so
-    they can checkpoint. It carries the run's id, so stopping the run stops it too."""
+    they can checkpoint. It carries the run's id, so stopping the run stops it too; it ends by itself once the
+    node's `tasks` have all exited (a node with none, a horovod worker host, watches until the timeout)."""
     run_dir = paths.run(run_id)
     argv = [python, f"{paths.lib}/shim/interruption.py", "--interval", str(NOTICE_INTERVAL), "--timeout",
-            f"{timeout:g}", "--run-dir", run_dir, "--", python, "-S", f"{paths.lib}/node.py", "stop", run_id,
-            str(NOTICE_GRACE)]
+            f"{timeout:g}", "--run-dir", run_dir, *(["--until-exited", ",".join(tasks)] if tasks else []),
+            "--", python, "-S", f"{paths.lib}/node.py", "stop", run_id, str(NOTICE_GRACE)]
     log = shlex.quote(f"{run_dir}/interruption.log")
     inner = f"{commands.remote_command(argv, env={'KILN_RUN_ID': run_id})} >> {log} 2>&1"
     return f"mkdir -p {shlex.quote(run_dir)} && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"

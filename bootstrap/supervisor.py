@@ -83,10 +83,11 @@ class Supervisor:
         by_host: dict[int, list[launch.Launch]] = {}
         for item in self.plan.launches:
             by_host.setdefault(item.host, []).append(item)
-        watcher = launch.watcher_command(self.plan.run_id, self.group.python, self.paths, self.notice_watch)
 
         def start(host: Host) -> None:
             items = by_host.get(self.group.hosts.index(host), [])
+            watcher = launch.watcher_command(self.plan.run_id, self.group.python, self.paths, self.notice_watch,
+                                             [item.task for item in items])
             command = " && ".join([*(launch.launch_command(item, self.paths, self.plan.run_id) for item in items),
                                    watcher])
             self.group.remote.check(host, command, timeout=60)

@@ -10,7 +10,8 @@ prints one JSON line when a notice comes (`{"action": "terminate", "time": "..."
 `--once` looks once and prints `{"action": null}` where there is none. With `--run-dir` (kiln starts it so with
 every run on every node) it writes the notice to DIR/notice.json for the launcher, then becomes CMD (kiln's:
 stop this run's processes here with SIGTERM, so they can checkpoint); where no metadata service answers (not a
-cloud instance) it exits at once; it gives up after `--timeout` seconds. Standard library only: it runs on nodes.
+cloud instance) it exits at once; it gives up after `--timeout` seconds, or once the node's tasks named by
+`--until-exited` have all written their exit codes. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 ENDPOINT = "http://169.254.169.254"
 TOKEN_TTL_SECONDS = 21600
@@ -94,10 +96,11 @@ def parse_notice(text: str | None) -> dict | None:
     return {"action": notice["action"], "time": notice.get("time")}
 
 
-def wait_for_notice(metadata: Metadata, interval: float, deadline: float | None = None) -> dict | None:
-    """Poll until a notice comes (returned) or the deadline passes (None). A metadata service that stops
-    answering is retried: an instance being stopped loses it last."""
-    while True:
+def wait_for_notice(metadata: Metadata, interval: float, deadline: float | None = None,
+                    over: Callable[[], bool] = lambda: False) -> dict | None:
+    """Poll until a notice comes (returned), or the deadline passes or `over()` says the run is over (None). A
+    metadata service that stops answering is retried: an instance being stopped loses it last."""
+    while not over():
         try:
             notice = parse_notice(metadata.get(NOTICE_PATH))
         except MetadataError as error:
@@ -108,6 +111,12 @@ def wait_for_notice(metadata: Metadata, interval: float, deadline: float | None 
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(interval)
+    return None
+
+
+def all_exited(run_dir: str, tasks: list[str]) -> Callable[[], bool]:
+    """Whether every one of the run's tasks on this node has written its exit code (the run is over here)."""
+    return lambda: bool(tasks) and all(os.path.exists(os.path.join(run_dir, f"{task}.exit")) for task in tasks)
 
 
 def report(run_dir: str, notice: dict) -> None:
@@ -125,6 +134,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--once", action="store_true", help="look once and say what is there")
     parser.add_argument("--run-dir", help="write the notice to RUN_DIR/notice.json")
     parser.add_argument("--timeout", type=float, help="stop watching after this many seconds")
+    parser.add_argument("--until-exited", default="", metavar="TASK,...",
+                        help="with --run-dir: stop watching once these tasks have written RUN_DIR/TASK.exit")
     parser.add_argument("then", nargs=argparse.REMAINDER, help="-- CMD...: run in the watcher's place on a notice")
     args = parser.parse_args(argv)
     then = args.then[1:] if args.then[:1] == ["--"] else args.then
@@ -144,7 +155,9 @@ def main(argv: list[str]) -> int:
             print(f"interruption: not watching: {error}", file=sys.stderr)
             return 0
     deadline = time.monotonic() + args.timeout if args.timeout else None
-    notice = wait_for_notice(metadata, args.interval, deadline)
+    tasks = [task for task in args.until_exited.split(",") if task]
+    notice = wait_for_notice(metadata, args.interval, deadline,
+                             all_exited(args.run_dir, tasks) if args.run_dir else lambda: False)
     print(json.dumps(notice), flush=True)
     if notice and args.run_dir:
         report(args.run_dir, notice)

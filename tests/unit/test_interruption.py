@@ -124,3 +124,19 @@ def test_the_run_watcher_gives_up_after_its_timeout(imds, tmp_path):
                              capture_output=True, text=True, timeout=30)
     assert (gave_up.returncode, gave_up.stdout.strip()) == (0, "null")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_run_watcher_ends_once_the_nodes_tasks_have_exited(imds, tmp_path):
+    watcher = subprocess.Popen([sys.executable, interruption.__file__, "--endpoint", imds.endpoint, "--interval",
+                                "0.05", "--timeout", "600", "--run-dir", str(tmp_path), "--until-exited",
+                                "worker-0,ps-0", "--", "false"], stdout=subprocess.PIPE, text=True)
+    try:
+        (tmp_path / "worker-0.exit").write_text("0")
+        time.sleep(0.5)
+        assert watcher.poll() is None  # ps-0 still runs
+        (tmp_path / "ps-0.exit").write_text("143")
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert (watcher.returncode, out.strip()) == (0, "null")
+    assert not (tmp_path / "notice.json").exists()

@@ -288,3 +288,5 @@ def test_every_node_watches_for_interruption_notices_as_part_of_the_run():
     assert inner[inner.index("--") + 1:inner.index(">>")] == [
         "/v/bin/python", "-S", "/root/kiln/lib/node.py", "stop", "r1", str(NOTICE_GRACE)]
     assert inner[inner.index(">>") + 1:] == ["/root/kiln/runs/r1/interruption.log", "2>&1"]
+    with_tasks = watcher_command("r1", "/v/bin/python", NodePaths("/root/kiln"), 600, ["worker-0", "ps-0"])
+    assert "--run-dir /root/kiln/runs/r1 --until-exited worker-0,ps-0 --" in with_tasks
