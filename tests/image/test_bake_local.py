@@ -44,9 +44,10 @@ def test_the_suite_passes_on_the_booted_image(baked_vm):
     the image as it booted. `make verify` boots its own VM the same way (testbed.vm.booted)."""
     ssh_config, _ = baked_vm
     result = run([sys.executable, "-m", "bake.verify", "--hosts", "ssh://kiln-vm", "--ssh-config", str(ssh_config),
-                  "--", "-m", "image or gpu", "-rfE"], timeout=1800)
+                  "--", "-m", "image or gpu", "-rfEs"], timeout=1800)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
+    assert "given no data volume" not in result.stdout, "the VM's data volume check was skipped: " + result.stdout
 
 
 def test_a_second_provisioning_run_changes_nothing(baked_image, baked_vm):
