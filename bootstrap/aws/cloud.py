@@ -523,9 +523,10 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
                 snapshots.append(plan.snapshot_of(described))
             except Exception as error:
                 kept.append((volume.id, volume.tags[plan.TAG_DATA], f"snapshot {snapshot_id}: {describe_error(error)}"))
+        by_id = {r.id: r for r in resources}
         for volume_id, _, _ in kept:  # a retry completes the set this one missed
-            aws.ec2.create_tags(Resources=[volume_id], Tags=[{"Key": plan.TAG_SNAPSHOT_SET, "Value": next(
-                (v.tags.get(plan.TAG_SNAPSHOT_SET) for v in resources if v.id == volume_id), None) or taken_at}])
+            missed = by_id[volume_id].tags.get(plan.TAG_SNAPSHOT_SET) or taken_at
+            aws.ec2.create_tags(Resources=[volume_id], Tags=[{"Key": plan.TAG_SNAPSHOT_SET, "Value": missed}])
         keep = {volume_id for volume_id, _, _ in kept}
         removed += remove(aws, [r for r in resources if r.kind != "instance" and r.id not in keep], timeout_s)
     except Exception as error:

@@ -35,6 +35,12 @@ class Managed:
         return json.loads((self.runs / run_id / "summary.json").read_text())
 
 
+def remove_local(name: str) -> None:
+    """Whatever a test left of a local cluster, gone (its namespaces, nodes and state)."""
+    subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", name], capture_output=True,
+                   timeout=120)
+
+
 def local_cluster(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed.cluster", *args, "--name", NAME], capture_output=True,
                           text=True, timeout=120)
@@ -207,8 +213,7 @@ def test_launch_removes_the_cluster_when_the_run_fails(tmp_path):
                                                 timeout=30).stdout.split() if ns.startswith("kl-")]
         assert not (once.home / "clusters" / "kl" / "cluster.json").exists()
     finally:
-        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kl"], capture_output=True,
-                       timeout=120)
+        remove_local("kl")
 
 
 def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
@@ -228,8 +233,7 @@ def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
         assert "--down-after: removing cluster kd" in done.stdout
         assert not (netns.STATE_ROOT / "kd").exists() and not (once.home / "clusters" / "kd").exists()
     finally:
-        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kd"], capture_output=True,
-                       timeout=120)
+        remove_local("kd")
 
 
 def reachable(node: str, name: str) -> bool:
@@ -275,8 +279,7 @@ def test_idle_nodes_power_off_but_never_during_a_run(tmp_path):
         down = once.kiln("down", "ka")
         assert down.returncode == 0, down.stderr
     finally:
-        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "ka"], capture_output=True,
-                       timeout=120)
+        remove_local("ka")
 
 
 def test_autostop_is_cancelled_with_zero_and_refuses_what_it_cannot_stop(tmp_path):
@@ -302,5 +305,4 @@ def test_autostop_is_cancelled_with_zero_and_refuses_what_it_cannot_stop(tmp_pat
         assert refused.returncode == 2 and "autostop needs a cluster that kiln started" in refused.stderr
         once.kiln("down", "kb")
     finally:
-        subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", "kb"], capture_output=True,
-                       timeout=120)
+        remove_local("kb")
