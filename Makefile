@@ -10,6 +10,7 @@ PROVIDER ?= local
 PROFILE ?=
 HOSTS ?=
 VARS ?=
+REGISTRY ?=
 
 .PHONY: help setup demo test lint unit integration validate image verify image-test image-test-gpu bench clean
 
@@ -62,15 +63,16 @@ validate: setup ## static checks of the bake: packer fmt and validate (4 sources
 	$(PY) -m pytest -q tests/unit/test_image_matrix.py tests/unit/test_packer_templates.py
 	$(stage_end)
 
-image: validate ## bake: PROVIDER=aws|gcp|azure|local (default), PROFILE=gpu|cpu, VARS=my.pkrvars.hcl; reuses an unchanged one
-	$(PY) -m bake.image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f))
+image: validate ## bake: PROVIDER=aws|gcp|azure|local (default)|docker, PROFILE=gpu|cpu, VARS=my.pkrvars.hcl, REGISTRY=host:port (docker: push); reuses an unchanged one
+	$(PY) -m bake.image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f)) \
+		$(if $(REGISTRY),--registry $(REGISTRY))
 
 verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boots the local image, checks it, stops it
 	$(PY) -m bake.verify $(if $(HOSTS),--hosts $(HOSTS))
 
-image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite, re-run the playbook (slow)
+image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite, re-run the playbook; bake the container image (slow)
 	$(stage_begin)
-	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py
+	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py tests/image/test_bake_docker.py
 	$(stage_end)
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)

@@ -1,10 +1,13 @@
-"""usage: scripts/image PROVIDER [--profile gpu|cpu] [--var-file F]... [--force] [--timeout S]
+"""usage: scripts/image PROVIDER [--profile gpu|cpu] [--var-file F]... [--registry R] [--force] [--timeout S]
 
-Bake an image with Packer and Ansible: PROVIDER is aws, gcp, azure or local. The bake's inputs
-(templates, roles, the version matrix, provider, profile; for local the base disk and the wheelhouse)
-give a fingerprint; an image with that fingerprint already in images/ is reused, not baked again
-(--force bakes anyway). local boots scripts/base-image's Debian 12 disk under qemu (TCG) and installs
-Python packages from scripts/wheelhouse, served to the VM on 127.0.0.1 over qemu's user-mode network.
+Bake an image with Packer and Ansible: PROVIDER is aws, gcp, azure, local or docker. The bake's inputs
+(templates, roles, the version matrix, provider, profile; for local the base disk and the wheelhouse, for
+docker the base image and the wheelhouse) give a fingerprint; an image with that fingerprint already in images/
+is reused, not baked again (--force bakes anyway). local boots scripts/base-image's Debian 12 disk under qemu
+(TCG) and installs Python packages from scripts/wheelhouse, served to the VM on 127.0.0.1 over qemu's user-mode
+network. docker runs the container roles in a container of the local Docker engine (cpu: the Debian base
+bake/container_base.py makes; gpu: NVIDIA's CUDA/cuDNN image, pulled) and tags the result
+kiln:PROFILE-FINGERPRINT; --registry HOST[:PORT] also pushes it there.
 The result is images/PROVIDER-PROFILE-FINGERPRINT/ with image.json (what was made), versions.json
 (every component's version, read from the image) and packer-manifest.json; local adds disk/kiln.qcow2,
 vmlinuz and initrd.img. The cloud providers need a current packer (>= 1.7) and credentials.
@@ -25,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from bake import base_image, provision
+from bake import base_image, container, container_base, provision
 from bake import plan as imagelib
 from bake.matrix import read_matrix
 from bake.packer import compat_tree, is_modern, parse_packer_version, pkrvars
@@ -78,11 +81,58 @@ def local_inputs(args) -> tuple[dict[str, str], Path, Path]:
     return {"base": base.name, "wheelhouse": wheelhouse.name}, base, wheelhouse
 
 
+def docker_inputs(profile: str, matrix: dict[str, str]) -> tuple[dict[str, str], str, bool, Path | None]:
+    """The base image (made here on cpu, NVIDIA's on gpu), whether packer pulls it, and the wheelhouse (cpu: the
+    Horovod wheel built here fits the Debian base; gpu: Horovod is built in the image against CUDA)."""
+    if not shutil.which("docker"):
+        raise UsageError("PROVIDER=docker needs docker (make setup installs Debian's docker.io)")
+    if profile == "gpu":
+        base, pull = container.base_image(profile, matrix)
+        return {"base": base}, base, pull, None
+    base, pull = container.base_image(profile, matrix, container_base.ensure(cache_dir()))
+    wheelhouse = provision.wheelhouse()
+    return {"base": container.image_id(base), "wheelhouse": wheelhouse.name}, base, pull, wheelhouse
+
+
+def publish(record: dict, registry: str) -> None:
+    """Tag the baked image kiln:PROFILE-FINGERPRINT (and push it to `registry`); record what was made."""
+    name = container.tag(record["profile"], record["fingerprint"])
+    container.tag_image(record["image_id"], name)
+    record["image"] = name
+    if registry:
+        remote = container.tag(record["profile"], record["fingerprint"], registry)
+        container.tag_image(record["image_id"], remote)
+        record["pushed"] = container.push(remote)
+        print(f"image: pushed {record['pushed']}")
+
+
+def reusable(output: Path, provider: str, registry: str) -> bool:
+    """An image with this fingerprint is there: its records, and for docker the image in the engine (pushed
+    now where a registry is asked for and it was not pushed there yet)."""
+    if not (output / "image.json").exists():
+        return False
+    if provider != "docker":
+        return True
+    record = json.loads((output / "image.json").read_text())
+    if container.inspect(record.get("image", "")) is None:
+        return False
+    if registry and not record.get("pushed", "").startswith(f"{registry}/"):
+        publish(record, registry)
+        (output / "image.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return True
+
+
 def bake(args) -> Path:
     profile = imagelib.choose_profile(args.provider, args.profile)
     version = packer_version()
     imagelib.check_packer_for(args.provider, version)
+    registry = container.check_registry(args.registry) if args.registry else ""
+    if registry and args.provider != "docker":
+        raise UsageError(f"REGISTRY={registry} belongs to PROVIDER=docker (a container image is pushed)")
+    matrix = read_matrix()
     extra, base, wheelhouse = local_inputs(args) if args.provider == "local" else ({}, None, None)
+    if args.provider == "docker":
+        extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix)
     for var_file in args.var_file:
         if not Path(var_file).is_file():
             raise UsageError(f"--var-file {var_file}: no such file")
@@ -90,7 +140,7 @@ def bake(args) -> Path:
     fingerprint = imagelib.fingerprint(ROOT, args.provider, profile, extra)
     output = imagelib.output_dir(IMAGES, args.provider, profile, fingerprint)
     job = Bake(args.provider, profile, fingerprint, output)
-    if (output / "image.json").exists() and not args.force:
+    if not args.force and reusable(output, args.provider, registry):
         print(f"image: up to date, fingerprint {fingerprint} unchanged: {output}")
         return output
 
@@ -102,7 +152,6 @@ def bake(args) -> Path:
     if not is_modern(version):
         templates = work / "packer"
         compat_tree(ROOT / "packer", templates)
-    matrix = read_matrix()
     variables = {
         "profile": profile, "fingerprint": fingerprint, "versions": matrix,
         "ansible_playbook_command": str(Path(sys.executable).with_name("ansible-playbook")),
@@ -119,6 +168,12 @@ def bake(args) -> Path:
                     "local_initrd": str(base / "initrd.img"), "local_ssh_private_key_file": str(base / "bake_key"),
                     "local_output_directory": str(work / "disk"), "local_serial_log": str(work / "console.log"),
                 })
+            if args.provider == "docker":
+                variables["ansible_extra_vars"]["kiln_image_target"] = "container"
+                variables.update({"docker_base_image": docker_base, "docker_pull": docker_pull})
+                if wheelhouse:  # the container runs on the host's network: 127.0.0.1 is this machine
+                    port = stack.enter_context(provision.served(wheelhouse))
+                    variables["ansible_extra_vars"]["tensorflow_wheelhouse_url"] = f"http://127.0.0.1:{port}/"
             (work / "kiln.pkrvars.hcl").write_text(pkrvars(variables))
             var_files = [ROOT / "packer" / "vars" / f"{args.provider}.pkrvars.hcl", *map(Path, args.var_file),
                          work / "kiln.pkrvars.hcl"]
@@ -134,6 +189,10 @@ def bake(args) -> Path:
               "bake_seconds": round(time.monotonic() - started, 1)}
     if args.provider == "local":
         record.update({"disk": "disk/kiln.qcow2", "kernel": "vmlinuz", "initrd": "initrd.img"})
+    if args.provider == "docker":
+        record["image_id"] = container.artifact_id(json.loads((work / "packer-manifest.json").read_text()))
+        record["base"] = docker_base
+        publish(record, registry)
     (work / "image.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(output, ignore_errors=True)
     work.rename(output)
@@ -146,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("provider")
     parser.add_argument("--profile", choices=("gpu", "cpu"))
     parser.add_argument("--var-file", action="append", default=[], help="more packer variables (credentials stay out)")
+    parser.add_argument("--registry", default="", help="docker: also push the image to this registry (HOST[:PORT])")
     parser.add_argument("--force", action="store_true", help="bake even when an image with this fingerprint exists")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds the whole packer build may take")
     args = parser.parse_args(argv)

@@ -180,6 +180,7 @@ SOURCES = {
     "gcp": "googlecompute.gpu",
     "azure": "azure-arm.gpu",
     "local": "qemu.local",
+    "docker": "docker.container",
 }
 MODERN = (1, 7, 0)
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from bake.packer import SOURCES, is_modern
 from kiln.errors import UsageError
 
-DEFAULT_PROFILE = {"aws": "gpu", "gcp": "gpu", "azure": "gpu", "local": "cpu"}
+DEFAULT_PROFILE = {"aws": "gpu", "gcp": "gpu", "azure": "gpu", "local": "cpu", "docker": "cpu"}
+# Providers whose source Debian's packer 1.6.6 builds (the others need current packer's settings).
+OLD_PACKER_PROVIDERS = ("local", "docker")
 # What a bake's fingerprint covers besides the provider, the profile and the named extra inputs.
 FINGERPRINTED = ("packer", "ansible")
 IGNORED_PARTS = {"__pycache__", ".pytest_cache"}
@@ -42,7 +44,7 @@ def choose_profile(provider: str, profile: str | None) -> str:
 
 def check_packer_for(provider: str, version: tuple[int, int, int]) -> None:
     """Packer older than 1.7 (Debian's 1.6.6) lacks settings the cloud sources need (IMDSv2 on AWS among them)."""
-    if provider != "local" and not is_modern(version):
+    if provider not in OLD_PACKER_PROVIDERS and not is_modern(version):
         shown = ".".join(map(str, version))
         raise UsageError(
             f"PROVIDER={provider} needs packer >= 1.7 (this is {shown}): its templates require IMDSv2, "

@@ -1,10 +1,13 @@
-"""usage: scripts/verify [--hosts URLS [--ssh-config F]] [--local] [--rootfs DIR] [--image DIR] [-- PYTEST-ARGS...]
+"""usage: scripts/verify [--hosts URLS [--ssh-config F]] [--local] [--rootfs DIR] [--container REF] [--image DIR]
+                       [-- PYTEST-ARGS...]
 
 Run the testinfra suite (tests/infra) against:
   --hosts ssh://user@host,...   live nodes or images booted anywhere (testinfra's host URLs)
   --local                       this machine (testinfra's local backend), e.g. a GPU host kiln did not bake:
                                 scripts/verify --local -- -m gpu --gpu=required --facts-only --facts-json F
   --rootfs DIR                  a captured image's root filesystem (chroot; /proc, /sys, /dev bound in for the run)
+  --container REF               a container image (make image PROVIDER=docker): one container of it, checked
+                                through testinfra's docker backend (markers image and gpu), then removed
   (neither)                     the newest local image in images/ (or --image DIR): boot it under qemu on a
                                 throwaway overlay, check it over SSH with its host key pinned, stop it; markers
                                 image and gpu only unless -m is given (cluster checks belong to meshed nodes
@@ -22,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kiln import proc
 from kiln.errors import UsageError, run_main
 from kiln.paths import PROJECT as ROOT
 from testbed import vm
@@ -50,6 +54,22 @@ def bound(rootfs: Path):
             subprocess.run(["umount", "-l", str(target)], timeout=30)
 
 
+@contextlib.contextmanager
+def container_of(image: str):
+    """One container of `image`, idle, on the host's network (as kiln runs them); always removed."""
+    name = f"kiln-verify-{os.getpid()}"
+    argv = ["docker", "run", "-d", "--rm", "--name", name, "--network", "host", "--entrypoint", "sleep", image,
+            "infinity"]
+    started = proc.run(argv, timeout=300, check=False)
+    if started.returncode != 0:
+        said = [line for line in started.stderr.splitlines() if line.strip() and not line.startswith("Run ")]
+        raise UsageError(f"--container {image}: docker run failed: {said[-1] if said else 'no output'}")
+    try:
+        yield name
+    finally:
+        proc.run(["docker", "rm", "-f", name], timeout=60, check=False)
+
+
 def newest_local_image() -> Path:
     images = sorted(IMAGES.glob("local-*/image.json"), key=lambda p: p.stat().st_mtime)
     if not images:
@@ -63,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ssh-config", help="an ssh_config for --hosts")
     parser.add_argument("--local", action="store_true", help="check this machine")
     parser.add_argument("--rootfs", type=Path, help="a captured image's root filesystem")
+    parser.add_argument("--container", help="a container image to check, e.g. kiln:cpu-FINGERPRINT")
     parser.add_argument("--image", type=Path, help="a local image folder (default: the newest in images/)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -71,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def verify(args: argparse.Namespace) -> int:
     extra = [a for a in args.pytest_args if a != "--"]
-    if sum(map(bool, (args.hosts, args.local, args.rootfs))) > 1:
-        raise UsageError("give one of --hosts, --local and --rootfs")
+    if sum(map(bool, (args.hosts, args.local, args.rootfs, args.container))) > 1:
+        raise UsageError("give one of --hosts, --local, --rootfs and --container")
     if args.local:
         return subprocess.run(pytest_argv("--hosts=local://", *extra)).returncode
     if args.hosts:
@@ -86,6 +107,9 @@ def verify(args: argparse.Namespace) -> int:
                                               *extra)).returncode
     if "-m" not in extra:
         extra = ["-m", "image or gpu", *extra]
+    if args.container:
+        with container_of(args.container) as name:
+            return subprocess.run(pytest_argv(f"--hosts=docker://{name}", *extra)).returncode
     with tempfile.TemporaryDirectory(prefix="kiln-verify-") as state, \
             vm.booted(args.image or newest_local_image(), Path(state), "kiln-verify") as ssh_config:
         return subprocess.run(pytest_argv("--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", *extra)).returncode

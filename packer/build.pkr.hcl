@@ -6,6 +6,7 @@
 #   4. packer-manifest.json (artifact ids, with profile and fingerprint)
 # Ansible connects to the VM directly (use_proxy = false): Packer 1.6.6's proxy offers only
 # ssh-rsa host keys, which OpenSSH 9 refuses. Host keys stay checked (see locals.pkr.hcl).
+# A container is reached by its id through Ansible's docker connection (no SSH at all).
 
 build {
   sources = [
@@ -13,6 +14,7 @@ build {
     "source.googlecompute.gpu",
     "source.azure-arm.gpu",
     "source.qemu.local",
+    "source.docker.container",
   ]
 
   # A fresh per-build known_hosts file (and the folder the records go to).
@@ -29,6 +31,8 @@ build {
     use_proxy        = false
     ansible_env_vars = local.ansible_env_vars
     extra_arguments  = ["--extra-vars", local.ansible_extra_vars]
+
+    inventory_file_template = source.type == "docker" ? local.docker_inventory : ""
   }
 
   provisioner "file" {
@@ -43,6 +47,8 @@ build {
     use_proxy        = false
     ansible_env_vars = local.ansible_env_vars
     extra_arguments  = ["--extra-vars", local.ansible_extra_vars]
+
+    inventory_file_template = source.type == "docker" ? local.docker_inventory : ""
   }
 
   # The recorded key dies with the build: cleanup removed it from the image and every

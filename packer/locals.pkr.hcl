@@ -70,6 +70,23 @@ locals {
   gcp   = local.gcp_base[var.base_os]
   azure = local.azure_base[var.base_os]
 
+  # The container image's settings (docker commit --change): the matrix and the bake as
+  # labels (kiln.<name without _version>, kiln.profile, kiln.fingerprint), the image's Python
+  # first on PATH and legacy Keras (Keras 3 breaks Horovod's callbacks).
+  # Ansible reaches the build container by its id, as root inside it (no sudo there).
+  docker_inventory = "{{ .HostAlias }} ansible_connection=docker ansible_host={{ .ID }} ansible_user=root ansible_become=false\n"
+
+  docker_changes = concat(
+    [for name, version in var.versions : "LABEL kiln.${trimsuffix(name, "_version")}=${version}"],
+    [
+      "LABEL kiln.profile=${var.profile}",
+      "LABEL kiln.fingerprint=${var.fingerprint}",
+      "ENV PATH=/opt/kiln/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+      "ENV TF_USE_LEGACY_KERAS=1",
+      "ENV LANG=C.UTF-8",
+    ],
+  )
+
   # Direct kernel boot of the local base disk. Only switches Packer does not set itself:
   # its -drive, -netdev (with the SSH port forward), -device, -machine (accel=tcg), -m and
   # -smp (from cpus) stay as Packer makes them. -cpu max: TensorFlow wheels need AVX, which

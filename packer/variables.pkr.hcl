@@ -393,3 +393,22 @@ variable "local_serial_log" {
   default     = ""
   description = "File that receives the VM's serial console (kernel and systemd messages); empty discards it."
 }
+
+# --- docker (docker "container") --------------------------------------------------------
+
+variable "docker_base_image" {
+  type        = string
+  default     = "kiln-base:debian12"
+  description = "Image the container bake starts from: the local Debian 12 base (bake/container_base.py makes kiln-base:debian12-KEY) on the cpu profile, NVIDIA's CUDA/cuDNN image at the matrix's versions on gpu."
+
+  validation {
+    condition     = var.docker_base_image != "" && regex_replace(var.docker_base_image, "\\s", "") == var.docker_base_image
+    error_message = "The docker_base_image must be an image reference without whitespace."
+  }
+}
+
+variable "docker_pull" {
+  type        = bool
+  default     = false
+  description = "Pull docker_base_image before the build (true for a registry image such as NVIDIA's; false for one made on this machine)."
+}

@@ -2,6 +2,7 @@
 
     pytest tests/infra --hosts=ssh://user@host [--ssh-config=F] [--gpu=auto|required] [-m image|gpu|cluster]
     pytest tests/infra --hosts=chroot:///path/to/rootfs     # a captured image's root filesystem
+    pytest tests/infra --hosts=docker://CONTAINER           # a container of a kiln container image
 
 The expected versions come from this checkout's version matrix (ansible/group_vars/all/versions.yml)
 and must also equal the image's own manifest (/etc/kiln/manifest.json).
@@ -76,3 +77,18 @@ def captured(host) -> bool:
     machine_id = host.file("/etc/machine-id")
     return not machine_id.exists or machine_id.size == 0
 
+
+
+@pytest.fixture(scope="module")
+def machine_image(manifest) -> None:
+    """Skips a check of what only a machine image has (services, SSH host keys, data volume units): a container
+    image (make image PROVIDER=docker, manifest target "container") leaves those to its host."""
+    if manifest.get("target") == "container":
+        pytest.skip("a container image: its host has the services, host keys and disks")
+
+
+@pytest.fixture(scope="module")
+def container_image(manifest) -> None:
+    """Skips a check that only a container image needs (how kiln runs processes inside it)."""
+    if manifest.get("target") != "container":
+        pytest.skip("a machine image: kiln runs its processes on the host")

@@ -98,12 +98,12 @@ def test_horovod_has_nccl_on_gpu_images(horovod_build, manifest):
 
 @pytest.mark.parametrize("unit", ["kiln-ssh-hostkeys.service", "kiln-data-volume.service", "chrony.service",
                                   "ssh.service", "docker.service"])
-def test_service_is_enabled(host, unit):
+def test_service_is_enabled(host, unit, machine_image):
     result = host.run(f"systemctl is-enabled {unit}")
     assert result.stdout.strip() == "enabled", f"{unit} is {result.stdout.strip() or result.stderr.strip()}"
 
 
-def test_host_keys_are_made_at_first_boot(host, captured):
+def test_host_keys_are_made_at_first_boot(host, captured, machine_image):
     """A captured image has no host keys and a unit that makes them; a booted one has its own keys."""
     unit = host.file("/etc/systemd/system/kiln-ssh-hostkeys.service")
     assert unit.exists and "ssh-keygen -A" in unit.content_string, (
@@ -114,7 +114,7 @@ def test_host_keys_are_made_at_first_boot(host, captured):
         assert host.file("/etc/ssh/ssh_host_ed25519_key").exists, "a booted image has no SSH host key"
 
 
-def test_a_data_volume_is_mounted_whenever_its_disk_appears(host):
+def test_a_data_volume_is_mounted_whenever_its_disk_appears(host, machine_image):
     """kiln up --volume attaches each node's volume once the instance runs: udev must start the mounter then."""
     rule = host.file("/etc/udev/rules.d/90-kiln-data-volume.rules")
     assert rule.exists and 'ENV{SYSTEMD_WANTS}+="kiln-data-volume@%k.service"' in rule.content_string, (
@@ -206,4 +206,21 @@ def test_machine_id_is_not_the_bakes(host, captured, bake_record):
 
 def test_manifest_is_well_formed(manifest):
     assert manifest.get("profile") in ("cpu", "gpu"), f"manifest profile: {manifest.get('profile')!r}"
+    assert manifest.get("target", "machine") in ("machine", "container"), f"manifest target: {manifest.get('target')!r}"
     assert manifest.get("venv") == VENV, f"manifest venv: {manifest.get('venv')!r}"
+
+
+def test_the_python_environment_is_usable_by_any_user(host, container_image):
+    """kiln runs a container as the login user (outputs are theirs, not root's): every file of the image's Python
+    environment must be readable, and every folder searchable, by any uid."""
+    unreadable = f"find {VENV} \\( -type d ! -perm -o=rx \\) -o \\( -type f ! -perm -o=r \\) | head -5"
+    closed = host.run(unreadable).stdout.split()
+    assert not closed, f"not readable by other users: {closed}"
+    result = host.run(f"setpriv --reuid=65534 --regid=65534 --clear-groups {VENV}/bin/python -c 'import horovod'")
+    assert result.rc == 0, f"nobody cannot import horovod in the image: {result.stderr[-500:]}"
+
+
+@pytest.mark.parametrize("tool", ["ssh", "mpirun", "horovodrun"])
+def test_what_kiln_runs_inside_the_container_is_there(host, tool, container_image):
+    """horovodrun reaches the other nodes with ssh (kiln's shim), and runs ranks with Gloo or mpirun."""
+    assert host.exists(tool) or host.file(f"{VENV}/bin/{tool}").exists, f"{tool} is missing from the image"

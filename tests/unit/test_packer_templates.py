@@ -47,7 +47,7 @@ def locals_text() -> str:
 # --- the templates ----------------------------------------------------------------------
 
 
-def test_the_build_lists_all_four_sources():
+def test_the_build_lists_all_five_sources():
     builds = load("build.pkr.hcl")["build"]
     assert len(builds) == 1
     assert builds[0]["sources"] == [
@@ -55,6 +55,7 @@ def test_the_build_lists_all_four_sources():
         "source.googlecompute.gpu",
         "source.azure-arm.gpu",
         "source.qemu.local",
+        "source.docker.container",
     ]
 
 
@@ -63,7 +64,20 @@ def test_each_source_lives_in_its_own_file():
     assert list(load("source.gcp.pkr.hcl")["source"][0]) == ["googlecompute"]
     assert list(load("source.azure.pkr.hcl")["source"][0]) == ["azure-arm"]
     assert list(load("source.local.pkr.hcl")["source"][0]) == ["qemu"]
+    assert list(load("source.docker.pkr.hcl")["source"][0]) == ["docker"]
 
+
+def test_the_container_bake_commits_and_reaches_the_container_without_ssh():
+    docker = source("source.docker.pkr.hcl", "docker", "container")
+    assert docker["commit"] is True
+    assert "--network=host" in docker["run_command"]
+    assert "--entrypoint" not in " ".join(docker["run_command"]), "the committed image would keep that entrypoint"
+    build = load("build.pkr.hcl")["build"][0]
+    for provisioner in build["provisioner"]:
+        if "ansible" in provisioner:
+            assert "docker" in provisioner["ansible"]["inventory_file_template"]
+    inventory = load("locals.pkr.hcl")["locals"][0]["docker_inventory"]
+    assert "ansible_connection=docker" in inventory and "{{ .ID }}" in inventory
 
 def test_aws_build_instance_requires_imdsv2_and_the_ami_too():
     aws = source("source.aws.pkr.hcl", "amazon-ebs", "gpu")
@@ -204,7 +218,7 @@ def test_cloud_inputs_carry_their_provider_prefix():
         "output_directory",
     }
     for name in variables():
-        assert name in common or name.split("_", 1)[0] in {"aws", "gcp", "azure", "local"}, name
+        assert name in common or name.split("_", 1)[0] in {"aws", "gcp", "azure", "local", "docker"}, name
 
 
 @pytest.mark.parametrize("name", ["profile", "base_os", "fingerprint", "versions", "image_name_prefix"])
@@ -291,10 +305,10 @@ def test_plugin_pins_live_apart_from_the_templates():
 
 def test_each_provider_has_a_var_file_setting_its_profile():
     profiles = {}
-    for provider in ("aws", "gcp", "azure", "local"):
+    for provider in ("aws", "gcp", "azure", "local", "docker"):
         with (PACKER / "vars" / f"{provider}.pkrvars.hcl").open() as handle:
             profiles[provider] = hcl2.load(handle, serialization_options=OPTIONS)["profile"]
-    assert profiles == {"aws": "gpu", "gcp": "gpu", "azure": "gpu", "local": "cpu"}
+    assert profiles == {"aws": "gpu", "gcp": "gpu", "azure": "gpu", "local": "cpu", "docker": "cpu"}
 
 
 def test_only_known_settings_carry_the_modern_mark():
@@ -498,7 +512,7 @@ def run_validate(*args: str) -> subprocess.CompletedProcess:
 
 
 @needs_packer
-def test_packer_validate_passes_for_all_four_sources():
+def test_packer_validate_passes_for_all_five_sources():
     result = run_validate()
     assert result.returncode == 0, result.stdout + result.stderr
     for provider, name in packer_compat.SOURCES.items():

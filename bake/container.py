@@ -1,0 +1,80 @@
+"""Container images (make image PROVIDER=docker): the base a profile starts from, the tag a bake gets, and the
+engine calls that tag, find and push it.
+
+Pure names first; the engine calls (docker CLI, bounded) after them. bake.image is the edge that uses them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from kiln import proc
+from kiln.errors import KilnError, UsageError
+
+REPOSITORY = "kiln"
+# NVIDIA's CUDA image with cuDNN at the matrix's versions; devel, because Horovod's NCCL operations are compiled
+# in the bake. Ubuntu 22.04: the matrix's CUDA release has no Debian 12 image.
+GPU_BASE = "nvidia/cuda:{cuda}-cudnn-devel-ubuntu22.04"
+
+
+def tag(profile: str, fingerprint: str, registry: str = "") -> str:
+    """kiln:PROFILE-FINGERPRINT, under REGISTRY/ when one is given."""
+    name = f"{REPOSITORY}:{profile}-{fingerprint}"
+    return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
+def check_registry(registry: str) -> str:
+    """A registry as `docker push` takes it: HOST[:PORT][/PATH], no scheme, no tag."""
+    if registry.startswith(("http://", "https://")) or any(c.isspace() for c in registry) or "@" in registry \
+            or not registry.strip("/"):
+        raise UsageError(f"REGISTRY={registry}: give HOST[:PORT][/PATH] without a scheme, e.g. 127.0.0.1:5000")
+    return registry.rstrip("/")
+
+
+def base_image(profile: str, matrix: Mapping[str, str], local_base: str = "") -> tuple[str, bool]:
+    """The image a profile's bake starts from and whether it must be pulled: the local Debian base on cpu,
+    NVIDIA's CUDA/cuDNN image at the matrix's CUDA version on gpu."""
+    if profile == "gpu":
+        return GPU_BASE.format(cuda=matrix["cuda_version"]), True
+    return local_base, False
+
+
+def artifact_id(packer_manifest: Mapping) -> str:
+    """The committed image's id from packer-manifest.json (the last build's artifact)."""
+    builds = packer_manifest.get("builds") or []
+    if not builds or not builds[-1].get("artifact_id"):
+        raise KilnError("packer-manifest.json names no image: the docker build made none")
+    return builds[-1]["artifact_id"]
+
+
+# --- the engine ---------------------------------------------------------------------------------------------
+
+def inspect(reference: str, timeout: float = 60) -> dict | None:
+    """docker image inspect of one image (None when the engine has no such image)."""
+    done = proc.run(["docker", "image", "inspect", reference], timeout=timeout, check=False)
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout)[0]
+
+
+def image_id(reference: str) -> str:
+    found = inspect(reference)
+    if found is None:
+        raise KilnError(f"the Docker engine has no image {reference}")
+    return found["Id"]
+
+
+def tag_image(image: str, name: str) -> None:
+    proc.run(["docker", "tag", image, name], timeout=60)
+
+
+def push(name: str, timeout: float = 1800) -> str:
+    """Push a tagged image; its repository digest (NAME@sha256:...)."""
+    proc.run(["docker", "push", name], timeout=timeout)
+    repository = name.rsplit(":", 1)[0]
+    found = inspect(name) or {}
+    for digest in found.get("RepoDigests", []):
+        if digest.startswith(f"{repository}@"):
+            return digest
+    raise KilnError(f"docker push {name} gave no digest")
