@@ -1,6 +1,6 @@
 """Local cluster: N sshd "nodes" built from Linux namespaces, standing in for cloud VMs.
 
-usage: local-cluster up [N] [--name NAME] [--subnet CIDR]   # N=3, NAME=kiln
+usage: local-cluster up [N] [--name NAME] [--subnet CIDR] [--metadata] [--docker]   # N=3, NAME=kiln
        local-cluster down [--name NAME]
        local-cluster lose NODE [--name NAME]      # the node's machine is gone: processes, network, disk
        local-cluster replace NODE [--name NAME]   # a fresh machine in its place: same address, new host keys
@@ -14,6 +14,10 @@ The operator reaches nodes with a per-cluster key and pinned host keys: `ssh -F 
 State: /run/kiln/local/NAME/. `down` finds everything by name, so it also works after a crash or without the
 state directory. With `up --metadata`, every node has its own stand-in EC2 metadata service (IMDSv2,
 testbed.imds) at 169.254.169.254 inside its network, where `interrupt` posts a spot interruption notice.
+With `up --docker`, every node has its own Docker engine (dockerd in the node's namespaces, images under
+/var/lib/kiln-local/NAME/NODE; sessions get DOCKER_HOST pointing at it) and the cluster has a registry, at
+GATEWAY:5000 for the nodes and on a loopback port for this machine's engine to push to (status --json names
+both); nothing of the host's iptables changes.
 A replaced node starts with an empty /root/kiln and new host keys (the operator's known_hosts in the state
 directory pins them; the old ones are removed), as a cloud replacement would.
 Needs root, iproute2, util-linux and openssh.
@@ -42,6 +46,7 @@ from kiln.errors import KilnError, UsageError, run_main
 from kiln.hostkeys import without_hosts
 from kiln.paths import PROJECT
 from kiln.sshwait import probe_ssh, wait_for_ssh
+from testbed import engines
 from testbed import netns as plan  # the pure half: names, addresses, file texts
 from testbed.imds import notice_text
 
@@ -115,9 +120,10 @@ def kill_namespace_processes(netns: list[str], grace: float = 3.0, *, abrupt: bo
 def teardown(name: str, timeout: float = 60) -> bool:
     """Remove everything cluster name made: processes, namespaces, links, state. Return whether any existed."""
     netns, state = find_netns(name), plan.STATE_ROOT / name
-    kill_namespace_processes(netns)
+    kill_namespace_processes(netns)  # the nodes' Docker engines and containers too
+    engines.stop_registries(name)
     links = sorted(find_links(name), key=lambda link: link.endswith("-br"))  # the bridge last
-    existed = bool(netns or links or state.exists())
+    existed = bool(netns or links or state.exists() or engines.engine_leftovers(name, netns))
     if netns or links:  # -force: go on past errors; what is left is checked below
         run(["ip", "-force", "-batch", "-"], stdin=plan.teardown_batch(netns, links), timeout=timeout, check=False)
     deadline = time.monotonic() + timeout  # veths of deleted namespaces vanish asynchronously
@@ -125,6 +131,7 @@ def teardown(name: str, timeout: float = 60) -> bool:
         time.sleep(0.2)
     if left:
         raise KilnError(f"could not remove {', '.join(left[:5])} of cluster {name}")
+    engines.remove_engine_files(name, netns)
     shutil.rmtree(state, ignore_errors=True)
     return existed
 
@@ -134,7 +141,8 @@ def write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_pub: str) -> plan.NodeBoot:
+def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_pub: str, *,
+              docker: bool = False) -> plan.NodeBoot:
     """Write a node's keys and files, configure its network, start its sshd detached."""
     for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755)):
         (node_dir / sub).mkdir(parents=True)
@@ -143,7 +151,8 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
     for kind in ("ed25519", "ecdsa"):
         run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", f"root@{node.name}", "-f",
              str(etc / f"ssh_host_{kind}_key")])
-    write(etc / "sshd_config", plan.sshd_config_text(node))
+    engine = plan.node_engine(cluster.name, node) if docker else None
+    write(etc / "sshd_config", plan.sshd_config_text(node, engine.docker_host if engine else None))
     write(etc / "kiln-local-node", f"{cluster.name} {node.name}\n")  # node.py: powering off kills this node only
     if Path("/etc/ssh/ssh_config").is_file():  # the image's ssh client defaults
         shutil.copy2("/etc/ssh/ssh_config", etc / "ssh_config")
@@ -161,6 +170,19 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
                                 start_new_session=True)
     keys = [(etc / f"ssh_host_{kind}_key.pub").read_text() for kind in ("ed25519", "ecdsa")]
     return plan.NodeBoot(node, proc, plan.known_hosts_lines(node, keys))
+
+
+def start_engines(cluster: plan.Cluster, boots: list[plan.NodeBoot], state: Path) -> None:
+    """Start every booted node's Docker engine (inside its namespaces, entered through its sshd) and wait until
+    each answers."""
+    address = plan.registry_address(cluster)
+    started = [(boot.node, plan.node_engine(cluster.name, boot.node), state / boot.node.name / "dockerd.log")
+               for boot in boots]
+    processes = [engines.start_engine(node, engine, boot.proc.pid, address, log)
+                 for boot, (node, engine, log) in zip(boots, started, strict=True)]
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(lambda item: engines.wait_engine(item[0][0], item[0][1], item[1], item[0][2]),
+                      zip(started, processes, strict=True)))
 
 
 def start_metadata(node: plan.Node, node_dir: Path, timeout: float = 30) -> None:
@@ -219,6 +241,11 @@ def lose_node(name: str, node: plan.Node, timeout: float = 30) -> None:
     kill_namespace_processes([node.netns], abrupt=True)
     run(["ip", "-force", "-batch", "-"], stdin=plan.teardown_batch([node.netns], [node.veth]), timeout=timeout,
         check=False)
+    engine = plan.node_engine(name, node)  # its disk is gone with it: the engine's images too
+    shutil.rmtree(engine.data_root, ignore_errors=True)
+    shutil.rmtree(engine.exec_root, ignore_errors=True)
+    for left in (engine.pidfile, engine.socket):
+        left.unlink(missing_ok=True)
     deadline = time.monotonic() + timeout
     while node.netns in find_netns(name) or node.veth in find_links(name):
         if time.monotonic() > deadline:
@@ -234,10 +261,13 @@ def replace_node(name: str, node: plan.Node, timeout: float = 60) -> list[str]:
     cluster = plan.cluster_from_nodes(name, nodes)
     lose_node(name, node)
     run(["ip", "-batch", "-"], stdin=plan.node_root_batch(cluster, node), timeout=timeout)
-    boot = boot_node(cluster, node, state / node.name, (state / "operator_key.pub").read_text())
+    docker = bool(nodes[node.index - 1].get("docker"))
+    boot = boot_node(cluster, node, state / node.name, (state / "operator_key.pub").read_text(), docker=docker)
     if nodes[node.index - 1].get("metadata"):
         start_metadata(node, state / node.name)
     wait_for_sshd([boot], state, timeout)
+    if docker:
+        start_engines(cluster, [boot], state)
     known = state / "known_hosts"
     write(known, without_hosts(known.read_text(), [node.name, node.ip]) + "".join(boot.known_hosts))
     return boot.known_hosts
@@ -252,20 +282,24 @@ def preflight() -> None:
         raise UsageError(f"required tools missing: {', '.join(missing)}")
 
 
-def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: bool = False) -> plan.Cluster:
+def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: bool = False,
+                 docker: bool = False) -> plan.Cluster:
     """Create a cluster of `count` nodes and wait until each one's sshd answers (with `metadata`, each with its
-    stand-in metadata service); on any failure remove it all."""
+    stand-in metadata service; with `docker`, each with its Docker engine, and the cluster's registry); on any
+    failure remove it all."""
     state = plan.STATE_ROOT / name
     if not 1 <= count <= plan.MAX_NODES:
         raise UsageError(f"N must be between 1 and {plan.MAX_NODES}, not {count}")
     if find_netns(name) or find_links(name) or state.exists():
         raise UsageError(f"cluster {name} already exists (run: local-cluster down --name {name})")
+    if docker:
+        engines.check_tools()
     candidates = [plan.parse_subnet(subnet, count)] if subnet else plan.candidate_subnets(name)
     cluster = plan.plan_cluster(name, count, plan.pick_subnet(candidates, used_networks()))
     plan.STATE_ROOT.mkdir(parents=True, exist_ok=True)
     state.mkdir(mode=0o700)  # atomic: a concurrent `up` of the same name stops here
     try:
-        build(cluster, state, metadata=metadata)
+        build(cluster, state, metadata=metadata, docker=docker)
     except BaseException as exc:
         try:
             teardown(name)
@@ -278,17 +312,21 @@ def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: 
 def cmd_up(args: argparse.Namespace) -> int:
     """Create a cluster of N nodes and wait until each one's sshd answers."""
     started, name, state = time.monotonic(), args.name, plan.STATE_ROOT / args.name
-    cluster = make_cluster(name, args.count, args.subnet, metadata=args.metadata)
+    cluster = make_cluster(name, args.count, args.subnet, metadata=args.metadata, docker=args.docker)
+    registries = engines.registry_addresses(name)
     print(f"cluster {name}: {args.count} nodes up on {cluster.bridge} {cluster.subnet} "
           f"in {time.monotonic() - started:.1f} s\n"
           f"  state: {state}\n  ssh:   ssh -F {state / 'ssh_config'} node1\n"
           f"  fab:   {plan.fab_command(state, cluster)}\n"
-          f"  env:   eval \"$(local-cluster env --name {name})\"\n  down:  local-cluster down --name {name}")
+          f"  env:   eval \"$(local-cluster env --name {name})\"\n  down:  local-cluster down --name {name}"
+          + (f"\n  registry: {registries['nodes']} (nodes), {registries['operator']} (this machine: docker push)"
+             if registries else ""))
     return 0
 
 
-def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False) -> None:
-    """Make the operator key, the network and the nodes; wait for every sshd; log in once."""
+def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False, docker: bool = False) -> None:
+    """Make the operator key, the network and the nodes; wait for every sshd; log in once; with `docker`, start
+    the registry and every node's engine."""
     key = state / "operator_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
     for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755)):
@@ -297,18 +335,22 @@ def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False) -> None
     run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster), timeout=timeout)
     operator_pub = key.with_suffix(".pub").read_text()
     with ThreadPoolExecutor(WORKERS) as pool:
-        boots = list(pool.map(lambda n: boot_node(cluster, n, state / n.name, operator_pub), cluster.nodes))
+        boots = list(pool.map(lambda n: boot_node(cluster, n, state / n.name, operator_pub, docker=docker),
+                              cluster.nodes))
     write(state / "known_hosts", "".join(line for boot in boots for line in boot.known_hosts))
     write(state / "ssh_config", plan.ssh_config_text(cluster, state))
     write(state / "hostfile", "".join(f"{n.name}\n" for n in cluster.nodes))
-    nodes = [dict(asdict(n), subnet=str(cluster.subnet), state_dir=str(state / n.name), metadata=metadata)
-             for n in cluster.nodes]
+    nodes = [dict(asdict(n), subnet=str(cluster.subnet), state_dir=str(state / n.name), metadata=metadata,
+                  docker=docker) for n in cluster.nodes]
     write(state / "nodes.json", json.dumps(nodes, indent=1) + "\n")
     if metadata:
         with ThreadPoolExecutor(WORKERS) as pool:
             list(pool.map(lambda n: start_metadata(n, state / n.name), cluster.nodes))
     wait_for_sshd(boots, state, timeout)
     verify_login(cluster, state)
+    if docker:
+        engines.start_registries(cluster)
+        start_engines(cluster, boots, state)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -368,7 +410,8 @@ def cmd_status(args: argparse.Namespace) -> int:
              "sshd": up} for n, up in zip(nodes, answering, strict=True)]
     healthy = bool(rows) and all(r["netns_present"] and r["sshd"] for r in rows)
     if args.json:
-        print(json.dumps({"cluster": args.name, "up": healthy, "nodes": rows}, indent=1))
+        print(json.dumps({"cluster": args.name, "up": healthy, "nodes": rows,
+                          "registry": engines.registry_addresses(args.name) or None}, indent=1))
     else:
         print(f"{'NODE':<10}{'IP':<16}{'NETNS':<8}SSHD" if rows else f"cluster {args.name}: not up")
         for r in rows:
@@ -400,6 +443,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             cmd.add_argument("--subnet", help="private IPv4 CIDR (default: 10.x.0.0/16 derived from the name)")
             cmd.add_argument("--metadata", action="store_true",
                              help="give every node a stand-in EC2 metadata service at 169.254.169.254")
+            cmd.add_argument("--docker", action="store_true",
+                             help="give every node its own Docker engine, and the cluster a registry")
         if func is cmd_status:
             cmd.add_argument("--json", action="store_true", help="print JSON")
         if func in (cmd_lose, cmd_replace, cmd_interrupt):

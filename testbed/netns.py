@@ -26,6 +26,13 @@ NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
 METADATA_ADDRESS = "169.254.169.254"  # EC2's instance metadata service; with --metadata each node has its own
+# With --docker: each node's Docker engine keeps its images on disk (they are GBs), its sockets and state under
+# /run; the cluster's registry listens on the bridge at REGISTRY_PORT.
+ENGINE_DATA_ROOT = Path("/var/lib/kiln-local")
+ENGINE_RUN_ROOT = Path("/run/kiln-docker")
+REGISTRY_PORT = 5000
+# The cgroup v1 hierarchies dockerd needs: `ip netns exec` remounted /sys for the node, hiding the host's.
+CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids")
 
 
 @dataclass(frozen=True)
@@ -161,14 +168,66 @@ def metadata_argv(python: str, node: Node, node_dir: Path, instance_id: str) -> 
             "--ready-file", str(node_dir / "imds.ready")]
 
 
-def sshd_config_text(node: Node) -> str:
-    """The node's sshd_config (paths as seen inside the node)."""
+def sshd_config_text(node: Node, docker_host: str | None = None) -> str:
+    """The node's sshd_config (paths as seen inside the node); with `docker_host`, every session's docker
+    client talks to the node's own engine (a VM's is at the default socket)."""
     return "\n".join([
         f"ListenAddress {node.ip}", "Port 22", "HostKey /etc/ssh/ssh_host_ed25519_key",
         "HostKey /etc/ssh/ssh_host_ecdsa_key", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
         "KbdInteractiveAuthentication no", "UsePAM no", "UseDNS no", "PidFile none", "MaxStartups 200:30:400",
         "MaxSessions 128", "LogLevel INFO", "Subsystem sftp /usr/lib/openssh/sftp-server",
-        "AuthorizedKeysFile .ssh/authorized_keys", "PrintMotd no", ""])  # no AcceptEnv: nothing accepted
+        "AuthorizedKeysFile .ssh/authorized_keys", "PrintMotd no",
+        *([f"SetEnv DOCKER_HOST={docker_host}"] if docker_host else []), ""])  # no AcceptEnv: nothing accepted
+
+
+@dataclass(frozen=True)
+class NodeEngine:
+    """Where a node's own Docker engine keeps its things (--docker)."""
+
+    data_root: Path  # images and containers, on disk
+    exec_root: Path  # its state and containerd's, under /run
+    socket: Path
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.exec_root.with_name(self.exec_root.name + ".pid")
+
+
+def node_engine(cluster: str, node: Node) -> NodeEngine:
+    return NodeEngine(ENGINE_DATA_ROOT / cluster / node.name, ENGINE_RUN_ROOT / node.netns,
+                      ENGINE_RUN_ROOT / f"{node.netns}.sock")
+
+
+def registry_address(cluster: Cluster) -> str:
+    """Where the nodes reach the cluster's registry: on its bridge."""
+    return f"{cluster.gateway}:{REGISTRY_PORT}"
+
+
+def cgroup_mount_script() -> str:
+    """Shell lines mounting the cgroup v1 hierarchies inside a node's mount namespace (private to it)."""
+    lines = ["mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"]
+    for controller in CGROUP_CONTROLLERS:
+        lines.append(f"mkdir -p /sys/fs/cgroup/{controller} && mount -t cgroup -o {controller} cgroup "
+                     f"/sys/fs/cgroup/{controller}")
+    lines.append("mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup "
+                 "/sys/fs/cgroup/systemd")
+    return "\n".join(lines) + "\n"
+
+
+def dockerd_argv(sshd_pid: int, engine: NodeEngine, registry: str) -> list[str]:
+    """argv that starts a node's Docker engine in the node's network, hostname and mount namespaces (entered
+    through its sshd: bind mounts then resolve to the node's own /root/kiln), with the cgroups mounted there.
+    No iptables rules and no bridge: the host's FORWARD policy stays as it is, and kiln's containers use the
+    node's network. The cluster's registry speaks plain HTTP on the bridge."""
+    dockerd = ["dockerd", "--data-root", str(engine.data_root), "--exec-root", str(engine.exec_root),
+               "-H", engine.docker_host, "--pidfile", str(engine.pidfile), "--iptables=false", "--ip-masq=false",
+               "--bridge=none", "--insecure-registry", registry]
+    script = cgroup_mount_script() + "exec " + shlex.join(dockerd)
+    return ["nsenter", "--target", str(sshd_pid), "--net", "--uts", "--mount", "--", "/bin/sh", "-ec", script]
 
 
 def hosts_text(node: Node) -> str:

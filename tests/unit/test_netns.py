@@ -91,3 +91,31 @@ def test_a_running_cluster_is_planned_again_from_its_nodes_file():
     one = plan.plan_cluster("kt", 1, ipaddress.IPv4Network("10.9.0.0/16"))
     assert plan.node_root_batch(one, one.nodes[0]) == "".join(
         line + "\n" for line in plan.root_batch(one).splitlines()[3:])
+
+
+def test_a_docker_node_engine_lives_apart_per_node_and_its_sessions_find_it():
+    cluster = plan.plan_cluster("kiln", 2, ipaddress.IPv4Network("10.9.0.0/16"))
+    node = cluster.nodes[1]
+    engine = plan.node_engine("kiln", node)
+    assert engine.data_root == Path("/var/lib/kiln-local/kiln/node2")
+    assert engine.exec_root == Path("/run/kiln-docker/kiln-n2")
+    assert engine.docker_host == "unix:///run/kiln-docker/kiln-n2.sock"
+    assert engine.pidfile == Path("/run/kiln-docker/kiln-n2.pid")
+    assert "SetEnv DOCKER_HOST=unix:///run/kiln-docker/kiln-n2.sock" in plan.sshd_config_text(node, engine.docker_host)
+    assert "SetEnv" not in plan.sshd_config_text(node)
+    assert plan.registry_address(cluster) == f"{cluster.gateway}:5000"
+
+
+def test_a_node_engine_starts_in_the_nodes_namespaces_and_leaves_iptables_alone():
+    cluster = plan.plan_cluster("kiln", 1, ipaddress.IPv4Network("10.9.0.0/16"))
+    engine = plan.node_engine("kiln", cluster.nodes[0])
+    argv = plan.dockerd_argv(4242, engine, "10.9.0.1:5000")
+    assert argv[:9] == ["nsenter", "--target", "4242", "--net", "--uts", "--mount", "--", "/bin/sh", "-ec"]
+    script = argv[9]
+    assert script.index("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup") < script.index("exec dockerd")
+    for controller in ("memory", "devices", "pids", "cpuset"):
+        assert f"-o {controller} cgroup /sys/fs/cgroup/{controller}" in script
+    dockerd = script.split("exec ", 1)[1]
+    for flag in ("--iptables=false", "--ip-masq=false", "--bridge=none", "--insecure-registry 10.9.0.1:5000",
+                 "--data-root /var/lib/kiln-local/kiln/node1", "-H unix:///run/kiln-docker/kiln-n1.sock"):
+        assert flag in dockerd
