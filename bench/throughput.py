@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""usage: bench/throughput.py [--epochs E] [--nodes 1,2,3]
+"""usage: bench/throughput.py [--epochs E] [--nodes 1,2,3] [--image]
 
 Training throughput on a local cluster (synthetic data), 1, 2 and 3 nodes in each
 launch mode, as examples/s and as a ratio to one node, with kiln's fixed cost
@@ -8,7 +8,10 @@ of summary.json); then kiln's launcher overhead on the most nodes, for kiln's re
 (examples/keras_multiworker.py, examples/horovod_keras.py): the wall time of
 `kiln train` (mesh, check, sync, start, watch, collect) against the very processes
 kiln planned (same argv, environment and folder), started by hand over plain ssh
-and waited for. Measured in one run; nothing is asserted.
+and waited for. With --image, also the same user programs inside the container image `make image
+PROVIDER=docker` bakes against bare processes on the most nodes (the image already on the nodes), and the time
+to get the image onto the nodes: pulled from the cluster's registry, and shipped from this machine over kiln's
+connections. Measured in one run; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ SSH_CONFIG = STATE / "ssh_config"
 NIC = "eth0"  # every local node's interface (testbed.cluster)
 KILN = Path(sys.executable).with_name("kiln")
 EXAMPLES = PROJECT / "examples"
-PHASES = (*OPERATOR_PHASES[:5], *NODE_PHASES, *OPERATOR_PHASES[6:8])  # in the order a run goes through them
+# In the order a run goes through them: kiln's steps up to the start, the nodes', then kiln's stop and collect.
+PHASES = (*OPERATOR_PHASES[:OPERATOR_PHASES.index("watch")], *NODE_PHASES, "stop", "collect")
 USER_PROGRAMS = {"tf-config": ("python", "keras_multiworker.py"), "horovod": ("python", "horovod_keras.py")}
 
 
@@ -48,11 +52,11 @@ def names(nodes: int) -> tuple[str, ...]:
 
 
 def kiln_train(nodes: int, mode: str, env: dict, *, trainer_args: str = "",
-               command: tuple[str, ...] = ()) -> tuple[dict, float]:
+               command: tuple[str, ...] = (), image: str | None = None) -> tuple[dict, float]:
     """One `kiln train`, timed from the operator's side; its summary.json."""
     run_id = f"bench-{mode}-{nodes}-{'user' if command else 'ref'}-{time.time_ns()}"
     argv = [str(KILN), "-S", str(SSH_CONFIG), "-H", ",".join(names(nodes)), "train", "--mode", mode,
-            "--nic", NIC, "--run-id", run_id]
+            "--nic", NIC, "--run-id", run_id, *(["--image", image] if image else [])]
     if command:
         argv += ["--code", str(EXAMPLES), "--", *command]
     else:
@@ -92,6 +96,37 @@ def by_hand(nodes: int, mode: str, program: launch.Program) -> float:
     return time.perf_counter() - start
 
 
+def image_rows(most: int, env: dict, epochs: int) -> list[str]:
+    """The user programs bare and in the container image (present on the nodes); then the image brought to the
+    nodes: pulled from the cluster's registry, and shipped from this machine (docker save | ssh docker load)."""
+    from testbed import engines
+
+    subprocess.run([sys.executable, "-m", "bake.image", "docker"], check=True, timeout=3600, cwd=PROJECT,
+                   stdout=subprocess.DEVNULL)
+    records = sorted((PROJECT / "images").glob("docker-cpu-*/image.json"), key=lambda path: path.stat().st_mtime)
+    local = json.loads(records[-1].read_text())["image"]
+    image = engines.push_to_cluster(CLUSTER, local)
+    rows = []
+    for mode, program in USER_PROGRAMS.items():
+        command = (*program, "--epochs", str(epochs))
+        kiln_train(most, mode, env, command=command, image=image)  # the image onto the nodes, not timed here
+        _, bare = kiln_train(most, mode, env, command=command)
+        data, inside = kiln_train(most, mode, env, command=command, image=image)
+        rows.append(f"{mode:<10} {bare:>7.1f} {inside:>8.1f} {inside - bare:>10.1f} {inside / bare:>6.2f} "
+                    f"{data['phase_seconds'].get('container', 0):>11.1f}")
+    moves = []
+    for how, reference in (("pull", image), ("ship", local)):
+        for node in names(most):
+            ssh(node, f"docker rmi -f {image} {local} >/dev/null 2>&1; true")
+        data, _ = kiln_train(most, "tf-config", env, command=(*USER_PROGRAMS["tf-config"], "--epochs", "1"),
+                             image=reference)
+        moves.append(f"{how:<6} {most:>5} {data['phase_seconds']['pull']:>7.1f}")
+    return [f"\nthe user programs on {most} nodes, bare and in the container image (present on the nodes)",
+            f"{'mode':<10} {'bare_s':>7} {'image_s':>8} {'overhead_s':>10} {'ratio':>6} {'container_s':>11}",
+            *rows, f"\nthe image ({local}) onto {most} nodes that lack it", f"{'how':<6} {'nodes':>5} {'pull_s':>7}",
+            *moves]
+
+
 def phase_row(label: str, mode: str, nodes: int, seconds: dict[str, float]) -> str:
     return f"{label:<10} {mode:<10} {nodes:>5} " + " ".join(
         f"{seconds[name]:>{len(name)}.1f}" if name in seconds else f"{'-':>{len(name)}}" for name in PHASES)
@@ -101,12 +136,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--nodes", default="1,2,3")
+    parser.add_argument("--image", action="store_true", help="also measure runs in the container image")
     options = parser.parse_args()
     sizes = [int(n) for n in options.nodes.split(",")]
     most = max(sizes)
     trainer_args = f"--data synthetic --epochs {options.epochs} --log-every 20"
     local_cluster("down")
-    local_cluster("up", str(most))
+    local_cluster("up", str(most), *(["--docker"] if options.image else []))
     try:
         with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as runs:
             env = {**os.environ, "KILN_HOME": home, "KILN_RUNS": runs}
@@ -145,6 +181,8 @@ def main() -> int:
             print("\nwhere kiln's time went (summary.json phase_seconds, s)")
             print(f"{'program':<10} {'mode':<10} {'nodes':>5} " + " ".join(PHASES))
             print("\n".join(phases))
+            if options.image:
+                print("\n".join(image_rows(most, env, options.epochs)))
     finally:
         local_cluster("down")
     return 0

@@ -12,6 +12,8 @@ import socket
 import sys
 
 HOSTS_FILE = "/etc/hosts"
+DATA_VOLUME_SETTINGS = "/etc/kiln/data-volume.json"  # the image's kiln-data-volume reads it (kiln up --volume)
+CONTAINER_PREFIX = "kiln-"  # a run's container on this node: kiln-RUN_ID (bootstrap/container.py)
 LOCAL_NODE_MARK = "/etc/ssh/kiln-local-node"  # what testbed.cluster puts in its nodes' private /etc/ssh
 
 
@@ -22,7 +24,11 @@ def facts(ports, names, probe=None):
     return {
         "hostname": hostname,
         "uid": os.getuid(),
+        "gid": os.getgid(),
         "home": os.path.expanduser("~"),
+        "gpus": gpu_devices(),
+        "memlock": memlock_limit(),
+        "data_volume": data_volume(),
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "ssh_connection": os.environ.get("SSH_CONNECTION", ""),
@@ -33,6 +39,31 @@ def facts(ports, names, probe=None):
         "ports": {str(port): port_free(port) for port in ports},
         "probe": mesh_probe(probe) if probe else None,
     }
+
+
+def memlock_limit():
+    """The most memory a process here may lock (its hard limit), in bytes; -1 for unlimited."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return -1 if hard == resource.RLIM_INFINITY else hard
+
+
+def gpu_devices():
+    """How many NVIDIA GPUs the driver exposes here (/dev/nvidiaN)."""
+    try:
+        return sum(1 for name in os.listdir("/dev") if name.startswith("nvidia") and name[len("nvidia"):].isdigit())
+    except OSError:
+        return 0
+
+
+def data_volume():
+    """Where this node's data volume is mounted (kiln up --volume), or None."""
+    try:
+        with open(DATA_VOLUME_SETTINGS) as handle:
+            return json.load(handle).get("mount")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def normalize(name):
@@ -267,18 +298,25 @@ def namespaces(pid="self"):
     return [os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("uts", "mnt")]
 
 
-def run_processes(run_id, helpers=False):
-    """Processes of this run on this node, found by the KILN_RUN_ID they carry (run_id None: of any run);
-    kiln's own helpers that carry it (the interruption watcher) only if asked."""
+def run_processes(run_id, helpers=False, inside=0):
+    """Processes of this run on this node, found by the KILN_RUN_ID they carry (run_id None: of any run), here
+    or inside the run's container on this node (`inside`: its pid, None for none, 0: look it up); kiln's own
+    helpers that carry it (the interruption watcher) only if asked."""
     needle = f"\0KILN_RUN_ID={run_id}\0".encode() if run_id else b"\0KILN_RUN_ID="
-    here = namespaces()
+    places = [namespaces()]
+    if inside == 0:
+        inside = container_pid(run_id) if run_id else None
+        try:
+            places.append(namespaces(inside))
+        except OSError:
+            pass
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle not in b"\0" + handle.read() + b"\0" or namespaces(entry) != here:
+                if needle not in b"\0" + handle.read() + b"\0" or namespaces(entry) not in places:
                     continue
             if not helpers and is_helper(read_bytes(f"/proc/{entry}/cmdline")):
                 continue
@@ -301,12 +339,44 @@ def read_bytes(path):
         return handle.read()
 
 
+def docker(*args, timeout=30):
+    """A docker command's (exit code, output); (None, why) where docker is missing or does not answer."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, str(error)
+    return done.returncode, (done.stdout or done.stderr).strip()
+
+
+def container_pid(run_id):
+    """The host pid of the run's container's first process on this node, or None (no such container, or no
+    docker here)."""
+    code, out = docker("inspect", "--format", "{{.State.Pid}}", CONTAINER_PREFIX + run_id, timeout=15)
+    try:
+        return int(out) if code == 0 and int(out) > 0 else None
+    except ValueError:
+        return None
+
+
+def remove_container(run_id):
+    """Remove the run's container on this node, if there is one: what is left of it goes with the run."""
+    code, out = docker("rm", "-f", CONTAINER_PREFIX + run_id, timeout=60)
+    if code not in (0, None) and "No such container" not in out:
+        return out
+    return None
+
+
 def stop(run_id, grace):
-    """TERM every process of the run, KILL what is left after `grace` seconds."""
+    """TERM every process of the run (in its container too), KILL what is left after `grace` seconds, then
+    remove the run's container."""
     import signal
     import time
 
-    pids = run_processes(run_id, helpers=True)
+    inside = container_pid(run_id)
+    pids = run_processes(run_id, helpers=True, inside=inside)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -314,12 +384,14 @@ def stop(run_id, grace):
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and run_processes(run_id, helpers=True):
+        while time.monotonic() < deadline and run_processes(run_id, helpers=True, inside=inside):
             time.sleep(0.1)
-        pids = run_processes(run_id, helpers=True)
+        pids = run_processes(run_id, helpers=True, inside=inside)
         if not pids:
             break
-    return {"left": run_processes(run_id, helpers=True)}
+    left = run_processes(run_id, helpers=True, inside=inside)
+    failed = remove_container(run_id)
+    return {"left": left, **({"container": failed} if failed else {})}
 
 
 def progress(run_id, run_dir):

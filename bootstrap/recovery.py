@@ -15,9 +15,10 @@ from bootstrap.providers import Provider, Replacement
 
 
 def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePaths, program: Program,
-              folder: Path | None, idle_minutes: float | None = None):
+              folder: Path | None, idle_minutes: float | None = None, *, check_on_nodes: bool = True):
     """The supervisor's `recover`: lost hosts in, (replacements, the run's new plan) out. A cluster with
-    autostop (idle_minutes) gets its agent on the new machines too."""
+    autostop (idle_minutes) gets its agent on the new machines too. `check_on_nodes` false: the program is not
+    checked on the new machine itself (it runs in a container image, which the restart brings there)."""
 
     def recover(lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
         replaced = [provider.replace(host) for host in lost]
@@ -30,7 +31,8 @@ def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePath
         group.sync_lib(paths.lib)
         if folder:
             group.sync(str(folder), paths.code)
-            group.check_program(launch.program_check(program, group.python, paths))
+            if check_on_nodes:
+                group.check_program(launch.program_check(program, group.python, paths))
         if idle_minutes:
             group.autostop(autostop.agent_args(idle_minutes, provider.kind), [r.new for r in replaced])
         return replaced, launch.plan_run(replace(spec, names=tuple(n.name for n in nodes)))

@@ -8,11 +8,12 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bootstrap import commands, launch, plots, runs, state
 from bootstrap.cluster import Cluster
+from bootstrap.container import HostRuntime, Runtime
 from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
@@ -35,6 +36,16 @@ class Interrupted(KilnError):
         said = "; ".join(f"{host.label}: {notice.get('action')} at {notice.get('time')}"
                          for host, notice in notices.items())
         super().__init__(f"spot interruption notice ({said})")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What an attempt came to once it was stopped and collected: the judged attempt, the hosts to replace, and
+    when its end was seen."""
+
+    attempt: launch.Attempt
+    going: list[Host]
+    detected: float
 
 
 class Stalled(KilnError):
@@ -65,8 +76,10 @@ class Supervisor:
 
     def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 1.0,
                  stall_factor: float = 0, stall_minimum: float = 60, timeline: Timeline | None = None,
-                 notice_watch: float = 3600):
+                 notice_watch: float = 3600, runtime: Runtime | None = None):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
+        self.runtime = runtime or HostRuntime()
+        self.record: RunRecord | None = None
         self.notice_watch = notice_watch
         self.lost: list[Host] = []
         self.timeline = timeline or Timeline()
@@ -88,8 +101,8 @@ class Supervisor:
             items = by_host.get(self.group.hosts.index(host), [])
             watcher = launch.watcher_command(self.plan.run_id, self.group.python, self.paths, self.notice_watch,
                                              [item.task for item in items])
-            command = " && ".join([*(launch.launch_command(item, self.paths, self.plan.run_id) for item in items),
-                                   watcher])
+            command = " && ".join([*(self.runtime.launch_command(item, self.paths, self.plan.run_id)
+                                     for item in items), watcher])
             self.group.remote.check(host, command, timeout=60)
 
         _, failures = self.group.remote.map(self.group.hosts, start)
@@ -247,43 +260,86 @@ class Supervisor:
         shutil.rmtree(kept, ignore_errors=True)
         shutil.copytree(collected, kept)
 
+    def end_attempt(self, timeout: float, recovering: bool) -> Ended:
+        """Watch the attempt to its end, then stop what is left and collect every node's files: what it came to,
+        with the hosts to replace (lost, or noticed by a spot notice) when `recovering`."""
+        timeline = self.timeline
+        error, error_hosts, noticed = None, [], []
+        try:
+            with timeline.phase("watch"):
+                verdict = self.watch(timeout)
+        except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
+            verdict, error = Verdict(True, ()), str(failure)
+            error_hosts = getattr(failure, "hosts", None) or sorted(getattr(failure, "failures", {}))
+            noticed = getattr(failure, "noticed", [])
+        watched = timeline.of("watch")[-1]["ended"]
+        detected = time.time()
+        self.lost = self.lost_hosts() if recovering and (verdict.failed or error) else []
+        going = [*self.lost, *(host for host in noticed if host not in self.lost)]  # to be replaced
+        frozen = self.frozen_hosts() if verdict.failed and not going else []
+        with timeline.phase("stop"):
+            left = self.stop(skip=self.lost, patient=noticed)
+        with timeline.phase("collect"):
+            self.collect(skip=self.lost)
+        timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
+        log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
+            if verdict.failed else ""
+        attempt = launch.judge_attempt(self.plan, verdict, horovod_log=log, error=error, error_hosts=error_hosts,
+                                       frozen=frozen, left=list(left))
+        return Ended(attempt, going, detected)
+
+    def replace_nodes(self, ended: Ended, recover: Recover, number: int, of: int, entry: dict) -> str | None:
+        """Replace the attempt's lost and noticed hosts through `recover` (the `number`th of `of`), keeping the
+        chief's checkpoints and each old machine's files apart; the run's new plan and record. The failure, if
+        the replacement could not be made."""
+        going = ended.going
+        names = {h: self.plan.names[self.group.hosts.index(h)] for h in going}
+        print(f"recovery {number} of {of}: replacing {', '.join(h.label for h in going)}", flush=True)
+        self.keep_chief_checkpoints(going)
+        for name in names.values():  # the machine's files stay apart from its successor's
+            kept = self.folder / "hosts" / name
+            if kept.is_dir():
+                (self.folder / "replaced").mkdir(exist_ok=True)
+                kept.rename(self.folder / "replaced" / f"{name}-{number}")
+        try:
+            with self.timeline.phase("replace"):
+                replaced, self.plan = recover(going)
+        except KilnError as failure:
+            return f"recovery failed: {failure}"
+        self.run_dir = self.paths.run(self.plan.run_id)
+        self.record = record_run(self.group, self.plan, self.paths)
+        entry.update(kind="recovery", lost=[names[h] for h in self.lost], detected_at=round(ended.detected, 3),
+                     interrupted=[names[h] for h in going if h not in self.lost],
+                     replaced=[{"old": r.old.label, "new": r.new.label} for r in replaced])
+        return None
+
+    def restart(self) -> None:
+        """Start the next attempt from the last checkpoint: every node gets it, the runtime is made ready again
+        (a fresh container, the image on a new node), and every process starts."""
+        self.timeline.attempt += 1
+        with self.timeline.phase("restore"):
+            self.spread_checkpoint()
+        self.runtime.prepare(self.group.hosts, self.timeline)
+        with self.timeline.phase("start"):
+            self.start()
+
     def run(self, record: RunRecord, timeout: float, max_restarts: int = 0, *,
             recover: Recover | None = None, max_recoveries: int = 0) -> dict:
         """Watch the run to its end, restarting it up to `max_restarts` times from the last checkpoint; with
         `recover`, a node that stopped answering is replaced (up to `max_recoveries` times) and the run restarts
         on the new one from the last checkpoint; stop, collect, and write summary.json."""
         started = time.monotonic()
-        restarts, timeline = [], self.timeline
+        self.record = record
+        restarts: list[dict] = []
         recoveries = 0
         while True:
-            error, error_hosts, noticed = None, [], []
-            try:
-                with timeline.phase("watch"):
-                    verdict = self.watch(timeout)
-            except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
-                verdict, error = Verdict(True, ()), str(failure)
-                error_hosts = getattr(failure, "hosts", None) or sorted(getattr(failure, "failures", {}))
-                noticed = getattr(failure, "noticed", [])
-            watched = timeline.of("watch")[-1]["ended"]
-            detected = time.time()
-            self.lost = self.lost_hosts() if recover and (verdict.failed or error) else []
-            going = [*self.lost, *(host for host in noticed if host not in self.lost)]  # to be replaced
-            frozen = self.frozen_hosts() if verdict.failed and not going else []
-            with timeline.phase("stop"):
-                left = self.stop(skip=self.lost, patient=noticed)
-            with timeline.phase("collect"):
-                self.collect(skip=self.lost)
-            timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
-            log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
-                if verdict.failed else ""
-            going_labels = [h.label for h in going]
-            attempt = launch.judge_attempt(self.plan, verdict, horovod_log=log, error=error,
-                                           error_hosts=error_hosts, frozen=frozen, left=list(left))
+            ended = self.end_attempt(timeout, recover is not None)
+            attempt, going_labels = ended.attempt, [h.label for h in ended.going]
             action = launch.next_action(attempt, lost=going_labels, restarts_done=len(restarts) - recoveries,
                                         max_restarts=max_restarts, recoveries_done=recoveries,
                                         max_recoveries=max_recoveries if recover else 0)
             if action == "finish":
-                if going and recover:
+                if ended.going and recover:
                     attempt = replace(attempt, failure=f"{attempt.failure}; lost: {', '.join(going_labels)}"
                                       + ("" if recoveries < max_recoveries else
                                          f" (all {max_recoveries} recoveries of --max-recoveries used)"))
@@ -292,41 +348,25 @@ class Supervisor:
                      "at_step": self.chief_step()}
             if action == "recover":
                 recoveries += 1
-                names = {h: self.plan.names[self.group.hosts.index(h)] for h in going}
-                print(f"recovery {recoveries} of {max_recoveries}: replacing {', '.join(going_labels)}", flush=True)
-                self.keep_chief_checkpoints(going)
-                for name in names.values():  # the machine's files stay apart from its successor's
-                    kept = self.folder / "hosts" / name
-                    if kept.is_dir():
-                        (self.folder / "replaced").mkdir(exist_ok=True)
-                        kept.rename(self.folder / "replaced" / f"{name}-{recoveries}")
-                try:
-                    with timeline.phase("replace"):
-                        replaced, self.plan = recover(going)
-                except KilnError as failure:
-                    attempt = replace(attempt, failure=f"{attempt.failure}; recovery failed: {failure}")
+                failed = self.replace_nodes(ended, recover, recoveries, max_recoveries, entry)
+                if failed:
+                    attempt = replace(attempt, failure=f"{attempt.failure}; {failed}")
                     break
-                self.run_dir = self.paths.run(self.plan.run_id)
-                record = record_run(self.group, self.plan, self.paths)
-                entry.update(kind="recovery", lost=[names[h] for h in self.lost], detected_at=round(detected, 3),
-                             interrupted=[names[h] for h in going if h not in self.lost],
-                             replaced=[{"old": r.old.label, "new": r.new.label} for r in replaced])
             else:
                 entry["kind"] = "restart"
                 print(f"restart {len(restarts) + 1 - recoveries} of {max_restarts} after: {attempt.failure}",
                       flush=True)
             restarts.append(entry)
-            timeline.attempt += 1
-            with timeline.phase("restore"):
-                self.spread_checkpoint()
-            with timeline.phase("start"):
-                self.start()
+            self.restart()
             if action == "recover":
                 entry["restarted_at"] = round(time.time(), 3)
                 entry["seconds_to_restart"] = round(entry["restarted_at"] - entry["detected_at"], 2)
-        failure = attempt.failure
-        data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
-                            wall=time.monotonic() - started, restarts=restarts, phases=self.timeline.spans)
+        return self.finish(attempt.failure, restarts, time.monotonic() - started)
+
+    def finish(self, failure: str | None, restarts: list[dict], wall: float) -> dict:
+        """Write summary.json and the plots, print the result, and fail where the run failed."""
+        data = runs.summary(self.record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
+                            wall=wall, restarts=restarts, phases=self.timeline.spans)
         state.save_summary(self.plan.run_id, data)
         plots.draw(self.folder)
         if self.plan.mode == "run":

@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-# The operator's steps, in the order a run takes them (a restart adds restore, then start..collect again).
-OPERATOR_PHASES = ("connect", "mesh", "preflight", "sync", "start", "watch", "stop", "collect", "replace", "restore")
+# The operator's steps, in the order a run takes them (a restart adds restore, then start..collect again; a run in
+# a container image adds pull, the image on every node, and container, the run's container on each).
+OPERATOR_PHASES = ("connect", "mesh", "pull", "preflight", "sync", "container", "start", "watch", "stop", "collect",
+                   "replace", "restore")
 # What the nodes' files tell, between the start and the watch's end.
 NODE_PHASES = ("startup", "training", "teardown", "noticed")
 

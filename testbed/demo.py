@@ -1,8 +1,10 @@
 """usage: scripts/demo [--nodes N] [--epochs E] [--keep]
 
 kiln end to end on this machine: bring up a local cluster (network namespaces
-with their own sshd), mesh it, train in horovod mode and in tf-config mode
-(workers, then parameter servers), print one result table, tear it all down.
+with their own sshd and Docker engine), mesh it, train in horovod mode and in
+tf-config mode (workers, then parameter servers), run your own program, and run
+it again inside the container image kiln bakes; print one result table, tear it
+all down.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from bake.image import IMAGES
 from bootstrap import runs, state
 from kiln.paths import PROJECT as ROOT
+from testbed import engines
 
 CLUSTER = "kiln"
 STATE = Path("/run/kiln/local") / CLUSTER
@@ -27,6 +31,14 @@ def step(title: str, argv: list[str], timeout: float = 900, cwd: Path = ROOT) ->
     done = subprocess.run(argv, cwd=cwd, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"demo: {title} failed (exit {done.returncode})")
+
+
+def container_image() -> str:
+    """The newest container image bake.image made (its tag)."""
+    records = sorted(IMAGES.glob("docker-cpu-*/image.json"), key=lambda path: path.stat().st_mtime)
+    if not records:
+        raise SystemExit("demo: no container image was baked")
+    return json.loads(records[-1].read_text())["image"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
     try:
-        step(f"a local cluster of {options.nodes} nodes", [*local_cluster, "up", str(options.nodes), "--name", CLUSTER])
+        step(f"a local cluster of {options.nodes} nodes", [*local_cluster, "up", str(options.nodes), "--name", CLUSTER,
+                                                          "--docker"])
         step("the SSH mesh", [*kiln, "mesh", "--cluster", CLUSTER])
         step("preflight", [*kiln, "check", "--cluster", CLUSTER])
         rows = []
@@ -62,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
               "python", "keras_multiworker.py", "--epochs", str(options.epochs)], cwd=ROOT / "examples")
         data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
         rows.append({**runs.result_row(data), "mode": "your program (tf-config)"})
+        step("the container image (make image PROVIDER=docker: reused while unchanged)",
+             [sys.executable, "-m", "bake.image", "docker"], timeout=3600)
+        image = engines.push_to_cluster(CLUSTER, container_image())
+        run_id = f"demo-{stamp}-image"
+        step(f"your program inside the image, one container per node: {image}",
+             [*kiln, "train", "--cluster", CLUSTER, "--mode", "tf-config", "--image", image, "--run-id", run_id,
+              "--", "python", "keras_multiworker.py", "--epochs", str(options.epochs)], cwd=ROOT / "examples")
+        data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
+        rows.append({**runs.result_row(data), "mode": "your program (--image)"})
         print("\n" + runs.format_rows(rows))
         print(f"\nrun folders: {state.runs_root()}/demo-{stamp}-*")
     finally:

@@ -109,3 +109,19 @@ def remove_engine_files(name: str, netns: list[str]) -> None:
     left = engine_leftovers(name, netns)
     if left:
         raise KilnError(f"could not remove {', '.join(map(str, left[:3]))} of cluster {name}'s Docker engines")
+
+
+def push_to_cluster(name: str, image: str, timeout: float = 1800) -> str:
+    """Push an image of this machine's engine to cluster `name`'s registry (up --docker); the reference its
+    nodes pull it by (REGISTRY/REPOSITORY:TAG on the bridge)."""
+    addresses = registry_addresses(name)
+    if not addresses:
+        raise KilnError(f"cluster {name} has no registry (make it with: local-cluster up --docker)")
+    path = image.rsplit("/", 1)[-1]  # the repository's last part and the tag: kiln:cpu-FINGERPRINT
+    pushed = f"{addresses['operator']}/{path}"
+    proc.run(["docker", "tag", image, pushed], timeout=60)
+    try:
+        proc.run(["docker", "push", pushed], timeout=timeout)
+    finally:
+        proc.run(["docker", "rmi", pushed], timeout=60, check=False)
+    return f"{addresses['nodes']}/{path}"

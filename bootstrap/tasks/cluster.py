@@ -14,6 +14,7 @@ from bootstrap import hosts as hostlists
 from bootstrap import launch, mesh, providers, state, topology
 from bootstrap.cluster import REMOTE_ROOT, Cluster
 from bootstrap.commands import SshOptions
+from bootstrap.container import ContainerRuntime, HostRuntime, Runtime, check_reference
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.inputs import list_inputs
@@ -262,6 +263,9 @@ TRAIN_HELP = {
                     "steps (default 20; 0: no watchdog)",
     "stall_minimum": "... and for at least this many seconds (default 60); a program that writes no kiln "
                      "metrics is stalled when it prints nothing for this long",
+    "image": "run every process inside this container image, one container per node (pulled on every node, or "
+             "shipped from this machine's Docker engine; the same image id everywhere); --python then names the "
+             "image's Python (default: its python3)",
 }
 
 
@@ -270,11 +274,12 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
           mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
           base_port=topology.DEFAULT_BASE_PORT, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
-          down_after=False, dry_run=False):
+          down_after=False, image=None, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
-    with no command, kiln's reference trainer. See the README for the environment every process gets."""
+    with no command, kiln's reference trainer. See the README for the environment every process gets. With
+    --image REF, every process runs inside that container image, one container per node."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
     command = user_command(c)
     if command and args:
@@ -291,6 +296,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     record = state.load_cluster(goal.name)
     owner = providers.for_cluster(record, cluster) if managed or down_after else None
     program = launch.Program(tuple(command), tuple(split_args(args)), checkpoint_dir)
+    if image:
+        check_reference(image)
     spec = launch.RunSpec(
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
@@ -304,25 +311,41 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout,
                                         accept_new_host_keys=accept_new_host_keys)
         paths = launch.NodePaths(same_root(group))
-        spec = replace(spec, names=tuple(n.name for n in nodes), python=group.python, root=paths.root,
+        runtime, processes_python = choose_runtime(group, image, paths, spec.run_id, program, python, timeline)
+        spec = replace(spec, names=tuple(n.name for n in nodes), python=processes_python, root=paths.root,
                        nic=nic or topology.common_interface({n.name: n.iface for n in nodes}))
-        recover = recoverer(group, owner, spec, paths, program, folder,
-                            record.idle_minutes if record else None) if managed else None
+        recover = recoverer(group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
+                            check_on_nodes=not image) if managed else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
                         timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
                         stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
-                        max_recoveries=int(max_recoveries) if recover else 0)
+                        max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
+                        python=processes_python)
     finally:
         if down_after:
             print(f"--down-after: removing cluster {goal.name}", flush=True)
             owner.down()
 
 
+def choose_runtime(group: Cluster, image: str | None, paths: launch.NodePaths, run_id: str, program: launch.Program,
+                   python: str | None, timeline: Timeline) -> tuple[Runtime, str]:
+    """Where the run's processes run, and the Python they run with: the nodes' own (the default), or, with
+    `image`, that image on every node (resolved to one image id now, so the plan names the image's Python)."""
+    if not image:
+        return HostRuntime(), group.python
+    runtime = ContainerRuntime(group, image, paths, run_id, checkpoint_dir=program.checkpoint_dir, python=python)
+    with timeline.phase("pull"):
+        runtime.resolve(group.hosts)
+    return runtime, runtime.python_path(group.hosts[0])
+
+
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
                     stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
-                    max_recoveries: int = 0) -> None:
-    """Preflight, sync, start every process of the plan, then (unless detached) watch it to its end."""
+                    max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None) -> None:
+    """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
+    `python`, default the nodes'), then (unless detached) watch it to its end."""
+    runtime = runtime or HostRuntime()
     with timeline.phase("preflight"):
         table, passed = group.preflight(ports=plan.ports)
     if not passed:
@@ -332,10 +355,18 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         group.sync_lib(paths.lib)
         if folder:
             group.sync(str(folder), paths.code)
-            group.check_program(launch.program_check(program, group.python, paths))
+    try:
+        runtime.prepare(group.hosts, timeline)
+        runtime.check(group.hosts)
+        if folder:
+            group.check_program(runtime.wrap_check(launch.program_check(program, python or group.python, paths),
+                                                   plan.run_id))
+    except BaseException:
+        group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))
+        raise
     record = record_run(group, plan, paths)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
-                            timeline=timeline, notice_watch=timeout)
+                            timeline=timeline, notice_watch=timeout, runtime=runtime)
     with timeline.phase("start"):
         supervisor.start()
     print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(group.hosts)} host(s)", flush=True)
@@ -360,13 +391,14 @@ RUN_TASK_HELP = {
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
     "max_restarts": "when a process fails, start every process again up to N times",
     "stall_minimum": "stop the run when a process prints nothing for this many seconds (default 0: never)",
+    "image": TRAIN_HELP["image"],
 }
 
 
 @cluster_task(name="run", help=RUN_TASK_HELP)
 def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False, processes=0,
          shard_input=None, code=None, run_id=None, detach=False, timeout=3600, max_restarts=0, stall_minimum=0.0,
-         dry_run=False):
+         image=None, dry_run=False):
     """Run a command on every host (or --processes N over them), each with its shard: `kiln -H h1,h2 run -- CMD`.
 
     Every process gets KILN_SHARD_INDEX and KILN_SHARD_COUNT (and KILN_SHARD_INPUTS with --shard-input); what
@@ -381,6 +413,8 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     program = launch.Program(tuple(command))
     run_id = state.validate_run_id(run_id) if run_id else state.new_run_id()
+    if image:
+        check_reference(image)
 
     def plan_for(names, python_path: str, root: str) -> launch.RunPlan:
         return launch.plan_processes(run_id, names, [h.slots for h in goal.hosts], python=python_path,
@@ -394,10 +428,11 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
     timeline = Timeline()
     group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     paths = launch.NodePaths(same_root(group))
-    plan = plan_for([n.name for n in nodes], group.python, paths.root)
+    runtime, processes_python = choose_runtime(group, image, paths, run_id, program, python, timeline)
+    plan = plan_for([n.name for n in nodes], processes_python, paths.root)
     start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=1.0 if float(stall_minimum) else 0.0,
-                    stall_minimum=float(stall_minimum), timeline=timeline)
+                    stall_minimum=float(stall_minimum), timeline=timeline, runtime=runtime, python=processes_python)
 
 
 def same_root(group: Cluster) -> str:

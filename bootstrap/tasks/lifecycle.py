@@ -140,6 +140,7 @@ LAUNCH_HELP = {
     "managed": "replace a node that is lost or gets a spot notice (see train --managed)",
     "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
     "accept_new_host_keys": "trust host keys the consoles did not show, on first contact (default: refuse)",
+    "image": "run the training inside this container image on every node (see train --image)",
 }
 
 
@@ -147,7 +148,7 @@ LAUNCH_HELP = {
 def launch(c, name, provider="aws", count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None,
            ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
            mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
-           accept_new_host_keys=False, volume=None, snapshot=False):
+           accept_new_host_keys=False, volume=None, snapshot=False, image=None):
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
     whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
     from bootstrap.tasks.cluster import train
@@ -159,7 +160,7 @@ def launch(c, name, provider="aws", count=1, instance_type="p3.2xlarge", spot=Fa
        volume=volume)
     try:
         train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
-              max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys)
+              max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys, image=image)
     finally:
         print(f"launch: removing cluster {name}", flush=True)
         down(c, name, region=region, profile=profile, snapshot=snapshot)

@@ -1,0 +1,353 @@
+"""Where a run's processes run: on the nodes themselves, or inside one container per node per run (`--image`).
+
+A runtime turns each planned process (launch.Launch) into the command that starts it on its node, and owns what
+surrounds it there: for a container, the image on every node (the same image id everywhere: pulled, or shipped
+from this machine), the run's container started with what multi-node training needs, the checks made inside it.
+The pure part builds argv lists; `ContainerRuntime` does the I/O through the cluster's connections. Stopping is
+node.py's (`stop` ends the processes in the container too and removes it), so `kiln stop` needs no runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bootstrap import commands, launch
+from bootstrap.cluster import Cluster
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+from bootstrap.launch import NodePaths
+from bootstrap.ssh import HostFailure
+from bootstrap.timeline import Timeline
+
+PREFIX = "kiln-"  # node.py's CONTAINER_PREFIX
+PYTHON_PROBE = "command -v python3 || command -v python"
+# What the preflight reads inside the container: the Python and the frameworks the processes will import.
+VERSIONS_CODE = (
+    "import importlib.metadata as m, json, sys\n"
+    "def v(n):\n"
+    "    try:\n        return m.version(n)\n"
+    "    except m.PackageNotFoundError:\n        return None\n"
+    "print(json.dumps({'python': sys.version.split()[0], 'tensorflow': v('tensorflow'), "
+    "'horovod': v('horovod'), 'executable': sys.executable}))\n")
+MISSING = 3  # exit code of image_id_command where the node has no such image
+
+
+def container_name(run_id: str) -> str:
+    return f"{PREFIX}{run_id}"
+
+
+def check_reference(reference: str) -> str:
+    """An image reference as docker takes it: no spaces, no leading dash, not empty."""
+    if not reference or reference.startswith("-") or any(c.isspace() for c in reference):
+        raise UsageError(f"--image {reference!r}: give an image reference such as registry:5000/team/image:tag "
+                         "or image@sha256:...")
+    return reference
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the container needs to know about its node: the login user, its home, its GPUs, its data volume."""
+
+    uid: int
+    gid: int
+    home: str
+    gpus: int = 0
+    data_volume: str | None = None
+    memlock: int = -1  # the node's hard limit on locked memory (-1: unlimited, as kiln's images set it)
+
+
+def mounts(paths: NodePaths, node: NodeView, checkpoint_dir: str | None) -> list[tuple[str, str]]:
+    """Bind mounts (source, options), each at the same path inside: kiln's folder (code, lib, runs), the
+    checkpoint folder and the data volume where they are elsewhere on the node, the user's ~/.ssh (read-only:
+    the cluster's key and pinned known_hosts, for horovodrun's ssh), and the node's users and hosts (read-only:
+    ssh needs the login user's name; the mesh's names stay current after a node is replaced)."""
+    found = [(paths.root, "rw")]
+    for extra in (checkpoint_dir, node.data_volume):
+        if extra and extra.startswith("/") and not extra.startswith(paths.root.rstrip("/") + "/"):
+            found.append((extra, "rw"))
+    found += [(f"{node.home}/.ssh", "ro"), ("/etc/passwd", "ro"), ("/etc/group", "ro"), ("/etc/hosts", "ro")]
+    return found
+
+
+def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str, str]]) -> list[str]:
+    """`docker run` of the run's container on one node: the node's network (Gloo, gRPC and NCCL see its
+    interface and hostname), its IPC namespace (NCCL's shared memory), every GPU where it has any, unlimited
+    locked memory (RDMA; up to the node's own hard limit), an init process that reaps and passes signals, the
+    login user's uid (outputs are theirs), the binds at the same paths; it idles until the run's processes are
+    exec'd into it."""
+    name = container_name(run_id)
+    argv = ["docker", "run", "-d", "--name", name, "--label", f"kiln.run={run_id}", "--network", "host",
+            "--ipc", "host", "--init", "--ulimit", f"memlock={node.memlock}:{node.memlock}",
+            "--user", f"{node.uid}:{node.gid}", "-e", f"HOME={node.home}", "-e", f"KILN_CONTAINER={name}",
+            "--workdir", node.home]
+    if node.gpus:
+        argv += ["--gpus", "all"]
+    for source, options in binds:
+        argv += ["-v", f"{source}:{source}:{options}"]
+    return [*argv, "--entrypoint", "sleep", image, "infinity"]
+
+
+def exec_argv(run_id: str, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+    """`docker exec` of one process in the run's container, in `cwd` with its environment."""
+    variables = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+    return ["docker", "exec", "-w", cwd, *variables, container_name(run_id), *argv]
+
+
+def image_id_command(reference: str) -> str:
+    """Shell: print the node's image id of `reference`; exit MISSING where it has none (docker is there and
+    answers), another code where docker is missing or unusable by the login user."""
+    quoted = shlex.quote(reference)
+    return (f"command -v docker >/dev/null || {{ echo 'docker is not installed' >&2; exit 2; }}; "
+            f"docker info >/dev/null 2>&1 || {{ echo \"docker does not answer to $(id -un): "
+            f"$(docker info 2>&1 | tail -n 1)\" >&2; exit 2; }}; "
+            f"docker image inspect --format '{{{{.Id}}}}' {quoted} 2>/dev/null || exit {MISSING}")
+
+
+def launch_command(item: launch.Launch, paths: NodePaths, run_id: str) -> str:
+    """The shell command that starts one process in the run's container, detached, leaving the same pid, log and
+    exit files on the node as a process started there (the exec's exit code is the process's)."""
+    inner = launch.Launch(item.host, item.task, tuple(exec_argv(run_id, item.argv, item.env, item.cwd or paths.lib)),
+                          {"KILN_RUN_ID": run_id}, item.files, paths.lib)
+    if item.env.get("KILN_OUTPUT_DIR"):  # made by the node, as the login user, before the exec
+        inner = launch.Launch(inner.host, inner.task, inner.argv, {**inner.env,
+                              "KILN_OUTPUT_DIR": item.env["KILN_OUTPUT_DIR"]}, inner.files, inner.cwd)
+    return launch.launch_command(inner, paths, run_id)
+
+
+def docker_error(stderr: str) -> str:
+    """The line of a docker command's error output that says what went wrong (not its `Run 'docker ... --help'`
+    advice)."""
+    said = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("Run '")]
+    return said[-1] if said else ""
+
+
+def differing_images(ids: Mapping[str, str]) -> str | None:
+    """A message naming the nodes whose image id differs from the first node's, or None."""
+    names = list(ids)
+    first = ids[names[0]]
+    odd = [name for name in names[1:] if ids[name] != first]
+    if not odd:
+        return None
+    return (f"{', '.join(f'{name} has {ids[name][:19]}' for name in odd)}, {names[0]} has {first[:19]}: the "
+            "same reference is a different image there")
+
+
+def differing_versions(found: Mapping[str, Mapping[str, str | None]]) -> str | None:
+    """A message naming what differs between the nodes' containers (Python, TensorFlow, Horovod), or None."""
+    names = list(found)
+    problems = []
+    for key in ("python", "tensorflow", "horovod"):
+        values = {name: found[name].get(key) for name in names}
+        if len(set(values.values())) > 1:
+            problems.append(f"{key}: " + ", ".join(f"{name} {value}" for name, value in values.items()))
+    return "; ".join(problems) or None
+
+
+# ---------------------------------------------------------------- I/O
+
+
+class Runtime(Protocol):
+    """Where a run's processes run: what the supervisor and the launch tasks ask of it."""
+
+    def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str: ...
+
+    def prepare(self, hosts: Sequence[Host], timeline: Timeline) -> None: ...
+
+    def check(self, hosts: Sequence[Host]) -> dict[str, dict]: ...
+
+    def wrap_check(self, command: str | None, run_id: str) -> str | None: ...
+
+
+class HostRuntime:
+    """Processes run on the nodes themselves (the default)."""
+
+    def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str:
+        return launch.launch_command(item, paths, run_id)
+
+    def prepare(self, hosts: Sequence[Host], timeline: Timeline) -> None:
+        """Nothing to make ready before the processes start."""
+
+    def check(self, hosts: Sequence[Host]) -> dict[str, dict]:
+        """Nothing to check beyond the preflight."""
+        return {}
+
+    def wrap_check(self, command: str | None, run_id: str) -> str | None:
+        return command
+
+
+class ContainerRuntime:
+    """Every process of the run in the run's container on its node, from one image (one image id everywhere)."""
+
+    def __init__(self, group: Cluster, reference: str, paths: NodePaths, run_id: str, *,
+                 checkpoint_dir: str | None = None, python: str | None = None, pull_timeout: float = 1800):
+        self.group, self.reference, self.paths, self.run_id = group, check_reference(reference), paths, run_id
+        self.checkpoint_dir, self.python, self.pull_timeout = checkpoint_dir, python, pull_timeout
+        self.image = ""  # the image id, once resolved
+
+    def view(self, host: Host) -> NodeView:
+        for node in self.group.nodes:
+            if node.host == host:
+                facts = node.facts
+                return NodeView(facts["uid"], facts.get("gid", facts["uid"]), facts["home"], facts.get("gpus", 0),
+                                facts.get("data_volume"), facts.get("memlock", -1))
+        raise KilnError(f"no facts for {host.label}")
+
+    def name(self, host: Host) -> str:
+        return next((node.name for node in self.group.nodes if node.host == host), host.label)
+
+    # --- the image on every node
+
+    def image_ids(self, hosts: Sequence[Host]) -> dict[Host, str | None]:
+        """Each node's image id of the reference (None: it has none); a node without a usable docker fails."""
+        remote = self.group.remote
+
+        def look(host: Host) -> str | None:
+            result = remote.run(host, image_id_command(self.reference), timeout=60)
+            if result.code == MISSING:
+                return None
+            if result.code != 0:
+                raise HostFailure(result.stderr.strip().splitlines()[-1] if result.stderr.strip()
+                                  else f"exit {result.code}")
+            return result.stdout.strip()
+
+        found = remote.map_or_raise("image", hosts, look)
+        return {host: found[host] for host in hosts}
+
+    def pull(self, hosts: Sequence[Host]) -> dict[Host, str]:
+        """Pull the reference on the nodes that lack it, all at once, saying how long each took; the failures."""
+        remote = self.group.remote
+
+        def fetch(host: Host) -> None:
+            started = time.monotonic()
+            result = remote.run(host, ["docker", "pull", "--quiet", self.reference], timeout=self.pull_timeout)
+            if result.code != 0:
+                raise HostFailure(docker_error(result.stderr) or f"docker pull exited {result.code}")
+            print(f"{self.name(host)}: pulled {self.reference} in {time.monotonic() - started:.1f} s", flush=True)
+
+        _, failures = remote.map(hosts, fetch)
+        return failures
+
+    def local_image_id(self) -> str | None:
+        """This machine's image id of the reference, where its engine has it."""
+        try:
+            done = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.reference],
+                                  capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    def ship(self, hosts: Sequence[Host]) -> dict[Host, str]:
+        """Send this machine's image to the nodes over kiln's connections (docker save | ssh docker load); the
+        failures."""
+        options = self.group.remote.options
+
+        def send(host: Host) -> None:
+            started = time.monotonic()
+            save = subprocess.Popen(["docker", "save", self.reference], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            try:
+                load = subprocess.run(commands.ssh_argv(host, "docker load --quiet", options), stdin=save.stdout,
+                                      capture_output=True, text=True, timeout=self.pull_timeout)
+            finally:
+                save.stdout.close()
+                save.wait(timeout=60)
+            if save.returncode != 0 or load.returncode != 0:
+                said = (load.stderr or save.stderr.read().decode(errors="replace")).strip().splitlines()
+                raise HostFailure(said[-1] if said else "docker save | docker load failed")
+            print(f"{self.name(host)}: shipped {self.reference} from this machine in "
+                  f"{time.monotonic() - started:.1f} s", flush=True)
+
+        _, failures = self.group.remote.map(hosts, send)
+        return failures
+
+    def resolve(self, hosts: Sequence[Host]) -> str:
+        """Make the image present on every node (pulled where it can be, else shipped from this machine), then
+        refuse nodes whose image id differs: the image id every node has."""
+        ids = self.image_ids(hosts)
+        lacking = [host for host in hosts if ids[host] is None]
+        failures = self.pull(lacking) if lacking else {}
+        if failures and self.local_image_id():
+            failures = self.ship(list(failures))
+        if failures:
+            raise KilnError(f"image {self.reference} is missing and could not be pulled: "
+                            + "; ".join(f"{self.name(h)}: {why}" for h, why in failures.items())
+                            + "; nothing was started")
+        ids = {host: found for host, found in self.image_ids(hosts).items()}
+        if missing := [self.name(h) for h, found in ids.items() if not found]:
+            raise KilnError(f"image {self.reference} is still missing on {', '.join(missing)}; nothing was started")
+        wanted = self.image or ids[hosts[0]]
+        differ = differing_images({self.name(h): found for h, found in ids.items()} if not self.image else
+                                  {"the run": self.image, **{self.name(h): found for h, found in ids.items()}})
+        if differ:
+            raise KilnError(f"image {self.reference}: {differ}; nothing was started")
+        self.image = wanted
+        return wanted
+
+    # --- the run's container on every node
+
+    def prepare(self, hosts: Sequence[Host], timeline: Timeline) -> None:
+        """Before the processes start (again): the image on the nodes (a replacement may lack it), and a fresh run
+        container on each."""
+        with timeline.phase("pull"):
+            self.resolve(hosts)
+        with timeline.phase("container"):
+            self.start_containers(hosts)
+
+    def start_containers(self, hosts: Sequence[Host]) -> None:
+        remote = self.group.remote
+        name = container_name(self.run_id)
+
+        def start(host: Host) -> None:
+            node = self.view(host)
+            argv = run_argv(self.run_id, self.image, node, mounts(self.paths, node, self.checkpoint_dir))
+            remote.run(host, ["docker", "rm", "-f", name], timeout=60)
+            result = remote.run(host, argv, timeout=120)
+            if result.code != 0:
+                raise HostFailure(f"docker run: {docker_error(result.stderr) or f'exit {result.code}'}")
+
+        remote.map_or_raise("container", hosts, start)
+
+    def python_path(self, host: Host) -> str:
+        """The Python the image runs (`--python`, else the first python3 on the image's PATH); the image must be
+        on the host (resolve)."""
+        if self.python:
+            return self.python
+        result = self.group.remote.run(host, ["docker", "run", "--rm", "--entrypoint", "sh", self.image or
+                                              self.reference, "-c", PYTHON_PROBE], timeout=120)
+        found = result.stdout.strip()
+        if result.code != 0 or not found:
+            raise KilnError(f"image {self.reference} has no python3 on its PATH (give --python)")
+        self.python = found
+        return found
+
+    def check(self, hosts: Sequence[Host]) -> dict[str, dict]:
+        """Python, TensorFlow and Horovod inside every node's container; the same everywhere, or KilnError."""
+        python = self.python_path(hosts[0])
+        remote = self.group.remote
+
+        def read(host: Host) -> dict:
+            result = remote.run(host, ["docker", "exec", "-e", "TF_CPP_MIN_LOG_LEVEL=3",
+                                       container_name(self.run_id), python, "-c", VERSIONS_CODE], timeout=120)
+            if result.code != 0:
+                raise HostFailure(f"{python} in the container: {result.stderr.strip()[-200:]}")
+            return json.loads(result.stdout.strip().splitlines()[-1])
+
+        found = {self.name(h): v for h, v in remote.map_or_raise("container preflight", hosts, read).items()}
+        if differ := differing_versions(found):
+            raise KilnError(f"the containers differ: {differ}; nothing was started")
+        return found
+
+    def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str:
+        return launch_command(item, paths, run_id)
+
+    def wrap_check(self, command: str | None, run_id: str) -> str | None:
+        """The program check (launch.program_check), run inside the node's container."""
+        if command is None:
+            return None
+        return shlex.join(["docker", "exec", container_name(run_id), "sh", "-c", command])

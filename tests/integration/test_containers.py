@@ -1,0 +1,311 @@
+"""`kiln train --image` and `kiln run --image` on a real 3-node local cluster with a real dockerd per node and a
+real registry on its bridge, inside the container image `make image PROVIDER=docker` bakes: the public examples
+from a user's own folder, each process in its node's container, restarts, sharding, and the refusals that come
+before anything starts; after every run no container is left on any node."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import KILN, ROOT, LocalCluster, can_make_namespaces, local_cluster_command, run_processes
+
+from bootstrap import launch
+from bootstrap.cluster import Cluster
+from bootstrap.commands import SshOptions
+from bootstrap.container import ContainerRuntime
+from bootstrap.errors import RunFailed
+from bootstrap.hosts import parse_host_list
+from bootstrap.mesh import default_cluster_name
+from bootstrap.supervisor import Supervisor, record_run
+from bootstrap.timeline import Timeline
+from testbed import engines
+
+pytestmark = pytest.mark.integration
+NAME = "kc"
+NODES = ("node1", "node2", "node3")
+KILN_PYTHON = "/opt/kiln/venv/bin/python3"
+
+
+@pytest.fixture(scope="module")
+def baked():
+    """The cpu container image (reused while its fingerprint and the engine's copy last): its image.json."""
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
+        pytest.fail("no Docker engine answers on this machine (make setup starts one: scripts/docker-engine)")
+    made = subprocess.run([sys.executable, "-m", "bake.image", "docker"], capture_output=True, text=True,
+                          timeout=3600, cwd=ROOT)
+    assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-2000:]
+    folder = made.stdout.strip().splitlines()[-1].rsplit(": ", 1)[1]
+    return json.loads((Path(folder) / "image.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, baked):
+    """Three nodes, each with its own Docker engine, and the baked image pushed to the cluster's registry."""
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    local_cluster_command("down", "--name", NAME)
+    try:
+        up = local_cluster_command("up", "3", "--name", NAME, "--docker")
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = Path("/run/kiln/local") / NAME
+        nodes = json.loads((state / "nodes.json").read_text())
+        made = LocalCluster(NAME, state, nodes, tmp_path_factory.mktemp("kiln-home"),
+                            tmp_path_factory.mktemp("runs"))
+        made.image = engines.push_to_cluster(NAME, baked["image"])
+        yield made
+    finally:
+        local_cluster_command("down", "--name", NAME)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A user's project: the public examples and a program that says where it runs."""
+    folder = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "where.py").write_text(
+        "import json, os, socket, sys\n"
+        "out = os.environ['KILN_OUTPUT_DIR']\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "manifest = json.load(open('/etc/kiln/manifest.json')) if os.path.exists('/etc/kiln/manifest.json') "
+        "else {}\n"
+        "name = socket.gethostname()\n"
+        "json.dump({'hostname': name, 'address': socket.gethostbyname(name), 'python': sys.executable,\n"
+        "           'uid': os.getuid(), 'target': manifest.get('target'), 'task': os.environ['KILN_TASK'],\n"
+        "           'container': os.environ.get('KILN_CONTAINER')}, open(os.path.join(out, 'where.json'), 'w'))\n")
+    return folder
+
+
+def containers(cluster, nodes=NODES) -> dict[str, list[str]]:
+    """The containers (running or not) on each node's engine."""
+    return {node: cluster.ssh(node, "docker ps -aq").stdout.split() for node in nodes}
+
+
+def no_containers(cluster, nodes=NODES) -> None:
+    left = {node: found for node, found in containers(cluster, nodes).items() if found}
+    assert not left, f"containers left on the nodes: {left}"
+
+
+def outputs(cluster, run_id: str, name: str = "result.json") -> dict[str, dict]:
+    found = {}
+    for path in sorted((cluster.runs / run_id / "hosts").glob(f"*/output/*/{name}")):
+        found[f"{path.parts[-4]}/{path.parts[-2]}"] = json.loads(path.read_text())
+    return found
+
+
+def test_every_process_runs_in_its_nodes_container_seeing_the_nodes_name_and_address(cluster, project):
+    done = cluster.kiln("run", "--image", cluster.image, "--run-id", "where", "--", "python", "where.py",
+                        cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = outputs(cluster, "where", "where.json")
+    assert set(found) == {"node1/shard-0", "node2/shard-1", "node3/shard-2"}
+    addresses = {node["name"]: node["ip"] for node in cluster.nodes}
+    for key, seen in found.items():
+        node = key.split("/")[0]
+        assert seen["hostname"] == node and seen["address"] == addresses[node], seen
+        assert seen["python"] == KILN_PYTHON and seen["target"] == "container", seen
+        assert seen["container"] == "kiln-where" and seen["uid"] == 0, seen
+    written = cluster.node_dir("node2") / "kiln" / "runs" / "where" / "output" / "shard-1" / "where.json"
+    assert written.stat().st_uid == 0, "the output is not the login user's"
+    data = json.loads((cluster.runs / "where" / "summary.json").read_text())
+    assert {"pull", "container"} <= {span["phase"] for span in data["phases"]}
+    no_containers(cluster)
+
+
+def test_the_keras_multiworker_example_trains_in_the_image(cluster, project):
+    done = cluster.kiln("train", "--image", cluster.image, "--mode", "tf-config", "--run-id", "cmwms", "--",
+                        "python", "keras_multiworker.py", "--epochs", "2", "--steps", "5", cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = outputs(cluster, "cmwms")
+    assert set(results) == {"node1/worker-0", "node2/worker-1", "node3/worker-2"}
+    assert {r["replicas"] for r in results.values()} == {3}
+    assert run_processes("cmwms") == []
+    no_containers(cluster)
+
+
+def test_the_parameter_server_example_trains_in_the_image(cluster, project):
+    done = cluster.kiln("train", "--image", cluster.image, "--mode", "tf-config", "--ps", "1", "--run-id", "cps",
+                        "--", "python", "parameter_server.py", "--epochs", "2", "--steps", "5", cwd=project,
+                        timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = outputs(cluster, "cps")
+    assert results["node1/chief-0"]["workers"] == 3 and results["node1/chief-0"]["ps"] == 1
+    assert run_processes("cps") == []
+    no_containers(cluster)
+
+
+def test_the_horovod_example_trains_in_the_image_across_the_nodes_containers(cluster, project):
+    done = cluster.kiln("train", "--image", cluster.image, "--run-id", "chvd", "--", "python", "horovod_keras.py",
+                        "--epochs", "2", cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = outputs(cluster, "chvd")
+    assert set(results) == {"node1/rank-0", "node2/rank-1", "node3/rank-2"}
+    assert {r["size"] for r in results.values()} == {3}
+    assert run_processes("chvd") == []
+    no_containers(cluster)
+
+
+def test_run_shards_a_hundred_items_over_three_nodes_in_the_image_each_exactly_once(cluster, project):
+    items = [f"item-{n:03d}" for n in range(100)]
+    (project / "items.txt").write_text("\n".join(items) + "\n")
+    done = cluster.kiln("run", "--image", cluster.image, "--run-id", "cshard", "--shard-input", "items.txt", "--",
+                        "python", "process_shard.py", cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    processed = sorted((cluster.runs / "cshard" / "hosts").glob("*/output/shard-*/processed.tsv"))
+    assert {f"{path.parts[-4]}/{path.parts[-2]}" for path in processed} == {
+        "node1/shard-0", "node2/shard-1", "node3/shard-2"}
+    seen = [line.split("\t")[0] for path in processed for line in path.read_text().splitlines()]
+    assert sorted(seen) == items
+    no_containers(cluster)
+
+
+def test_a_killed_process_in_a_container_is_restarted(cluster, project):
+    argv = [str(KILN), "-S", cluster.ssh_config, "-H", ",".join(NODES), "train", "--image", cluster.image,
+            "--mode", "tf-config", "--run-id", "crestart", "--max-restarts", "1", "--", "python",
+            "keras_multiworker.py", "--epochs", "4", "--steps", "5", "--pause", "2"]
+    with subprocess.Popen(argv, cwd=project, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as train:
+        try:
+            log = cluster.node_dir("node2") / "kiln" / "runs" / "crestart" / "worker-1.log"
+            end = time.monotonic() + 300
+            while time.monotonic() < end and "epoch 1 done" not in (log.read_text() if log.exists() else ""):
+                time.sleep(0.5)
+            inside = [pid for pid in run_processes("crestart") if python_in_container(pid, "worker-1")]
+            assert inside, "worker-1 never finished its second epoch in its container"
+            os.kill(inside[0], signal.SIGKILL)
+            out, err = train.communicate(timeout=600)
+        finally:
+            if train.poll() is None:
+                train.kill()
+    assert train.returncode == 0, out + err
+    [restart] = json.loads((cluster.runs / "crestart" / "summary.json").read_text())["restarts"]
+    assert "worker-1 on node2 exited with status 137" in restart["failure"], restart
+    assert run_processes("crestart") == []
+    no_containers(cluster)
+
+
+def python_in_container(pid: int, task: str) -> bool:
+    """Whether the process is the image's Python running `task` (not the docker exec that started it)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        executable = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return f"KILN_TASK={task}".encode() in environ and "docker" not in executable and "python" in executable
+
+
+def test_a_detached_run_stopped_leaves_no_container(cluster, project):
+    (project / "sleepy.py").write_text("import time\ntime.sleep(600)\n")
+    started = cluster.kiln("run", "--image", cluster.image, "--run-id", "cstop", "--detach", "--", "python",
+                           "sleepy.py", cwd=project, timeout=900)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert all(found for found in containers(cluster).values()), "a node has no container of the run"
+    stopped = cluster.kiln("stop", "--run-id", "cstop", cwd=project, hosts=None)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert run_processes("cstop") == []
+    no_containers(cluster)
+
+
+def test_a_node_whose_image_differs_is_refused_before_anything_starts(cluster, project):
+    """node3's engine holds another image under the same reference (a tag moved between pulls)."""
+    base = subprocess.run([sys.executable, "-m", "bake.container_base", "--print"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=900).stdout.strip()
+    cluster.ssh("node3", f"docker rmi {cluster.image}")
+    ship = f"docker save {base} | ssh -F {cluster.ssh_config} node3 docker load -q"
+    assert subprocess.run(["sh", "-c", ship], capture_output=True, timeout=300).returncode == 0
+    assert cluster.ssh("node3", f"docker tag {base} {cluster.image}").returncode == 0
+    try:
+        done = cluster.kiln("run", "--image", cluster.image, "--run-id", "codd", "--", "python", "where.py",
+                            cwd=project, timeout=900)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"image {cluster.image}: node3 has sha256:" in done.stderr, done.stderr
+        assert "nothing was started" in done.stderr
+        assert run_processes("codd") == []
+        no_containers(cluster)
+    finally:
+        cluster.ssh("node3", f"docker rmi {cluster.image}")
+
+
+def test_a_missing_image_is_refused_naming_the_nodes_and_the_reference(cluster, project):
+    missing = f"{cluster.image.rsplit('/', 1)[0]}/nosuch:1"
+    done = cluster.kiln("run", "--image", missing, "--run-id", "cmissing", "--", "python", "where.py", cwd=project,
+                        timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"image {missing} is missing and could not be pulled" in done.stderr, done.stderr
+    for node in NODES:
+        assert f"{node}:" in done.stderr
+    assert "nothing was started" in done.stderr
+    no_containers(cluster)
+
+
+def test_a_bad_image_reference_is_bad_input(cluster, project):
+    done = cluster.kiln("run", "--image", "bad ref", "--", "python", "where.py", cwd=project)
+    assert done.returncode == 2 and "--image 'bad ref'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, project):
+    """Re-key node3 behind kiln's back once its container runs: horovodrun in node1's container reaches node3
+    through the shim's ssh, checked against the cluster's pins, and fails; nothing is left. node3 keeps its new
+    key (the next test uses node1 and node2)."""
+    hosts = parse_host_list(",".join(NODES))
+    saved = {k: os.environ.get(k) for k in ("KILN_HOME", "KILN_RUNS")}
+    os.environ.update({k: cluster.env()[k] for k in saved})
+    try:
+        group = Cluster.connect(default_cluster_name(hosts, cluster.ssh_config), hosts,
+                                SshOptions(config_file=cluster.ssh_config), python=sys.executable, fanout=8,
+                                timeout=120)
+        group.require_facts("connect")
+        group.apply_mesh()
+        paths = launch.NodePaths(group.remote_root(hosts[0]))
+        group.sync_lib(paths.lib)
+        group.sync(str(project), paths.code)
+        runtime = ContainerRuntime(group, cluster.image, paths, "crekeyed")
+        runtime.prepare(hosts, Timeline())
+        keys = cluster.node_dir("node3") / "etc-ssh"
+        for key in keys.glob("ssh_host_*_key*"):
+            key.unlink()
+        for kind in ("ed25519", "ecdsa"):
+            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
+                           check=True, timeout=30)
+        plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1, 1],
+                                   python=runtime.python_path(hosts[0]), paths=paths,
+                                   program=launch.Program(("python", "horovod_keras.py")), nic="eth0")
+        supervisor = Supervisor(group, plan, paths, runtime=runtime)
+        record = record_run(group, plan, paths)
+        supervisor.start()
+        with pytest.raises(RunFailed, match="crekeyed failed"):
+            supervisor.run(record, timeout=180)
+        log = (cluster.runs / "crekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
+        assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log, log[-2000:]
+        assert run_processes("crekeyed") == []
+        no_containers(cluster, ("node1", "node2"))
+        group.remote.disconnect(hosts)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
+    """Runs last: node2's engine stays stopped."""
+    pidfile = Path(f"/run/kiln-docker/{NAME}-n2.pid")
+    os.kill(int(pidfile.read_text()), signal.SIGTERM)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and cluster.ssh("node2", "docker info").returncode == 0:
+        time.sleep(0.5)
+    done = cluster.kiln("run", "--image", cluster.image, "--run-id", "cnodocker", "--", "python", "where.py",
+                        cwd=project, hosts="node1,node2", timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "node2: docker does not answer to root" in done.stderr, done.stderr
+    assert run_processes("cnodocker") == []
+    no_containers(cluster, ("node1",))

@@ -1,0 +1,90 @@
+"""Where a run's processes run in a container image (bootstrap.container): the argv lists, exact (pure)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from bootstrap import container, launch
+from bootstrap.errors import UsageError
+from bootstrap.launch import NodePaths
+
+PATHS = NodePaths("/home/u/kiln")
+NODE = container.NodeView(uid=1000, gid=1000, home="/home/u")
+
+
+def test_the_run_container_has_what_multi_node_training_needs():
+    binds = container.mounts(PATHS, NODE, None)
+    argv = container.run_argv("r1", "sha256:abc", NODE, binds)
+    assert argv == [
+        "docker", "run", "-d", "--name", "kiln-r1", "--label", "kiln.run=r1", "--network", "host", "--ipc", "host",
+        "--init", "--ulimit", "memlock=-1:-1", "--user", "1000:1000", "-e", "HOME=/home/u",
+        "-e", "KILN_CONTAINER=kiln-r1", "--workdir", "/home/u",
+        "-v", "/home/u/kiln:/home/u/kiln:rw", "-v", "/home/u/.ssh:/home/u/.ssh:ro",
+        "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro", "-v", "/etc/hosts:/etc/hosts:ro",
+        "--entrypoint", "sleep", "sha256:abc", "infinity"]
+
+
+def test_gpus_memlock_checkpoints_and_the_data_volume_follow_the_node():
+    node = container.NodeView(uid=0, gid=0, home="/root", gpus=8, data_volume="/data", memlock=65536)
+    binds = container.mounts(NodePaths("/root/kiln"), node, "/mnt/ckpt")
+    argv = container.run_argv("r2", "img", node, binds)
+    assert argv[argv.index("--ulimit") + 1] == "memlock=65536:65536"
+    assert argv[argv.index("--gpus") + 1] == "all"
+    assert ("/mnt/ckpt", "rw") in binds and ("/data", "rw") in binds
+    inside = container.mounts(NodePaths("/root/kiln"), node, "/root/kiln/runs/x/ckpt")
+    assert ("/root/kiln/runs/x/ckpt", "rw") not in inside, "already inside kiln's folder"
+    assert ("s3://b/p", "rw") not in container.mounts(NodePaths("/root/kiln"), NODE, "s3://b/p")
+
+
+def test_a_process_is_execd_into_the_container_with_its_environment_and_folder():
+    item = launch.Launch(1, "worker-1", ("/opt/kiln/venv/bin/python3", "train.py"),
+                         {"TF_CONFIG": '{"task": 1}', "KILN_OUTPUT_DIR": "/home/u/kiln/runs/r/output/worker-1"},
+                         cwd="/home/u/kiln/code")
+    assert container.exec_argv("r", item.argv, item.env, item.cwd) == [
+        "docker", "exec", "-w", "/home/u/kiln/code", "-e", 'TF_CONFIG={"task": 1}',
+        "-e", "KILN_OUTPUT_DIR=/home/u/kiln/runs/r/output/worker-1", "kiln-r", "/opt/kiln/venv/bin/python3",
+        "train.py"]
+    command = container.launch_command(item, PATHS, "r")
+    assert "docker exec -w /home/u/kiln/code" in command
+    assert "KILN_RUN_ID=r" in command, "the node's stop finds the exec by its run id"
+    assert "mkdir -p /home/u/kiln/runs/r/output/worker-1" in command, "made by the login user, on the node"
+    assert "echo $? >" in command, "the exec's exit code is the process's"
+
+
+def test_the_image_check_tells_missing_from_unusable_docker():
+    command = container.image_id_command("reg:5000/kiln:cpu-1")
+    assert "docker image inspect --format '{{.Id}}' reg:5000/kiln:cpu-1" in command
+    assert f"exit {container.MISSING}" in command
+    assert "docker is not installed" in command and "docker does not answer to" in command
+
+
+def test_a_node_whose_image_differs_is_named_beside_the_first():
+    assert container.differing_images({"node1": "sha256:aaa", "node2": "sha256:aaa"}) is None
+    said = container.differing_images({"node1": "sha256:aaa", "node2": "sha256:aaa", "node3": "sha256:bbb"})
+    assert said.startswith("node3 has sha256:bbb, node1 has sha256:aaa")
+
+
+def test_containers_that_differ_in_framework_versions_are_named():
+    same = {"node1": {"python": "3.11.2", "tensorflow": "2.18.1", "horovod": "0.28.1"}}
+    assert container.differing_versions({**same, "node2": same["node1"]}) is None
+    said = container.differing_versions({**same, "node2": {**same["node1"], "tensorflow": "2.21.0"}})
+    assert said == "tensorflow: node1 2.18.1, node2 2.21.0"
+
+
+@pytest.mark.parametrize("reference", ["", "-v", "a b", "x\ny"])
+def test_a_bad_image_reference_is_refused(reference):
+    with pytest.raises(UsageError, match="--image"):
+        container.check_reference(reference)
+
+
+def test_the_program_check_runs_inside_the_container():
+    check = container.ContainerRuntime.wrap_check(None, "cd /c && [ -f t.py ]", "r")
+    assert shlex.split(check) == ["docker", "exec", "kiln-r", "sh", "-c", "cd /c && [ -f t.py ]"]
+    assert container.HostRuntime().wrap_check("true", "r") == "true"
+
+
+def test_docker_errors_are_read_without_their_help_advice():
+    stderr = "docker: Error response from daemon: bad thing.\n\nRun 'docker run --help' for more information\n"
+    assert container.docker_error(stderr) == "docker: Error response from daemon: bad thing."
