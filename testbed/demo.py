@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({**runs.result_row(data), "mode": "your program (tf-config)"})
         step("the container image (make image PROVIDER=docker: reused while unchanged)",
              [sys.executable, "-m", "bake.image", "docker"], timeout=3600)
-        image = engines.push_to_cluster(CLUSTER, container_image())
+        local = container_image()
+        print(f"\n== pushing {local} to the cluster's registry (the nodes pull it from there)", flush=True)
+        image = engines.push_to_cluster(CLUSTER, local)
         run_id = f"demo-{stamp}-image"
         step(f"your program inside the image, one container per node: {image}",
              [*kiln, "train", "--cluster", CLUSTER, "--mode", "tf-config", "--image", image, "--run-id", run_id,

@@ -103,6 +103,19 @@ def test_service_is_enabled(host, unit, machine_image):
     assert result.stdout.strip() == "enabled", f"{unit} is {result.stdout.strip() or result.stderr.strip()}"
 
 
+def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image):
+    """Docker's cgroup driver is cgroupfs (with systemd's, a daemon-reload takes the GPUs from running containers:
+    nvidia-container-toolkit#48), merged into daemon.json; on gpu images the nvidia runtime is registered there
+    too. A running engine says so itself."""
+    settings = json.loads(host.file("/etc/docker/daemon.json").content_string or "{}")
+    assert "native.cgroupdriver=cgroupfs" in settings.get("exec-opts", []), f"daemon.json: {settings}"
+    if manifest.get("profile") == "gpu":
+        assert settings.get("runtimes", {}).get("nvidia", {}).get("path") == "nvidia-container-runtime", settings
+    running = host.run("docker info --format '{{.CgroupDriver}}'")
+    if running.rc == 0:
+        assert running.stdout.strip() == "cgroupfs", f"the engine runs with {running.stdout.strip()}"
+
+
 def test_host_keys_are_made_at_first_boot(host, captured, machine_image):
     """A captured image has no host keys and a unit that makes them; a booted one has its own keys."""
     unit = host.file("/etc/systemd/system/kiln-ssh-hostkeys.service")

@@ -73,7 +73,7 @@ ONE_ROLE = """\
   roles:
     - role: {role}
 """
-PREEXISTING = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}}
+PREEXISTING = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}, "exec-opts": ["native.umask=normal"]}
 
 
 def missing_prerequisite() -> str | None:
@@ -256,8 +256,11 @@ def test_daemon_json_gains_the_nvidia_runtime_and_keeps_its_keys(converged):
     target, _, _ = converged
     config = json.loads((target / "etc/docker/daemon.json").read_text())
     assert config["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
+    assert config["exec-opts"] == ["native.umask=normal", "native.cgroupdriver=cgroupfs"], (
+        "Docker's cgroup driver is not cgroupfs (nvidia-container-toolkit#48), or an exec-opt was lost")
     for key, value in PREEXISTING.items():
-        assert config[key] == value
+        if key != "exec-opts":
+            assert config[key] == value
 
 
 def test_cuda_paths_services_and_no_fake_nvidia_smi(converged):
