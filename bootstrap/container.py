@@ -138,6 +138,15 @@ def differing_images(ids: Mapping[str, str]) -> str | None:
             "same reference is a different image there")
 
 
+def gpu_shortfall(expected: int, listed: str) -> str | None:
+    """What is wrong when a node's container sees fewer GPUs than the node has (`listed`: nvidia-smi -L inside
+    it), or None."""
+    seen = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+    if seen == expected:
+        return None
+    return f"the container sees {seen} of the node's {expected} GPUs (the NVIDIA runtime or --gpus all failed)"
+
+
 def differing_versions(found: Mapping[str, Mapping[str, str | None]]) -> str | None:
     """A message naming what differs between the nodes' containers (Python, TensorFlow, Horovod), or None."""
     names = list(found)
@@ -341,7 +350,23 @@ class ContainerRuntime:
         found = {self.name(h): v for h, v in remote.map_or_raise("container preflight", hosts, read).items()}
         if differ := differing_versions(found):
             raise KilnError(f"the containers differ: {differ}; nothing was started")
+        self.check_gpus(hosts)
         return found
+
+    def check_gpus(self, hosts: Sequence[Host]) -> None:
+        """On nodes with GPUs, the run's container must see every one (nodes without any are not asked)."""
+        remote = self.group.remote
+        with_gpus = [host for host in hosts if self.view(host).gpus]
+
+        def count(host: Host) -> str | None:
+            result = remote.run(host, ["docker", "exec", container_name(self.run_id), "nvidia-smi", "-L"],
+                                timeout=120)
+            return gpu_shortfall(self.view(host).gpus, result.stdout if result.code == 0 else "")
+
+        problems = {self.name(h): why for h, why in remote.map_or_raise("container gpus", with_gpus, count).items()
+                    if why}
+        if problems:
+            raise KilnError("; ".join(f"{name}: {why}" for name, why in problems.items()) + "; nothing was started")
 
     def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str:
         return launch_command(item, paths, run_id)

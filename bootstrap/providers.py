@@ -48,15 +48,16 @@ class LocalProvider:
 
         self.name = netns.check_name(name)
 
-    def up(self, count: int, python: str = sys.executable) -> state.ClusterRecord:
-        """Start `count` nodes and write the cluster file (the nodes share this machine's Python)."""
+    def up(self, count: int, python: str = sys.executable, *, docker: bool = False) -> state.ClusterRecord:
+        """Start `count` nodes (with `docker`, each with its own Docker engine) and write the cluster file (the
+        nodes share this machine's Python)."""
         from testbed import cluster as local
         from testbed import netns
 
         if state.load_cluster(self.name) is not None:
             raise UsageError(f"cluster {self.name} already exists (kiln down {self.name} first)")
         local.preflight()
-        made = local.make_cluster(self.name, count, metadata=True)
+        made = local.make_cluster(self.name, count, metadata=True, docker=docker)
         record = state.ClusterRecord(
             self.name, tuple(Host(node.name) for node in made.nodes), python,
             state.SshSettings(config_file=str(netns.STATE_ROOT / self.name / "ssh_config")), provider=self.kind)

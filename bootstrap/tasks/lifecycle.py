@@ -34,6 +34,8 @@ AWS_HELP = {
                     "terminates, its data volume stays)",
     "provider": "aws (default), or local: nodes in network namespaces on this machine (root); "
                 "train --managed replaces lost nodes through it",
+    "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
+              "image has Docker), for train --image",
 }
 SNAPSHOT_HELP = {
     "snapshot": "snapshot each node's data volume before removing it; the snapshots stay (kiln list shows them, "
@@ -45,7 +47,7 @@ SNAPSHOT_HELP = {
 @cluster_task(help=AWS_HELP)
 def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
-       image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None):
+       image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False):
     """Start a cluster (AWS from a kiln AMI, or --provider local) and write its cluster file (then --cluster NAME)."""
     if provider not in providers.KINDS:
         raise UsageError(f"--provider {provider}: choose one of {', '.join(providers.KINDS)}")
@@ -58,11 +60,13 @@ def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None,
                  if value]
         if given:
             raise UsageError(f"{', '.join(given)}: AWS options; --provider local takes a name and --count")
-        record = providers.LocalProvider(name).up(int(count))
+        record = providers.LocalProvider(name).up(int(count), docker=docker)
         print(f"cluster {name}: {len(record.hosts)} local node(s) up: {', '.join(h.label for h in record.hosts)}; "
               f"next: kiln check --cluster {name}")
         arm_or_remove(c, name, idle_minutes)
         return
+    if docker:
+        raise UsageError("--docker belongs to --provider local (a kiln AMI has Docker already)")
     request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
                                     image_profile=image_profile, spot=spot, max_price=max_price, user=user,
                                     ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume,

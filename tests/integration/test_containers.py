@@ -43,26 +43,31 @@ def baked():
                           timeout=3600, cwd=ROOT)
     assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-2000:]
     folder = made.stdout.strip().splitlines()[-1].rsplit(": ", 1)[1]
-    return json.loads((Path(folder) / "image.json").read_text())
+    record = json.loads((Path(folder) / "image.json").read_text())
+    yield record
+    if "up to date" not in made.stdout:  # baked for this run: its GBs go (a CI clone bakes its own each time)
+        subprocess.run(["docker", "rmi", record["image"]], capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, baked):
-    """Three nodes, each with its own Docker engine, and the baked image pushed to the cluster's registry."""
+    """Three nodes (kiln up --provider local --docker: each with its own Docker engine, the cluster a registry),
+    and the baked image pushed to the cluster's registry."""
     reason = can_make_namespaces()
     if reason:
         pytest.skip(reason)
     local_cluster_command("down", "--name", NAME)
+    state = Path("/run/kiln/local") / NAME
+    made = LocalCluster(NAME, state, [], tmp_path_factory.mktemp("kiln-home"), tmp_path_factory.mktemp("runs"))
     try:
-        up = local_cluster_command("up", "3", "--name", NAME, "--docker")
+        up = subprocess.run([str(KILN), "up", NAME, "--provider", "local", "--count", "3", "--docker"], cwd=ROOT,
+                            env=made.env(), capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
-        state = Path("/run/kiln/local") / NAME
-        nodes = json.loads((state / "nodes.json").read_text())
-        made = LocalCluster(NAME, state, nodes, tmp_path_factory.mktemp("kiln-home"),
-                            tmp_path_factory.mktemp("runs"))
+        made.nodes = json.loads((state / "nodes.json").read_text())
         made.image = engines.push_to_cluster(NAME, baked["image"])
         yield made
     finally:
+        subprocess.run([str(KILN), "down", NAME], cwd=ROOT, env=made.env(), capture_output=True, timeout=300)
         local_cluster_command("down", "--name", NAME)
 
 
@@ -117,6 +122,26 @@ def test_every_process_runs_in_its_nodes_container_seeing_the_nodes_name_and_add
     assert written.stat().st_uid == 0, "the output is not the login user's"
     data = json.loads((cluster.runs / "where" / "summary.json").read_text())
     assert {"pull", "container"} <= {span["phase"] for span in data["phases"]}
+    no_containers(cluster)
+
+
+def test_an_image_only_this_machine_has_is_shipped_to_the_nodes_once(cluster, project):
+    """Any image runs, not only kiln's: the Debian base, which only this machine's engine has (no registry holds
+    it), goes to every node over kiln's connections; a second run finds it there and ships nothing."""
+    base = subprocess.run([sys.executable, "-m", "bake.container_base", "--print"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=900).stdout.strip()
+    first = cluster.kiln("run", "--image", base, "--run-id", "cship", "--", "python", "where.py", cwd=project,
+                         timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for node in NODES:
+        assert f"{node}: shipped {base} from this machine" in first.stdout, first.stdout
+    assert {seen["python"] for seen in outputs(cluster, "cship", "where.json").values()} == {"/usr/bin/python3"}
+    again = cluster.kiln("run", "--image", base, "--run-id", "cship2", "--", "python", "where.py", cwd=project,
+                         timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "shipped" not in again.stdout and "pulled" not in again.stdout, again.stdout
+    for node in NODES:
+        cluster.ssh(node, f"docker rmi {base}")
     no_containers(cluster)
 
 
@@ -251,17 +276,64 @@ def test_a_bad_image_reference_is_bad_input(cluster, project):
     assert done.returncode == 2 and "--image 'bad ref'" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_lost_node_is_replaced_and_the_run_finishes_in_the_image(cluster, project):
+    """--managed with --image: node2 is lost mid-run (local-cluster lose); its replacement, a fresh machine with an
+    empty engine, pulls the same image, gets the run's container, and the run finishes from the last checkpoint.
+    From here on the tests use --cluster NAME, whose pins follow the replacement."""
+    argv = [str(KILN), "train", "--cluster", NAME, "--mode", "tf-config", "--managed", "--image", cluster.image,
+            "--run-id", "cmanaged", "--", "python", "keras_multiworker.py", "--epochs", "6", "--steps", "5",
+            "--pause", "2"]
+    with subprocess.Popen(argv, cwd=project, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as train:
+        try:
+            log = cluster.node_dir("node2") / "kiln" / "runs" / "cmanaged" / "worker-1.log"
+            end = time.monotonic() + 400
+            while time.monotonic() < end and "epoch 1 done" not in (log.read_text() if log.exists() else ""):
+                assert train.poll() is None, train.communicate()
+                time.sleep(0.5)
+            lost = local_cluster_command("lose", "node2", "--name", NAME)
+            assert lost.returncode == 0, lost.stderr
+            out, err = train.communicate(timeout=900)
+        finally:
+            if train.poll() is None:
+                train.kill()
+    assert train.returncode == 0, out + err
+    assert "recovery 1 of 3: replacing node2" in out and "node2: pulled" in out, out
+    data = json.loads((cluster.runs / "cmanaged" / "summary.json").read_text())
+    [recovery] = data["restarts"]
+    assert recovery["kind"] == "recovery" and recovery["replaced"] == [{"old": "node2", "new": "node2"}]
+    results = outputs(cluster, "cmanaged")
+    assert set(results) == {"node1/worker-0", "node2/worker-1", "node3/worker-2"}
+    assert run_processes("cmanaged") == []
+    no_containers(cluster)
+
+
+def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
+    """node2's engine stays stopped after this test."""
+    pidfile = Path(f"/run/kiln-docker/{NAME}-n2.pid")
+    os.kill(int(pidfile.read_text()), signal.SIGTERM)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and cluster.ssh("node2", "docker info").returncode == 0:
+        time.sleep(0.5)
+    done = cluster.kiln("run", "--cluster", NAME, "--image", cluster.image, "--run-id", "cnodocker", "--",
+                        "python", "where.py", cwd=project, hosts=None, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "node2: docker does not answer to root" in done.stderr, done.stderr
+    assert run_processes("cnodocker") == []
+    no_containers(cluster, ("node1", "node3"))
+
+
 def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, project):
     """Re-key node3 behind kiln's back once its container runs: horovodrun in node1's container reaches node3
-    through the shim's ssh, checked against the cluster's pins, and fails; nothing is left. node3 keeps its new
-    key (the next test uses node1 and node2)."""
-    hosts = parse_host_list(",".join(NODES))
+    through the shim's ssh, checked against the cluster's pins, and fails; nothing is left. Runs last (node3
+    keeps its new key), on node1 and node3 (node2 was replaced and its engine stopped above)."""
+    hosts = parse_host_list("node1,node3")
     saved = {k: os.environ.get(k) for k in ("KILN_HOME", "KILN_RUNS")}
     os.environ.update({k: cluster.env()[k] for k in saved})
     try:
         group = Cluster.connect(default_cluster_name(hosts, cluster.ssh_config), hosts,
                                 SshOptions(config_file=cluster.ssh_config), python=sys.executable, fanout=8,
-                                timeout=120)
+                                timeout=120, accept_new=True)
         group.require_facts("connect")
         group.apply_mesh()
         paths = launch.NodePaths(group.remote_root(hosts[0]))
@@ -275,7 +347,7 @@ def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, proj
         for kind in ("ed25519", "ecdsa"):
             subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
                            check=True, timeout=30)
-        plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1, 1],
+        plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1],
                                    python=runtime.python_path(hosts[0]), paths=paths,
                                    program=launch.Program(("python", "horovod_keras.py")), nic="eth0")
         supervisor = Supervisor(group, plan, paths, runtime=runtime)
@@ -286,7 +358,7 @@ def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, proj
         log = (cluster.runs / "crekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
         assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log, log[-2000:]
         assert run_processes("crekeyed") == []
-        no_containers(cluster, ("node1", "node2"))
+        no_containers(cluster, ("node1",))
         group.remote.disconnect(hosts)
     finally:
         for key, value in saved.items():
@@ -294,18 +366,3 @@ def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, proj
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
-    """Runs last: node2's engine stays stopped."""
-    pidfile = Path(f"/run/kiln-docker/{NAME}-n2.pid")
-    os.kill(int(pidfile.read_text()), signal.SIGTERM)
-    end = time.monotonic() + 60
-    while time.monotonic() < end and cluster.ssh("node2", "docker info").returncode == 0:
-        time.sleep(0.5)
-    done = cluster.kiln("run", "--image", cluster.image, "--run-id", "cnodocker", "--", "python", "where.py",
-                        cwd=project, hosts="node1,node2", timeout=600)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "node2: docker does not answer to root" in done.stderr, done.stderr
-    assert run_processes("cnodocker") == []
-    no_containers(cluster, ("node1",))

@@ -88,3 +88,11 @@ def test_the_program_check_runs_inside_the_container():
 def test_docker_errors_are_read_without_their_help_advice():
     stderr = "docker: Error response from daemon: bad thing.\n\nRun 'docker run --help' for more information\n"
     assert container.docker_error(stderr) == "docker: Error response from daemon: bad thing."
+
+
+def test_a_container_that_sees_fewer_gpus_than_its_node_is_named():
+    listed = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-b)\n"
+    assert container.gpu_shortfall(2, listed) is None
+    assert container.gpu_shortfall(8, listed) == ("the container sees 2 of the node's 8 GPUs (the NVIDIA runtime or "
+                                                  "--gpus all failed)")
+    assert "sees 0 of" in container.gpu_shortfall(1, "")
