@@ -113,10 +113,11 @@ class Cluster:
         return [entry.name for entry in saved]
 
     def preflight(self, ports: Sequence[int] = (), probes: int = 8, gpu_framework: str | None = None,
-                  ) -> tuple[str, bool]:
+                  frameworks: bool = True) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
         otherwise); `probes` nodes log in to the next one; with `gpu_framework`, the
-        GPU health check too. (table, all passed)"""
+        GPU health check too; without `frameworks`, the nodes' own TensorFlow and Horovod are
+        not asked for (a run in a container image brings its own). (table, all passed)"""
         def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
             edges = preflight.ring_probes(len(self.hosts), probes) if names else []
             targets = {self.hosts[a]: names[b] for a, b in edges}
@@ -133,7 +134,8 @@ class Cluster:
             self.nodes = mesh.nodes_from_facts(facts)
         except KilnError as error:
             raise KilnError(f"preflight: {error}") from None
-        findings = preflight.check_nodes(self.nodes, ports=ports)
+        findings = preflight.check_nodes(self.nodes, ports=ports, required=("tensorflow",) if frameworks else (),
+                                         compare_versions=frameworks)
         findings += preflight.check_probes(self.nodes)
         checks, summary = preflight.CHECKS, []
         if gpu_framework is not None:

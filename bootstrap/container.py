@@ -75,17 +75,20 @@ def mounts(paths: NodePaths, node: NodeView, checkpoint_dir: str | None) -> list
     return found
 
 
-def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str, str]]) -> list[str]:
+def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str, str]],
+             hosts: Sequence[str] = ()) -> list[str]:
     """`docker run` of the run's container on one node: the node's network (Gloo, gRPC and NCCL see its
     interface and hostname), its IPC namespace (NCCL's shared memory), every GPU where it has any, unlimited
     locked memory (RDMA; up to the node's own hard limit), an init process that reaps and passes signals, the
-    login user's uid (outputs are theirs), the binds at the same paths; it idles until the run's processes are
-    exec'd into it."""
+    login user's uid (outputs are theirs) with a home of its own to write in (a tmpfs under the binds), the
+    binds at the same paths, and the cluster's node names (`hosts`: the ssh shim execs only into those); it
+    idles until the run's processes are exec'd into it."""
     name = container_name(run_id)
     argv = ["docker", "run", "-d", "--name", name, "--label", f"kiln.run={run_id}", "--network", "host",
             "--ipc", "host", "--init", "--ulimit", f"memlock={node.memlock}:{node.memlock}",
             "--user", f"{node.uid}:{node.gid}", "-e", f"HOME={node.home}", "-e", f"KILN_CONTAINER={name}",
-            "--workdir", node.home]
+            "-e", f"KILN_CLUSTER_HOSTS={','.join(hosts)}",
+            "--tmpfs", f"{node.home}:uid={node.uid},gid={node.gid},mode=0700", "--workdir", node.home]
     if node.gpus:
         argv += ["--gpus", "all"]
     for source, options in binds:
@@ -127,6 +130,13 @@ def docker_error(stderr: str) -> str:
     return said[-1] if said else ""
 
 
+def in_container(command: str | None, run_id: str) -> str | None:
+    """A node-side shell command (the program check, launch.program_check) as the run's container runs it."""
+    if command is None:
+        return None
+    return shlex.join(["docker", "exec", container_name(run_id), "sh", "-c", command])
+
+
 def differing_images(ids: Mapping[str, str]) -> str | None:
     """A message naming the nodes whose image id differs from the first node's, or None."""
     names = list(ids)
@@ -164,6 +174,8 @@ def differing_versions(found: Mapping[str, Mapping[str, str | None]]) -> str | N
 class Runtime(Protocol):
     """Where a run's processes run: what the supervisor and the launch tasks ask of it."""
 
+    needs_node_frameworks: bool  # whether the nodes' own Python must have TensorFlow and Horovod
+
     def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str: ...
 
     def prepare(self, hosts: Sequence[Host], timeline: Timeline) -> None: ...
@@ -175,6 +187,8 @@ class Runtime(Protocol):
 
 class HostRuntime:
     """Processes run on the nodes themselves (the default)."""
+
+    needs_node_frameworks = True
 
     def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str:
         return launch.launch_command(item, paths, run_id)
@@ -192,6 +206,8 @@ class HostRuntime:
 
 class ContainerRuntime:
     """Every process of the run in the run's container on its node, from one image (one image id everywhere)."""
+
+    needs_node_frameworks = False
 
     def __init__(self, group: Cluster, reference: str, paths: NodePaths, run_id: str, *,
                  checkpoint_dir: str | None = None, python: str | None = None, pull_timeout: float = 1800):
@@ -263,9 +279,15 @@ class ContainerRuntime:
             try:
                 load = subprocess.run(commands.ssh_argv(host, "docker load --quiet", options), stdin=save.stdout,
                                       capture_output=True, text=True, timeout=self.pull_timeout)
+            except subprocess.TimeoutExpired:
+                raise HostFailure(f"shipping the image took over {self.pull_timeout:g} s") from None
             finally:
                 save.stdout.close()
-                save.wait(timeout=60)
+                try:
+                    save.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    save.kill()
+                    save.wait()
             if save.returncode != 0 or load.returncode != 0:
                 said = (load.stderr or save.stderr.read().decode(errors="replace")).strip().splitlines()
                 raise HostFailure(said[-1] if said else "docker save | docker load failed")
@@ -312,9 +334,16 @@ class ContainerRuntime:
         remote = self.group.remote
         name = container_name(self.run_id)
 
+        names = [node.name for node in self.group.nodes]
+
         def start(host: Host) -> None:
             node = self.view(host)
-            argv = run_argv(self.run_id, self.image, node, mounts(self.paths, node, self.checkpoint_dir))
+            binds = mounts(self.paths, node, self.checkpoint_dir)
+            argv = run_argv(self.run_id, self.image, node, binds, names)
+            made = remote.run(host, ["mkdir", "-p", *(source for source, options in binds if options == "rw")],
+                              timeout=60)  # as the login user: docker would make them root's
+            if made.code != 0:
+                raise HostFailure(f"mkdir: {made.stderr.strip()[-200:]}")
             remote.run(host, ["docker", "rm", "-f", name], timeout=60)
             result = remote.run(host, argv, timeout=120)
             if result.code != 0:
@@ -372,7 +401,4 @@ class ContainerRuntime:
         return launch_command(item, paths, run_id)
 
     def wrap_check(self, command: str | None, run_id: str) -> str | None:
-        """The program check (launch.program_check), run inside the node's container."""
-        if command is None:
-            return None
-        return shlex.join(["docker", "exec", container_name(run_id), "sh", "-c", command])
+        return in_container(command, run_id)

@@ -361,6 +361,12 @@ def container_pid(run_id):
         return None
 
 
+def run_containers():
+    """Whether a kiln run's container runs here (a horovod worker node's ranks live only in there)."""
+    code, out = docker("ps", "--quiet", "--filter", "label=kiln.run", timeout=30)
+    return code == 0 and bool(out.strip())
+
+
 def remove_container(run_id):
     """Remove the run's container on this node, if there is one: what is left of it goes with the run."""
     code, out = docker("rm", "-f", CONTAINER_PREFIX + run_id, timeout=60)
@@ -563,7 +569,7 @@ def watch_idle(idle_s, interval_s, shutdown, state_path):
     last_busy, last_busy_at = time.monotonic(), time.time()
     failure = None
     while True:
-        if run_processes(None):
+        if run_processes(None) or run_containers():
             last_busy, last_busy_at = time.monotonic(), time.time()
         seen = {**me, "checked": time.time(), "last_busy": last_busy_at, **({"error": failure} if failure else {})}
         if time.monotonic() - last_busy >= idle_s:

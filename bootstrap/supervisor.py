@@ -18,7 +18,7 @@ from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
 from bootstrap.providers import Replacement
-from bootstrap.ssh import is_unreachable
+from bootstrap.ssh import HostFailure, is_unreachable
 from bootstrap.state import RunRecord
 from bootstrap.timeline import Timeline, node_spans
 
@@ -191,7 +191,10 @@ class Supervisor:
 
         def halt(host: Host) -> dict:
             grace = launch.NOTICE_GRACE if host in patient else 5
-            return remote.node(host, python, "stop", self.plan.run_id, str(grace), timeout=grace + 55)
+            stopped = remote.node(host, python, "stop", self.plan.run_id, str(grace), timeout=2 * grace + 120)
+            if stopped.get("container"):
+                raise HostFailure(f"could not remove the run's container: {stopped['container']}")
+            return stopped
 
         _, failures = remote.map([h for h in self.group.hosts if h not in skip], halt)
         return {h.label: r for h, r in failures.items()}
@@ -357,7 +360,12 @@ class Supervisor:
                 print(f"restart {len(restarts) + 1 - recoveries} of {max_restarts} after: {attempt.failure}",
                       flush=True)
             restarts.append(entry)
-            self.restart()
+            try:
+                self.restart()
+            except KilnError as failure:  # the image on a new node, its container, a start: end the run here
+                self.stop()
+                attempt = replace(attempt, failure=f"{attempt.failure}; the restart failed: {failure}")
+                break
             if action == "recover":
                 entry["restarted_at"] = round(time.time(), 3)
                 entry["seconds_to_restart"] = round(entry["restarted_at"] - entry["detected_at"], 2)

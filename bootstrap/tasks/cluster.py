@@ -285,7 +285,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     if command and args:
         raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
     folder = project_folder(code, command)
-    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
+    # With --image, --python names the image's Python; kiln's own node side keeps the nodes' Python.
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
     hosts = goal.hosts
     if managed and detach:
         raise UsageError("--managed watches the run to replace lost nodes: it cannot --detach")
@@ -346,8 +347,8 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
     `python`, default the nodes'), then (unless detached) watch it to its end."""
     runtime = runtime or HostRuntime()
-    with timeline.phase("preflight"):
-        table, passed = group.preflight(ports=plan.ports)
+    with timeline.phase("preflight"):  # in a container image, the image's frameworks are checked instead
+        table, passed = group.preflight(ports=plan.ports, frameworks=runtime.needs_node_frameworks)
     if not passed:
         print(table)
         raise KilnError("preflight failed (see the table above); nothing was started")
@@ -410,7 +411,7 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
         raise UsageError(f"--processes {processes}: give a positive number")
     folder = project_folder(code, command)
     items = list_inputs(shard_input, folder) if shard_input else None
-    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
+    goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
     program = launch.Program(tuple(command))
     run_id = state.validate_run_id(run_id) if run_id else state.new_run_id()
     if image:

@@ -16,11 +16,12 @@ NODE = container.NodeView(uid=1000, gid=1000, home="/home/u")
 
 def test_the_run_container_has_what_multi_node_training_needs():
     binds = container.mounts(PATHS, NODE, None)
-    argv = container.run_argv("r1", "sha256:abc", NODE, binds)
+    argv = container.run_argv("r1", "sha256:abc", NODE, binds, ["node1", "node2"])
     assert argv == [
         "docker", "run", "-d", "--name", "kiln-r1", "--label", "kiln.run=r1", "--network", "host", "--ipc", "host",
         "--init", "--ulimit", "memlock=-1:-1", "--user", "1000:1000", "-e", "HOME=/home/u",
-        "-e", "KILN_CONTAINER=kiln-r1", "--workdir", "/home/u",
+        "-e", "KILN_CONTAINER=kiln-r1", "-e", "KILN_CLUSTER_HOSTS=node1,node2",
+        "--tmpfs", "/home/u:uid=1000,gid=1000,mode=0700", "--workdir", "/home/u",
         "-v", "/home/u/kiln:/home/u/kiln:rw", "-v", "/home/u/.ssh:/home/u/.ssh:ro",
         "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro", "-v", "/etc/hosts:/etc/hosts:ro",
         "--entrypoint", "sleep", "sha256:abc", "infinity"]
@@ -80,7 +81,7 @@ def test_a_bad_image_reference_is_refused(reference):
 
 
 def test_the_program_check_runs_inside_the_container():
-    check = container.ContainerRuntime.wrap_check(None, "cd /c && [ -f t.py ]", "r")
+    check = container.in_container("cd /c && [ -f t.py ]", "r")
     assert shlex.split(check) == ["docker", "exec", "kiln-r", "sh", "-c", "cd /c && [ -f t.py ]"]
     assert container.HostRuntime().wrap_check("true", "r") == "true"
 
