@@ -116,6 +116,17 @@ def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image):
         assert running.stdout.strip() == "cgroupfs", f"the engine runs with {running.stdout.strip()}"
 
 
+def test_docker_can_confine_its_containers_where_the_kernel_has_apparmor(host, machine_image):
+    """On a kernel with AppArmor on, dockerd starts no container without apparmor_parser to load its
+    docker-default profile (found baking the local image: docker.io only recommends apparmor)."""
+    enabled = host.file("/sys/module/apparmor/parameters/enabled")
+    if not enabled.exists or enabled.content_string.strip() != "Y":
+        pytest.skip("AppArmor is off in this kernel")
+    assert host.exists("apparmor_parser") or host.file("/usr/sbin/apparmor_parser").exists, (
+        "apparmor_parser is missing: docker run fails with `AppArmor enabled on system but the docker-default "
+        "profile could not be loaded`")
+
+
 def test_host_keys_are_made_at_first_boot(host, captured, machine_image):
     """A captured image has no host keys and a unit that makes them; a booted one has its own keys."""
     unit = host.file("/etc/systemd/system/kiln-ssh-hostkeys.service")
