@@ -24,6 +24,7 @@ from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths
 from bootstrap.ssh import HostFailure
 from bootstrap.timeline import Timeline
+from kiln import proc
 
 PREFIX = "kiln-"  # node.py's CONTAINER_PREFIX
 PYTHON_PROBE = "command -v python3 || command -v python"
@@ -115,12 +116,12 @@ def image_id_command(reference: str) -> str:
 def launch_command(item: launch.Launch, paths: NodePaths, run_id: str) -> str:
     """The shell command that starts one process in the run's container, detached, leaving the same pid, log and
     exit files on the node as a process started there (the exec's exit code is the process's)."""
-    inner = launch.Launch(item.host, item.task, tuple(exec_argv(run_id, item.argv, item.env, item.cwd or paths.lib)),
-                          {"KILN_RUN_ID": run_id}, item.files, paths.lib)
+    env = {"KILN_RUN_ID": run_id}
     if item.env.get("KILN_OUTPUT_DIR"):  # made by the node, as the login user, before the exec
-        inner = launch.Launch(inner.host, inner.task, inner.argv, {**inner.env,
-                              "KILN_OUTPUT_DIR": item.env["KILN_OUTPUT_DIR"]}, inner.files, inner.cwd)
-    return launch.launch_command(inner, paths, run_id)
+        env["KILN_OUTPUT_DIR"] = item.env["KILN_OUTPUT_DIR"]
+    argv = exec_argv(run_id, item.argv, item.env, item.cwd or paths.lib)
+    return launch.launch_command(launch.Launch(item.host, item.task, tuple(argv), env, item.files, paths.lib), paths,
+                                 run_id)
 
 
 def docker_error(stderr: str) -> str:
@@ -261,9 +262,9 @@ class ContainerRuntime:
     def local_image_id(self) -> str | None:
         """This machine's image id of the reference, where its engine has it."""
         try:
-            done = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.reference],
-                                  capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
+            done = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.reference], timeout=60,
+                            check=False)
+        except KilnError:  # no docker here, or it does not answer
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
@@ -289,8 +290,8 @@ class ContainerRuntime:
                     save.kill()
                     save.wait()
             if save.returncode != 0 or load.returncode != 0:
-                said = (load.stderr or save.stderr.read().decode(errors="replace")).strip().splitlines()
-                raise HostFailure(said[-1] if said else "docker save | docker load failed")
+                said = docker_error(load.stderr or save.stderr.read().decode(errors="replace"))
+                raise HostFailure(said or "docker save | docker load failed")
             print(f"{self.name(host)}: shipped {self.reference} from this machine in "
                   f"{time.monotonic() - started:.1f} s", flush=True)
 
@@ -309,16 +310,17 @@ class ContainerRuntime:
             raise KilnError(f"image {self.reference} is missing and could not be pulled: "
                             + "; ".join(f"{self.name(h)}: {why}" for h, why in failures.items())
                             + "; nothing was started")
-        ids = {host: found for host, found in self.image_ids(hosts).items()}
+        if lacking:  # what the pulls and shipments brought
+            ids = self.image_ids(hosts)
         if missing := [self.name(h) for h, found in ids.items() if not found]:
             raise KilnError(f"image {self.reference} is still missing on {', '.join(missing)}; nothing was started")
-        wanted = self.image or ids[hosts[0]]
-        differ = differing_images({self.name(h): found for h, found in ids.items()} if not self.image else
-                                  {"the run": self.image, **{self.name(h): found for h, found in ids.items()}})
-        if differ:
+        named = {self.name(h): found for h, found in ids.items()}
+        if self.image:  # a restart: every node must still have the run's image
+            named = {"the run": self.image, **named}
+        if differ := differing_images(named):
             raise KilnError(f"image {self.reference}: {differ}; nothing was started")
-        self.image = wanted
-        return wanted
+        self.image = self.image or ids[hosts[0]]
+        return self.image
 
     # --- the run's container on every node
 

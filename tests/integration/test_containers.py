@@ -323,46 +323,39 @@ def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
     no_containers(cluster, ("node1", "node3"))
 
 
-def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, project):
+def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, project, monkeypatch):
     """Re-key node3 behind kiln's back once its container runs: horovodrun in node1's container reaches node3
     through the shim's ssh, checked against the cluster's pins, and fails; nothing is left. Runs last (node3
     keeps its new key), on node1 and node3 (node2 was replaced and its engine stopped above)."""
     hosts = parse_host_list("node1,node3")
-    saved = {k: os.environ.get(k) for k in ("KILN_HOME", "KILN_RUNS")}
-    os.environ.update({k: cluster.env()[k] for k in saved})
-    try:
-        group = Cluster.connect(default_cluster_name(hosts, cluster.ssh_config), hosts,
-                                SshOptions(config_file=cluster.ssh_config), python=sys.executable, fanout=8,
-                                timeout=120, accept_new=True)
-        group.require_facts("connect")
-        group.apply_mesh()
-        paths = launch.NodePaths(group.remote_root(hosts[0]))
-        group.sync_lib(paths.lib)
-        group.sync(str(project), paths.code)
-        runtime = ContainerRuntime(group, cluster.image, paths, "crekeyed")
-        runtime.prepare(hosts, Timeline())
-        keys = cluster.node_dir("node3") / "etc-ssh"
-        for key in keys.glob("ssh_host_*_key*"):
-            key.unlink()
-        for kind in ("ed25519", "ecdsa"):
-            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
-                           check=True, timeout=30)
-        plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1],
-                                   python=runtime.python_path(hosts[0]), paths=paths,
-                                   program=launch.Program(("python", "horovod_keras.py")), nic="eth0")
-        supervisor = Supervisor(group, plan, paths, runtime=runtime)
-        record = record_run(group, plan, paths)
-        supervisor.start()
-        with pytest.raises(RunFailed, match="crekeyed failed"):
-            supervisor.run(record, timeout=180)
-        log = (cluster.runs / "crekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
-        assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log, log[-2000:]
-        assert run_processes("crekeyed") == []
-        no_containers(cluster, ("node1",))
-        group.remote.disconnect(hosts)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    for key in ("KILN_HOME", "KILN_RUNS"):  # the supervisor below writes the run where the cluster's kiln does
+        monkeypatch.setenv(key, cluster.env()[key])
+    group = Cluster.connect(default_cluster_name(hosts, cluster.ssh_config), hosts,
+                            SshOptions(config_file=cluster.ssh_config), python=sys.executable, fanout=8,
+                            timeout=120, accept_new=True)
+    group.require_facts("connect")
+    group.apply_mesh()
+    paths = launch.NodePaths(group.remote_root(hosts[0]))
+    group.sync_lib(paths.lib)
+    group.sync(str(project), paths.code)
+    runtime = ContainerRuntime(group, cluster.image, paths, "crekeyed")
+    runtime.prepare(hosts, Timeline())
+    keys = cluster.node_dir("node3") / "etc-ssh"
+    for key in keys.glob("ssh_host_*_key*"):
+        key.unlink()
+    for kind in ("ed25519", "ecdsa"):
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
+                       check=True, timeout=30)
+    plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1],
+                               python=runtime.python_path(hosts[0]), paths=paths,
+                               program=launch.Program(("python", "horovod_keras.py")), nic="eth0")
+    supervisor = Supervisor(group, plan, paths, runtime=runtime)
+    record = record_run(group, plan, paths)
+    supervisor.start()
+    with pytest.raises(RunFailed, match="crekeyed failed"):
+        supervisor.run(record, timeout=180)
+    log = (cluster.runs / "crekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
+    assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log, log[-2000:]
+    assert run_processes("crekeyed") == []
+    no_containers(cluster, ("node1",))
+    group.remote.disconnect(hosts)

@@ -5,7 +5,6 @@ changed host keys)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -324,48 +323,41 @@ def test_unknown_host_keys_are_refused_unless_trusted_on_first_use(cluster, tmp_
     assert pinned.returncode == 0, pinned.stdout + pinned.stderr
 
 
-def test_changed_host_key_is_refused_everywhere(cluster):
+def test_changed_host_key_is_refused_everywhere(cluster, monkeypatch):
     """Re-key node3 behind kiln's back: the operator, the other nodes and horovodrun all refuse it.
     Runs last in this module: node3 keeps its new key."""
     hosts = parse_host_list(HOSTS)
     options = SshOptions(config_file=cluster.ssh_config)
     name = default_cluster_name(hosts, cluster.ssh_config)
     env = cluster.env()
-    saved = {k: os.environ.get(k) for k in ("KILN_HOME", "KILN_RUNS")}
-    os.environ.update({"KILN_HOME": env["KILN_HOME"], "KILN_RUNS": env["KILN_RUNS"]})
-    try:
-        group = Cluster.connect(name, hosts, options, python=str(FAB.with_name("python")),
-                                fanout=8, timeout=60)
-        group.require_facts("connect")
-        group.apply_mesh()
-        keys = cluster.node_dir("node3") / "etc-ssh"
-        for key in keys.glob("ssh_host_*_key*"):
-            key.unlink()
-        for kind in ("ed25519", "ecdsa"):
-            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
-                           check=True, timeout=30)
-        hop = cluster.ssh("node2", "ssh node3 hostname")
-        assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
+    for key in ("KILN_HOME", "KILN_RUNS"):  # the supervisor below writes the run where the cluster's kiln does
+        monkeypatch.setenv(key, env[key])
+    group = Cluster.connect(name, hosts, options, python=str(FAB.with_name("python")),
+                            fanout=8, timeout=60)
+    group.require_facts("connect")
+    group.apply_mesh()
+    keys = cluster.node_dir("node3") / "etc-ssh"
+    for key in keys.glob("ssh_host_*_key*"):
+        key.unlink()
+    for kind in ("ed25519", "ecdsa"):
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
+                       check=True, timeout=30)
+    hop = cluster.ssh("node2", "ssh node3 hostname")
+    assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
 
-        paths = launch.NodePaths(group.remote_root(hosts[0]))
-        group.sync_lib(paths.lib)
-        plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
-                                   paths=paths, program=launch.Program(trainer_args=("--epochs", "1")), nic="eth0")
-        record = record_run(group, plan, paths)
-        supervisor = Supervisor(group, plan, paths)
-        supervisor.start()
-        with pytest.raises(RunFailed, match="rekeyed failed"):
-            supervisor.run(record, timeout=120)
-        log = (cluster.runs / "rekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
-        assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log
-        assert run_processes("rekeyed") == []
-        group.remote.disconnect(hosts)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    paths = launch.NodePaths(group.remote_root(hosts[0]))
+    group.sync_lib(paths.lib)
+    plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
+                               paths=paths, program=launch.Program(trainer_args=("--epochs", "1")), nic="eth0")
+    record = record_run(group, plan, paths)
+    supervisor = Supervisor(group, plan, paths)
+    supervisor.start()
+    with pytest.raises(RunFailed, match="rekeyed failed"):
+        supervisor.run(record, timeout=120)
+    log = (cluster.runs / "rekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
+    assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log
+    assert run_processes("rekeyed") == []
+    group.remote.disconnect(hosts)
     done = cluster.fab("cluster.check", hosts=HOSTS)
     assert done.returncode != 0
     assert "node3: reach: host key verification failed" in done.stdout, done.stdout
