@@ -231,7 +231,8 @@ def test_down_works_without_the_state_directory():
 @needs_namespaces
 def test_a_failed_up_names_the_node_and_removes_what_it_made(monkeypatch, capsys):
     real = plan.sshd_config_text
-    monkeypatch.setattr(plan, "sshd_config_text", lambda node: real(node) + "NoSuchOption yes\n" * (node.index == 2))
+    monkeypatch.setattr(plan, "sshd_config_text",
+                        lambda node, *rest: real(node, *rest) + "NoSuchOption yes\n" * (node.index == 2))
     try:
         assert cli.main(["up", "3", "--name", "lcf"]) == 1
         assert "node2: sshd exited" in capsys.readouterr().err
