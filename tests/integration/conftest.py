@@ -71,6 +71,39 @@ class LocalCluster:
         return self.state / node
 
 
+@pytest.fixture(scope="session")
+def container_registry(tmp_path_factory):
+    """A real registry (Debian's docker-registry) on loopback for the session: its address."""
+    from testbed.registry import serving
+    with serving(tmp_path_factory.mktemp("registry")) as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def container_images(tmp_path_factory) -> Path:
+    """A fresh images folder: the container bake is made for real, never reused from the cache."""
+    return tmp_path_factory.mktemp("images")
+
+
+@pytest.fixture(scope="session")
+def container_bake(container_images, container_registry):
+    """`make image PROVIDER=docker REGISTRY=...` baked once for the session into a fresh images folder (its tests
+    and the container runs share it): (its folder, image.json). The image leaves the engine afterwards (some GB)."""
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
+        pytest.fail("no Docker engine answers on this machine (make setup starts one: scripts/docker-engine)")
+    made = subprocess.run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry],
+                          capture_output=True, text=True, timeout=3600, cwd=ROOT,
+                          env={**os.environ, "KILN_IMAGES": str(container_images)})
+    assert made.returncode == 0, f"the container bake failed:\n{made.stdout[-8000:]}\n{made.stderr[-3000:]}"
+    found = list(container_images.glob("docker-cpu-*/image.json"))
+    assert len(found) == 1, f"expected one container image record in {container_images}, found {found}"
+    record = json.loads(found[0].read_text())
+    yield found[0].parent, record
+    pushed = record.get("pushed", "").split("@")[0]
+    for name in (record["image"], *([f"{pushed}:cpu-{record['fingerprint']}"] if pushed else [])):
+        subprocess.run(["docker", "rmi", name], capture_output=True, timeout=300)
+
+
 def local_cluster_command(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed.cluster", *args], capture_output=True, text=True,
                           timeout=timeout)

@@ -35,18 +35,9 @@ KILN_PYTHON = "/opt/kiln/venv/bin/python3"
 
 
 @pytest.fixture(scope="module")
-def baked():
-    """The cpu container image (reused while its fingerprint and the engine's copy last): its image.json."""
-    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
-        pytest.fail("no Docker engine answers on this machine (make setup starts one: scripts/docker-engine)")
-    made = subprocess.run([sys.executable, "-m", "bake.image", "docker"], capture_output=True, text=True,
-                          timeout=3600, cwd=ROOT)
-    assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-2000:]
-    folder = made.stdout.strip().splitlines()[-1].rsplit(": ", 1)[1]
-    record = json.loads((Path(folder) / "image.json").read_text())
-    yield record
-    if "up to date" not in made.stdout:  # baked for this run: its GBs go (a CI clone bakes its own each time)
-        subprocess.run(["docker", "rmi", record["image"]], capture_output=True, timeout=300)
+def baked(container_bake):
+    """The cpu container image, baked for real once for the session (conftest): its image.json."""
+    return container_bake[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,40 +5,23 @@ real registry, verified by the testinfra suite through testinfra's docker backen
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
-from conftest import run
 
 from bake.matrix import read_matrix
-from testbed.registry import serving
+from kiln.paths import PROJECT as ROOT
 
-pytestmark = pytest.mark.image_bake
+pytestmark = pytest.mark.integration
 
 MATRIX = read_matrix()
 
 
-@pytest.fixture(scope="session")
-def registry(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("registry")) as address:
-        yield address
-
-
-@pytest.fixture(scope="session")
-def container_bake(images_dir, registry):
-    """`make image PROVIDER=docker REGISTRY=...` into a fresh images folder: (its folder, image.json). The image
-    is removed from the engine afterwards (each is some GB)."""
-    if run(["docker", "info"], timeout=60).returncode != 0:
-        pytest.fail("no Docker engine answers (make setup starts one: scripts/docker-engine)")
-    result = run([sys.executable, "-m", "bake.image", "docker", "--registry", registry], timeout=3600,
-                 env={"KILN_IMAGES": str(images_dir)})
-    assert result.returncode == 0, f"the container bake failed:\n{result.stdout[-8000:]}\n{result.stderr[-3000:]}"
-    found = list(images_dir.glob("docker-cpu-*/image.json"))
-    assert len(found) == 1, f"expected one container image record in {images_dir}, found {found}"
-    record = json.loads(found[0].read_text())
-    yield found[0].parent, record
-    for name in (record["image"], record.get("pushed", "").split("@")[0] + f":cpu-{record['fingerprint']}"):
-        run(["docker", "rmi", name], timeout=120)
+def run(argv: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
 
 
 def inspect(reference: str) -> dict:
@@ -71,10 +54,10 @@ def test_the_suite_passes_in_a_container_of_the_image(container_bake):
     assert "usable_by_any_user" not in result.stdout.split("short test summary")[-1], result.stdout[-3000:]
 
 
-def test_the_pushed_image_pulls_back_by_its_digest(container_bake, registry):
+def test_the_pushed_image_pulls_back_by_its_digest(container_bake, container_registry):
     _, record = container_bake
-    assert record["pushed"].startswith(f"{registry}/kiln@sha256:"), record["pushed"]
-    remote = f"{registry}/kiln:cpu-{record['fingerprint']}"
+    assert record["pushed"].startswith(f"{container_registry}/kiln@sha256:"), record["pushed"]
+    remote = f"{container_registry}/kiln:cpu-{record['fingerprint']}"
     assert run(["docker", "rmi", remote], timeout=120).returncode == 0
     pulled = run(["docker", "pull", record["pushed"]], timeout=900)
     assert pulled.returncode == 0, pulled.stderr
@@ -82,11 +65,11 @@ def test_the_pushed_image_pulls_back_by_its_digest(container_bake, registry):
     run(["docker", "tag", record["image_id"], remote], timeout=60)
 
 
-def test_an_unchanged_fingerprint_reuses_the_container_image(container_bake, images_dir, registry):
+def test_an_unchanged_fingerprint_reuses_the_container_image(container_bake, container_images, container_registry):
     folder, _ = container_bake
     before = (folder / "image.json").stat().st_mtime
-    result = run([sys.executable, "-m", "bake.image", "docker", "--registry", registry], timeout=600,
-                 env={"KILN_IMAGES": str(images_dir)})
+    result = run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry], timeout=600,
+                 env={"KILN_IMAGES": str(container_images)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "up to date" in result.stdout and str(folder) in result.stdout, result.stdout
     assert "packer build" not in result.stdout
