@@ -17,12 +17,13 @@ _SLOTS = re.compile(r"^slots=(\d+)$")
 
 @dataclass(frozen=True)
 class Host:
-    """One node as the operator reaches it. `port`/`user` None: from ssh config."""
+    """One node as the operator reaches it. `port`/`user` None: from ssh config. `slots` None: as many processes
+    as the node has GPUs (one without), decided once its facts are in (topology.resolve_slots)."""
 
     address: str
     port: int | None = None
     user: str | None = None
-    slots: int = 1
+    slots: int | None = None
 
     @property
     def is_ipv6(self) -> bool:
@@ -145,5 +146,5 @@ def with_slots(hosts: Iterable[Host], slots: int) -> list[Host]:
 
 
 def format_hostfile(hosts: Iterable[Host]) -> str:
-    """Write hosts back in hostfile form, one per line."""
-    return "".join(f"{h.endpoint()} slots={h.slots}\n" for h in hosts)
+    """Write hosts back in hostfile form, one per line (slots where they were given)."""
+    return "".join(f"{h.endpoint()}{f' slots={h.slots}' if h.slots else ''}\n" for h in hosts)

@@ -6,7 +6,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from bootstrap import commands, topology
@@ -18,6 +18,8 @@ HOROVOD_TASK = "horovodrun"
 _HOROVOD_FAILED_RANK = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOTICE_INTERVAL = 2  # seconds between the watcher's looks at the metadata service (EC2 advises 5)
+PLACEMENT_SHOWN = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "KILN_NUM_GPUS_PER_NODE", "KILN_HOST_SLOTS", "KILN_HOST_GPUS",
+                   "NCCL_SOCKET_IFNAME")
 NOTICE_GRACE = 90  # seconds a run's processes get to checkpoint after a notice (EC2 gives two minutes)
 
 
@@ -46,6 +48,7 @@ class RunPlan:
     ports: tuple[int, ...] = ()  # what the processes listen on, per host: preflight checks they are free
     checkpoint_dir: str = ""  # spread from the first node to the others before a restart
     watch_output: bool = False  # a user's program: silence counts as a stall (kiln's trainer logs its steps)
+    placement: str = ""  # how many processes on which nodes, and why (topology.placement_note)
 
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
@@ -144,6 +147,30 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
     }
 
 
+def placement_env(*, node_rank: int, nodes: int, gpus: int, local_rank: int, local_size: int) -> dict[str, str]:
+    """Where one process stands (the environment contract, README): its node among the run's nodes, the node's
+    GPU count, and its place among the processes on its node, named as torchrun names them."""
+    return {"KILN_NUM_NODES": str(nodes), "KILN_NODE_RANK": str(node_rank), "KILN_NUM_GPUS_PER_NODE": str(gpus),
+            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size)}
+
+
+def interface_env(nic: str | None) -> dict[str, str]:
+    """The interface NCCL's and Gloo's sockets use, where kiln knows it (horovodrun sets these itself)."""
+    return {"NCCL_SOCKET_IFNAME": nic, "GLOO_SOCKET_IFNAME": nic} if nic else {}
+
+
+def gpu_counts(gpus: Sequence[int] | None, hosts: int) -> list[int]:
+    return list(gpus) if gpus is not None else [0] * hosts
+
+
+def placed(launches: list[Launch], nodes: int, gpus: Sequence[int]) -> tuple[Launch, ...]:
+    """The launches with their placement variables (placement_env) added."""
+    ranks = topology.local_ranks([item.host for item in launches])
+    return tuple(replace(item, env={**item.env, **placement_env(
+        node_rank=item.host, nodes=nodes, gpus=gpus[item.host], local_rank=local, local_size=size)})
+        for item, (local, size) in zip(launches, ranks, strict=True))
+
+
 def working_dir(program: Program, paths: NodePaths) -> str:
     return paths.code if program.is_user else paths.lib
 
@@ -156,12 +183,12 @@ def entry_argv(program: Program, python: str, strategy: str, run_dir: str) -> li
 
 
 def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
-                 program: Program, nic: str | None, mpi: bool = False) -> RunPlan:
-    """One horovodrun on the first node over a generated hostfile."""
+                 program: Program, nic: str | None, mpi: bool = False, gpus: Sequence[int] | None = None) -> RunPlan:
+    """One horovodrun on the first node over a generated hostfile. Every rank starts through kiln's kiln-rank
+    shim, which gives it its placement variables (from the hosts' slots and GPU counts, as the hostfile fills
+    them) and, for a user's program, its own KILN_OUTPUT_DIR (output/rank-N)."""
     run_dir = paths.run(run_id)
-    entry = entry_argv(program, python, "horovod", run_dir)
-    if program.is_user:  # each rank gets its own KILN_OUTPUT_DIR (output/rank-N)
-        entry = [f"{paths.lib}/shim/kiln-rank", *entry]
+    entry = [f"{paths.lib}/shim/kiln-rank", *entry_argv(program, python, "horovod", run_dir)]
     # horovodrun through kiln's shim/horovodrun.py: its build check answered from a per-install cache.
     horovodrun = [python, f"{paths.lib}/shim/horovodrun.py"]
     # On one node horovodrun talks over loopback and refuses any other interface; with one process
@@ -169,7 +196,10 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
     argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=f"{run_dir}/hostfile", entry=entry,
                                     nic=nic if len(names) > 1 else None, mpi=mpi,
                                     output_dir=f"{run_dir}/ranks" if sum(slots) > 1 else None)
-    launch = Launch(0, HOROVOD_TASK, tuple(argv), process_env(run_id, python, paths, program),
+    env = {**process_env(run_id, python, paths, program), "KILN_NUM_NODES": str(len(names)),
+           "KILN_HOST_SLOTS": ",".join(map(str, slots)),
+           "KILN_HOST_GPUS": ",".join(map(str, gpu_counts(gpus, len(names))))}
+    launch = Launch(0, HOROVOD_TASK, tuple(argv), env,
                     {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)}, working_dir(program, paths))
     return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),
                    tuple(topology.horovod_rank_hosts(names, slots)), checkpoint_dir=checkpoint_dir(program, run_dir),
@@ -177,19 +207,22 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
 
 
 def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: NodePaths,
-                   program: Program) -> RunPlan:
-    """One process per role, each with its own TF_CONFIG and output folder."""
+                   program: Program, nic: str | None = None, gpus: Sequence[int] | None = None) -> RunPlan:
+    """One process per role, each with its own TF_CONFIG and output folder, and the interface its collectives
+    use (`nic`)."""
     strategy = "ps" if any(p.role == "ps" for p in topo.processes) else "multiworker"
     run_dir = paths.run(run_id)
     launches = []
     for process in topo.processes:
         env = process_env(run_id, python, paths, program)
         env.update({"KILN_TASK": process.task, "KILN_OUTPUT_DIR": f"{env['KILN_OUTPUT_DIR']}/{process.task}",
-                    "TF_CONFIG": json.dumps(topology.tf_config(topo, process), separators=(",", ":"))})
+                    "TF_CONFIG": json.dumps(topology.tf_config(topo, process), separators=(",", ":")),
+                    **interface_env(nic)})
         launches.append(Launch(process.host, process.task, tuple(entry_argv(program, python, strategy, run_dir)),
                                env, cwd=working_dir(program, paths)))
     finishing = tuple(p.task for p in topology.finishing_tasks(topo))
-    return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing,
+    return RunPlan(run_id, "tf-config", topo.names, placed(launches, len(topo.names),
+                                                            gpu_counts(gpus, len(topo.names))), finishing,
                    ports=tuple(sorted({p.port for p in topo.processes})),
                    checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user)
 
@@ -212,11 +245,13 @@ def spread(count: int, slots: Sequence[int]) -> list[int]:
     return [seats[i % len(seats)] for i in range(count)]
 
 
-def plan_processes(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
-                   program: Program, processes: int = 0, inputs: Sequence[str] | None = None) -> RunPlan:
+def plan_processes(run_id: str, names: Sequence[str], asked: Sequence[int | None], *, python: str,
+                   paths: NodePaths, program: Program, processes: int = 0, inputs: Sequence[str] | None = None,
+                   gpus: Sequence[int] | None = None) -> RunPlan:
     """`kiln run`: the user's command as `processes` independent processes over the hosts (default: one per
-    slot), each told its shard (KILN_SHARD_INDEX/COUNT) and, with `inputs`, given its part of them as a file
-    (KILN_SHARD_INPUTS, one item per line)."""
+    slot; a host's slots as `asked`, else one per GPU), each told its shard (KILN_SHARD_INDEX/COUNT) and, with
+    `inputs`, given its part of them as a file (KILN_SHARD_INPUTS, one item per line)."""
+    slots = topology.resolve_slots("run", asked, gpus)
     count = processes or sum(slots)
     run_dir = paths.run(run_id)
     parts = shard(inputs, count) if inputs is not None else None
@@ -232,8 +267,10 @@ def plan_processes(run_id: str, names: Sequence[str], slots: Sequence[int], *, p
             files[env["KILN_SHARD_INPUTS"]] = "".join(f"{item}\n" for item in parts[index])
         launches.append(Launch(host, task, tuple(user_argv(program.argv, python)), env, files,
                                working_dir(program, paths)))
-    return RunPlan(run_id, "run", tuple(names), tuple(launches), tuple(item.task for item in launches),
-                   checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=True)
+    return RunPlan(run_id, "run", tuple(names), placed(launches, len(names), gpu_counts(gpus, len(names))),
+                   tuple(item.task for item in launches),
+                   checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=True,
+                   placement=topology.placement_note("run", names, asked, slots, gpus))
 
 
 @dataclass(frozen=True)
@@ -243,7 +280,7 @@ class RunSpec:
     run_id: str
     mode: str
     names: tuple[str, ...]
-    slots: tuple[int, ...]
+    slots: tuple[int | None, ...]  # as asked: None where the node's GPUs decide (topology.resolve_slots)
     python: str
     root: str
     program: Program = Program()
@@ -253,17 +290,23 @@ class RunSpec:
     evaluator: bool = False
     mpi: bool = False
     base_port: int = topology.DEFAULT_BASE_PORT
+    gpus: tuple[int, ...] | None = None  # each node's GPU count (its facts); None: not known yet (a dry run)
 
 
 def plan_run(spec: RunSpec) -> RunPlan:
     """Everything the run starts, with its ports, decided once (pure)."""
     paths = NodePaths(spec.root)
+    slots = topology.resolve_slots(spec.mode, spec.slots, spec.gpus)
+    note = topology.placement_note(spec.mode, spec.names, spec.slots, slots, spec.gpus)
     if spec.mode == "horovod":
-        return plan_horovod(spec.run_id, spec.names, spec.slots, python=spec.python, paths=paths,
-                            program=spec.program, nic=spec.nic, mpi=spec.mpi)
-    topo = topology.plan_tf_config(list(spec.names), list(spec.slots), ps=spec.ps, chief=spec.chief,
-                                   evaluator=spec.evaluator, base_port=spec.base_port)
-    return plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, program=spec.program)
+        plan = plan_horovod(spec.run_id, spec.names, slots, python=spec.python, paths=paths,
+                            program=spec.program, nic=spec.nic, mpi=spec.mpi, gpus=spec.gpus)
+    else:
+        topo = topology.plan_tf_config(list(spec.names), list(slots), ps=spec.ps, chief=spec.chief,
+                                       evaluator=spec.evaluator, base_port=spec.base_port)
+        plan = plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, program=spec.program,
+                              nic=spec.nic, gpus=spec.gpus)
+    return replace(plan, placement=note)
 
 
 def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
@@ -297,11 +340,16 @@ def watcher_command(run_id: str, python: str, paths: NodePaths, timeout: float, 
 def describe_plan(plan: RunPlan, hosts: Sequence[Host]) -> str:
     """The plan as a person reads it (`--dry-run`)."""
     lines = [f"run {plan.run_id}: mode {plan.mode}, {len(hosts)} host(s)"]
+    if plan.placement:
+        lines.append(plan.placement)
     for launch in plan.launches:
         lines.append(f"[{hosts[launch.host].label} as {plan.names[launch.host]}] {launch.task}")
         for key, value in launch.env.items():
             if key in ("TF_CONFIG", "KILN_RUN_ID"):
                 lines.append(f"    {key}={value}")
+        shown = [f"{key}={launch.env[key]}" for key in PLACEMENT_SHOWN if key in launch.env]
+        if shown:
+            lines.append("    " + " ".join(shown))
         lines.append("    " + shlex.join(launch.argv))
         for path, text in launch.files.items():
             lines.append(f"    file {path}:")

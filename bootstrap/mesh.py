@@ -25,6 +25,11 @@ class Node:
     facts: dict
 
 
+def gpu_counts(nodes: Sequence[Node]) -> tuple[int, ...]:
+    """Each node's GPU count, from its facts (/dev/nvidiaN; 0 without)."""
+    return tuple(int(node.facts.get("gpus", 0)) for node in nodes)
+
+
 def default_cluster_name(hosts: Sequence[Host], ssh_config: str | None) -> str:
     """A stable name for an unnamed cluster, from its host list and ssh config."""
     identity = "\n".join([ssh_config or "", *(h.endpoint() for h in hosts)])

@@ -35,6 +35,7 @@ def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePath
                 group.check_program(launch.program_check(program, group.python, paths))
         if idle_minutes:
             group.autostop(autostop.agent_args(idle_minutes, provider.kind), [r.new for r in replaced])
-        return replaced, launch.plan_run(replace(spec, names=tuple(n.name for n in nodes)))
+        return replaced, launch.plan_run(replace(spec, names=tuple(n.name for n in nodes),
+                                                 gpus=mesh.gpu_counts(nodes)))
 
     return recover

@@ -66,7 +66,7 @@ def host_to_json(host: Host) -> dict:
 
 
 def host_from_json(data: dict) -> Host:
-    return Host(data["address"], data.get("port"), data.get("user"), data.get("slots", 1))
+    return Host(data["address"], data.get("port"), data.get("user"), data.get("slots"))
 
 
 # ---------------------------------------------------------------- clusters

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -106,6 +107,57 @@ def finishing_tasks(topology: Topology) -> list[Process]:
     roles = {p.role for p in topology.processes}
     ending = ("chief", "evaluator") if "ps" in roles else ("chief", "worker", "evaluator")
     return [p for p in topology.processes if p.role in ending]
+
+
+def resolve_slots(mode: str, asked: Sequence[int | None], gpus: Sequence[int] | None) -> tuple[int, ...]:
+    """Processes per host: what was asked (--slots, a hostfile's slots=N), else one per GPU in horovod mode and
+    kiln run (one on a node without GPUs, and while the nodes' GPUs are not known: `gpus` None), one in tf-config
+    mode (MultiWorkerMirroredStrategy drives every GPU of its node from one process)."""
+    counts = gpus if gpus is not None else [0] * len(asked)
+    if len(counts) != len(asked):
+        raise TopologyError("every host needs a GPU count")
+    per_gpu = mode != "tf-config"
+    return tuple(slots or (max(count, 1) if per_gpu else 1) for slots, count in zip(asked, counts, strict=True))
+
+
+def local_ranks(hosts: Sequence[int]) -> list[tuple[int, int]]:
+    """(local rank, local size) of each process, given each process's host: its place among the processes on
+    its host, in order, and how many there are."""
+    sizes = Counter(hosts)
+    seen: Counter[int] = Counter()
+    ranks = []
+    for host in hosts:
+        ranks.append((seen[host], sizes[host]))
+        seen[host] += 1
+    return ranks
+
+
+def placement_note(mode: str, names: Sequence[str], asked: Sequence[int | None], slots: Sequence[int],
+                   gpus: Sequence[int] | None) -> str:
+    """The placement as a person reads it: how many processes on which nodes, and why."""
+    if gpus is None:
+        known = "GPUs counted when the nodes connect"
+        counts: Sequence[int | None] = [None] * len(names)
+    else:
+        known, counts = "", gpus
+    groups: dict[tuple[int, int | None, bool], list[str]] = {}
+    for name, wanted, count, gpu_count in zip(names, asked, slots, counts, strict=True):
+        groups.setdefault((count, gpu_count, wanted is not None), []).append(name)
+    parts = []
+    for (count, gpu_count, given), members in groups.items():
+        where = ", ".join(members) if len(members) <= 4 else f"{members[0]} ... {members[-1]} ({len(members)} nodes)"
+        has = "" if gpu_count is None else f", {gpu_count} GPU(s)" if gpu_count else ", no GPUs"
+        why = "as given" if given else "one per GPU" if mode != "tf-config" and gpu_count else ""
+        parts.append(f"{count} process(es) on {where}{has}{f' ({why})' if why else ''}")
+    lines = ["placement: " + "; ".join(parts)]
+    if len(groups) > 1:
+        lines.append("  the nodes differ: each gets its own count (the hostfile's slots)")
+    if mode == "tf-config":
+        lines.append("  tf-config: one worker per node unless --slots says otherwise; MultiWorkerMirroredStrategy "
+                     "uses every GPU of its node")
+    if known and mode != "tf-config":
+        lines.append(f"  {known}: where no slots were given, a node with GPUs gets one process per GPU")
+    return "\n".join(lines)
 
 
 def horovod_hostfile(names: Sequence[str], slots: Sequence[int]) -> str:

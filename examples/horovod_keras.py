@@ -2,7 +2,9 @@
 
     kiln -H h1,h2,h3 train -- python horovod_keras.py --epochs 3
 
-horovodrun runs this on every rank over kiln's hostfile and pinned SSH; each rank reads its own shard.
+horovodrun runs this on every rank over kiln's hostfile and pinned SSH; each rank reads its own shard. On nodes with
+GPUs kiln starts one rank per GPU, and each rank makes only its own GPU visible first thing, as Horovod's examples
+do (without that every rank of a node would land on GPU 0).
 Horovod 0.28's Keras callbacks import the standalone `keras` package, which is Keras 3 beside TensorFlow 2.16+;
 they work with the legacy Keras that tf.keras is under kiln (TF_USE_LEGACY_KERAS=1), so `keras` is bound to it
 before Horovod is imported.
@@ -23,12 +25,27 @@ import horovod.tensorflow.keras as hvd  # noqa: E402  (after binding keras, abov
 FEATURES = 20
 
 
+def visible_gpu(local_rank: int, gpus: int) -> int | None:
+    """The one GPU this rank uses: its local rank's (more ranks than GPUs share them in turn); None without."""
+    return local_rank % gpus if gpus else None
+
+
+def use_local_gpu(local_rank: int) -> None:
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    index = visible_gpu(local_rank, len(gpus))
+    if index is not None:
+        tf.config.set_visible_devices(gpus[index], "GPU")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
 
     hvd.init()
+    use_local_gpu(hvd.local_rank())
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3072, FEATURES)).astype("float32")
     y = (x @ rng.normal(size=FEATURES) > 0).astype("int32")

@@ -22,14 +22,16 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer.plan import ResumePlan, checkpoint_due
+from trainer.plan import ResumePlan, StopSchedule, checkpoint_due, step_pace, stop_interval
 
 MAX_TO_KEEP = 2
 PREFIX = "ckpt"
@@ -105,12 +107,22 @@ class Checkpoints:
             self._manager.save(checkpoint_number=step)
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """How a job's processes decide together (Horovod's collectives): ``stop`` turns each one's stop request into
+    the job's decision (any request stops all), ``pace`` each one's seconds per step into one shared figure."""
+
+    stop: Callable[[bool], bool]
+    pace: Callable[[float], float]
+
+
 class CheckpointCallback(keras.callbacks.Callback):
     """Count global steps from ``resume.start_step``, checkpoint when due, stop
     ``fit`` at the planned total, and stop after a checkpoint on SIGTERM.
 
-    ``agree`` turns this process's stop request into the job's decision (Horovod:
-    any rank's request stops every rank at the same step); by default it is local.
+    ``agreement`` turns this process's stop request into the job's decision (Horovod:
+    any rank's request stops every rank at the same step), on the steps a
+    StopSchedule names; without one the decision is local, every step.
     """
 
     def __init__(
@@ -121,7 +133,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         every: int,
         steps_per_epoch: int,
         stop: StopFlag | None = None,
-        agree: Callable[[bool], bool] | None = None,
+        agreement: Agreement | None = None,
     ):
         super().__init__()
         # It never reads the logs, so ParameterServerStrategy may call it per step.
@@ -131,14 +143,16 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._every = every
         self._steps_per_epoch = steps_per_epoch
         self._stop = stop
-        self._agree = agree or (lambda requested: requested)
+        self._agreement = agreement
+        self._schedule = StopSchedule(resume.start_step)
+        self._ends: list[float] = []
         self.step = resume.start_step
         self.preempted = False
         self._saved_step = -1
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.step += 1
-        preempt = self._agree(self._stop is not None and self._stop.requested)
+        preempt = self._decide(self._stop is not None and self._stop.requested)
         due = checkpoint_due(self.step, every=self._every, steps_per_epoch=self._steps_per_epoch,
                              total_steps=self._total)
         if due or preempt:
@@ -147,6 +161,18 @@ class CheckpointCallback(keras.callbacks.Callback):
             self.preempted = True
         if preempt or self.step >= self._total:
             self.model.stop_training = True
+
+    def _decide(self, requested: bool) -> bool:
+        """Whether the job stops after this step: this process's request alone, or the ranks' agreement on the
+        steps the schedule names (every rank reaches the same collectives in the same order)."""
+        if self._agreement is None:
+            return requested
+        schedule = self._schedule
+        if schedule.measuring(self.step):
+            self._ends.append(time.monotonic())
+        if schedule.measured(self.step):
+            schedule.interval = stop_interval(self._agreement.pace(step_pace(self._ends)))
+        return self._agreement.stop(requested) if schedule.due(self.step) else False
 
     def _save(self) -> None:
         coordinator = getattr(self.model, "_cluster_coordinator", None)

@@ -4,6 +4,8 @@ layout (pure: no TensorFlow)."""
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainer.config import TrainConfig
@@ -125,3 +127,46 @@ def checkpoint_due(step: int, *, every: int, steps_per_epoch: int, total_steps: 
         return True
     interval = every or steps_per_epoch
     return step % interval == 0
+
+
+# Horovod's ranks agree on stopping (a SIGTERM on any of them) with a collective. Agreeing every step halved the
+# 1-node throughput of a small model (bench/throughput.py), so after STOP_WARMUP steps agreed one by one while
+# their pace is measured, the ranks agree about every STOP_LATENCY seconds at that pace: a notice's stop then
+# comes that much later at most (well inside EC2's two minutes and Azure's 30 s), unless steps slow down later.
+STOP_LATENCY = 2.0
+STOP_WARMUP = 10
+STOP_MAX_INTERVAL = 1000
+
+
+def stop_interval(step_seconds: float, latency: float = STOP_LATENCY, cap: int = STOP_MAX_INTERVAL) -> int:
+    """Steps between two agreements on stopping, so that one comes about every ``latency`` seconds at
+    ``step_seconds`` a step: at least 1, at most ``cap``."""
+    if step_seconds <= 0:
+        return cap
+    return max(1, min(cap, int(latency / step_seconds)))
+
+
+def step_pace(ends: Sequence[float]) -> float:
+    """Seconds per step from the times steps ended: the median gap, the first step's left out (it traces)."""
+    gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)][1:]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+@dataclass
+class StopSchedule:
+    """At which global steps the ranks agree on stopping: each of the first ``warmup`` steps after ``start``,
+    then every ``interval`` steps (set once the pace is agreed, at the ``warmup``-th step)."""
+
+    start: int
+    warmup: int = STOP_WARMUP
+    interval: int = 1
+
+    def measuring(self, step: int) -> bool:
+        return step - self.start <= self.warmup
+
+    def measured(self, step: int) -> bool:
+        return step - self.start == self.warmup
+
+    def due(self, step: int) -> bool:
+        done = step - self.start
+        return done <= self.warmup or (done - self.warmup) % self.interval == 0

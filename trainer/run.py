@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from trainer import data, evaluator, lineage, report, storage, strategies
-from trainer.checkpoints import CheckpointCallback, Checkpoints, Preempted, StopFlag
+from trainer.checkpoints import Agreement, CheckpointCallback, Checkpoints, Preempted, StopFlag
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
 from trainer.config import TrainConfig
 from trainer.idrecord import IdRecorder
@@ -32,12 +32,10 @@ class Setup:
     wrap_optimizer: Callable[[Any], Any] | None = None
     callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
     # Turns this process's SIGTERM into the job's decision to stop (None: local).
-    agree_to_stop: Callable[[bool], bool] | None = None
+    agreement: Agreement | None = None
 
 
-def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder | None) -> Setup:
-    hvd = strategies.import_horovod()
-    hvd.init()
+def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder | None, hvd: Any) -> Setup:
     plan = plan_training(config, replicas_for("horovod", hvd.size()), split.train_size)
     task = horovod_task(hvd.rank())
     dataset = data.train_dataset(
@@ -59,8 +57,13 @@ def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder 
             # Before MetricsLogger, so the epoch loss it reports is the ranks' mean.
             hvd.callbacks.MetricAverageCallback(),
         ],
-        agree_to_stop=lambda requested: bool(
-            hvd.allreduce(tf.constant(int(requested)), op=hvd.Sum, name="trainer_stop").numpy() > 0
+        agreement=Agreement(
+            stop=lambda requested: bool(
+                hvd.allreduce(tf.constant(int(requested)), op=hvd.Sum, name="trainer_stop").numpy() > 0
+            ),
+            pace=lambda seconds: float(
+                hvd.allreduce(tf.constant(seconds, tf.float64), op=hvd.Average, name="trainer_pace").numpy()
+            ),
         ),
     )
 
@@ -111,6 +114,10 @@ def train(
     return; the evaluator waits for the chief's model and evaluates it.
     Returns the result record, also written to ``result.<task>.json``.
     """
+    # Devices first: a process's visible GPUs are fixed before TensorFlow first touches them.
+    hvd = strategies.start_horovod() if config.strategy == "horovod" else None
+    if config.strategy in ("multiworker", "mirrored"):
+        strategies.grow_gpu_memory()
     keras.utils.set_random_seed(config.seed)
     tf.config.experimental.enable_op_determinism()
     if task is not None and task.type == "evaluator":
@@ -125,7 +132,7 @@ def train(
     split = data.shard_split(data.load_split(config.data, config.seed), config.shard)
     recorder = IdRecorder() if config.record_ids else None
     if config.strategy == "horovod":
-        setup = _setup_horovod(config, split, recorder)
+        setup = _setup_horovod(config, split, recorder, hvd)
     else:
         assert task is not None
         setup = _setup_tf_distribute(config, split, task, cluster, recorder)
@@ -160,7 +167,7 @@ def train(
         every=config.checkpoint_every,
         steps_per_epoch=plan.steps_per_epoch,
         stop=stop,
-        agree=setup.agree_to_stop,
+        agreement=setup.agreement,
     )
     summary = None
     try:

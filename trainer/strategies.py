@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from trainer import report
+from trainer import devices, report
 from trainer.cluster import Task
 
 
@@ -26,10 +26,30 @@ def mirrored() -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy()
 
 
+def grow_gpu_memory() -> list:
+    """Let every visible GPU's memory grow as needed (not all of it taken at once); the GPUs."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    return gpus
+
+
+def use_local_gpu(local_rank: int) -> None:
+    """Make only this rank's GPU visible (devices.visible_gpu), its memory growing as needed."""
+    gpus = grow_gpu_memory()
+    index = devices.visible_gpu(local_rank, len(gpus))
+    if index is not None:
+        tf.config.set_visible_devices(gpus[index], "GPU")
+
+
 def multiworker() -> tf.distribute.MultiWorkerMirroredStrategy:
-    """Synchronous data parallelism across the workers TF_CONFIG names."""
+    """Synchronous data parallelism across the workers TF_CONFIG names, over every GPU of each worker's node
+    (NCCL's collectives between them; gRPC's ring on CPUs)."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    implementation = devices.collective_implementation(len(tf.config.list_physical_devices("GPU")))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
     # TF's coordination service catches SIGTERM (a preemption notice for
     # PreemptionCheckpointHandler, which this trainer does not use), so a worker
     # would ignore a launcher's stop. Give SIGTERM back its default: terminate.
@@ -84,6 +104,14 @@ def import_horovod() -> ModuleType:
     sys.modules["keras"] = tf_keras
     import horovod.tensorflow.keras as hvd
 
+    return hvd
+
+
+def start_horovod() -> ModuleType:
+    """Horovod initialised, this rank on its own GPU (its local rank's): ``horovod.tensorflow.keras``."""
+    hvd = import_horovod()
+    hvd.init()
+    use_local_gpu(hvd.local_rank())
     return hvd
 
 

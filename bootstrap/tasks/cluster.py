@@ -27,7 +27,8 @@ from kiln.gpu import probe
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
     "cluster": "the cluster's name; its key and pinned host keys live in ~/.kiln/clusters/NAME",
-    "slots": "processes per host (default: 1 for -H, the hostfile's slots=N)",
+    "slots": "processes per host (default: the hostfile's slots=N, else one per GPU in horovod mode and kiln run, "
+             "one per host without GPUs and in tf-config mode)",
     "python": "the Python on the nodes with TensorFlow and Horovod (default: this Python's path)",
     "fanout": "talk to at most this many hosts at once (default 64)",
     "accept_new_host_keys": "trust and record host keys seen for the first time (default: refuse unknown keys)",
@@ -48,7 +49,8 @@ def host_list(c, hostfile: str | None, slots: int | None, saved: state.ClusterRe
         found = hostlists.parse_hostfile(text, source=hostfile)
         return hostlists.with_slots(found, slots) if slots else found
     if given:
-        return hostlists.with_slots(hostlists.parse_host_list(given), slots or 1)
+        found = hostlists.parse_host_list(given)
+        return hostlists.with_slots(found, slots) if slots else found
     if saved:
         return hostlists.with_slots(saved.hosts, slots) if slots else list(saved.hosts)
     raise UsageError("no hosts: give them with -H h1,h2,..., --hostfile FILE, or --cluster NAME "
@@ -314,7 +316,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         paths = launch.NodePaths(same_root(group))
         runtime, processes_python = choose_runtime(group, image, paths, spec.run_id, program, python, timeline)
         spec = replace(spec, names=tuple(n.name for n in nodes), python=processes_python, root=paths.root,
-                       nic=nic or topology.common_interface({n.name: n.iface for n in nodes}))
+                       nic=nic or topology.common_interface({n.name: n.iface for n in nodes}),
+                       gpus=mesh.gpu_counts(nodes))
         recover = recoverer(group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
                             check_on_nodes=not image) if managed else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
@@ -371,6 +374,8 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     with timeline.phase("start"):
         supervisor.start()
     print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(group.hosts)} host(s)", flush=True)
+    if plan.placement:
+        print(plan.placement, flush=True)
     if detach:
         print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
         return
@@ -417,10 +422,10 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
     if image:
         check_reference(image)
 
-    def plan_for(names, python_path: str, root: str) -> launch.RunPlan:
+    def plan_for(names, python_path: str, root: str, gpus: tuple[int, ...] | None = None) -> launch.RunPlan:
         return launch.plan_processes(run_id, names, [h.slots for h in goal.hosts], python=python_path,
                                      paths=launch.NodePaths(root), program=program, processes=int(processes),
-                                     inputs=items)
+                                     inputs=items, gpus=gpus)
 
     if dry_run:
         print(launch.describe_plan(plan_for([h.address for h in goal.hosts], goal.python, f"~/{REMOTE_ROOT}"),
@@ -430,7 +435,7 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
     group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     paths = launch.NodePaths(same_root(group))
     runtime, processes_python = choose_runtime(group, image, paths, run_id, program, python, timeline)
-    plan = plan_for([n.name for n in nodes], processes_python, paths.root)
+    plan = plan_for([n.name for n in nodes], processes_python, paths.root, mesh.gpu_counts(nodes))
     start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=1.0 if float(stall_minimum) else 0.0,
                     stall_minimum=float(stall_minimum), timeline=timeline, runtime=runtime, python=processes_python)

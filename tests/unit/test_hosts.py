@@ -57,6 +57,7 @@ def test_hostfile_with_slots_comments_and_blank_lines():
         Host("node2", 2222, "ubuntu", 2),
         Host("::1"),
     ]
+    assert parse_hostfile("node1\n")[0].slots is None, "no slots=N: the node's GPUs decide"
 
 
 @pytest.mark.parametrize(
@@ -78,7 +79,7 @@ def test_malformed_hostfile_names_file_and_line(text, message):
 def test_labels_and_round_trip_through_a_hostfile():
     hosts = [Host("fe80::1", 22, "root", 2), Host("node2")]
     assert [h.label for h in hosts] == ["[fe80::1]:22", "node2"]
-    assert format_hostfile(hosts) == "root@[fe80::1]:22 slots=2\nnode2 slots=1\n"
+    assert format_hostfile(hosts) == "root@[fe80::1]:22 slots=2\nnode2\n"  # node2's GPUs decide its slots
     assert parse_hostfile(format_hostfile(hosts)) == hosts
 
 
