@@ -16,8 +16,8 @@ from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
 from bootstrap.mesh import Node
 from bootstrap.ssh import Remote, default_control_dir
+from kiln.gpu import allreduce, collective, dcgm, health, probe
 from kiln.gpu import facts as gpufacts
-from kiln.gpu import health, probe
 
 REMOTE_ROOT = "kiln"
 
@@ -113,11 +113,11 @@ class Cluster:
         return [entry.name for entry in saved]
 
     def preflight(self, ports: Sequence[int] = (), probes: int = 8, gpu_framework: str | None = None,
-                  frameworks: bool = True) -> tuple[str, bool]:
+                  frameworks: bool = True, deep: bool = False) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
         otherwise); `probes` nodes log in to the next one; with `gpu_framework`, the
-        GPU health check too; without `frameworks`, the nodes' own TensorFlow and Horovod are
-        not asked for (a run in a container image brings its own). (table, all passed)"""
+        GPU health check too (with `deep`, DCGM's diagnostics as well); without `frameworks`, the nodes' own
+        TensorFlow and Horovod are not asked for (a run in a container image brings its own). (table, all passed)"""
         def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
             edges = preflight.ring_probes(len(self.hosts), probes) if names else []
             targets = {self.hosts[a]: names[b] for a, b in edges}
@@ -139,7 +139,7 @@ class Cluster:
         findings += preflight.check_probes(self.nodes)
         checks, summary = preflight.CHECKS, []
         if gpu_framework is not None:
-            reports, lost = self.gpu_reports(framework=gpu_framework)
+            reports, lost = self.gpu_reports(framework=gpu_framework, deep=deep)
             unreachable.update({h: r for h, r in lost.items() if h not in unreachable})
             findings += [preflight.Finding(label, "gpu", problem)
                          for label, problems in health.judge_cluster(reports).items() for problem in problems]
@@ -148,10 +148,11 @@ class Cluster:
         table = preflight.format_table(labels, findings, {h.label: r for h, r in unreachable.items()}, checks)
         return "\n".join([table, *summary]), not findings and not unreachable
 
-    def gpu_reports(self, *, framework: str = "auto", timeout: float = 600) -> tuple[list[health.NodeReport],
-                                                                                   dict[Host, str]]:
-        """Every node's GPU facts, and its probe's figures where it has GPUs (kiln.gpu.probe with the nodes'
-        Python and framework); (reports in host order, unreachable reasons)."""
+    def gpu_reports(self, *, framework: str = "auto", timeout: float = 600,
+                    deep: bool = False) -> tuple[list[health.NodeReport], dict[Host, str]]:
+        """Every node's GPU facts, and where it has GPUs its probe's figures (kiln.gpu.probe with the nodes'
+        Python and framework), an all-reduce over its GPUs where it has several (kiln.gpu.allreduce), and with
+        `deep` DCGM's diagnostics; (reports in host order, unreachable reasons)."""
         argv = probe.remote_argv(self.python, framework)
 
         def gather(host: Host) -> health.NodeReport:
@@ -160,7 +161,18 @@ class Cluster:
             if not found["gpus"]:
                 return health.NodeReport(host.label, found)
             result = self.remote.run(host, argv, timeout=timeout)
-            return health.NodeReport(host.label, found, probe.read_result(result.code, result.stdout, result.stderr))
+            measured = probe.read_result(result.code, result.stdout, result.stderr)
+            reduced = None
+            if len(found["gpus"]) > 1:  # an all-reduce over the node's own GPUs: NVLink or PCIe as they are
+                size = collective.max_bytes([gpu["memory_mib"].get("total") for gpu in found["gpus"]])
+                done = self.remote.run(host, allreduce.remote_argv(self.python, len(found["gpus"]), size),
+                                       timeout=timeout)
+                reduced = probe.read_result(done.code, done.stdout, done.stderr)
+            diagnosed = None
+            if deep:
+                done = self.remote.run(host, ["sh", "-c", dcgm.COMMAND], timeout=timeout)
+                diagnosed = done.stdout + done.stderr
+            return health.NodeReport(host.label, found, measured, reduced, diagnosed)
 
         reports, unreachable = self.remote.map(self.hosts, gather)
         return [reports[h] for h in self.hosts if h in reports], unreachable

@@ -147,16 +147,21 @@ def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
 @cluster_task(help={**HOST_HELP, "ports": "comma-separated ports that must be free on every node",
                     "probes": "how many nodes prove the mesh by logging in to the next (default 8, 0: none)",
                     "gpu": "also check the GPUs: same model and count everywhere, driver, ECC, pending repairs, "
-                           "Xid events, and bandwidth and matmul speed against the model's data sheet",
+                           "Xid events by what they ask of the node, bandwidth and matmul speed against the "
+                           "model's data sheet, and all-reduce bus bandwidth over each node's GPUs against its "
+                           "floor and the other nodes",
+                    "deep": "with --gpu: also run NVIDIA DCGM's diagnostics (dcgmi diag -r 1) on every node",
                     "gpu_framework": "what measures the GPUs: auto (the first of tensorflow, torch, jax, cupy "
                                      "the nodes' Python has) or one of them"})
 def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=8, gpu=False,
-          gpu_framework="auto", accept_new_host_keys=False, dry_run=False):
+          gpu_framework="auto", deep=False, accept_new_host_keys=False, dry_run=False):
     """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh (and, with
     --gpu, the GPUs' health and speed)."""
     frameworks = ("auto", *probe.FRAMEWORKS)
     if gpu_framework not in frameworks:
         raise UsageError(f"--gpu-framework {gpu_framework!r}: one of {', '.join(frameworks)}")
+    if deep and not gpu:
+        raise UsageError("--deep goes with --gpu: kiln check --gpu --deep")
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=python)
     wanted_ports = parse_ports(ports)
     if dry_run:
@@ -165,7 +170,7 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
         return
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     table, passed = group.preflight(ports=wanted_ports, probes=int(probes),
-                                    gpu_framework=gpu_framework if gpu else None)
+                                    gpu_framework=gpu_framework if gpu else None, deep=deep)
     print(table)
     if not passed:
         raise KilnError("preflight failed (see the table above)")

@@ -258,6 +258,55 @@ def parse_xid(text: str) -> list[dict[str, str | int]]:
     return events
 
 
+# What an Xid event means for the node, by NVIDIA's Xid catalog's "Resolution Bucket (Immediate Action)" (r590),
+# as awslabs/awsome-distributed-ai's GPU cluster health check encodes it
+# (4.validation_and_observability/2.gpu-cluster-healthcheck/checks/0-nvidia-smi-check.sh): the program's own
+# fault (restart the program; the node is fine), reset the GPU, reboot the node, replace the node, or a record
+# that asks for nothing now. Codes not listed are judged as "unknown" (a problem: see NVIDIA's catalog).
+XID_APPLICATION, XID_RESET, XID_REBOOT, XID_REPLACE, XID_RECORD = (
+    "an application error (restart the program; the node is fine)", "reset the GPU", "reboot the node",
+    "replace the node", "recorded, no action now")
+XID_CLASSES = {
+    8: XID_APPLICATION, 11: XID_APPLICATION, 13: XID_APPLICATION, 31: XID_APPLICATION, 43: XID_APPLICATION,
+    94: XID_APPLICATION, 126: XID_APPLICATION,
+    48: XID_RESET, 64: XID_RESET, 74: XID_RESET, 95: XID_RESET, 109: XID_RESET, 110: XID_RESET, 119: XID_RESET,
+    120: XID_RESET, 136: XID_RESET, 140: XID_RESET, 143: XID_RESET, 155: XID_RESET, 156: XID_RESET,
+    158: XID_RESET,
+    79: XID_REBOOT, 151: XID_REBOOT, 168: XID_REBOOT,
+    54: XID_REPLACE,
+    63: XID_RECORD, 92: XID_RECORD, 121: XID_RECORD, 162: XID_RECORD, 163: XID_RECORD, 164: XID_RECORD,
+    165: XID_RECORD,
+}
+NODE_FINE = (XID_APPLICATION, XID_RECORD)
+_RECOVERY = re.compile(r"recovery action changed from .* to 0x[0-9a-f]+ \(([^)]*)\)", re.IGNORECASE)
+
+
+def xid_class(code: int, text: str = "") -> str:
+    """What Xid `code` asks of the node (XID_CLASSES); Xid 154 says it itself: `GPU recovery action changed from
+    0x0 (None) to 0x1 (GPU Reset Required)`."""
+    if code == 154:
+        match = _RECOVERY.search(text)
+        action = match.group(1).lower() if match else ""
+        if "reboot" in action:
+            return XID_REBOOT
+        if "reset" in action or "drain" in action:
+            return XID_RESET
+        if action == "none":
+            return XID_RECORD
+    return XID_CLASSES.get(code, "unknown (see NVIDIA's Xid catalog)")
+
+
+def xid_findings(facts: dict) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the kernel log's Xid events: those that ask something of the node are problems;
+    a program's own fault and a mere record are notes."""
+    found, notes = [], []
+    for event in facts.get("xid", {}).get("events", []):
+        kind = xid_class(int(event["xid"]), str(event["text"]))
+        line = f"Xid {event['xid']} on {event['pci']}: {event['text']} ({kind})"
+        (notes if kind in NODE_FINE else found).append(line)
+    return found, notes
+
+
 def parse_debs(text: str) -> dict[str, str]:
     """The GPU stack's Debian packages among `PACKAGE VERSION` lines."""
     return {line.split()[0]: line.split()[1] for line in text.splitlines()
@@ -345,9 +394,7 @@ def problems(facts: dict, expect_gpus: int | None = None) -> list[str]:
         found.append(f"{len(gpus)} GPU(s), expected {expect_gpus}")
     for gpu in gpus:
         found += [f"GPU {gpu['index']} ({gpu['bus_id']}): {problem}" for problem in gpu_problems(gpu)]
-    for event in facts.get("xid", {}).get("events", []):
-        found.append(f"Xid {event['xid']} on {event['pci']}: {event['text']}")
-    return found
+    return found + xid_findings(facts)[0]
 
 
 def gpu_problems(gpu: dict) -> list[str]:

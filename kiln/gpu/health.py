@@ -13,7 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kiln.gpu.facts import problems
+from kiln.gpu import collective, dcgm
+from kiln.gpu.facts import problems, xid_findings
 
 BANDWIDTH_SHARE = 0.75
 MATMUL_SHARE = 0.60
@@ -83,6 +84,8 @@ class NodeReport:
     label: str
     facts: Mapping
     probe: Mapping | None = None
+    allreduce: Mapping | None = None  # kiln.gpu.allreduce's JSON over the node's GPUs (None: not measured)
+    dcgm: str | None = None  # what `dcgmi diag -r 1` printed (kiln.gpu.dcgm; None: not run)
 
 
 def judge_node(report: NodeReport, expect_gpus: int | None = None) -> tuple[list[str], list[str]]:
@@ -93,6 +96,9 @@ def judge_node(report: NodeReport, expect_gpus: int | None = None) -> tuple[list
         smi = report.facts.get("errors", {}).get("nvidia-smi") or "sees none"
         return [f"no NVIDIA GPU: the PCI bus lists none (nvidia-smi: {smi})"], notes
     found = list(problems(report.facts, expect_gpus))
+    notes += xid_findings(report.facts)[1]
+    if report.dcgm is not None:
+        found += dcgm.judge(report.dcgm)
     probe = report.probe
     if probe is None or not gpus:
         return found, notes
@@ -110,7 +116,8 @@ def judge_node(report: NodeReport, expect_gpus: int | None = None) -> tuple[list
 
 
 def judge_cluster(reports: Sequence[NodeReport]) -> dict[str, list[str]]:
-    """Every node's problems, and any node whose GPU model or count differs from the first node's."""
+    """Every node's problems, any node whose GPU model or count differs from the first node's, and each node's
+    all-reduce over its GPUs against its floor and the other nodes (kiln.gpu.collective)."""
     verdicts = {}
     first = reports[0] if reports else None
     for report in reports:
@@ -120,6 +127,17 @@ def judge_cluster(reports: Sequence[NodeReport]) -> dict[str, list[str]]:
             if mine != theirs:
                 found.append(f"GPUs {describe(mine)} differ from {describe(theirs)} on {first.label}")
         verdicts[report.label] = found
+    measured = {}
+    for report in reports:
+        if report.allreduce is not None:
+            read = collective.read_probe(report.allreduce)
+            if isinstance(read, str):
+                verdicts[report.label].append(f"all-reduce over the node's GPUs: {read}")
+            else:
+                measured[report.label] = read
+    judged, _ = collective.judge_nodes(measured)
+    for label, found in judged.items():
+        verdicts[label] += found
     return verdicts
 
 
@@ -131,10 +149,13 @@ def summary(report: NodeReport) -> str:
     if facts.get("gpus"):
         line += f", driver {facts['driver'].get('version')}, CUDA {facts['cuda'].get('driver_supports')}"
     devices = (report.probe or {}).get("devices") or []
+    read = collective.read_probe(report.allreduce) if report.allreduce is not None else None
     if devices:
         line += (f"; {report.probe['framework']}: {min(d['copy_tbps'] for d in devices):.2f} TB/s, "
                  f"{min(d['matmul_tflops'] for d in devices):.0f} {devices[0]['matmul_dtype']} TFLOP/s"
                  + (" (slowest GPU)" if len(devices) > 1 else ""))
+    if isinstance(read, collective.Measurement):
+        line += f"; all-reduce {read.peak:.0f} GB/s bus bandwidth over {read.ranks} GPUs ({read.tool})"
     return line
 
 

@@ -96,7 +96,8 @@ def test_no_hardware_slowdown(facts):
 def test_no_xid_events(facts):
     if not facts["xid"]["readable"]:
         pytest.skip("the kernel log is not readable here (dmesg needs root or kernel.dmesg_restrict=0)")
-    assert not facts["xid"]["events"], f"Xid events in the kernel log: {facts['xid']['events']}"
+    found, notes = gpufacts.xid_findings(facts)
+    assert not found, f"Xid events in the kernel log that ask something of the node: {found} (also: {notes})"
 
 
 def test_cuda_nccl_and_cudnn_are_found(facts):

@@ -139,8 +139,31 @@ def test_xid_events_in_the_kernel_log():
     found = host_facts(with_section("kernel_log", line))
     assert found["xid"]["events"] == [{"pci": "0000:00:06", "xid": 79,
                                        "text": "pid=1234, name=python, GPU has fallen off the bus."}]
-    assert problems(found) == ["Xid 79 on 0000:00:06: pid=1234, name=python, GPU has fallen off the bus."]
+    assert problems(found) == ["Xid 79 on 0000:00:06: pid=1234, name=python, GPU has fallen off the bus. "
+                               "(reboot the node)"]
     assert host_facts(with_section("kernel_log", "", 1))["xid"] == {"readable": False, "events": []}
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    ("NVRM: Xid (PCI:0000:00:06): 13, pid=77, name=python, Graphics Exception: ESR 0x504648=0x1000",
+     facts.XID_APPLICATION),
+    ("NVRM: Xid (PCI:0000:00:06): 48, pid=77, name=python, An uncorrectable double bit error", facts.XID_RESET),
+    ("NVRM: Xid (PCI:0000:00:06): 63, Row Remapper: New row marked for remapping, reset gpu to activate.",
+     facts.XID_RECORD),
+    # a real pair from a public NVIDIA developer-forum report (an RTX 5080's GSP watchdog)
+    ("NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+     facts.XID_RESET),
+    ("NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x2 "
+     "(Node Reboot Required)", facts.XID_REBOOT),
+    ("NVRM: Xid (PCI:0000:01:00): 62, 323f0f30 0000c3d8 00000000 206dae68 206da022 206da190 206d85f6 206d8d86",
+     "unknown (see NVIDIA's Xid catalog)"),
+])
+def test_xid_events_are_classed_by_what_they_ask_of_the_node(line, kind):
+    found = host_facts(with_section("kernel_log", line))
+    problems_, notes = facts.xid_findings(found)
+    assert (problems_ + notes)[0].endswith(f"({kind})")
+    assert bool(notes) == (kind in facts.NODE_FINE), "a program's fault or a record is a note, not a node problem"
+    assert (problems_[0] in problems(found)) if problems_ else not any("Xid" in p for p in problems(found))
 
 
 def test_nvidia_smi_that_cannot_reach_the_driver():

@@ -1,0 +1,206 @@
+"""Is a cluster's all-reduce as fast as its GPUs and network should make it? (pure)
+
+What decides a multi-node run's speed is the collective, not one GPU: a node whose NVLink is slow, or whose NIC
+fell back to TCP, holds every step of every rank back. This module reads all-reduce measurements (NVIDIA's
+nccl-tests `all_reduce_perf` output, or the figures of kiln's own framework probe, kiln.gpu.allreduce) as bus
+bandwidth, the figure nccl-tests reports and the public health checks hold nodes to: for an all-reduce over n
+ranks, busbw = algbw * 2 (n - 1) / n, algbw = bytes / seconds (nccl-tests doc/PERFORMANCE.md). It judges each
+node's figure against the floor for its GPUs, the cluster's against the floor for its node type, and names a node
+far below the others.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+OUTLIER_SHARE = 0.75  # a node under 75 % of the nodes' median bus bandwidth is named
+
+
+@dataclass(frozen=True)
+class Row:
+    """One message size of an all_reduce_perf table: bytes, and out-of-place / in-place bus bandwidth (GB/s)."""
+
+    size: int
+    busbw_out: float
+    busbw_in: float
+    wrong: int
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """An all-reduce measurement: ranks, their devices (`host: model`), each size's row, nccl-tests' average and
+    whether its data check passed."""
+
+    ranks: int
+    devices: tuple[str, ...]
+    rows: tuple[Row, ...]
+    average: float | None
+    valid: bool
+    tool: str = "nccl-tests"
+
+    @property
+    def peak(self) -> float:
+        """The out-of-place bus bandwidth at the largest size measured: what the floors hold a node to (they are
+        measured at large sizes, where the wires, not the latency, set the pace)."""
+        return max(self.rows, key=lambda row: row.size).busbw_out if self.rows else 0.0
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(device.split(": ", 1)[0] for device in self.devices))
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(sorted({device.split(": ", 1)[1] for device in self.devices}))
+
+
+_DEVICE = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+"
+                     r"device\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+\S+\s+\S+\s+(-?\d+)?\s*([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+|N/A)\s+"
+                  r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+|N/A)\s*$")
+_AVERAGE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
+_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(\w+)")
+
+
+class ParseError(ValueError):
+    """The text is not an all_reduce_perf report."""
+
+
+def parse_nccl_tests(text: str) -> Measurement:
+    """Read `all_reduce_perf` output (nccl-tests 2.x: the device list, one row per size, the averages); lines
+    mpirun prefixes with `[1,0]<stdout>:` are read too."""
+    devices: dict[int, str] = {}
+    rows, average, valid = [], None, True
+    for raw in text.splitlines():
+        line = re.sub(r"^\[\d+,\d+\]<stdout>:", "", raw).rstrip()
+        if match := _DEVICE.match(line):
+            devices[int(match.group(1))] = f"{match.group(2)}: {match.group(3)}"
+        elif match := _ROW.match(line):
+            wrong = sum(int(value) for value in (match.group(7), match.group(11)) if value != "N/A")
+            rows.append(Row(int(match.group(1)), float(match.group(6)), float(match.group(10)), wrong))
+        elif match := _AVERAGE.match(line.strip()):
+            average = float(match.group(1))
+        elif match := _BOUNDS.match(line.strip()):
+            valid = int(match.group(1)) == 0 and match.group(2) == "OK"
+    if not rows:
+        raise ParseError("no all_reduce_perf result rows in the output")
+    return Measurement(len(devices), tuple(devices[rank] for rank in sorted(devices)), tuple(rows), average,
+                       valid and all(row.wrong == 0 for row in rows))
+
+
+def bus_bandwidth(size: int, seconds: float, ranks: int) -> float:
+    """All-reduce bus bandwidth in GB/s (10^9 bytes/s), as nccl-tests computes it: algbw * 2 (n - 1) / n."""
+    if seconds <= 0 or ranks < 1:
+        raise ValueError(f"cannot compute a bandwidth from {seconds} s over {ranks} rank(s)")
+    return size / seconds / 1e9 * (2 * (ranks - 1) / ranks)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The lowest all-reduce bus bandwidth (GB/s) a healthy node (scope "node": all its GPUs) or cluster of such
+    nodes (scope "cluster": all ranks over the network) shows. `pattern` matches the GPU model for node floors,
+    the node type (instance type) for cluster floors; `gpus`: the GPU count it holds for."""
+
+    scope: str
+    pattern: str
+    gpus: int
+    busbw: float
+    source: str
+
+    def matches(self, name: str, gpus: int) -> bool:
+        return self.gpus == gpus and re.search(self.pattern, name) is not None
+
+
+FLOORS = (
+    # Azure's node health checks (Azure/azurehpc-health-checks, the ND H100 v5 configuration): NCCL all-reduce
+    # within the node, 16 GB messages, at least 460 GB/s bus bandwidth.
+    Floor("node", r"H100 80GB HBM3|H100 SXM", 8, 460.0, "Azure node health checks, ND H100 v5"),
+    # The same checks hold ND A100 v4 (8 x A100 80GB SXM) to 228 GB/s within the node.
+    Floor("node", r"A100-SXM4-80GB", 8, 228.0, "Azure node health checks, ND A100 v4"),
+    # AWS's cluster health checks (advisory) hold p5 nodes to about 500 GB/s over NVLink within a node and
+    # about 800 GB/s all-reduce bus bandwidth across p5 nodes over EFA.
+    Floor("cluster", r"^p5\.48xlarge$|^p5e\.48xlarge$|^p5en\.48xlarge$", 8, 800.0,
+          "AWS cluster health checks (advisory), p5 across nodes"),
+)
+
+
+def floor_for(scope: str, name: str, gpus: int) -> Floor | None:
+    return next((floor for floor in FLOORS if floor.scope == scope and floor.matches(name, gpus)), None)
+
+
+def judge_measurement(label: str, measurement: Measurement, floor: Floor | None) -> tuple[list[str], list[str]]:
+    """(problems, notes) of one all-reduce measurement: wrong results, and the peak bus bandwidth against the
+    floor (none known: noted, not judged)."""
+    found, notes = [], []
+    if not measurement.valid:
+        found.append(f"all-reduce over {measurement.ranks} rank(s) returned wrong values ({measurement.tool})")
+    if floor is None:
+        notes.append(f"{label}: no all-reduce floor for {', '.join(measurement.models) or 'these devices'} "
+                     f"x {measurement.ranks}, bus bandwidth {measurement.peak:.1f} GB/s not judged")
+    elif measurement.peak < floor.busbw:
+        found.append(f"all-reduce bus bandwidth {measurement.peak:.1f} GB/s over {measurement.ranks} GPU(s), "
+                     f"under the {floor.busbw:.0f} GB/s floor ({floor.source})")
+    return found, notes
+
+
+def outliers(peaks: Mapping[str, float], share: float = OUTLIER_SHARE) -> dict[str, str]:
+    """Nodes whose bus bandwidth is far below the others' (under `share` of the median): node -> why."""
+    if len(peaks) < 2:
+        return {}
+    median = statistics.median(peaks.values())
+    return {node: f"all-reduce bus bandwidth {value:.1f} GB/s, under {share:.0%} of the nodes' median "
+                  f"{median:.1f} GB/s" for node, value in sorted(peaks.items()) if value < share * median}
+
+
+def judge_nodes(measurements: Mapping[str, Measurement]) -> tuple[dict[str, list[str]], list[str]]:
+    """Each node's all-reduce over its own GPUs, against its GPUs' floor and against the other nodes:
+    ({node: problems}, notes)."""
+    verdicts, notes = {}, []
+    for label, measurement in measurements.items():
+        model = measurement.models[0] if measurement.models else ""
+        found, said = judge_measurement(label, measurement, floor_for("node", model, measurement.ranks))
+        verdicts[label], notes = found, notes + said
+    for label, why in outliers({label: m.peak for label, m in measurements.items()}).items():
+        verdicts[label].append(why)
+    return verdicts, notes
+
+
+def judge_cluster(measurement: Measurement, node_type: str | None, gpus_per_node: int) -> tuple[list[str],
+                                                                                                   list[str]]:
+    """The all-ranks all-reduce across the nodes against the floor for their node type (None: not known)."""
+    floor = floor_for("cluster", node_type, gpus_per_node) if node_type else None
+    return judge_measurement("the cluster", measurement, floor)
+
+
+def summary(label: str, measurement: Measurement) -> str:
+    return (f"{label}: all-reduce over {measurement.ranks} rank(s) ({measurement.tool}): "
+            f"{measurement.peak:.1f} GB/s bus bandwidth at best")
+
+
+def from_probe(result: Mapping) -> Measurement:
+    """A measurement from kiln's framework probe's JSON (kiln.gpu.allreduce): its sizes and seconds."""
+    rows = tuple(Row(int(size), busbw, busbw, 0) for size, seconds in result["timings"]
+                 for busbw in [bus_bandwidth(int(size), float(seconds), int(result["ranks"]))])
+    return Measurement(int(result["ranks"]), tuple(result.get("devices", ())), rows, None,
+                       bool(result.get("valid", True)), tool=str(result.get("framework", "framework")))
+
+
+def read_probe(result: Mapping) -> Measurement | str:
+    """The node's all-reduce probe's JSON (kiln.gpu.allreduce) as a measurement, or what went wrong."""
+    if result.get("error"):
+        return str(result["error"])
+    try:
+        return parse_nccl_tests(result["output"]) if "output" in result else from_probe(result)
+    except (ParseError, KeyError, TypeError, ValueError) as error:
+        return f"unreadable all-reduce result: {error}"
+
+
+def max_bytes(memory_mib: Sequence[int | None], default: int = 4 << 30, cap: int = 16 << 30) -> int:
+    """The largest all-reduce message a node's GPUs take: a quarter of the smallest GPU's memory (nccl-tests
+    holds three buffers of it), at most `cap` (16 GB, where Azure's floor is measured)."""
+    known = [mib for mib in memory_mib if mib]
+    if not known:
+        return default
+    return min(cap, (min(known) << 20) // 4)

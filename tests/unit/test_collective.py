@@ -1,0 +1,120 @@
+"""kiln.gpu.collective against all_reduce_perf outputs recorded on real machines and published (tests/unit/data/gpu,
+SOURCES.md there): one 8 x H100 80GB HBM3 node (Azure's ND H100 v5 floor: 460 GB/s) and two such nodes over their
+network; the faults are those recordings with one value changed. The framework path's figures come from a real
+run of kiln.gpu.allreduce on this machine's CPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln.gpu import allreduce, collective, health
+from kiln.gpu.collective import bus_bandwidth, parse_nccl_tests
+from kiln.gpu.facts import host_facts
+
+DATA = Path(__file__).parent / "data" / "gpu"
+NODE = (DATA / "nccl-tests-h100x8-node.txt").read_text()
+TWO_NODES = (DATA / "nccl-tests-h100x8-2nodes.txt").read_text()
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_a_recorded_8_gpu_node():
+    measured = parse_nccl_tests(NODE)
+    assert measured.ranks == 8 and measured.hosts == ("host",) and measured.models == (H100,)
+    assert [row.size for row in measured.rows] == [268435456, 536870912, 1073741824, 2147483648]
+    assert measured.peak == 470.73 and measured.average == 448.212 and measured.valid
+
+
+def test_the_bus_bandwidth_formula_gives_nccl_tests_own_figure():
+    assert bus_bandwidth(2147483648, 7983.5e-6, 8) == pytest.approx(470.73, abs=0.005)
+    assert bus_bandwidth(8589934592, 81958e-6, 16) == pytest.approx(196.52, abs=0.005)
+    with pytest.raises(ValueError):
+        bus_bandwidth(1024, 0.0, 8)
+
+
+def test_mpirun_prefixed_output_of_two_nodes():
+    prefixed = "".join(f"[1,0]<stdout>:{line}\n" for line in TWO_NODES.splitlines())
+    for text in (TWO_NODES, prefixed):
+        measured = parse_nccl_tests(text)
+        assert measured.ranks == 16 and len(measured.hosts) == 2 and measured.peak == 196.52
+
+
+def test_the_recorded_node_meets_its_floor():
+    verdicts, notes = collective.judge_nodes({"node1": parse_nccl_tests(NODE)})
+    assert verdicts == {"node1": []} and notes == []
+
+
+def test_a_slow_node_fails_its_floor_and_is_named_among_its_peers():
+    slow = parse_nccl_tests(NODE.replace("470.73", "117.68"))
+    verdicts, _ = collective.judge_nodes({"node1": parse_nccl_tests(NODE), "node2": parse_nccl_tests(NODE),
+                                          "node3": slow, "node4": parse_nccl_tests(NODE)})
+    assert verdicts["node1"] == verdicts["node2"] == verdicts["node4"] == []
+    assert verdicts["node3"] == [
+        "all-reduce bus bandwidth 117.7 GB/s over 8 GPU(s), under the 460 GB/s floor (Azure node health checks, "
+        "ND H100 v5)",
+        "all-reduce bus bandwidth 117.7 GB/s, under 75% of the nodes' median 470.7 GB/s"]
+
+
+def test_wrong_values_fail_the_measurement():
+    for fault in (NODE.replace("466.37      0", "466.37      3"), NODE.replace("values : 0 OK", "values : 2 FAILED")):
+        found, _ = collective.judge_measurement("node1", parse_nccl_tests(fault), None)
+        assert found == ["all-reduce over 8 rank(s) returned wrong values (nccl-tests)"]
+
+
+def test_a_cluster_is_judged_by_its_node_type_only_where_it_is_known():
+    measured = parse_nccl_tests(TWO_NODES)
+    found, notes = collective.judge_cluster(measured, "p5.48xlarge", 8)
+    assert found == ["all-reduce bus bandwidth 196.5 GB/s over 16 GPU(s), under the 800 GB/s floor "
+                     "(AWS cluster health checks (advisory), p5 across nodes)"]
+    found, notes = collective.judge_cluster(measured, None, 8)
+    assert found == [] and notes == [f"the cluster: no all-reduce floor for {H100} x 16, bus bandwidth 196.5 GB/s "
+                                     "not judged"]
+
+
+def test_what_is_not_an_all_reduce_report():
+    with pytest.raises(collective.ParseError):
+        parse_nccl_tests("all_reduce_perf: command not found\n")
+    assert collective.read_probe({"tool": "nccl-tests", "output": "garbage"}) == (
+        "unreadable all-reduce result: no all_reduce_perf result rows in the output")
+    assert collective.read_probe({"error": "exited 1 without a result: boom"}) == "exited 1 without a result: boom"
+
+
+def test_the_largest_message_fits_the_smallest_gpu():
+    assert collective.max_bytes([81559] * 8) == 16 << 30
+    assert collective.max_bytes([23034, 23034]) == (23034 << 20) // 4
+    assert collective.max_bytes([None]) == 4 << 30
+
+
+def test_a_nodes_report_carries_its_all_reduce_into_the_verdict_and_summary():
+    h100 = host_facts((DATA / "h100-gather.txt").read_text())
+    facts = {**h100, "gpus": h100["gpus"] * 8, "pci_gpus": h100["pci_gpus"] * 8}
+    good = health.NodeReport("a", facts, None, {"tool": "nccl-tests", "output": NODE})
+    bad = health.NodeReport("b", facts, None, {"tool": "nccl-tests", "output": NODE.replace("470.73", "200.00")})
+    verdicts = health.judge_cluster([good, bad])
+    assert not any("all-reduce" in problem for problem in verdicts["a"])
+    assert any("all-reduce bus bandwidth 200.0 GB/s" in problem for problem in verdicts["b"])
+    assert "all-reduce 471 GB/s bus bandwidth over 8 GPUs (nccl-tests)" in health.summary(good)
+
+
+@pytest.fixture(scope="module")
+def cpu_run() -> dict:
+    """kiln.gpu.allreduce run for real on this machine's CPUs (two logical devices, no NCCL)."""
+    done = subprocess.run([sys.executable, allreduce.__file__, "--device", "cpu", "--ranks", "2", "--max-bytes",
+                           str(128 << 20), "--reps", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_framework_probe_measures_a_real_all_reduce(cpu_run):
+    assert cpu_run["framework"].startswith("tensorflow ") and cpu_run["ranks"] == 2 and cpu_run["valid"]
+    assert [size for size, _ in cpu_run["timings"]] == [64 << 20, 128 << 20]
+    measured = collective.read_probe(cpu_run)
+    assert isinstance(measured, collective.Measurement) and measured.ranks == 2
+    size, seconds = cpu_run["timings"][-1]
+    assert measured.peak == pytest.approx(size / seconds / 1e9)  # 2 (n - 1) / n is 1 for two ranks
+    found, notes = collective.judge_measurement("cpu", measured, collective.floor_for("node", "CPU", 2))
+    assert found == [] and "not judged" in notes[0]
