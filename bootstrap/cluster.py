@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import commands, mesh, preflight, state
+from bootstrap import commands, launch, mesh, preflight, state, topology
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
@@ -177,6 +177,28 @@ class Cluster:
         reports, unreachable = self.remote.map(self.hosts, gather)
         return [reports[h] for h in self.hosts if h in reports], unreachable
 
+    def allreduce_across(self, paths: launch.NodePaths, nic: str, *, max_bytes: int, min_bytes: int,
+                         timeout: float = 300) -> tuple[dict, dict[tuple[int, int], dict]]:
+        """An all-reduce across every node at once (one rank per GPU, one per node without), then one across
+        each ring pair of nodes side by side (kiln.gpu.collective.ring_pairs): the probes' JSON, (all,
+        {pair: result})."""
+        names = [node.name for node in self.nodes]
+        slots = topology.resolve_slots("horovod", [None] * len(names), mesh.gpu_counts(self.nodes))
+        tag = os.urandom(4).hex()
+
+        def measure(members: Sequence[int], label: str) -> dict:
+            command = launch.allreduce_command(self.python, paths, [names[i] for i in members],
+                                               [slots[i] for i in members], nic, tag=f"{tag}-{label}",
+                                               max_bytes=max_bytes, min_bytes=min_bytes, timeout=timeout)
+            done = self.remote.run(self.hosts[members[0]], ["sh", "-c", command], timeout=timeout + 30)
+            return collective.read_horovod_output(done.stdout + "\n" + done.stderr)
+
+        everyone = measure(range(len(names)), "all")
+        pairs = collective.ring_pairs(len(names)) if len(names) > 2 else []  # two nodes: the pair is everyone
+        found = self.remote.map_or_raise("all-reduce", [self.hosts[a] for a, _ in pairs],
+                                         lambda host: measure(pairs[self.hosts.index(host)], "pair"))
+        return everyone, {pair: found[self.hosts[pair[0]]] for pair in pairs}
+
     def sync(self, source: str, destination: str) -> None:
         """Mirror a project folder to the same path on every node, leaving out what its .kilnignore (else its
         .gitignore files) and kiln's fixed list leave out."""
@@ -193,7 +215,7 @@ class Cluster:
         in `destination` on every node."""
         trainer = importlib.util.find_spec("trainer")  # found, not imported: importing it sets TensorFlow's env
         here = Path(__file__).parent
-        folders = [*trainer.submodule_search_locations, str(here / "shim"), str(here / "node.py")]
+        folders = [*trainer.submodule_search_locations, str(here / "shim"), str(here / "node.py"), allreduce.__file__]
 
         def push(host: Host) -> None:
             self.remote.rsync(host, commands.rsync_push_folders_argv(folders, host, destination,

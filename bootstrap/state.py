@@ -104,6 +104,7 @@ class ClusterRecord:
     instances: tuple[Instance, ...] = ()
     provider: str | None = None
     idle_minutes: float | None = None  # autostop: nodes power off after this long without a kiln run
+    node_type: str | None = None  # the provider's machine type (p5.48xlarge): the collective check's floor
 
 
 def save_cluster(record: ClusterRecord) -> None:
@@ -123,7 +124,7 @@ def load_cluster(name: str) -> ClusterRecord | None:
             ssh=SshSettings(**data.get("ssh", {})), region=data.get("region"), user=data.get("user"),
             instances=tuple(Instance(**i) for i in data.get("instances", [])),
             provider=data.get("provider", "aws" if data.get("instances") else None),
-            idle_minutes=data.get("idle_minutes"))
+            idle_minutes=data.get("idle_minutes"), node_type=data.get("node_type"))
     except (KeyError, TypeError) as error:
         raise KilnError(f"{path} is not a kiln cluster file ({error}); remove it and set the cluster up again") \
             from None

@@ -319,7 +319,8 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=aws.region, user=request.user,
             instances=tuple(state.Instance(i["InstanceId"], h.address, host_keys[h.address])
-                            for i, h in zip(described, hosts, strict=True)), provider="aws"))
+                            for i, h in zip(described, hosts, strict=True)), provider="aws",
+            node_type=request.instance_type))
     except BaseException as error:
         failures = rollback.run()
         message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "

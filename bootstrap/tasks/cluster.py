@@ -22,7 +22,10 @@ from bootstrap.recovery import recoverer
 from bootstrap.supervisor import Recover, Supervisor, record_run
 from bootstrap.tasks import cluster_task
 from bootstrap.timeline import Timeline
+from kiln.gpu import collective as gpu_collective
 from kiln.gpu import probe
+
+CPU_ALLREDUCE_BYTES = 64 << 20  # across CPU-only nodes (Gloo over TCP): the network's pace shows at this size
 
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",
@@ -151,10 +154,15 @@ def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
                            "model's data sheet, and all-reduce bus bandwidth over each node's GPUs against its "
                            "floor and the other nodes",
                     "deep": "with --gpu: also run NVIDIA DCGM's diagnostics (dcgmi diag -r 1) on every node",
+                    "collective": "measure an all-reduce across the nodes, all at once (one rank per GPU, one per "
+                                  "node without) and pair by pair, over the interface runs use, and name a node "
+                                  "far below the others (--gpu does it too on more than one node)",
+                    "nic": "with --collective: the interface to measure over (default: the one the nodes reach "
+                           "each other by)",
                     "gpu_framework": "what measures the GPUs: auto (the first of tensorflow, torch, jax, cupy "
                                      "the nodes' Python has) or one of them"})
 def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=8, gpu=False,
-          gpu_framework="auto", deep=False, accept_new_host_keys=False, dry_run=False):
+          gpu_framework="auto", deep=False, collective=False, nic=None, accept_new_host_keys=False, dry_run=False):
     """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh (and, with
     --gpu, the GPUs' health and speed)."""
     frameworks = ("auto", *probe.FRAMEWORKS)
@@ -174,6 +182,32 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
     print(table)
     if not passed:
         raise KilnError("preflight failed (see the table above)")
+    if collective or (gpu and len(goal.hosts) > 1):
+        check_collective(group, nic, record=state.load_cluster(goal.name))
+
+
+def check_collective(group: Cluster, nic: str | None, record: state.ClusterRecord | None) -> None:
+    """Measure and judge the all-reduce across the nodes (Cluster.allreduce_across); print what was measured;
+    fail naming the nodes far below the others, or the cluster under its node type's floor."""
+    if len(group.hosts) < 2:
+        print("collective: one node, nothing to measure across nodes")
+        return
+    paths = launch.NodePaths(same_root(group))
+    group.sync_lib(paths.lib)
+    interface = nic or topology.common_interface({n.name: n.iface for n in group.nodes})
+    gpus = mesh.gpu_counts(group.nodes)
+    size = gpu_collective.max_bytes([]) if any(gpus) else CPU_ALLREDUCE_BYTES
+    everyone, pairs = group.allreduce_across(paths, interface, max_bytes=size, min_bytes=min(size, 64 << 20))
+    names = [node.name for node in group.nodes]
+    verdict = gpu_collective.judge_across(names, everyone, pairs, record.node_type if record else None,
+                                          max(gpus))
+    print(f"\ncollective over {interface}:")
+    for line in [*verdict.lines, *verdict.notes]:
+        print(f"  {line}")
+    found = [f"{name}: {problem}" for name, problems in verdict.nodes.items() for problem in problems]
+    found += [f"the cluster: {problem}" for problem in verdict.cluster]
+    if found:
+        raise KilnError("collective check failed: " + "; ".join(found))
 
 
 def user_command(c) -> list[str]:

@@ -1,7 +1,9 @@
 """Measure all-reduce across every GPU of this node and print one JSON object: with NVIDIA's nccl-tests
 (`all_reduce_perf`) where the node has it, else with TensorFlow's NCCL all-reduce (MirroredStrategy over the local
 GPUs). Run on a node as `python allreduce.py [--device gpu|cpu] [--max-bytes N]`; standard library and the
-framework only: it is sent to nodes as it is (kiln.gpu.probe's way).
+framework only: it is sent to nodes as it is (kiln.gpu.probe's way). With `--horovod`, every rank of a horovodrun
+across nodes runs it (one per GPU, each on its own; one per node without GPUs) and rank 0 prints the all-ranks
+all-reduce over the network (NCCL on GPUs where Horovod has it, Gloo otherwise).
 
 The JSON: {"tool": "nccl-tests", "output": its text} (read by kiln.gpu.collective.parse_nccl_tests), or
 {"framework": ..., "ranks": n, "devices": [...], "timings": [[bytes, seconds], ...], "valid": bool}, or an
@@ -21,10 +23,10 @@ NCCL_TESTS = ("all_reduce_perf", "/opt/nccl-tests/build/all_reduce_perf", "/usr/
 MIN_BYTES = 64 << 20
 
 
-def sizes(max_bytes):
-    """Message sizes from 64 MiB, doubling, up to `max_bytes`."""
-    size, found = MIN_BYTES, []
-    while size <= max(max_bytes, MIN_BYTES):
+def sizes(max_bytes, min_bytes=MIN_BYTES):
+    """Message sizes from `min_bytes` (64 MiB), doubling, up to `max_bytes`."""
+    size, found = min_bytes, []
+    while size <= max(max_bytes, min_bytes):
         found.append(size)
         size *= 2
     return found
@@ -89,6 +91,38 @@ def with_tensorflow(device, ranks, max_bytes, reps):
             "devices": [f"{host}: {name}" for name in detail], "timings": timings, "valid": valid}
 
 
+def with_horovod(min_bytes, max_bytes, reps):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+    device = "/gpu:0" if gpus else "/cpu:0"
+    timings, valid = [], True
+    for size in sizes(max_bytes, min_bytes):
+        with tf.device(device):
+            ones = tf.ones([size // 4], tf.float32)
+            result = hvd.allreduce(ones, op=hvd.Sum)  # the first one sets the collective up
+            valid = valid and float(tf.reduce_min(result)) == hvd.size() == float(tf.reduce_max(result))
+            began = time.perf_counter()
+            for _ in range(reps):
+                result = hvd.allreduce(ones, op=hvd.Sum)
+            float(result[0])  # wait for the device
+        timings.append([size, (time.perf_counter() - began) / reps])
+    controllers = {(True, True): "nccl", (True, False): "no nccl"} if gpus else {}
+    controller = controllers.get((True, bool(hvd.nccl_built())), "gloo" if hvd.gloo_enabled() else "mpi")
+    import horovod
+
+    return {"framework": f"horovod {horovod.__version__} ({controller})", "ranks": hvd.size(),
+            "devices": [f"{os.uname().nodename}: {'GPU' if gpus else 'CPU'}"], "timings": timings,
+            "valid": valid, "rank": hvd.rank()}
+
+
 def remote_argv(python, gpus, max_bytes):
     """How a host runs this file without a copy of it (kiln.gpu.probe's way): the source given to `python -c`."""
     with open(__file__) as source:
@@ -102,12 +136,18 @@ def main(argv):
     parser.add_argument("--gpus", type=int, default=0, help="the node's GPU count (nccl-tests' -g)")
     parser.add_argument("--ranks", type=int, default=2, help="--device cpu: logical CPU devices")
     parser.add_argument("--max-bytes", type=int, default=4 << 30, help="the largest message (default 4 GiB)")
+    parser.add_argument("--min-bytes", type=int, default=MIN_BYTES, help="--horovod: the smallest message")
+    parser.add_argument("--horovod", action="store_true", help="one rank of a horovodrun across nodes")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300, help="seconds all_reduce_perf may take")
     args = parser.parse_args(argv)
-    nccl_tests = find_nccl_tests() if args.device == "gpu" and args.gpus > 1 else None
+    nccl_tests = find_nccl_tests() if args.device == "gpu" and args.gpus > 1 and not args.horovod else None
     try:
-        if nccl_tests:
+        if args.horovod:
+            result = with_horovod(args.min_bytes, args.max_bytes, args.reps)
+            if result["rank"] != 0:
+                return 0  # rank 0 speaks for all
+        elif nccl_tests:
             result = with_nccl_tests(nccl_tests, args.gpus, args.max_bytes, args.timeout)
         else:
             import importlib.util

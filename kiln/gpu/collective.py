@@ -11,6 +11,7 @@ far below the others.
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -204,3 +205,82 @@ def max_bytes(memory_mib: Sequence[int | None], default: int = 4 << 30, cap: int
     if not known:
         return default
     return min(cap, (min(known) << 20) // 4)
+
+
+def ring_pairs(count: int) -> list[tuple[int, int]]:
+    """The pairs of nodes measured side by side to find a slow one: each node with the next, round the ring
+    (two nodes: the one pair; fewer: none)."""
+    if count < 2:
+        return []
+    if count == 2:
+        return [(0, 1)]
+    return [(index, (index + 1) % count) for index in range(count)]
+
+
+def blame_pairs(names: Sequence[str], peaks: Mapping[tuple[int, int], float],
+                share: float = OUTLIER_SHARE) -> dict[str, str]:
+    """The nodes whose every measured pair is far below the pairs' median (a node's slow NIC or link slows
+    both pairs it is in): node -> why. Two nodes, one pair: nobody can be told apart."""
+    if len(peaks) < 3:
+        return {}
+    median = statistics.median(peaks.values())
+    slow = {pair for pair, value in peaks.items() if value < share * median}
+    blamed = {}
+    for index, name in enumerate(names):
+        mine = [pair for pair in peaks if index in pair]
+        if len(mine) >= 2 and all(pair in slow for pair in mine):
+            figures = ", ".join(f"with {names[b if a == index else a]} {peaks[(a, b)]:.2f} GB/s" for a, b in mine)
+            blamed[name] = (f"all-reduce across nodes far below the others ({figures}; the pairs' median "
+                            f"{median:.2f} GB/s)")
+    return blamed
+
+
+def read_horovod_output(text: str) -> dict:
+    """Rank 0's JSON in what horovodrun printed (its lines come prefixed `[0]<stdout>:`), or an error."""
+    for line in reversed(text.splitlines()):
+        start = line.find('{"')
+        if start >= 0 and ('"framework"' in line or '"error"' in line):
+            try:
+                return json.loads(line[start:])
+            except json.JSONDecodeError:
+                continue
+    said = " ".join(text.split())[-300:] or "no output"
+    return {"error": f"horovodrun printed no result: {said}"}
+
+
+@dataclass(frozen=True)
+class Across:
+    """The verdict on all-reduce across nodes: problems by node, the cluster's own, notes, and what was
+    measured, line by line."""
+
+    nodes: dict[str, list[str]]
+    cluster: list[str]
+    notes: list[str]
+    lines: list[str]
+
+
+def judge_across(names: Sequence[str], everyone: Mapping, pairs: Mapping[tuple[int, int], Mapping],
+                 node_type: str | None, gpus_per_node: int) -> Across:
+    """All ranks at once against the node type's floor (where known), and the ring pairs side by side against
+    each other (a node in only slow pairs is named)."""
+    nodes: dict[str, list[str]] = {name: [] for name in names}
+    cluster, notes, lines = [], [], []
+    read = read_probe(everyone)
+    if isinstance(read, str):
+        cluster.append(f"all-reduce across the nodes: {read}")
+    else:
+        cluster, notes = judge_cluster(read, node_type, gpus_per_node)
+        lines.append(summary(f"across {len(names)} node(s)", read))
+    peaks = {}
+    for (a, b), result in pairs.items():
+        measured = read_probe(result)
+        if isinstance(measured, str):
+            nodes[names[a]].append(f"all-reduce with {names[b]}: {measured}")
+        else:
+            peaks[(a, b)] = measured.peak
+    if peaks:
+        lines.append("pairs: " + ", ".join(f"{names[a]}+{names[b]} {value:.2f} GB/s"
+                                           for (a, b), value in sorted(peaks.items())))
+    for name, why in blame_pairs(names, peaks).items():
+        nodes[name].append(why)
+    return Across(nodes, cluster, notes, lines)

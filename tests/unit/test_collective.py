@@ -118,3 +118,48 @@ def test_the_framework_probe_measures_a_real_all_reduce(cpu_run):
     assert measured.peak == pytest.approx(size / seconds / 1e9)  # 2 (n - 1) / n is 1 for two ranks
     found, notes = collective.judge_measurement("cpu", measured, collective.floor_for("node", "CPU", 2))
     assert found == [] and "not judged" in notes[0]
+
+
+def test_ring_pairs():
+    assert collective.ring_pairs(1) == [] and collective.ring_pairs(2) == [(0, 1)]
+    assert collective.ring_pairs(4) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+
+
+NAMES = ["node1", "node2", "node3", "node4"]
+
+
+def test_a_node_in_only_slow_pairs_is_named():
+    peaks = {(0, 1): 1.10, (1, 2): 0.21, (2, 3): 0.20, (3, 0): 1.05}
+    assert collective.blame_pairs(NAMES, peaks) == {
+        "node3": "all-reduce across nodes far below the others (with node2 0.21 GB/s, with node4 0.20 GB/s; "
+                 "the pairs' median 0.63 GB/s)"}
+    assert collective.blame_pairs(NAMES, {(0, 1): 1.1, (1, 2): 1.0, (2, 3): 1.05, (3, 0): 0.98}) == {}
+    assert collective.blame_pairs(NAMES[:2], {(0, 1): 0.1}) == {}, "one pair: nobody can be told apart"
+
+
+def test_rank_0s_result_is_found_in_horovodruns_output():
+    text = ("[1]<stderr>:some warning\n"
+            '[0]<stdout>:{"framework": "horovod 0.28.1 (gloo)", "ranks": 3, "devices": ["n1: CPU"], '
+            '"timings": [[67108864, 0.5]], "valid": true, "rank": 0}\n')
+    result = collective.read_horovod_output(text)
+    assert result["ranks"] == 3
+    measured = collective.read_probe(result)
+    assert measured.peak == pytest.approx(67108864 / 0.5 / 1e9 * 4 / 3)
+    assert collective.read_horovod_output("ssh: connect to host node2 port 22: Connection refused\n") == {
+        "error": "horovodrun printed no result: ssh: connect to host node2 port 22: Connection refused"}
+
+
+def test_the_verdict_across_nodes():
+    def result(seconds):
+        return {"framework": "horovod 0.28.1 (gloo)", "ranks": 2, "timings": [[64 << 20, seconds]], "valid": True}
+
+    everyone = {**result(1.0), "ranks": 4}
+    pairs = {(0, 1): result(0.06), (1, 2): result(0.3), (2, 3): result(0.31), (3, 0): result(0.061)}
+    verdict = collective.judge_across(NAMES, everyone, pairs, None, 0)
+    assert verdict.cluster == [] and verdict.nodes["node1"] == [] and len(verdict.nodes["node3"]) == 1
+    assert verdict.lines[0] == "across 4 node(s): all-reduce over 4 rank(s) (horovod 0.28.1 (gloo)): 0.1 GB/s bus " \
+                               "bandwidth at best"
+    assert verdict.lines[1].startswith("pairs: node1+node2 1.12 GB/s, node2+node3 0.22 GB/s")
+    broken = collective.judge_across(NAMES, {"error": "exited 1"}, {(0, 1): {"error": "timed out"}}, None, 0)
+    assert broken.cluster == ["all-reduce across the nodes: exited 1"]
+    assert broken.nodes["node1"] == ["all-reduce with node2: timed out"]

@@ -157,3 +157,13 @@ def test_the_trainers_and_the_examples_gpu_for_ranks_0_to_7(gpus):
 
 def test_multiworker_collectives_are_nccl_only_with_gpus():
     assert devices.collective_implementation(8) == "NCCL" and devices.collective_implementation(0) == "RING"
+
+
+def test_the_all_reduce_check_runs_one_horovodrun_through_kilns_shims():
+    command = launch.allreduce_command(PY, NodePaths(ROOTDIR), ["node1", "node2"], [8, 4], "ens5", tag="t1",
+                                       max_bytes=1 << 30, min_bytes=64 << 20)
+    hosts = f"{ROOTDIR}/checks/allreduce-t1.hosts"
+    assert command.startswith(f"mkdir -p {ROOTDIR}/checks && printf %s 'node1 slots=8\nnode2 slots=4\n' > {hosts}")
+    assert (f"{PY} {ROOTDIR}/lib/shim/horovodrun.py -np 12 --hostfile {hosts} --gloo --start-timeout 60 "
+            f"--network-interfaces ens5 {PY} {ROOTDIR}/lib/allreduce.py --horovod") in command
+    assert f"PATH={ROOTDIR}/lib/shim:/v/bin:" in command and f"rm -f {hosts}" in command
