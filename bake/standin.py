@@ -95,6 +95,14 @@ def cuda_packages(m: dict[str, str]) -> list[Package]:
         Package("libnccl2", f"{m['cuda_nccl_version']}-2+cuda{major}.{minor}", "NCCL runtime (decoy newer)"),
         Package("libnccl-dev", nccl, "NCCL development files", depends=f"libnccl2 (= {nccl})"),
     ]
+    dcgm_unit = {"lib/systemd/system/nvidia-dcgm.service": ((DATA / "nvidia-dcgm.service").read_text(), 0o644),
+                 "usr/bin/nv-hostengine": ((DATA / "refuse").read_text(), 0o755)}
+    for dcgm, what in ((f"1:{m['cuda_dcgm_version']}-1", ""), ("1:4.99.0-1", " (decoy newer)")):
+        packages += [  # no dcgmi: a stand-in never answers a diagnostic (no GPU is behind it)
+            Package("datacenter-gpu-manager-4-core", dcgm, f"NVIDIA DCGM core{what}", files=dcgm_unit),
+            Package(f"datacenter-gpu-manager-4-cuda{major}", dcgm, f"NVIDIA DCGM for CUDA {major}{what}",
+                    depends=f"datacenter-gpu-manager-4-core (= {dcgm})"),
+        ]
     return packages
 
 

@@ -219,19 +219,22 @@ def ring_pairs(count: int) -> list[tuple[int, int]]:
 
 def blame_pairs(names: Sequence[str], peaks: Mapping[tuple[int, int], float],
                 share: float = OUTLIER_SHARE) -> dict[str, str]:
-    """The nodes whose every measured pair is far below the pairs' median (a node's slow NIC or link slows
-    both pairs it is in): node -> why. Two nodes, one pair: nobody can be told apart."""
+    """The nodes whose every measured pair is far below the pairs without them (under `share` of their median):
+    a node's slow NIC or link slows every pair it is in. node -> why. Fewer than three pairs: nobody can be told
+    apart."""
     if len(peaks) < 3:
         return {}
-    median = statistics.median(peaks.values())
-    slow = {pair for pair, value in peaks.items() if value < share * median}
     blamed = {}
     for index, name in enumerate(names):
         mine = [pair for pair in peaks if index in pair]
-        if len(mine) >= 2 and all(pair in slow for pair in mine):
+        others = [value for pair, value in peaks.items() if index not in pair]
+        if len(mine) < 2 or not others:
+            continue
+        reference = statistics.median(others)
+        if all(peaks[pair] < share * reference for pair in mine):
             figures = ", ".join(f"with {names[b if a == index else a]} {peaks[(a, b)]:.2f} GB/s" for a, b in mine)
-            blamed[name] = (f"all-reduce across nodes far below the others ({figures}; the pairs' median "
-                            f"{median:.2f} GB/s)")
+            blamed[name] = (f"all-reduce across nodes far below the others ({figures}; the other pairs' median "
+                            f"{reference:.2f} GB/s)")
     return blamed
 
 

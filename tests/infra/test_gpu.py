@@ -1,8 +1,8 @@
 """The GPUs, end to end: what the host has (count, driver, ECC, pending repairs, Xid events, speed against the
-model's data sheet) and, for a kiln image, that the versions are the matrix's and containers and TensorFlow see
-every GPU. Skipped where the PCI bus has no NVIDIA GPU (--gpu=required makes that a failure). With
---facts-only the matrix checks are left out, so the suite judges any GPU host, and --facts-json writes what it
-found."""
+model's data sheet, all-reduce over its GPUs against its floor) and, for a kiln image, that the versions are the
+matrix's and containers and TensorFlow see every GPU. Skipped where the PCI bus has no NVIDIA GPU (--gpu=required
+makes that a failure). With --facts-only the matrix checks are left out, so the suite judges any GPU host, and
+--facts-json writes what it found."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import shlex
 import pytest
 from kiln_infra import VENV, run_checked, venv_python
 
+from kiln.gpu import allreduce as gpuallreduce
+from kiln.gpu import collective as gpucollective
 from kiln.gpu import facts as gpufacts
 from kiln.gpu import health
 from kiln.gpu import probe as gpuprobe
@@ -122,6 +124,25 @@ def test_every_gpu_is_as_fast_as_its_data_sheet_says(facts, probe):
         if notes and not found:
             pytest.skip("; ".join(notes))
     assert not slow, f"{slow}"
+
+
+def test_all_reduce_over_the_hosts_gpus_meets_its_floor(host, facts, pytestconfig, host_record):
+    """An all-reduce over every GPU of the host (nccl-tests' all_reduce_perf where present, else TensorFlow's
+    NCCL all-reduce) as bus bandwidth, against the floor for the host's GPUs (kiln.gpu.collective.FLOORS)."""
+    if len(facts["gpus"]) < 2:
+        pytest.skip(f"{len(facts['gpus'])} GPU: an all-reduce needs two or more")
+    size = gpucollective.max_bytes([gpu["memory_mib"].get("total") for gpu in facts["gpus"]])
+    argv = gpuallreduce.remote_argv(gpu_python(host, pytestconfig), len(facts["gpus"]), size)
+    result = host.run(f"timeout 900 {shlex.join(argv)}")
+    measured = gpucollective.read_probe(gpuprobe.read_result(result.rc, result.stdout, result.stderr))
+    if isinstance(measured, str):
+        pytest.fail(f"the all-reduce failed: {measured}")
+    host_record["allreduce"] = {"ranks": measured.ranks, "busbw": measured.peak, "tool": measured.tool}
+    floor = gpucollective.floor_for("node", facts["gpus"][0]["name"], len(facts["gpus"]))
+    found, notes = gpucollective.judge_measurement("this host", measured, floor)
+    assert not found, "; ".join(found)
+    if notes:
+        pytest.skip("; ".join(notes))
 
 
 def test_driver_is_the_matrix_branch(facts, matrix, matrix_checks):

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.image
 PIP = {"tensorflow_version": "tensorflow", "tensorflow_tf_keras_version": "tf-keras",
        "tensorflow_numpy_version": "numpy", "tensorflow_horovod_version": "horovod"}
 GPU_ONLY = {"nvidia_driver_version", "nvidia_driver_branch", "cuda_version", "cuda_cudnn_version",
-            "cuda_nccl_version", "container_runtime_nvidia_toolkit_version"}
+            "cuda_nccl_version", "container_runtime_nvidia_toolkit_version", "cuda_dcgm_version"}
 MATRIX_KEYS = sorted(PIP) + ["mpi_openmpi_major", "nvidia_driver_version", "cuda_version", "cuda_cudnn_version",
-                             "cuda_nccl_version", "container_runtime_nvidia_toolkit_version"]
+                             "cuda_nccl_version", "container_runtime_nvidia_toolkit_version", "cuda_dcgm_version"]
 
 
 def deb_upstream_version(host, package_pattern: str) -> str | None:
@@ -41,6 +41,7 @@ def live_version(host, key: str, matrix: dict[str, str]) -> str | None:
         "cuda_cudnn_version": "libcudnn9-cuda-12",
         "cuda_nccl_version": "libnccl2",
         "container_runtime_nvidia_toolkit_version": "nvidia-container-toolkit",
+        "cuda_dcgm_version": "datacenter-gpu-manager-4-core",
     }[key]
     return deb_upstream_version(host, package)
 

@@ -76,6 +76,36 @@ def test_check_gpu_fails_on_nodes_without_a_gpu_naming_each(cluster):
     assert "preflight failed" in done.stderr
 
 
+def test_check_collective_measures_all_reduce_across_the_nodes(cluster):
+    """A real horovodrun of kiln.gpu.allreduce over the mesh (Gloo on these CPU nodes): all three at once, then
+    each ring pair side by side."""
+    done = cluster.fab("cluster.check", "--collective", hosts=HOSTS, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    assert "collective over eth0:" in done.stdout, done.stdout
+    assert any(line.startswith("across 3 node(s): all-reduce over 3 rank(s) (horovod 0.28.1 (gloo)):")
+               for line in lines), done.stdout
+    pairs = next(line for line in lines if line.startswith("pairs: "))
+    assert [part.split()[0] for part in pairs[len("pairs: "):].split(", ")] == [
+        "node1+node2", "node2+node3", "node3+node1"], pairs
+    assert not any(cluster.ssh(node, "ls ~/kiln/checks").stdout.strip() for node in HOSTS.split(","))
+
+
+def test_check_collective_names_the_node_behind_a_slow_link(cluster):
+    """node3's link throttled on this machine's side of its veth (tc's token bucket): the pairs with node3 slow
+    down and node3 alone is named."""
+    veth = cluster.nodes[2]["veth"]
+    subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "40mbit", "burst", "64kb",
+                    "latency", "400ms"], check=True, timeout=30)
+    try:
+        done = cluster.fab("cluster.check", "--collective", hosts=HOSTS, timeout=600)
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False, timeout=30)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "collective check failed: node3: all-reduce across nodes far below the others (with node2" in done.stderr
+    assert "node1:" not in done.stderr and "node2: all-reduce" not in done.stderr, done.stderr
+
+
 def test_malformed_host_list_names_the_bad_item(cluster):
     done = cluster.fab("cluster.train", hosts="node1,node2:99999")
     assert done.returncode == 2

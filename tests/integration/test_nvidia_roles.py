@@ -53,6 +53,8 @@ EXPECTED = {  # package -> version, as the roles must leave them (Debian 12 name
     "nvidia-container-toolkit-base": TOOLKIT,
     "libnvidia-container-tools": TOOLKIT,
     "libnvidia-container1": TOOLKIT,
+    "datacenter-gpu-manager-4-core": f"1:{MATRIX['cuda_dcgm_version']}-1",
+    f"datacenter-gpu-manager-4-cuda{CUDA_MAJOR}": f"1:{MATRIX['cuda_dcgm_version']}-1",
 }
 NOT_HELD = {"libcuda1"}  # a dependency, kept at the version by the pin and by nvidia-driver-cuda's "="
 PLAYBOOK = """\
@@ -270,8 +272,10 @@ def test_cuda_paths_services_and_no_fake_nvidia_smi(converged):
     assert (target / "etc/ld.so.conf.d/kiln-cuda.conf").read_text().splitlines()[-1] == f"{home}/lib64"
     wants = target / "etc/systemd/system/multi-user.target.wants"
     assert (wants / "nvidia-persistenced.service").is_symlink()
+    assert (wants / "nvidia-dcgm.service").is_symlink()
     assert (wants / "docker.service").is_symlink()
     assert not list(target.glob("usr/bin/nvidia-smi*")), "a stand-in must never ship nvidia-smi"
+    assert not (target / "usr/bin/dcgmi").exists(), "a stand-in must never answer a diagnostic"
 
 
 def test_second_run_changes_nothing(converged):

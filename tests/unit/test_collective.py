@@ -129,10 +129,12 @@ NAMES = ["node1", "node2", "node3", "node4"]
 
 
 def test_a_node_in_only_slow_pairs_is_named():
-    peaks = {(0, 1): 1.10, (1, 2): 0.21, (2, 3): 0.20, (3, 0): 1.05}
+    peaks = {(0, 1): 1.10, (1, 2): 0.21, (2, 3): 0.20, (3, 0): 1.06}
     assert collective.blame_pairs(NAMES, peaks) == {
         "node3": "all-reduce across nodes far below the others (with node2 0.21 GB/s, with node4 0.20 GB/s; "
-                 "the pairs' median 0.63 GB/s)"}
+                 "the other pairs' median 1.08 GB/s)"}
+    three = {(0, 1): 1.1, (1, 2): 0.2, (2, 0): 0.19}  # three nodes, one slow: two of the three pairs are slow
+    assert list(collective.blame_pairs(NAMES[:3], three)) == ["node3"]
     assert collective.blame_pairs(NAMES, {(0, 1): 1.1, (1, 2): 1.0, (2, 3): 1.05, (3, 0): 0.98}) == {}
     assert collective.blame_pairs(NAMES[:2], {(0, 1): 0.1}) == {}, "one pair: nobody can be told apart"
 
