@@ -180,8 +180,8 @@ class Cluster:
     def allreduce_across(self, paths: launch.NodePaths, nic: str, *, max_bytes: int, min_bytes: int,
                          timeout: float = 300) -> tuple[dict, dict[tuple[int, int], dict]]:
         """An all-reduce across every node at once (one rank per GPU, one per node without), then one across
-        each ring pair of nodes side by side (kiln.gpu.collective.ring_pairs): the probes' JSON, (all,
-        {pair: result})."""
+        each ring pair of nodes (kiln.gpu.collective.ring_pairs), the pairs of a round side by side: the probes'
+        JSON, (all, {pair: result})."""
         names = [node.name for node in self.nodes]
         slots = topology.resolve_slots("horovod", [None] * len(names), mesh.gpu_counts(self.nodes))
         tag = os.urandom(4).hex()
@@ -195,9 +195,13 @@ class Cluster:
 
         everyone = measure(range(len(names)), "all")
         pairs = collective.ring_pairs(len(names)) if len(names) > 2 else []  # two nodes: the pair is everyone
-        found = self.remote.map_or_raise("all-reduce", [self.hosts[a] for a, _ in pairs],
-                                         lambda host: measure(pairs[self.hosts.index(host)], "pair"))
-        return everyone, {pair: found[self.hosts[pair[0]]] for pair in pairs}
+        results = {}
+        for round_ in collective.pair_rounds(pairs):
+            first = {self.hosts[a]: (a, b) for a, b in round_}
+            found = self.remote.map_or_raise("all-reduce", list(first),
+                                             lambda host, first=first: measure(first[host], "pair"))
+            results.update({first[host]: result for host, result in found.items()})
+        return everyone, results
 
     def sync(self, source: str, destination: str) -> None:
         """Mirror a project folder to the same path on every node, leaving out what its .kilnignore (else its

@@ -25,7 +25,7 @@ from bootstrap.timeline import Timeline
 from kiln.gpu import collective as gpu_collective
 from kiln.gpu import probe
 
-CPU_ALLREDUCE_BYTES = 64 << 20  # across CPU-only nodes (Gloo over TCP): the network's pace shows at this size
+CPU_ALLREDUCE_BYTES = 32 << 20  # across CPU-only nodes (Gloo over TCP): the network's pace shows at this size
 
 HOST_HELP = {
     "hostfile": "read hosts from FILE (`host [slots=N]` per line) instead of -H",

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 OUTLIER_SHARE = 0.75  # a node under 75 % of the nodes' median bus bandwidth is named
+PAIR_SHARE = 0.5  # a node whose pairs are all under half the other pairs' median is named (a NIC on TCP, a bad
+# link: several times slower; the network's own noise stays well above half)
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,9 @@ def judge_measurement(label: str, measurement: Measurement, floor: Floor | None)
         found.append(f"all-reduce over {measurement.ranks} rank(s) returned wrong values ({measurement.tool})")
     if floor is None:
         notes.append(f"{label}: no all-reduce floor for {', '.join(measurement.models) or 'these devices'} "
-                     f"x {measurement.ranks}, bus bandwidth {measurement.peak:.1f} GB/s not judged")
+                     f"x {measurement.ranks}, bus bandwidth {gbps(measurement.peak)} GB/s not judged")
     elif measurement.peak < floor.busbw:
-        found.append(f"all-reduce bus bandwidth {measurement.peak:.1f} GB/s over {measurement.ranks} GPU(s), "
+        found.append(f"all-reduce bus bandwidth {gbps(measurement.peak)} GB/s over {measurement.ranks} GPU(s), "
                      f"under the {floor.busbw:.0f} GB/s floor ({floor.source})")
     return found, notes
 
@@ -151,8 +153,8 @@ def outliers(peaks: Mapping[str, float], share: float = OUTLIER_SHARE) -> dict[s
     if len(peaks) < 2:
         return {}
     median = statistics.median(peaks.values())
-    return {node: f"all-reduce bus bandwidth {value:.1f} GB/s, under {share:.0%} of the nodes' median "
-                  f"{median:.1f} GB/s" for node, value in sorted(peaks.items()) if value < share * median}
+    return {node: f"all-reduce bus bandwidth {gbps(value)} GB/s, under {share:.0%} of the nodes' median "
+                  f"{gbps(median)} GB/s" for node, value in sorted(peaks.items()) if value < share * median}
 
 
 def judge_nodes(measurements: Mapping[str, Measurement]) -> tuple[dict[str, list[str]], list[str]]:
@@ -175,9 +177,14 @@ def judge_cluster(measurement: Measurement, node_type: str | None, gpus_per_node
     return judge_measurement("the cluster", measurement, floor)
 
 
+def gbps(value: float) -> str:
+    """A bus bandwidth as read: 470.7, 0.18."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
 def summary(label: str, measurement: Measurement) -> str:
     return (f"{label}: all-reduce over {measurement.ranks} rank(s) ({measurement.tool}): "
-            f"{measurement.peak:.1f} GB/s bus bandwidth at best")
+            f"{gbps(measurement.peak)} GB/s bus bandwidth")
 
 
 def from_probe(result: Mapping) -> Measurement:
@@ -208,8 +215,8 @@ def max_bytes(memory_mib: Sequence[int | None], default: int = 4 << 30, cap: int
 
 
 def ring_pairs(count: int) -> list[tuple[int, int]]:
-    """The pairs of nodes measured side by side to find a slow one: each node with the next, round the ring
-    (two nodes: the one pair; fewer: none)."""
+    """The pairs of nodes measured to find a slow one: each node with the next, round the ring (two nodes: the
+    one pair; fewer: none)."""
     if count < 2:
         return []
     if count == 2:
@@ -217,8 +224,21 @@ def ring_pairs(count: int) -> list[tuple[int, int]]:
     return [(index, (index + 1) % count) for index in range(count)]
 
 
+def pair_rounds(pairs: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """The pairs in rounds in which no node is in two pairs (measured side by side, a node in two pairs at once
+    would halve both)."""
+    rounds: list[list[tuple[int, int]]] = []
+    for pair in pairs:
+        free = next((round_ for round_ in rounds if not {n for p in round_ for n in p} & set(pair)), None)
+        if free is None:
+            rounds.append([pair])
+        else:
+            free.append(pair)
+    return rounds
+
+
 def blame_pairs(names: Sequence[str], peaks: Mapping[tuple[int, int], float],
-                share: float = OUTLIER_SHARE) -> dict[str, str]:
+                share: float = PAIR_SHARE) -> dict[str, str]:
     """The nodes whose every measured pair is far below the pairs without them (under `share` of their median):
     a node's slow NIC or link slows every pair it is in. node -> why. Fewer than three pairs: nobody can be told
     apart."""
@@ -232,9 +252,10 @@ def blame_pairs(names: Sequence[str], peaks: Mapping[tuple[int, int], float],
             continue
         reference = statistics.median(others)
         if all(peaks[pair] < share * reference for pair in mine):
-            figures = ", ".join(f"with {names[b if a == index else a]} {peaks[(a, b)]:.2f} GB/s" for a, b in mine)
+            figures = ", ".join(f"with {names[b if a == index else a]} {gbps(peaks[(a, b)])} GB/s"
+                                for a, b in mine)
             blamed[name] = (f"all-reduce across nodes far below the others ({figures}; the other pairs' median "
-                            f"{reference:.2f} GB/s)")
+                            f"{gbps(reference)} GB/s)")
     return blamed
 
 
@@ -282,7 +303,7 @@ def judge_across(names: Sequence[str], everyone: Mapping, pairs: Mapping[tuple[i
         else:
             peaks[(a, b)] = measured.peak
     if peaks:
-        lines.append("pairs: " + ", ".join(f"{names[a]}+{names[b]} {value:.2f} GB/s"
+        lines.append("pairs: " + ", ".join(f"{names[a]}+{names[b]} {gbps(value)} GB/s"
                                            for (a, b), value in sorted(peaks.items())))
     for name, why in blame_pairs(names, peaks).items():
         nodes[name].append(why)

@@ -159,9 +159,17 @@ def test_the_verdict_across_nodes():
     pairs = {(0, 1): result(0.06), (1, 2): result(0.3), (2, 3): result(0.31), (3, 0): result(0.061)}
     verdict = collective.judge_across(NAMES, everyone, pairs, None, 0)
     assert verdict.cluster == [] and verdict.nodes["node1"] == [] and len(verdict.nodes["node3"]) == 1
-    assert verdict.lines[0] == "across 4 node(s): all-reduce over 4 rank(s) (horovod 0.28.1 (gloo)): 0.1 GB/s bus " \
-                               "bandwidth at best"
+    assert verdict.lines[0] == "across 4 node(s): all-reduce over 4 rank(s) (horovod 0.28.1 (gloo)): 0.10 GB/s bus " \
+                               "bandwidth"
     assert verdict.lines[1].startswith("pairs: node1+node2 1.12 GB/s, node2+node3 0.22 GB/s")
     broken = collective.judge_across(NAMES, {"error": "exited 1"}, {(0, 1): {"error": "timed out"}}, None, 0)
     assert broken.cluster == ["all-reduce across the nodes: exited 1"]
     assert broken.nodes["node1"] == ["all-reduce with node2: timed out"]
+
+
+def test_pairs_are_measured_in_rounds_where_no_node_is_twice():
+    assert collective.pair_rounds(collective.ring_pairs(3)) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    assert collective.pair_rounds(collective.ring_pairs(4)) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    rounds = collective.pair_rounds(collective.ring_pairs(7))
+    assert sorted(p for r in rounds for p in r) == sorted(collective.ring_pairs(7))
+    assert all(len({n for p in r for n in p}) == 2 * len(r) for r in rounds) and len(rounds) == 3
