@@ -74,6 +74,14 @@ def describe_failure(code: int, stderr: str) -> str:
     return f"exit {code}: {last}" if code != 255 else f"ssh failed: {last}"
 
 
+def readable(descriptor: int, seconds: float) -> bool:
+    """Whether `descriptor` has something to read (or hit its end) within `seconds`: poll(2), which takes any
+    descriptor number (select(2) takes none above 1023, which a few hundred nodes' connections pass)."""
+    poller = select.poll()
+    poller.register(descriptor, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(max(0.0, seconds) * 1000))
+
+
 def default_control_dir() -> str:
     """A private folder for connection sockets (short path: sockets are limited to ~100 bytes)."""
     path = Path(tempfile.gettempdir()) / f"kiln-ssh-{os.getuid()}"
@@ -125,7 +133,7 @@ class Agent:
             if left <= 0:
                 self.close()
                 raise HostFailure(f"no answer within {timeout:g}s")
-            if select.select([descriptor], [], [], left)[0]:
+            if readable(descriptor, left):
                 chunk = os.read(descriptor, 1 << 16)
                 if not chunk:
                     raise self.failure()

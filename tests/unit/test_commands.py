@@ -1,5 +1,7 @@
 import shlex
 
+import pytest
+
 from bootstrap.commands import (
     SshOptions,
     detached_command,
@@ -73,3 +75,26 @@ def test_detached_command_leaves_pid_log_and_exit_files():
     inner = ("echo $$ > /r/worker-0.pid; cd /w && env 'TF_CONFIG={\"a\": 1}' python -m trainer "
              ">> /r/worker-0.log 2>&1; echo $? > /r/worker-0.exit.tmp && mv /r/worker-0.exit.tmp /r/worker-0.exit")
     assert command == f"mkdir -p /r && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"
+
+
+def test_waiting_for_a_node_takes_descriptors_above_1023():
+    """A few hundred nodes' connections pass descriptor 1023, which select(2) refuses (seen at 512 nodes)."""
+    import os
+    import resource
+
+    from bootstrap.ssh import readable
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the descriptor limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    read, write = os.pipe()
+    high = os.dup2(read, 1500)
+    try:
+        assert not readable(high, 0.05)
+        os.write(write, b"answer\n")
+        assert readable(high, 1.0)
+    finally:
+        for descriptor in (read, write, high):
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
