@@ -8,11 +8,12 @@ one string); the tasks read it from the config as `kiln_command`.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fabric import Config
 from fabric.main import Fab
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
 
 from bootstrap.executor import ClusterExecutor
 from bootstrap.tasks import namespace
@@ -50,12 +51,29 @@ def help_before_task(argv: list[str], tasks) -> list[str]:
     return [*argv[:first], "--help", argv[first]]
 
 
+@contextmanager
+def usage_errors():
+    """A command line kiln cannot parse is bad input: one line, `kiln: ...`, exit 2 (invoke's own: exit 1)."""
+    try:
+        yield
+    except ParseError as error:
+        raise Exit(f"kiln: {error}", code=2) from None
+
+
 class Kiln(Fab):
     command: list[str] = []
 
     def run(self, argv=None, exit: bool = True) -> None:
         own, self.command = split_command(list(sys.argv if argv is None else argv))
         super().run(help_before_task(own, self.namespace.task_names), exit=exit)
+
+    def parse_core(self, argv) -> None:
+        with usage_errors():
+            super().parse_core(argv)
+
+    def parse_tasks(self) -> None:
+        with usage_errors():
+            super().parse_tasks()
 
     def update_config(self, merge: bool = True) -> None:
         super().update_config()

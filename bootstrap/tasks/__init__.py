@@ -18,20 +18,32 @@ from bootstrap.errors import KilnError
 
 
 class NumberArgument(Argument):
-    """A float option. invoke shows a value only for str and int kinds (a float looked like a switch), so it is
-    kept as str for the help and parsed as a number here."""
+    """A number option (int or float). invoke shows a value only for str and int kinds (a float looked like a
+    switch), so it is kept as str for the help and parsed here: a word that is no number, or a negative one (no
+    option of kiln's takes one), is refused naming the option, before anything starts (invoke's own int cast
+    ended in a traceback)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, number: type = float, **kwargs):
+        self.number = number
         kwargs["kind"] = str
         super().__init__(**kwargs)
 
     def set_value(self, value, cast: bool = True) -> None:
         if cast and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ParseError(f"--{self.name.replace('_', '-')} wants a number, not {value!r}") from None
+            value = parse_number(f"--{self.name.replace('_', '-')}", value, self.number)
         super().set_value(value, cast=False)
+
+
+def parse_number(option: str, text: str, number: type = float) -> int | float:
+    """`text` as a number of kind `number`, 0 or more (pure); ParseError naming `option` otherwise."""
+    what = "a whole number" if number is int else "a number"
+    try:
+        value = number(text)
+    except ValueError:
+        raise ParseError(f"{option} wants {what}, not {text!r}") from None
+    if value < 0 or value != value:  # negative, or NaN
+        raise ParseError(f"{option} wants {what} of 0 or more, not {text!r}")
+    return value
 
 
 class KilnTask(Task):
@@ -44,9 +56,9 @@ class KilnTask(Task):
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         arguments = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
-        return [NumberArgument(names=tuple(a.names), default=a.default, help=a.help, positional=a.positional,
-                               optional=a.optional, attr_name=a.attr_name) if a.kind is float else a
-                for a in arguments]
+        return [NumberArgument(number=a.kind, names=tuple(a.names), default=a.default, help=a.help,
+                               positional=a.positional, optional=a.optional, attr_name=a.attr_name)
+                if a.kind in (int, float) else a for a in arguments]
 
 
 def cluster_task(**task_kwargs):

@@ -69,6 +69,13 @@ def test_a_command_without_a_task_or_a_missing_script_is_refused(tmp_path):
     assert both.returncode == 2 and "--args is for kiln's reference trainer" in both.stderr
 
 
+def test_an_option_kiln_cannot_parse_is_one_line_and_exit_2(tmp_path):
+    for argv, message in ((["train", "--timeout", "abc"], "kiln: --timeout wants a whole number, not 'abc'"),
+                          (["train", "--nosuch"], "kiln: No idea what '--nosuch' is!")):
+        done = kiln("-H", "n1", *argv, "--dry-run", cwd=tmp_path, home=tmp_path)
+        assert done.returncode == 2 and done.stderr.strip() == message, done.stderr
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["kiln", "up", "--help"], ["kiln", "--help", "up"]),
     (["kiln", "-H", "h1,h2", "train", "--mode", "tf-config", "-h"], ["kiln", "-H", "h1,h2", "--help", "train"]),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -45,8 +46,14 @@ def test_float_options_parse_as_numbers_and_refuse_words():
     args = parsed[0].args
     assert args["stall_factor"].value == 2.5 and args["max_restarts"].value == 2
     assert args["stall_minimum"].value == 60.0 and isinstance(args["stall_minimum"].value, float)
-    with pytest.raises(ParseError, match="--stall-factor wants a number, not 'fast'"):
-        Parser(contexts=[contexts()["cluster.train"]]).parse_argv(["cluster.train", "--stall-factor", "fast"])
+    assert isinstance(args["max_restarts"].value, int)
+    for argv, message in ((["--stall-factor", "fast"], "--stall-factor wants a number, not 'fast'"),
+                          (["--timeout", "abc"], "--timeout wants a whole number, not 'abc'"),
+                          (["--max-restarts", "1.5"], "--max-restarts wants a whole number, not '1.5'"),
+                          (["--timeout", "-5"], "--timeout wants a whole number of 0 or more, not '-5'"),
+                          (["--stall-minimum", "nan"], "--stall-minimum wants a number of 0 or more, not 'nan'")):
+        with pytest.raises(ParseError, match=re.escape(message)):
+            Parser(contexts=[contexts()["cluster.train"]]).parse_argv(["cluster.train", *argv])
 
 
 def test_fab_prints_the_help_of_a_task_from_the_project():
