@@ -143,6 +143,14 @@ def summary(record: RunRecord, *, status: str, failure: str | None, folder: Path
     }
 
 
+def status_line(verdict_text: str, saved: dict | None) -> str:
+    """What `kiln status` says of a run: a run `kiln stop` ended is stopped (its processes were ended on
+    purpose, not failed); otherwise what its processes' states say (`verdict_text`)."""
+    if saved and saved.get("status") == "stopped":
+        return "stopped (kiln stop)" + (f"; {saved['failure']}" if saved.get("failure") else "")
+    return verdict_text
+
+
 def result_row(data: dict) -> dict:
     def number(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"

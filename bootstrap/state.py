@@ -246,6 +246,11 @@ def load_run(run_id: str | None) -> RunRecord:
     return run_from_json(data, path)
 
 
+def load_summary(run_id: str) -> dict | None:
+    """A run's summary.json (written when the run ended, or was stopped); None while it runs."""
+    return read_json(run_folder(validate_run_id(run_id)) / "summary.json")
+
+
 def save_summary(run_id: str, data: dict) -> Path:
     path = run_folder(run_id) / "summary.json"
     write_json(path, data)

@@ -48,7 +48,7 @@ def status(c, run_id=None):
     verdict = launch.judge(plan, states)
     summary = "failed: " + launch.describe_failure(plan, verdict) if verdict.failed else (
         "done" if verdict.done else "running")
-    print(f"run {plan.run_id}: {summary}")
+    print(f"run {plan.run_id}: {runs.status_line(summary, state.load_summary(plan.run_id))}")
 
 
 @cluster_task(help={**RUN_HELP, "host": "only this node (its hostname)", "follow": "keep printing new lines",

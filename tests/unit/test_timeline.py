@@ -86,3 +86,12 @@ def test_summary_keeps_the_phases_in_time_order_with_totals(tmp_path):
     assert data["phase_seconds"] == {"watch": 4.0, "connect": 1.0, "training": 2.0}
     assert set(data["phase_seconds"]) <= set(OPERATOR_PHASES) | set(NODE_PHASES)
     json.dumps(data)  # summary.json must be able to hold it
+
+
+def test_a_stopped_run_is_stopped_not_failed():
+    assert runs.status_line("failed: worker-0 on n1 exited with status 143", {"status": "stopped", "failure": None}) \
+        == "stopped (kiln stop)"
+    assert runs.status_line("failed: x", {"status": "stopped", "failure": "could not stop: n2"}) == \
+        "stopped (kiln stop); could not stop: n2"
+    assert runs.status_line("running", None) == "running"
+    assert runs.status_line("failed: x", {"status": "failed", "failure": "x"}) == "failed: x"
