@@ -124,7 +124,9 @@ def fetch(c, path, run_id=None, host=None):
     folder = state.run_folder(record.run_id)
     source = path if PurePosixPath(path).is_absolute() else f"{paths.run(record.run_id)}/{path}"
 
-    def pull(index: int) -> str:
+    def pull(index: int) -> str | None:
+        if group.remote.run(group.hosts[index], ["test", "-e", source]).code != 0:
+            return None
         destination = fetch_destination(folder, record.names[index], path)
         group.remote.rsync(group.hosts[index], commands.rsync_fetch_argv(group.hosts[index], source, str(destination),
                                                                          group.remote.options))
@@ -132,9 +134,15 @@ def fetch(c, path, run_id=None, host=None):
 
     fetched, failures = group.remote.map([group.hosts[i] for i in chosen], lambda h: pull(group.hosts.index(h)))
     for where in fetched.values():
-        print(f"fetched {where}")
+        if where:
+            print(f"fetched {where}")
+    lacking = [record.names[i] for i in chosen if group.hosts[i] in fetched and fetched[group.hosts[i]] is None]
+    if lacking:
+        print(f"not on {', '.join(lacking)}: {source}")
     if failures:
         raise RemoteError(f"fetch {source}", {h.label: reason for h, reason in failures.items()})
+    if not any(fetched.values()):
+        raise KilnError(f"fetch: no node of run {record.run_id} has {source}")
 
 
 @cluster_task(help={**RUN_HELP, "port": "the local port to open TensorBoard on (default 6006)",

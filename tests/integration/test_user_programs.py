@@ -227,7 +227,13 @@ def test_fetch_brings_a_path_back_from_every_node_of_a_run(cluster, project):
     assert one.returncode == 0, one.stdout + one.stderr
     assert (folder / "node2" / "fetched" / home.lstrip("/") / "data" / "notes.txt").read_text() == "only-here\n"
     missing = cluster.kiln("fetch", "--run-id", "fetchme", "nosuch", cwd=project, hosts=None)
-    assert missing.returncode == 1 and "node1" in missing.stderr and "nosuch" in missing.stderr
+    assert missing.returncode == 1 and "no node of run fetchme has" in missing.stderr and "nosuch" in missing.stderr
+    assert "not on node1, node2, node3: " in missing.stdout, missing.stdout
+    cluster.ssh("node2", "echo partial > kiln/runs/fetchme/only-node2.txt")
+    some = cluster.kiln("fetch", "--run-id", "fetchme", "only-node2.txt", cwd=project, hosts=None)
+    assert some.returncode == 0, some.stdout + some.stderr
+    assert "not on node1, node3: " in some.stdout and "Broken pipe" not in some.stdout + some.stderr
+    assert (folder / "node2" / "only-node2.txt").read_text() == "partial\n"
 
 
 def test_tensorboard_is_forwarded_from_the_chief_and_ends_with_the_command(cluster, project):
