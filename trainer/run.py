@@ -170,6 +170,11 @@ def train(
         agreement=setup.agreement,
     )
     summary = None
+    # TensorBoard's event files (the epoch's loss, per epoch) in the run folder, from the chief alone: what
+    # `kiln tensorboard` shows. ParameterServerStrategy's coordinator keeps to kiln's own metrics.
+    board = ([keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard"), update_freq="epoch",
+                                          profile_batch=0, write_graph=False)]
+             if setup.chief and config.strategy != "ps" else [])
     try:
         if resume.remaining:
             model.fit(
@@ -177,7 +182,7 @@ def train(
                 epochs=plan.epochs,
                 initial_epoch=resume.initial_epoch,
                 steps_per_epoch=plan.steps_per_epoch,
-                callbacks=[*setup.callbacks, logger, keeper],
+                callbacks=[*setup.callbacks, logger, keeper, *board],
                 verbose=0,
             )
             summary = logger.summary()

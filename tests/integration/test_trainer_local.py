@@ -129,6 +129,7 @@ def test_single_process_strategy_learns_digits(strategy, tmp_path, processes):
     assert result["learning_rate"] == 0.05
     assert (model_dir / "saved_model.pb").is_file()
     assert f"trainer: strategy={strategy} task=local-0 world=1 final_loss=" in processes.log(process)
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard event files"
 
 
 def test_multiworker_workers_agree_and_only_the_chief_keeps_a_model(tmp_path, processes):
@@ -230,6 +231,8 @@ def test_horovod_ranks_agree(tmp_path, processes):
     # Different shards on each rank: identical weights prove the gradients were averaged.
     assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
     assert (model_dir / "saved_model.pb").is_file()
+    events = list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events, "rank 0 writes TensorBoard's event files under the run folder"
 
 
 @pytest.mark.parametrize(
