@@ -53,6 +53,15 @@ class RunPlan:
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
 
+    @property
+    def may_finish(self) -> frozenset[str]:
+        """Processes whose exit 0 before the run is done is theirs to make: with parameter servers, the workers
+        (a between-graph program's worker stops on its own once the global step is reached)."""
+        tasks = [launch.task for launch in self.launches]
+        if self.mode != "tf-config" or not any(task.startswith("ps-") for task in tasks):
+            return frozenset()
+        return frozenset(task for task in tasks if task.startswith("worker-"))
+
 
 @dataclass(frozen=True)
 class NodePaths:
@@ -387,8 +396,9 @@ class Verdict:
 
 
 def judge(plan: RunPlan, states: Mapping[int, Mapping[str, dict]]) -> Verdict:
-    """Decide from per-host task states: failed if any process exited non-zero or
-    vanished; done once every finishing process exited 0 (pure)."""
+    """Decide from per-host task states: failed if any process exited non-zero or vanished, or exited 0
+    before the run was done where that is not its to do (RunPlan.may_finish); done once every finishing
+    process exited 0 (pure)."""
     failed = []
     finished = set()
     for launch in plan.launches:
@@ -399,7 +409,7 @@ def judge(plan: RunPlan, states: Mapping[int, Mapping[str, dict]]) -> Verdict:
                 failed.append((host, launch.task, state["code"]))
             else:
                 finished.add(launch.task)
-                if launch.task not in plan.finishing:
+                if launch.task not in plan.finishing and launch.task not in plan.may_finish:
                     failed.append((host, launch.task, 0))
         elif state["state"] == "lost":
             failed.append((host, launch.task, None))

@@ -105,6 +105,32 @@ def test_judge_running_done_and_failed():
     assert judge(plan, lost) == Verdict(True, (("node2", "worker-1", None),))
 
 
+def test_with_parameter_servers_a_worker_that_ends_on_its_own_is_finished_not_failed():
+    """The between-graph shape: each worker stops once the global step is reached, at its own time, and the
+    servers never end; the run is done when the chief has, and a worker that fails still fails it."""
+    plan = _plan()
+    assert plan.may_finish == {"worker-0", "worker-1", "worker-2"} and plan.finishing == ("chief-0",)
+    states = {0: {"chief-0": {"state": "running"}, "worker-0": {"state": "exited", "code": 0},
+                  "ps-0": {"state": "running"}},
+              1: {"worker-1": {"state": "exited", "code": 0}}, 2: {"worker-2": {"state": "running"}}}
+    assert judge(plan, states) == Verdict(False)
+    states[0]["chief-0"] = {"state": "exited", "code": 0}
+    assert judge(plan, states) == Verdict(True)
+    states[2]["worker-2"] = {"state": "exited", "code": 1}
+    assert judge(plan, states) == Verdict(True, (("node3", "worker-2", 1),))
+    states[0]["ps-0"] = {"state": "exited", "code": 0}
+    assert ("node1", "ps-0", 0) in judge(plan, states).failed, "a server that ends is no finished worker"
+
+
+def test_without_parameter_servers_every_worker_must_finish():
+    topo = topology.plan_tf_config(NAMES, [1, 1, 1])
+    plan = plan_tf_config("r", topo, python=PY, paths=PATHS, program=REFERENCE)
+    assert plan.may_finish == frozenset() and set(plan.finishing) == {"worker-0", "worker-1", "worker-2"}
+    states = {0: {"worker-0": {"state": "exited", "code": 0}}, 1: {"worker-1": {"state": "running"}},
+              2: {"worker-2": {"state": "exited", "code": 0}}}
+    assert judge(plan, states) == Verdict(False)
+
+
 def test_failure_message_names_host_and_horovod_rank():
     plan = plan_horovod("r", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=REFERENCE, nic=None)
     verdict = Verdict(True, (("node1", "horovodrun", 1),))
