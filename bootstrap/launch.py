@@ -58,7 +58,8 @@ class RunPlan:
         """Processes whose exit 0 before the run is done is theirs to make: with parameter servers, the workers
         (a between-graph program's worker stops on its own once the global step is reached)."""
         tasks = [launch.task for launch in self.launches]
-        if self.mode != "tf-config" or not any(task.startswith("ps-") for task in tasks):
+        if self.mode != "tf-config" or not any(task.startswith("ps-") for task in tasks) or \
+                not any(task.startswith("chief-") for task in tasks):
             return frozenset()
         return frozenset(task for task in tasks if task.startswith("worker-"))
 
@@ -156,6 +157,53 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
     }
 
 
+# Placeholders in a user's command, filled per process: `{kiln:NAME}` inside any word. The `kiln:` prefix keeps
+# them apart from a program's own braces ({epoch}) and from the shell's brace expansion (no comma, no `..`).
+_PLACEHOLDER = re.compile(r"\{kiln:([^{}]*)\}")
+PLACE_NAMES = ("local_rank", "local_size", "gpus", "node_rank", "num_nodes")
+PLACEHOLDERS = {
+    "tf-config": ("task", "task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts", *PLACE_NAMES),
+    "run": ("task", "shard_index", "shard_count", *PLACE_NAMES),
+    "horovod": (),
+}
+_FROM_ENV = {"local_rank": "LOCAL_RANK", "local_size": "LOCAL_WORLD_SIZE", "gpus": "KILN_NUM_GPUS_PER_NODE",
+             "node_rank": "KILN_NODE_RANK", "num_nodes": "KILN_NUM_NODES", "task": "KILN_TASK",
+             "shard_index": "KILN_SHARD_INDEX", "shard_count": "KILN_SHARD_COUNT"}
+
+
+def check_placeholders(argv: Sequence[str], mode: str) -> None:
+    """Refuse, before anything starts, a placeholder kiln does not fill in `mode` (or one left unclosed)."""
+    known = PLACEHOLDERS[mode]
+    for word in argv:
+        if word.count("{kiln:") != len(_PLACEHOLDER.findall(word)):
+            raise UsageError(f"{word!r}: a {{kiln:...}} placeholder without its closing brace")
+        for name in _PLACEHOLDER.findall(word):
+            if name in known:
+                continue
+            if mode == "horovod":
+                raise UsageError(f"{{kiln:{name}}}: in horovod mode every rank runs the same command; read its "
+                                 "place from the environment (HOROVOD_RANK, LOCAL_RANK, KILN_NUM_GPUS_PER_NODE)")
+            raise UsageError(f"{{kiln:{name}}}: no such placeholder in {mode} mode (known: "
+                             + ", ".join(f"{{kiln:{k}}}" for k in known) + ")")
+
+
+def fill_placeholders(argv: Sequence[str], values: Mapping[str, str]) -> tuple[str, ...]:
+    """`argv` with every `{kiln:NAME}` replaced by its value for this process (pure; check_placeholders first)."""
+    return tuple(_PLACEHOLDER.sub(lambda match: values[match.group(1)], word) for word in argv)
+
+
+def placeholder_values(env: Mapping[str, str], topo: topology.Topology | None = None,
+                       process: topology.Process | None = None) -> dict[str, str]:
+    """What each placeholder stands for in one process: its place (from its environment) and, in tf-config
+    mode, its role and index and every role's `host:port` list, as TF_CONFIG has them."""
+    values = {name: env[key] for name, key in _FROM_ENV.items() if key in env}
+    if topo is not None and process is not None:
+        spec = topo.cluster_spec()
+        values.update({"task_type": process.role, "task_index": str(process.index),
+                       **{f"{role}_hosts": ",".join(spec.get(role, [])) for role in ("chief", "worker", "ps")}})
+    return values
+
+
 def placement_env(*, node_rank: int, nodes: int, gpus: int, local_rank: int, local_size: int) -> dict[str, str]:
     """Where one process stands (the environment contract, README): its node among the run's nodes, the node's
     GPU count, and its place among the processes on its node, named as torchrun names them."""
@@ -230,8 +278,10 @@ def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: 
         launches.append(Launch(process.host, process.task, tuple(entry_argv(program, python, strategy, run_dir)),
                                env, cwd=working_dir(program, paths)))
     finishing = tuple(p.task for p in topology.finishing_tasks(topo))
-    return RunPlan(run_id, "tf-config", topo.names, placed(launches, len(topo.names),
-                                                            gpu_counts(gpus, len(topo.names))), finishing,
+    launches = [replace(item, argv=fill_placeholders(item.argv, placeholder_values(item.env, topo, process)))
+                for item, process in zip(placed(launches, len(topo.names), gpu_counts(gpus, len(topo.names))),
+                                         topo.processes, strict=True)]
+    return RunPlan(run_id, "tf-config", topo.names, tuple(launches), finishing,
                    ports=tuple(sorted({p.port for p in topo.processes})),
                    checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user)
 
@@ -276,8 +326,9 @@ def plan_processes(run_id: str, names: Sequence[str], asked: Sequence[int | None
             files[env["KILN_SHARD_INPUTS"]] = "".join(f"{item}\n" for item in parts[index])
         launches.append(Launch(host, task, tuple(user_argv(program.argv, python)), env, files,
                                working_dir(program, paths)))
-    return RunPlan(run_id, "run", tuple(names), placed(launches, len(names), gpu_counts(gpus, len(names))),
-                   tuple(item.task for item in launches),
+    launches = [replace(item, argv=fill_placeholders(item.argv, placeholder_values(item.env)))
+                for item in placed(launches, len(names), gpu_counts(gpus, len(names)))]
+    return RunPlan(run_id, "run", tuple(names), tuple(launches), tuple(item.task for item in launches),
                    checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=True,
                    placement=topology.placement_note("run", names, asked, slots, gpus))
 
@@ -296,6 +347,7 @@ class RunSpec:
     nic: str | None = None
     ps: int = 0
     chief: bool = False
+    no_chief: bool = False
     evaluator: bool = False
     mpi: bool = False
     base_port: int = topology.DEFAULT_BASE_PORT
@@ -312,7 +364,7 @@ def plan_run(spec: RunSpec) -> RunPlan:
                             program=spec.program, nic=spec.nic, mpi=spec.mpi, gpus=spec.gpus)
     else:
         topo = topology.plan_tf_config(list(spec.names), list(slots), ps=spec.ps, chief=spec.chief,
-                                       evaluator=spec.evaluator, base_port=spec.base_port)
+                                       evaluator=spec.evaluator, base_port=spec.base_port, no_chief=spec.no_chief)
         plan = plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, program=spec.program,
                               nic=spec.nic, gpus=spec.gpus)
     return replace(plan, placement=note)

@@ -58,17 +58,21 @@ def plan_tf_config(
     chief: bool = False,
     evaluator: bool = False,
     base_port: int = DEFAULT_BASE_PORT,
+    no_chief: bool = False,
 ) -> Topology:
     """Place one worker per slot; with `ps` > 0 add a chief (the coordinator) and
-    parameter servers. The chief goes on the first host, parameter server i on
-    host i mod n, the evaluator beside the chief (it reads the model the chief
-    writes). Ports count up from `base_port` on each host."""
+    parameter servers, or with `no_chief` parameter servers and workers alone (the
+    between-graph shape: worker 0 leads). The chief goes on the first host,
+    parameter server i on host i mod n, the evaluator beside the chief (it reads
+    the model the chief writes). Ports count up from `base_port` on each host."""
     if not names:
         raise TopologyError("no hosts to place processes on")
     if len(names) != len(slots):
         raise TopologyError("every host needs a slot count")
     if ps < 0:
         raise TopologyError(f"--ps must be 0 or more, got {ps}")
+    if no_chief and chief:
+        raise TopologyError("--chief and --no-chief contradict each other")
     if not 1 <= base_port <= 65535:
         raise TopologyError(f"base port {base_port} is out of range")
     next_port = [base_port] * len(names)
@@ -81,7 +85,7 @@ def plan_tf_config(
         next_port[host] += 1
         processes.append(Process(role, index, host, port))
 
-    if chief or ps:
+    if (chief or ps) and not no_chief:
         place("chief", 0, 0)
     worker = 0
     for host, count in enumerate(slots):
@@ -102,10 +106,11 @@ def tf_config(topology: Topology, process: Process) -> dict:
 
 def finishing_tasks(topology: Topology) -> list[Process]:
     """The processes whose exit ends a run: the chief (and evaluator) with
-    parameter servers (workers and servers then serve forever), otherwise chief,
-    workers and evaluator."""
+    parameter servers (servers serve forever; workers may end on their own),
+    otherwise chief, workers and evaluator (with parameter servers and no chief:
+    the workers, which lead themselves)."""
     roles = {p.role for p in topology.processes}
-    ending = ("chief", "evaluator") if "ps" in roles else ("chief", "worker", "evaluator")
+    ending = ("chief", "evaluator") if "ps" in roles and "chief" in roles else ("chief", "worker", "evaluator")
     return [p for p in topology.processes if p.role in ending]
 
 

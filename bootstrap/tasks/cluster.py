@@ -283,6 +283,8 @@ TRAIN_HELP = {
     "mode": "horovod (one horovodrun over a hostfile) or tf-config (one process per role)",
     "ps": "tf-config: number of parameter servers (adds a chief as coordinator)",
     "chief": "tf-config: add a chief to a multi-worker run",
+    "no_chief": "tf-config with --ps: no chief; the workers lead themselves (worker 0 first), as between-graph "
+                "programs are written; the run is done when every worker has exited 0",
     "evaluator": "tf-config: add an evaluator beside the chief; it evaluates the model the chief saves",
     "mpi": "horovod: run over MPI instead of Gloo",
     "nic": "the network interface the nodes use between them (default: found)",
@@ -312,7 +314,7 @@ TRAIN_HELP = {
 
 @cluster_task(help=TRAIN_HELP)
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
-          mode="horovod", ps=0, chief=False, evaluator=False, mpi=False, nic=None,
+          mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None,
           base_port=topology.DEFAULT_BASE_PORT, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
           down_after=False, image=None, dry_run=False):
@@ -325,6 +327,9 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     command = user_command(c)
     if command and args:
         raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
+    launch.check_placeholders(command, mode)
+    if no_chief and not int(ps):
+        raise UsageError("--no-chief goes with --ps: without parameter servers there is no chief to leave out")
     folder = project_folder(code, command)
     # With --image, --python names the image's Python; kiln's own node side keeps the nodes' Python.
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
@@ -344,7 +349,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
         root=f"~/{REMOTE_ROOT}", program=program, nic=nic or "(found at run time)", ps=int(ps),
-        chief=chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
+        chief=chief, no_chief=no_chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return
@@ -453,6 +458,7 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
         raise UsageError("give the command after --, e.g. kiln -H h1,h2 run -- python process.py")
     if int(processes) < 0:
         raise UsageError(f"--processes {processes}: give a positive number")
+    launch.check_placeholders(command, "run")
     folder = project_folder(code, command)
     items = list_inputs(shard_input, folder) if shard_input else None
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from bootstrap import topology
 from bootstrap.launch import (
     Launch,
@@ -316,3 +318,57 @@ def test_every_node_watches_for_interruption_notices_as_part_of_the_run():
     assert inner[inner.index(">>") + 1:] == ["/root/kiln/runs/r1/interruption.log", "2>&1"]
     with_tasks = watcher_command("r1", "/v/bin/python", NodePaths("/root/kiln"), 600, ["worker-0", "ps-0"])
     assert "--run-dir /root/kiln/runs/r1 --until-exited worker-0,ps-0 --" in with_tasks
+
+
+def test_placeholders_fill_the_classic_between_graph_flags_per_process():
+    """TensorFlow's old distributed MNIST shape: --job_name, --task_index, --ps_hosts, --worker_hosts."""
+    from bootstrap.launch import RunSpec, plan_run
+
+    argv = ("python", "mnist_replica.py", "--job_name={kiln:task_type}", "--task_index={kiln:task_index}",
+            "--ps_hosts={kiln:ps_hosts}", "--worker_hosts={kiln:worker_hosts}")
+    spec = RunSpec("r1", "tf-config", NAMES, (None, None, None), PY, "/root/kiln", Program(argv), ps=1,
+                   no_chief=True, base_port=4000)
+    plan = plan_run(spec)
+    assert [item.task for item in plan.launches] == ["worker-0", "worker-1", "worker-2", "ps-0"]
+    assert plan.launches[1].argv[2:] == ("--job_name=worker", "--task_index=1", "--ps_hosts=node1:4001",
+                                         "--worker_hosts=node1:4000,node2:4000,node3:4000")
+    assert plan.launches[3].argv[2:4] == ("--job_name=ps", "--task_index=0")
+    assert set(plan.finishing) == {"worker-0", "worker-1", "worker-2"} and plan.may_finish == frozenset()
+
+
+@pytest.mark.parametrize(("word", "expected"), [
+    ("{kiln:local_rank}", "1"), ("--gpus={kiln:gpus}", "--gpus=0"),
+    ("ckpt-{epoch}-{kiln:task}", "ckpt-{epoch}-worker-1"),
+    ("python p.py --job_name={kiln:task_type} --n {kiln:num_nodes}", "python p.py --job_name=worker --n 3"),
+])
+def test_a_placeholder_anywhere_in_a_word_and_a_programs_own_braces_left_alone(word, expected):
+    from bootstrap.launch import check_placeholders, fill_placeholders, placeholder_values
+
+    check_placeholders(["sh", "-c", word], "tf-config")
+    topo = topology.plan_tf_config(NAMES, [1, 1, 1])
+    plan = plan_tf_config("r", topo, python=PY, paths=PATHS, program=Program(("sh", "-c", word)))
+    values = placeholder_values({**plan.launches[1].env, "LOCAL_RANK": "1"}, topo, topo.processes[1])
+    assert fill_placeholders([word], values) == (expected,)
+
+
+@pytest.mark.parametrize(("argv", "mode", "message"), [
+    (["{kiln:nosuch}"], "tf-config", "{kiln:nosuch}: no such placeholder in tf-config mode (known: {kiln:task}"),
+    (["--x={kiln:task_type}"], "run", "{kiln:task_type}: no such placeholder in run mode"),
+    (["{kiln:task_index}"], "horovod", "{kiln:task_index}: in horovod mode every rank runs the same command"),
+    (["--hosts={kiln:ps_hosts"], "tf-config", "a {kiln:...} placeholder without its closing brace"),
+])
+def test_an_unknown_placeholder_is_refused_before_anything_starts(argv, mode, message):
+    from bootstrap.errors import UsageError
+    from bootstrap.launch import check_placeholders
+
+    with pytest.raises(UsageError) as error:
+        check_placeholders(argv, mode)
+    assert message in str(error.value)
+
+
+def test_kiln_run_fills_its_shard_placeholders():
+    from bootstrap.launch import plan_processes
+
+    plan = plan_processes("r", NAMES, (None, None, None), python=PY, paths=PATHS,
+                          program=Program(("process.py", "--part", "{kiln:shard_index}/{kiln:shard_count}")))
+    assert [item.argv[-1] for item in plan.launches] == ["0/3", "1/3", "2/3"]
