@@ -7,6 +7,7 @@ one string); the tasks read it from the config as `kiln_command`.
 
 from __future__ import annotations
 
+import signal
 import sys
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -99,6 +100,9 @@ def make_program() -> Kiln:
 
 
 def main() -> None:
+    # Ctrl-C stops what kiln waits on (a run's watch, tensorboard's forward) even where kiln was started with
+    # SIGINT ignored (a background job of a script inherits that, and Python then keeps it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     make_program().run()
 
 

@@ -65,6 +65,23 @@ def test_a_parameter_server_script_runs_with_a_chief(cluster, project):
     assert run_processes("psrun") == []
 
 
+def test_a_classic_between_graph_program_runs_unchanged_with_placeholders(cluster, project):
+    """TensorFlow 1's distributed-MNIST shape: --job_name/--task_index/--ps_hosts/--worker_hosts filled per
+    process, workers that stop on their own at the global step (at different times), a server that never ends."""
+    done = cluster.kiln("train", "--mode", "tf-config", "--ps", "1", "--no-chief", "--run-id", "classic", "--",
+                        "python", "ps_worker_classic.py", "--job_name={kiln:task_type}",
+                        "--task_index={kiln:task_index}", "--ps_hosts={kiln:ps_hosts}",
+                        "--worker_hosts={kiln:worker_hosts}", "--train-steps", "300", cwd=project, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = outputs(cluster, "classic")
+    assert set(results) == {"node1/worker-0", "node2/worker-1", "node3/worker-2"}, results
+    assert max(r["global_step"] for r in results.values()) >= 299
+    assert sum(r["steps_here"] for r in results.values()) >= 299, "the workers shared one global step"
+    data = json.loads((cluster.runs / "classic" / "summary.json").read_text())
+    assert data["status"] == "ok", data
+    assert run_processes("classic") == [], "the parameter server was stopped once the workers were done"
+
+
 def test_a_horovod_keras_script_runs_on_every_rank(cluster, project):
     done = cluster.kiln("train", "--run-id", "hvdrun", "--", "python", "horovod_keras.py", "--epochs", "2",
                         cwd=project)
@@ -258,7 +275,11 @@ def test_tensorboard_is_forwarded_from_the_chief_and_ends_with_the_command(clust
             assert "TensorBoard" in page, board.stderr.read() if board.poll() is not None else "no page"
         finally:
             board.send_signal(signal.SIGINT)
-            board.wait(timeout=30)
+            try:
+                board.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                board.kill()
+                raise AssertionError("kiln tensorboard did not end on Ctrl-C (SIGINT)") from None
     for _ in range(20):
         if cluster.ssh("node1", "pgrep -f '[t]ensorboard[.]main'").returncode != 0:
             break
