@@ -203,6 +203,22 @@ class Cluster:
             results.update({first[host]: result for host, result in found.items()})
         return everyone, results
 
+    def reserve_ports(self, run_id: str, root: str, ports: Sequence[int],
+                      hosts: Sequence[Host] | None = None) -> dict[str, dict[str, str]]:
+        """Reserve `ports` for the run on `hosts` (default: every node; bootstrap/node.py reserve: all or none
+        per node, another live run's reservation holds); the conflicts, by node: {node: {port: other run}}.
+        Reserving again refreshes the run's own."""
+        if not ports:
+            return {}
+        found = self.remote.map_or_raise("reserve ports", list(hosts or self.hosts), lambda host: self.remote.node(
+            host, self.python, "reserve", run_id, root, *map(str, ports)))
+        return {host.label: answer["conflicts"] for host, answer in found.items() if answer["conflicts"]}
+
+    def release_ports(self, run_id: str, root: str, hosts: Sequence[Host] | None = None) -> None:
+        """Drop the run's port reservations on `hosts` (default: every node) that still answer."""
+        self.remote.map(list(hosts or self.hosts),
+                        lambda host: self.remote.node(host, self.python, "release", run_id, root))
+
     def sync(self, source: str, destination: str) -> None:
         """Mirror a project folder to the same path on every node, leaving out what its .kilnignore (else its
         .gitignore files) and kiln's fixed list leave out."""

@@ -188,6 +188,58 @@ def port_free(port):
     return True
 
 
+RESERVATION_GRACE = 600.0  # s a reservation holds with no process of its run (starting, or between attempts)
+
+
+def reserve(run_id, root, ports):
+    """Reserve `ports` on this node for `run_id` (files ROOT/ports/PORT naming the run), all or none, under a
+    lock: {"conflicts": {port: other run}}. Another run's reservation holds while that run has a process here,
+    or for RESERVATION_GRACE s since it was made or refreshed; an older one whose run has no process left is
+    taken over. Reserving again refreshes the run's own."""
+    import fcntl
+    import time
+
+    folder = os.path.join(os.path.expanduser(root), "ports")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conflicts, live = {}, {}
+        for port in ports:
+            path = os.path.join(folder, str(port))
+            holder = read_text(path).strip()
+            if not holder or holder == run_id:
+                continue
+            if holder not in live:
+                live[holder] = bool(run_processes(holder, helpers=True))
+            try:
+                recent = time.time() - os.stat(path).st_mtime < RESERVATION_GRACE
+            except OSError:
+                continue
+            if live[holder] or recent:
+                conflicts[str(port)] = holder
+        if not conflicts:
+            for port in ports:
+                with open(os.path.join(folder, str(port)), "w") as handle:
+                    handle.write(run_id + "\n")
+        return {"conflicts": conflicts}
+
+
+def release(run_id, root):
+    """Drop this run's port reservations on this node; the ports released."""
+    folder = os.path.join(os.path.expanduser(root), "ports")
+    released = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {"released": released}
+    for name in names:
+        path = os.path.join(folder, name)
+        if name.isdigit() and read_text(path).strip() == run_id:
+            os.remove(path)
+            released.append(int(name))
+    return {"released": sorted(released)}
+
+
 def write_if_changed(path, text, mode=0o600):
     """Write `text` to `path` unless it already holds it; True if it changed."""
     try:
@@ -630,6 +682,10 @@ def answer(verb, args, stdin):
         return mesh(json.loads(stdin()), args or ["ssh", "hosts"])
     if verb == "stop":
         return stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
+    if verb == "reserve":
+        return reserve(args[0], args[1], [int(p) for p in args[2:]])
+    if verb == "release":
+        return release(args[0], args[1])
     if verb == "status":
         return status(args[0], args[1:])
     if verb == "progress":

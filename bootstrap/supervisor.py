@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bootstrap import commands, launch, plots, runs, state
+from bootstrap import commands, launch, plots, runs, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.container import HostRuntime, Runtime
 from bootstrap.errors import KilnError, RemoteError, RunFailed
@@ -90,6 +90,9 @@ class Supervisor:
     def start(self) -> None:
         """Make the run folder on every node (clearing a previous attempt's pid and
         exit files), then start every process detached."""
+        taken = self.group.reserve_ports(self.plan.run_id, self.paths.root, self.plan.ports)  # ours, refreshed
+        if taken:
+            raise KilnError(f"run {self.plan.run_id} cannot start: {topology.describe_reserved(taken)}")
         run_dir = shlex.quote(self.run_dir)
         prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit {run_dir}/notice.json"
         self.group.remote.map_or_raise("prepare", self.group.hosts, lambda h: self.group.remote.check(h, prepare))
@@ -196,7 +199,13 @@ class Supervisor:
                 raise HostFailure(f"could not remove the run's container: {stopped['container']}")
             return stopped
 
-        _, failures = remote.map([h for h in self.group.hosts if h not in skip], halt)
+        staying = [h for h in self.group.hosts if h not in skip]
+        _, failures = remote.map(staying, halt)
+        try:  # the run's ports stay its own between attempts (node.py reserve: refreshed, they hold a while)
+            self.group.reserve_ports(self.plan.run_id, self.paths.root, self.plan.ports,
+                                     [h for h in staying if h.label not in failures])
+        except KilnError:
+            pass
         return {h.label: r for h, r in failures.items()}
 
     def collect(self, skip: Sequence[Host] = ()) -> Path:
@@ -372,7 +381,9 @@ class Supervisor:
         return self.finish(attempt.failure, restarts, time.monotonic() - started)
 
     def finish(self, failure: str | None, restarts: list[dict], wall: float) -> dict:
-        """Write summary.json and the plots, print the result, and fail where the run failed."""
+        """Release the run's ports, write summary.json and the plots, print the result, and fail where the run
+        failed."""
+        self.group.release_ports(self.plan.run_id, self.paths.root)
         data = runs.summary(self.record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
                             wall=wall, restarts=restarts, phases=self.timeline.spans)
         state.save_summary(self.plan.run_id, data)

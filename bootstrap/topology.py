@@ -46,6 +46,22 @@ class Topology:
         return spec
 
 
+def next_base_port(ports: Sequence[int]) -> int:
+    """Where to try a run's ports next when others hold some of them: just past the highest it wanted."""
+    return max(ports) + 1
+
+
+def describe_reserved(conflicts: Mapping[str, Mapping[str, str]]) -> str:
+    """`ports 23456, 23457 on node1 are reserved by run R` for each node and holder (pure)."""
+    parts = []
+    for node, held in sorted(conflicts.items()):
+        by_run: dict[str, list[str]] = {}
+        for port, run in sorted(held.items(), key=lambda item: int(item[0])):
+            by_run.setdefault(run, []).append(port)
+        parts += [f"port(s) {', '.join(ports)} on {node} reserved by run {run}" for run, ports in by_run.items()]
+    return "; ".join(parts)
+
+
 def join_host_port(name: str, port: int) -> str:
     return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
 

@@ -288,7 +288,8 @@ TRAIN_HELP = {
     "evaluator": "tf-config: add an evaluator beside the chief; it evaluates the model the chief saves",
     "mpi": "horovod: run over MPI instead of Gloo",
     "nic": "the network interface the nodes use between them (default: found)",
-    "base_port": f"tf-config: first port for the processes on each host (default {topology.DEFAULT_BASE_PORT})",
+    "base_port": f"tf-config: first port for the processes on each host (default: from "
+                 f"{topology.DEFAULT_BASE_PORT}, moved past the ports other runs hold on the hosts)",
     "args": "extra arguments for kiln's reference trainer, e.g. '--epochs 3 --batch-size 64' (with no command)",
     "code": "with a command: the project folder synced to the nodes and run from (default: the current folder)",
     "checkpoint_dir": "the folder (on the nodes) the program checkpoints to, copied from the first node to the "
@@ -315,7 +316,7 @@ TRAIN_HELP = {
 @cluster_task(help=TRAIN_HELP)
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None,
-          base_port=topology.DEFAULT_BASE_PORT, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
+          base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
           down_after=False, image=None, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
@@ -349,7 +350,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
         root=f"~/{REMOTE_ROOT}", program=program, nic=nic or "(found at run time)", ps=int(ps),
-        chief=chief, no_chief=no_chief, evaluator=evaluator, mpi=mpi, base_port=int(base_port))
+        chief=chief, no_chief=no_chief, evaluator=evaluator, mpi=mpi,
+        base_port=int(base_port) or topology.DEFAULT_BASE_PORT)
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return
@@ -362,6 +364,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         spec = replace(spec, names=tuple(n.name for n in nodes), python=processes_python, root=paths.root,
                        nic=nic or topology.common_interface({n.name: n.iface for n in nodes}),
                        gpus=mesh.gpu_counts(nodes))
+        spec = reserve_run_ports(group, spec, moveable=not int(base_port))
         recover = recoverer(group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
                             check_on_nodes=not image) if managed else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
@@ -373,6 +376,28 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         if down_after:
             print(f"--down-after: removing cluster {goal.name}", flush=True)
             owner.down()
+
+
+PORT_TRIES = 20  # base ports tried, each past the last, before a run gives up finding free ones
+
+
+def reserve_run_ports(group: Cluster, spec: launch.RunSpec, *, moveable: bool) -> launch.RunSpec:
+    """The run's spec with ports reserved on every node for it alone (runs side by side on the same hosts):
+    where another run holds some, a `moveable` run (no --base-port given) moves past them; otherwise it is
+    refused naming the run that holds them."""
+    for _ in range(PORT_TRIES):
+        ports = launch.plan_run(spec).ports
+        taken = group.reserve_ports(spec.run_id, spec.root, ports)
+        if not taken:
+            return spec
+        group.release_ports(spec.run_id, spec.root)
+        if not moveable:
+            raise KilnError(f"--base-port {spec.base_port}: {topology.describe_reserved(taken)}; give another "
+                            "--base-port, or leave it out and kiln finds free ones")
+        print(f"ports: {topology.describe_reserved(taken)}; trying from {topology.next_base_port(ports)}",
+              flush=True)
+        spec = replace(spec, base_port=topology.next_base_port(ports))
+    raise KilnError(f"no free ports for the run after {PORT_TRIES} tries from {topology.DEFAULT_BASE_PORT}")
 
 
 def choose_runtime(group: Cluster, image: str | None, paths: launch.NodePaths, run_id: str, program: launch.Program,
@@ -411,6 +436,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
                                                    plan.run_id))
     except BaseException:
         group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))
+        group.release_ports(plan.run_id, paths.root)
         raise
     record = record_run(group, plan, paths)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,

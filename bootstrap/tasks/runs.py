@@ -91,6 +91,7 @@ def stop(c, run_id=None):
     record, group, paths = reopen(c, run_id)
     supervisor = Supervisor(group, plan_from_record(record), paths)
     left = supervisor.stop()
+    group.release_ports(record.run_id, paths.root)
     folder = supervisor.collect()
     failure = "could not stop: " + ", ".join(left) if left else None
     data = runs.summary(record, status="stopped", failure=failure, folder=folder, wall=time.time() - record.started)

@@ -296,6 +296,33 @@ def test_detached_run_is_followed_and_stopped_from_its_run_id(cluster):
     assert after.stdout.splitlines()[-1] == f"run {run_id}: stopped (kiln stop)", after.stdout
 
 
+def test_two_runs_started_together_on_the_same_hosts_both_finish(cluster):
+    """Each tf-config run reserves its ports on the nodes before it starts: the second, finding the first's
+    held, moves past them instead of failing with `Could not start gRPC server`."""
+    argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--mode", "tf-config", "--detach",
+            "--args", SHORT]
+    started = [subprocess.Popen([*argv, "--run-id", run_id], cwd=ROOT, env=cluster.env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for run_id in ("side-a", "side-b")]
+    said = [process.communicate(timeout=300) for process in started]
+    assert [process.returncode for process in started] == [0, 0], said
+    assert any("trying from" in out for out, _ in said), said
+    deadline = time.monotonic() + 300
+    lines = {}
+    while time.monotonic() < deadline:
+        lines = {run_id: cluster.fab("cluster.status", "--run-id", run_id).stdout.splitlines()[-1]
+                 for run_id in ("side-a", "side-b")}
+        if all(not line.endswith(": running") for line in lines.values()):
+            break
+        time.sleep(2)
+    assert lines == {"side-a": "run side-a: done", "side-b": "run side-b: done"}, lines
+    held = cluster.ssh("node1", "cd ~/kiln/ports && grep -H . [0-9]*").stdout.split()
+    by_run: dict[str, set[str]] = {}
+    for line in held:
+        port, run_id = line.split(":")
+        by_run.setdefault(run_id, set()).add(port)
+    assert by_run.get("side-a") and by_run.get("side-b") and not by_run["side-a"] & by_run["side-b"], held
+
+
 def test_slots_place_several_ranks_per_host(cluster):
     plan = cluster.fab("cluster.train", "--slots", "2", "--dry-run", "--run-id", "slots", hosts="node1,node2")
     assert plan.returncode == 0, plan.stderr

@@ -104,3 +104,42 @@ def test_common_interface_or_a_clear_refusal():
         "nodes reach each other over differently named interfaces (node1=eth0, node2=ens5); "
         "pass --nic to name the one to use"
     )
+
+
+def test_a_run_that_finds_its_ports_held_moves_past_them_and_says_by_whom():
+    from bootstrap.topology import describe_reserved, next_base_port
+
+    assert next_base_port([23456, 23457]) == 23458
+    assert describe_reserved({"node2": {"23457": "runA", "23456": "runA"}, "node1": {"23456": "runB"}}) == (
+        "port(s) 23456 on node1 reserved by run runB; port(s) 23456, 23457 on node2 reserved by run runA")
+
+
+def test_port_reservations_on_a_node(tmp_path):
+    """bootstrap/node.py's reserve and release, run here for real: all or none, another run's holds while it has
+    a process or is recent, a stale one is taken over, reserving again refreshes."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from bootstrap import node
+
+    root = str(tmp_path)
+    assert node.reserve("runA", root, [5001, 5002]) == {"conflicts": {}}
+    assert node.reserve("runB", root, [5002, 5003]) == {"conflicts": {"5002": "runA"}}
+    assert not (tmp_path / "ports" / "5003").exists(), "all or none"
+    old = time.time() - node.RESERVATION_GRACE - 5
+    for port in (5001, 5002):
+        os.utime(tmp_path / "ports" / str(port), (old, old))
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                            env={**os.environ, "KILN_RUN_ID": "runA"})
+    try:
+        time.sleep(0.2)
+        assert node.reserve("runB", root, [5002]) == {"conflicts": {"5002": "runA"}}, "runA still has a process"
+    finally:
+        live.kill()
+        live.wait()
+    assert node.reserve("runB", root, [5002, 5003]) == {"conflicts": {}}, "stale: taken over"
+    assert (tmp_path / "ports" / "5002").read_text() == "runB\n"
+    assert node.release("runB", root) == {"released": [5002, 5003]}
+    assert node.release("runA", root) == {"released": [5001]}
