@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -41,3 +42,17 @@ def run(argv: Sequence[str], *, timeout: float, check: bool = True, input: str |
         raise KilnError(f"{shown(argv)} exited {done.returncode}: "
                         f"{tail(done.stderr or done.stdout, tail_lines) or 'no output'}")
     return done
+
+
+def raise_descriptor_limit() -> int:
+    """Lift this process's open-file limit to the hard one: each node kiln talks to holds an ssh connection and
+    its pipes (about four descriptors), so the usual soft limit of 1024 ends near 250 nodes. The new limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return wanted
+        except (ValueError, OSError):
+            return soft
+    return soft

@@ -15,6 +15,7 @@ from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument
 
 from bootstrap.errors import KilnError
+from kiln.proc import raise_descriptor_limit
 
 
 class NumberArgument(Argument):
@@ -67,6 +68,7 @@ def cluster_task(**task_kwargs):
     def decorate(function):
         @functools.wraps(function)
         def wrapper(c, *args, **kwargs):
+            raise_descriptor_limit()  # hundreds of nodes' connections
             try:
                 return function(c, *args, **kwargs)
             except KilnError as error:

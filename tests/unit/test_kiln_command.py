@@ -85,3 +85,13 @@ def test_an_option_kiln_cannot_parse_is_one_line_and_exit_2(tmp_path):
 ])
 def test_help_after_a_task_is_help_for_that_task(argv, expected):
     assert help_before_task(argv, {"up": None, "train": None}) == expected
+
+
+def test_kiln_lifts_its_open_file_limit_to_the_hard_one():
+    """About four descriptors per node: the usual soft limit of 1024 would end a mesh near 250 nodes."""
+    code = ("import resource; from kiln.proc import raise_descriptor_limit; "
+            "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)); raise_descriptor_limit(); "
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard or hard == resource.RLIM_INFINITY)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=PROJECT)
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
