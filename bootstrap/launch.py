@@ -485,11 +485,25 @@ def failed_hosts(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> list
     return [culprit[1]] if culprit else sorted({host for host, _, _ in verdict.failed})
 
 
-def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "") -> str:
+_PORT_TAKEN = re.compile(r"Could not start gRPC server|Address already in use|Failed to add port")
+
+
+def port_taken(log_text: str) -> bool:
+    """Whether a process's log says it died because its port was taken (TensorFlow's gRPC server, or any
+    program's bind)."""
+    return _PORT_TAKEN.search(log_text) is not None
+
+
+def describe_failure(plan: RunPlan, verdict: Verdict, horovod_log: str = "",
+                     logs: Mapping[str, str] | None = None) -> str:
+    """The failed processes, each with what it did (and, from its log in `logs` by task, a port another program
+    held), and horovodrun's first failed rank."""
     parts = []
     for host, task, code in verdict.failed:
         what = "vanished without an exit code" if code is None else (
             "exited 0 before the run was done" if code == 0 else f"exited with status {code}")
+        if code and port_taken((logs or {}).get(task, "")):
+            what += " (its port was taken: another program listens on it)"
         parts.append(f"{task} on {host} {what}")
     culprit = horovod_failed_host(plan, horovod_log)
     if culprit:
@@ -509,12 +523,13 @@ class Attempt:
 
 
 def judge_attempt(plan: RunPlan, verdict: Verdict, *, horovod_log: str = "", error: str | None = None,
-                  error_hosts: Sequence[str] = (), frozen: Sequence[str] = (), left: Sequence[str] = ()) -> Attempt:
+                  error_hosts: Sequence[str] = (), frozen: Sequence[str] = (), left: Sequence[str] = (),
+                  logs: Mapping[str, str] | None = None) -> Attempt:
     """Combine what was seen at the end of an attempt (pure): the verdict on the processes, an error that ended
     the watch (stall, timeout, a node gone), processes found stopped, and processes that would not stop."""
     failure, blamed = error, list(error_hosts)
     if verdict.failed:
-        failure = describe_failure(plan, verdict, horovod_log)
+        failure = describe_failure(plan, verdict, horovod_log, logs)
         blamed = failed_hosts(plan, verdict, horovod_log)
         if frozen:  # the peers of a frozen process fail; name the frozen one too
             failure += f"; stalled: {', '.join(frozen)} (a process there is stopped)"

@@ -296,8 +296,10 @@ class Supervisor:
         timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
         log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
             if verdict.failed else ""
+        logs = {task: read_text(self.folder / "hosts" / host / f"{task}.log")[-20000:]
+                for host, task, code in verdict.failed if code}
         attempt = launch.judge_attempt(self.plan, verdict, horovod_log=log, error=error, error_hosts=error_hosts,
-                                       frozen=frozen, left=list(left))
+                                       frozen=frozen, left=list(left), logs=logs)
         return Ended(attempt, going, detected)
 
     def replace_nodes(self, ended: Ended, recover: Recover, number: int, of: int, entry: dict) -> str | None:

@@ -46,9 +46,20 @@ def status(c, run_id=None):
         detail = f" (exit {seen['code']})" if seen.get("state") == "exited" else ""
         print(f"{plan.names[item.host]:<20} {item.task:<12} {seen.get('state', '?')}{detail}")
     verdict = launch.judge(plan, states)
-    summary = "failed: " + launch.describe_failure(plan, verdict) if verdict.failed else (
+    logs = {task: tail_log(group, paths, plan, host, task) for host, task, code in verdict.failed if code}
+    summary = "failed: " + launch.describe_failure(plan, verdict, logs=logs) if verdict.failed else (
         "done" if verdict.done else "running")
     print(f"run {plan.run_id}: {runs.status_line(summary, state.load_summary(plan.run_id))}")
+
+
+def tail_log(group: Cluster, paths: launch.NodePaths, plan: launch.RunPlan, host: str, task: str) -> str:
+    """The last lines of a process's log on its node (best effort: empty if the node does not answer)."""
+    where = group.hosts[plan.names.index(host)]
+    log = f"{paths.run(plan.run_id)}/{task}.log"
+    try:
+        return group.remote.run(where, ["tail", "-n", "200", log], timeout=30).stdout
+    except KilnError:
+        return ""
 
 
 @cluster_task(help={**RUN_HELP, "host": "only this node (its hostname)", "follow": "keep printing new lines",

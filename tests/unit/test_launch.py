@@ -372,3 +372,15 @@ def test_kiln_run_fills_its_shard_placeholders():
     plan = plan_processes("r", NAMES, (None, None, None), python=PY, paths=PATHS,
                           program=Program(("process.py", "--part", "{kiln:shard_index}/{kiln:shard_count}")))
     assert [item.argv[-1] for item in plan.launches] == ["0/3", "1/3", "2/3"]
+
+
+def test_a_process_that_died_because_its_port_was_taken_says_so():
+    from bootstrap.launch import port_taken
+
+    log = ("2026-11-25 E tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc: UNKNOWN: Could not start "
+           "gRPC server\n")
+    assert port_taken(log) and port_taken("OSError: [Errno 98] Address already in use") and not port_taken("oom")
+    verdict = Verdict(True, (("node2", "worker-1", 1), ("node3", "worker-2", 1)))
+    assert describe_failure(_plan(), verdict, logs={"worker-1": log, "worker-2": "Killed"}) == (
+        "worker-1 on node2 exited with status 1 (its port was taken: another program listens on it); "
+        "worker-2 on node3 exited with status 1")
