@@ -153,9 +153,12 @@ def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, ex
 
 def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str, entry: Sequence[str],
                     nic: str | None, mpi: bool = False, output_dir: str | None = None,
-                    start_timeout: int = 60) -> list[str]:
-    """One horovodrun (the argv that starts it) over a generated hostfile; Gloo unless `mpi`."""
-    argv = [*horovodrun, "-np", str(processes), "--hostfile", hostfile, "--mpi" if mpi else "--gloo",
+                    start_timeout: int = 60, elastic: tuple[int, int] | None = None) -> list[str]:
+    """One horovodrun (the argv that starts it) over a generated hostfile; Gloo unless `mpi`. With `elastic`
+    (min, max processes), horovodrun's elastic mode: `hostfile` is then its host discovery script."""
+    hosts = ["--hostfile", hostfile] if elastic is None else [
+        "--min-np", str(elastic[0]), "--max-np", str(elastic[1]), "--host-discovery-script", hostfile]
+    argv = [*horovodrun, "-np", str(processes), *hosts, "--mpi" if mpi else "--gloo",
             "--start-timeout", str(start_timeout)]
     if nic:
         argv += ["--network-interfaces", nic]

@@ -49,6 +49,7 @@ class RunPlan:
     checkpoint_dir: str = ""  # spread from the first node to the others before a restart
     watch_output: bool = False  # a user's program: silence counts as a stall (kiln's trainer logs its steps)
     placement: str = ""  # how many processes on which nodes, and why (topology.placement_note)
+    elastic: bool = False  # horovodrun's elastic mode: nodes but the first may go without ending the run
 
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
@@ -240,7 +241,8 @@ def entry_argv(program: Program, python: str, strategy: str, run_dir: str) -> li
 
 
 def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
-                 program: Program, nic: str | None, mpi: bool = False, gpus: Sequence[int] | None = None) -> RunPlan:
+                 program: Program, nic: str | None, mpi: bool = False, gpus: Sequence[int] | None = None,
+                 elastic: tuple[int, int] | None = None) -> RunPlan:
     """One horovodrun on the first node over a generated hostfile. Every rank starts through kiln's kiln-rank
     shim, which gives it its placement variables (from the hosts' slots and GPU counts, as the hostfile fills
     them) and, for a user's program, its own KILN_OUTPUT_DIR (output/rank-N)."""
@@ -250,17 +252,22 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
     horovodrun = [python, f"{paths.lib}/shim/horovodrun.py"]
     # On one node horovodrun talks over loopback and refuses any other interface; with one process
     # its --output-filename divides by zero (horovod 0.28.1), and the log has that one rank anyway.
-    argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=f"{run_dir}/hostfile", entry=entry,
-                                    nic=nic if len(names) > 1 else None, mpi=mpi,
-                                    output_dir=f"{run_dir}/ranks" if sum(slots) > 1 else None)
+    if elastic:  # a discovery script instead of a hostfile (horovodrun runs it through a shell)
+        hosts_file, text = f"{run_dir}/discover", topology.discovery_script(names, slots)
+        hosts_arg = f"sh {shlex.quote(hosts_file)}"
+    else:
+        hosts_file, text = f"{run_dir}/hostfile", topology.horovod_hostfile(names, slots)
+        hosts_arg = hosts_file
+    argv = commands.horovodrun_argv(horovodrun, processes=sum(slots), hostfile=hosts_arg, entry=entry,
+                                    nic=nic if len(names) > 1 or elastic else None, mpi=mpi,
+                                    output_dir=f"{run_dir}/ranks" if sum(slots) > 1 else None, elastic=elastic)
     env = {**process_env(run_id, python, paths, program), "KILN_NUM_NODES": str(len(names)),
-           "KILN_HOST_SLOTS": ",".join(map(str, slots)),
+           "KILN_HOST_NAMES": ",".join(names), "KILN_HOST_SLOTS": ",".join(map(str, slots)),
            "KILN_HOST_GPUS": ",".join(map(str, gpu_counts(gpus, len(names))))}
-    launch = Launch(0, HOROVOD_TASK, tuple(argv), env,
-                    {f"{run_dir}/hostfile": topology.horovod_hostfile(names, slots)}, working_dir(program, paths))
+    launch = Launch(0, HOROVOD_TASK, tuple(argv), env, {hosts_file: text}, working_dir(program, paths))
     return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),
                    tuple(topology.horovod_rank_hosts(names, slots)), checkpoint_dir=checkpoint_dir(program, run_dir),
-                   watch_output=program.is_user)
+                   watch_output=program.is_user, elastic=elastic is not None)
 
 
 def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: NodePaths,
@@ -352,6 +359,19 @@ class RunSpec:
     mpi: bool = False
     base_port: int = topology.DEFAULT_BASE_PORT
     gpus: tuple[int, ...] | None = None  # each node's GPU count (its facts); None: not known yet (a dry run)
+    min_np: int = 0  # horovod: elastic from this many processes (0: not elastic)
+    max_np: int = 0  # ... to this many (0: every slot)
+
+
+def elastic_range(min_np: int, max_np: int, processes: int) -> tuple[int, int]:
+    """horovodrun's elastic bounds: at least `min_np` processes, at most `max_np` (default: every slot now),
+    starting with every slot (pure)."""
+    top = max_np or processes
+    if not 1 <= min_np <= processes:
+        raise UsageError(f"--min-np {min_np}: give 1 to the {processes} processes the hosts have slots for")
+    if top < min_np:
+        raise UsageError(f"--max-np {max_np} is below --min-np {min_np}")
+    return min_np, top
 
 
 def plan_run(spec: RunSpec) -> RunPlan:
@@ -360,8 +380,9 @@ def plan_run(spec: RunSpec) -> RunPlan:
     slots = topology.resolve_slots(spec.mode, spec.slots, spec.gpus)
     note = topology.placement_note(spec.mode, spec.names, spec.slots, slots, spec.gpus)
     if spec.mode == "horovod":
+        elastic = elastic_range(spec.min_np, spec.max_np, sum(slots)) if spec.min_np else None
         plan = plan_horovod(spec.run_id, spec.names, slots, python=spec.python, paths=paths,
-                            program=spec.program, nic=spec.nic, mpi=spec.mpi, gpus=spec.gpus)
+                            program=spec.program, nic=spec.nic, mpi=spec.mpi, gpus=spec.gpus, elastic=elastic)
     else:
         topo = topology.plan_tf_config(list(spec.names), list(slots), ps=spec.ps, chief=spec.chief,
                                        evaluator=spec.evaluator, base_port=spec.base_port, no_chief=spec.no_chief)
@@ -625,3 +646,14 @@ def validate_mode(mode: str, *, ps: int, evaluator: bool, mpi: bool) -> None:
         raise UsageError("--ps and --evaluator belong to --mode tf-config")
     if mode == "tf-config" and mpi:
         raise UsageError("--mpi belongs to --mode horovod")
+
+
+def validate_elastic(mode: str, *, min_np: int, max_np: int, mpi: bool) -> None:
+    if not (min_np or max_np):
+        return
+    if mode != "horovod":
+        raise UsageError("--min-np and --max-np belong to --mode horovod (horovodrun's elastic mode)")
+    if max_np and not min_np:
+        raise UsageError("--max-np goes with --min-np: kiln train --min-np N [--max-np M]")
+    if mpi:
+        raise UsageError("elastic Horovod runs over Gloo: --min-np cannot go with --mpi")

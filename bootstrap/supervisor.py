@@ -82,6 +82,7 @@ class Supervisor:
         self.record: RunRecord | None = None
         self.notice_watch = notice_watch
         self.lost: list[Host] = []
+        self.gone: list[Host] = []  # elastic runs: nodes lost while the run went on without them
         self.timeline = timeline or Timeline()
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
@@ -129,10 +130,29 @@ class Supervisor:
         """One question to every node (also those without processes of their own, whose loss or notice
         matters too): its processes' states, and the spot interruption notice its watcher wrote, if any."""
         hosts, remote = self.group.hosts, self.group.remote
-        answers = remote.map_or_raise("status", hosts, lambda h: remote.node(
+        answers, failures = remote.map(self.watched(), lambda h: remote.node(
             h, self.group.python, "look", self.run_dir, *self.plan.tasks_on(hosts.index(h)), timeout=30))
+        if failures:
+            self.let_go(failures)
         states = {hosts.index(h): answer["tasks"] for h, answer in answers.items() if answer["tasks"]}
         return states, {h: answer["notice"] for h, answer in answers.items() if answer["notice"]}
+
+    def watched(self) -> list[Host]:
+        return [host for host in self.group.hosts if host not in self.gone]
+
+    def let_go(self, failures: dict[Host, str]) -> None:
+        """In an elastic run, nodes that stopped answering (confirmed by a fresh connection), but the first
+        where horovodrun runs, are let go: the run goes on without them. Otherwise, or for any other failure,
+        the watch fails as always."""
+        going = [host for host in failures if host != self.group.hosts[0]] if self.plan.elastic else []
+        lost = [host for host in going if is_unreachable(self.group.remote.reachable(host) or "")]
+        if not lost or len(lost) != len(failures):
+            raise RemoteError("status", {h.label: r for h, r in failures.items()})
+        for host in lost:
+            self.gone.append(host)
+            self.group.remote.reset([host])
+            print(f"{self.plan.names[self.group.hosts.index(host)]} ({host.label}) stopped answering: the elastic "
+                  "run goes on without it", flush=True)
 
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
@@ -155,7 +175,7 @@ class Supervisor:
     def progress(self) -> dict[Host, dict]:
         """Every host's last logged steps and stopped processes of this run."""
         remote, python = self.group.remote, self.group.python
-        return remote.map_or_raise("progress", self.group.hosts, lambda h: remote.node(
+        return remote.map_or_raise("progress", self.watched(), lambda h: remote.node(
             h, python, "progress", self.plan.run_id, self.run_dir, timeout=30))
 
     def frozen_hosts(self) -> list[str]:
@@ -166,6 +186,7 @@ class Supervisor:
             return []
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
         return sorted(names[host] for host, found in seen.items() if found["stopped"])
+
 
     def check_progress(self, steps: launch.Progress, output: launch.Progress) -> None:
         """Raise Stalled when some process's logged step stopped moving, or when a process that logs no
@@ -290,9 +311,9 @@ class Supervisor:
         going = [*self.lost, *(host for host in noticed if host not in self.lost)]  # to be replaced
         frozen = self.frozen_hosts() if verdict.failed and not going else []
         with timeline.phase("stop"):
-            left = self.stop(skip=self.lost, patient=noticed)
+            left = self.stop(skip=[*self.lost, *self.gone], patient=noticed)
         with timeline.phase("collect"):
-            self.collect(skip=self.lost)
+            self.collect(skip=[*self.lost, *self.gone])
         timeline.spans += node_spans(runs.process_times(self.folder), watched, timeline.attempt)
         log = read_text(self.folder / "hosts" / self.plan.names[0] / f"{launch.HOROVOD_TASK}.log") \
             if verdict.failed else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -184,6 +185,19 @@ def placement_note(mode: str, names: Sequence[str], asked: Sequence[int | None],
 def horovod_hostfile(names: Sequence[str], slots: Sequence[int]) -> str:
     """Horovod's hostfile: `name slots=N` per line, ranks assigned in this order."""
     return "".join(f"{name} slots={count}\n" for name, count in zip(names, slots, strict=True))
+
+
+def discovery_script(names: Sequence[str], slots: Sequence[int], timeout: int = 3) -> str:
+    """Horovod's elastic host discovery script: `name:slots` for each of the run's nodes that answers SSH now
+    (through kiln's ssh shim, first on the processes' PATH: the cluster's pinned keys), the first node (where it
+    runs) always. Checked side by side, each within `timeout` seconds."""
+    checks = "".join(
+        f"( ssh -o BatchMode=yes -o ConnectTimeout={timeout} {shlex.quote(name)} true </dev/null >/dev/null 2>&1 "
+        f"&& echo {shlex.quote(f'{name}:{count}')} > \"$tmp/{index}\" ) &\n"
+        for index, (name, count) in enumerate(zip(names, slots, strict=True)) if index)
+    return ("#!/bin/sh\n# kiln: the run's nodes that answer now (horovodrun --host-discovery-script)\n"
+            f"tmp=$(mktemp -d) || exit 1\necho {shlex.quote(f'{names[0]}:{slots[0]}')}\n{checks}wait\n"
+            "cat \"$tmp\"/* 2>/dev/null\nrm -rf \"$tmp\"\n")
 
 
 def horovod_rank_hosts(names: Sequence[str], slots: Sequence[int]) -> list[str]:

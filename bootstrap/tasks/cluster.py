@@ -283,6 +283,9 @@ TRAIN_HELP = {
     "mode": "horovod (one horovodrun over a hostfile) or tf-config (one process per role)",
     "ps": "tf-config: number of parameter servers (adds a chief as coordinator)",
     "chief": "tf-config: add a chief to a multi-worker run",
+    "min_np": "horovod: run elastic (horovodrun --min-np): keep going on at least N processes when nodes go "
+              "(the program must use hvd.elastic, as Horovod's elastic examples do)",
+    "max_np": "with --min-np: at most M processes (default: every slot now)",
     "no_chief": "tf-config with --ps: no chief; the workers lead themselves (worker 0 first), as between-graph "
                 "programs are written; the run is done when every worker has exited 0",
     "evaluator": "tf-config: add an evaluator beside the chief; it evaluates the model the chief saves",
@@ -315,7 +318,7 @@ TRAIN_HELP = {
 
 @cluster_task(help=TRAIN_HELP)
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
-          mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None,
+          mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None, min_np=0, max_np=0,
           base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
           down_after=False, image=None, dry_run=False):
@@ -329,6 +332,10 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     if command and args:
         raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
     launch.check_placeholders(command, mode)
+    launch.validate_elastic(mode, min_np=int(min_np), max_np=int(max_np), mpi=mpi)
+    if int(min_np) and not command:
+        raise UsageError("--min-np runs a program written for elastic Horovod (hvd.elastic.run, as "
+                         "examples/horovod_elastic.py); kiln's reference trainer is not: give your command after --")
     if no_chief and not int(ps):
         raise UsageError("--no-chief goes with --ps: without parameter servers there is no chief to leave out")
     folder = project_folder(code, command)
@@ -351,7 +358,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
         root=f"~/{REMOTE_ROOT}", program=program, nic=nic or "(found at run time)", ps=int(ps),
         chief=chief, no_chief=no_chief, evaluator=evaluator, mpi=mpi,
-        base_port=int(base_port) or topology.DEFAULT_BASE_PORT)
+        base_port=int(base_port) or topology.DEFAULT_BASE_PORT, min_np=int(min_np), max_np=int(max_np))
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return

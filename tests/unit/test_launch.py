@@ -54,7 +54,8 @@ def test_horovod_plan_is_one_horovodrun_on_the_first_node():
          "--network-interfaces", "eth0", "--output-filename", f"{run}/ranks", "/root/kiln/lib/shim/kiln-rank",
          PY, "-m", "trainer", "--strategy", "horovod", "--run-dir", run, "--model-dir", f"{run}/model",
          "--epochs", "2"),
-        {**process_env("r1", PY, PATHS), "KILN_NUM_NODES": "3", "KILN_HOST_SLOTS": "1,1,1", "KILN_HOST_GPUS": "0,0,0"},
+        {**process_env("r1", PY, PATHS), "KILN_NUM_NODES": "3", "KILN_HOST_NAMES": "node1,node2,node3",
+         "KILN_HOST_SLOTS": "1,1,1", "KILN_HOST_GPUS": "0,0,0"},
         {f"{run}/hostfile": "node1 slots=1\nnode2 slots=1\nnode3 slots=1\n"},
         "/root/kiln/lib",
     ),), ("horovodrun",), ("node1", "node2", "node3"), checkpoint_dir=f"{run}/checkpoints")
