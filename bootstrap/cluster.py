@@ -198,8 +198,8 @@ class Cluster:
         results = {}
         for round_ in collective.pair_rounds(pairs):
             first = {self.hosts[a]: (a, b) for a, b in round_}
-            found = self.remote.map_or_raise("all-reduce", list(first),
-                                             lambda host, first=first: measure(first[host], "pair"))
+            found = self.remote.map_or_raise("all-reduce", list(first), lambda host, first=first: measure(
+                first[host], "pair{}-{}".format(*first[host])))
             results.update({first[host]: result for host, result in found.items()})
         return everyone, results
 
@@ -210,13 +210,14 @@ class Cluster:
         Reserving again refreshes the run's own."""
         if not ports:
             return {}
-        found = self.remote.map_or_raise("reserve ports", list(hosts or self.hosts), lambda host: self.remote.node(
+        found = self.remote.map_or_raise("reserve ports", list(self.hosts if hosts is None else hosts),
+                                         lambda host: self.remote.node(
             host, self.python, "reserve", run_id, root, *map(str, ports)))
         return {host.label: answer["conflicts"] for host, answer in found.items() if answer["conflicts"]}
 
     def release_ports(self, run_id: str, root: str, hosts: Sequence[Host] | None = None) -> None:
         """Drop the run's port reservations on `hosts` (default: every node) that still answer."""
-        self.remote.map(list(hosts or self.hosts),
+        self.remote.map(list(self.hosts if hosts is None else hosts),
                         lambda host: self.remote.node(host, self.python, "release", run_id, root))
 
     def sync(self, source: str, destination: str) -> None:

@@ -267,7 +267,8 @@ def plan_horovod(run_id: str, names: Sequence[str], slots: Sequence[int], *, pyt
     launch = Launch(0, HOROVOD_TASK, tuple(argv), env, {hosts_file: text}, working_dir(program, paths))
     return RunPlan(run_id, "horovod", tuple(names), (launch,), (HOROVOD_TASK,),
                    tuple(topology.horovod_rank_hosts(names, slots)), checkpoint_dir=checkpoint_dir(program, run_dir),
-                   watch_output=program.is_user, elastic=elastic is not None)
+                   # an elastic run's ranks renumber and its lost ones fall silent: no output watch
+                   watch_output=program.is_user and elastic is None, elastic=elastic is not None)
 
 
 def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: NodePaths,

@@ -175,8 +175,11 @@ class Supervisor:
     def progress(self) -> dict[Host, dict]:
         """Every host's last logged steps and stopped processes of this run."""
         remote, python = self.group.remote, self.group.python
-        return remote.map_or_raise("progress", self.watched(), lambda h: remote.node(
+        found, failures = remote.map(self.watched(), lambda h: remote.node(
             h, python, "progress", self.plan.run_id, self.run_dir, timeout=30))
+        if failures:
+            self.let_go(failures)
+        return found
 
     def frozen_hosts(self) -> list[str]:
         """Hosts where a process of the run is stopped (best effort: empty if a host does not answer)."""
@@ -223,8 +226,9 @@ class Supervisor:
         staying = [h for h in self.group.hosts if h not in skip]
         _, failures = remote.map(staying, halt)
         try:  # the run's ports stay its own between attempts (node.py reserve: refreshed, they hold a while)
-            self.group.reserve_ports(self.plan.run_id, self.paths.root, self.plan.ports,
-                                     [h for h in staying if h.label not in failures])
+            answering = [h for h in staying if h not in failures]
+            if answering:
+                self.group.reserve_ports(self.plan.run_id, self.paths.root, self.plan.ports, answering)
         except KilnError:
             pass
         return {h.label: r for h, r in failures.items()}

@@ -3,6 +3,8 @@ not train: ParameterServerStrategy's ps and worker servers."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -46,7 +48,8 @@ def multiworker() -> tf.distribute.MultiWorkerMirroredStrategy:
     """Synchronous data parallelism across the workers TF_CONFIG names, over every GPU of each worker's node
     (NCCL's collectives between them; gRPC's ring on CPUs)."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    implementation = devices.collective_implementation(len(tf.config.list_physical_devices("GPU")))
+    here = devices.workers_on_host(json.loads(os.environ.get("TF_CONFIG", "{}")))
+    implementation = devices.collective_implementation(len(tf.config.list_physical_devices("GPU")), here)
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation))
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)

@@ -183,14 +183,23 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
     if not passed:
         raise KilnError("preflight failed (see the table above)")
     if collective or (gpu and len(goal.hosts) > 1):
-        check_collective(group, nic, record=state.load_cluster(goal.name))
+        check_collective(group, nic, record=state.load_cluster(goal.name), asked=collective)
 
 
-def check_collective(group: Cluster, nic: str | None, record: state.ClusterRecord | None) -> None:
+def check_collective(group: Cluster, nic: str | None, record: state.ClusterRecord | None, *,
+                     asked: bool = True) -> None:
     """Measure and judge the all-reduce across the nodes (Cluster.allreduce_across); print what was measured;
-    fail naming the nodes far below the others, or the cluster under its node type's floor."""
+    fail naming the nodes far below the others, or the cluster under its node type's floor. It runs through
+    Horovod: without it on every node, `--collective` (`asked`) fails and `--gpu` notes it."""
     if len(group.hosts) < 2:
         print("collective: one node, nothing to measure across nodes")
+        return
+    missing = [node.name for node in group.nodes if not node.facts.get("packages", {}).get("horovod")]
+    if missing:
+        why = f"no Horovod in {group.python} on {', '.join(missing)}"
+        if asked:
+            raise KilnError(f"--collective measures through Horovod: {why}")
+        print(f"\ncollective: not measured across nodes ({why})")
         return
     paths = launch.NodePaths(same_root(group))
     group.sync_lib(paths.lib)
@@ -333,6 +342,12 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
     launch.check_placeholders(command, mode)
     launch.validate_elastic(mode, min_np=int(min_np), max_np=int(max_np), mpi=mpi)
+    if int(min_np) and (managed or int(max_restarts)):
+        raise UsageError("an elastic run (--min-np) goes on without lost nodes; --managed and --max-restarts "
+                         "restart runs and do not go with it yet")
+    if no_chief and not command:
+        raise UsageError("--no-chief is for a between-graph program whose workers lead themselves (give it "
+                         "after --); kiln's reference trainer needs its chief")
     if int(min_np) and not command:
         raise UsageError("--min-np runs a program written for elastic Horovod (hvd.elastic.run, as "
                          "examples/horovod_elastic.py); kiln's reference trainer is not: give your command after --")
@@ -419,13 +434,11 @@ def choose_runtime(group: Cluster, image: str | None, paths: launch.NodePaths, r
     return runtime, runtime.python_path(group.hosts[0])
 
 
-def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
-                    folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
-                    stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
-                    max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None) -> None:
-    """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
-    `python`, default the nodes'), then (unless detached) watch it to its end."""
-    runtime = runtime or HostRuntime()
+def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
+                    folder: Path | None, *, timeline: Timeline, runtime: Runtime, python: str | None,
+                    stall_factor: float, stall_minimum: float, timeout: float) -> tuple[state.RunRecord, Supervisor]:
+    """Preflight, sync, the runtime made ready and checked, the program checked, the run recorded, every
+    process started: (the run's record, its supervisor)."""
     with timeline.phase("preflight"):  # in a container image, the image's frameworks are checked instead
         table, passed = group.preflight(ports=plan.ports, frameworks=runtime.needs_node_frameworks)
     if not passed:
@@ -435,21 +448,35 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         group.sync_lib(paths.lib)
         if folder:
             group.sync(str(folder), paths.code)
-    try:
-        runtime.prepare(group.hosts, timeline)
-        runtime.check(group.hosts)
-        if folder:
-            group.check_program(runtime.wrap_check(launch.program_check(program, python or group.python, paths),
-                                                   plan.run_id))
-    except BaseException:
-        group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))
-        group.release_ports(plan.run_id, paths.root)
-        raise
+    runtime.prepare(group.hosts, timeline)
+    runtime.check(group.hosts)
+    if folder:
+        group.check_program(runtime.wrap_check(launch.program_check(program, python or group.python, paths),
+                                               plan.run_id))
     record = record_run(group, plan, paths)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
                             timeline=timeline, notice_watch=timeout, runtime=runtime)
     with timeline.phase("start"):
         supervisor.start()
+    return record, supervisor
+
+
+def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
+                    folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
+                    stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
+                    max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None) -> None:
+    """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
+    `python`, default the nodes'), then (unless detached) watch it to its end. Until the processes have
+    started, a failure stops what was made ready and gives up the run's port reservations."""
+    runtime = runtime or HostRuntime()
+    try:
+        record, supervisor = ready_and_start(group, plan, paths, program, folder, timeline=timeline,
+                                             runtime=runtime, python=python, stall_factor=stall_factor,
+                                             stall_minimum=stall_minimum, timeout=timeout)
+    except BaseException:
+        group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))
+        group.release_ports(plan.run_id, paths.root)
+        raise
     print(f"run {plan.run_id} started: {len(plan.launches)} process(es) on {len(group.hosts)} host(s)", flush=True)
     if plan.placement:
         print(plan.placement, flush=True)

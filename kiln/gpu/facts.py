@@ -267,7 +267,10 @@ XID_APPLICATION, XID_RESET, XID_REBOOT, XID_REPLACE, XID_RECORD = (
     "an application error (restart the program; the node is fine)", "reset the GPU", "reboot the node",
     "replace the node", "recorded, no action now")
 XID_CLASSES = {
+    # 45 (preemptive cleanup): logged when a GPU process is ended, killed or after another error (that error,
+    # if any, is an event of its own)
     8: XID_APPLICATION, 11: XID_APPLICATION, 13: XID_APPLICATION, 31: XID_APPLICATION, 43: XID_APPLICATION,
+    45: XID_APPLICATION,
     94: XID_APPLICATION, 126: XID_APPLICATION,
     48: XID_RESET, 64: XID_RESET, 74: XID_RESET, 95: XID_RESET, 109: XID_RESET, 110: XID_RESET, 119: XID_RESET,
     120: XID_RESET, 136: XID_RESET, 140: XID_RESET, 143: XID_RESET, 155: XID_RESET, 156: XID_RESET,

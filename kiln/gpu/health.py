@@ -129,7 +129,7 @@ def judge_cluster(reports: Sequence[NodeReport]) -> dict[str, list[str]]:
         verdicts[report.label] = found
     measured = {}
     for report in reports:
-        if report.allreduce is not None:
+        if report.allreduce is not None and not report.allreduce.get("unavailable"):
             read = collective.read_probe(report.allreduce)
             if isinstance(read, str):
                 verdicts[report.label].append(f"all-reduce over the node's GPUs: {read}")
@@ -156,6 +156,8 @@ def summary(report: NodeReport) -> str:
                  + (" (slowest GPU)" if len(devices) > 1 else ""))
     if isinstance(read, collective.Measurement):
         line += f"; all-reduce {read.peak:.0f} GB/s bus bandwidth over {read.ranks} GPUs ({read.tool})"
+    elif report.allreduce is not None and report.allreduce.get("unavailable"):
+        line += f"; all-reduce not measured ({report.allreduce['unavailable']})"
     return line
 
 

@@ -173,3 +173,12 @@ def test_pairs_are_measured_in_rounds_where_no_node_is_twice():
     rounds = collective.pair_rounds(collective.ring_pairs(7))
     assert sorted(p for r in rounds for p in r) == sorted(collective.ring_pairs(7))
     assert all(len({n for p in r for n in p}) == 2 * len(r) for r in rounds) and len(rounds) == 3
+
+
+def test_a_node_with_nothing_to_measure_the_all_reduce_with_is_noted_not_failed():
+    h100 = host_facts((DATA / "h100-gather.txt").read_text())
+    facts = {**h100, "gpus": h100["gpus"] * 8, "pci_gpus": h100["pci_gpus"] * 8}
+    why = "/usr/bin/python3 has neither nccl-tests' all_reduce_perf nor tensorflow"
+    report = health.NodeReport("a", facts, None, {"unavailable": why})
+    assert not any("all-reduce" in problem for problem in health.judge_cluster([report])["a"])
+    assert health.summary(report).endswith(f"; all-reduce not measured ({why})")

@@ -95,3 +95,15 @@ def test_kiln_lifts_its_open_file_limit_to_the_hard_one():
             "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard or hard == resource.RLIM_INFINITY)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=PROJECT)
     assert done.stdout.strip() == "True", done.stdout + done.stderr
+
+
+def test_options_that_do_not_go_together_are_refused_before_anything_starts(tmp_path):
+    (tmp_path / "x.py").write_text("")
+    for argv, message in (
+            (["train", "--min-np", "2", "--max-restarts", "1", "--", "python", "x.py"],
+             "an elastic run (--min-np) goes on without lost nodes"),
+            (["train", "--min-np", "2", "--mpi", "--", "python", "x.py"], "elastic Horovod runs over Gloo"),
+            (["train", "--mode", "tf-config", "--ps", "1", "--no-chief"], "--no-chief is for a between-graph"),
+            (["train", "--mode", "tf-config", "--no-chief", "--", "python", "x.py"], "--no-chief goes with --ps")):
+        done = kiln("-H", "n1,n2", *argv[:1], "--dry-run", *argv[1:], cwd=tmp_path, home=tmp_path)
+        assert done.returncode == 2 and message in done.stderr, (argv, done.stderr)

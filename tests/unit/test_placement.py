@@ -155,8 +155,12 @@ def test_the_trainers_and_the_examples_gpu_for_ranks_0_to_7(gpus):
     assert [example.visible_gpu(rank, gpus) for rank in range(8)] == expected
 
 
-def test_multiworker_collectives_are_nccl_only_with_gpus():
-    assert devices.collective_implementation(8) == "NCCL" and devices.collective_implementation(0) == "RING"
+def test_multiworker_collectives_are_nccl_only_with_the_nodes_gpus_to_itself():
+    assert devices.collective_implementation(8) == "NCCL" and devices.collective_implementation(0) == "AUTO"
+    assert devices.collective_implementation(8, workers_here=2) == "AUTO"
+    one = {"cluster": {"worker": ["n1:1", "n2:1"]}, "task": {"type": "worker", "index": 1}}
+    two = {"cluster": {"chief": ["n1:1"], "worker": ["n1:2", "n2:1"]}, "task": {"type": "worker", "index": 0}}
+    assert devices.workers_on_host(one) == 1 and devices.workers_on_host(two) == 2 and devices.workers_on_host({}) == 1
 
 
 def test_the_all_reduce_check_runs_one_horovodrun_through_kilns_shims():
