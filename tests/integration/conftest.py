@@ -70,6 +70,15 @@ class LocalCluster:
     def node_dir(self, node: str) -> Path:
         return self.state / node
 
+    def rekey(self, node: str) -> None:
+        """Give `node` new host keys (its sshd reads them at each connection): a changed machine."""
+        keys = self.node_dir(node) / "etc-ssh"
+        for key in keys.glob("ssh_host_*_key*"):
+            key.unlink()
+        for kind in ("ed25519", "ecdsa"):
+            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
+                           check=True, timeout=30)
+
 
 @pytest.fixture(scope="session")
 def container_registry(tmp_path_factory):

@@ -331,12 +331,7 @@ def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, proj
     group.sync(str(project), paths.code)
     runtime = ContainerRuntime(group, cluster.image, paths, "crekeyed")
     runtime.prepare(hosts, Timeline())
-    keys = cluster.node_dir("node3") / "etc-ssh"
-    for key in keys.glob("ssh_host_*_key*"):
-        key.unlink()
-    for kind in ("ed25519", "ecdsa"):
-        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
-                       check=True, timeout=30)
+    cluster.rekey("node3")
     plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1],
                                python=runtime.python_path(hosts[0]), paths=paths,
                                program=launch.Program(("python", "horovod_keras.py")), nic="eth0")

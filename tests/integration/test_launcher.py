@@ -393,12 +393,7 @@ def test_changed_host_key_is_refused_everywhere(cluster, monkeypatch):
                             fanout=8, timeout=60)
     group.require_facts("connect")
     group.apply_mesh()
-    keys = cluster.node_dir("node3") / "etc-ssh"
-    for key in keys.glob("ssh_host_*_key*"):
-        key.unlink()
-    for kind in ("ed25519", "ecdsa"):
-        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
-                       check=True, timeout=30)
+    cluster.rekey("node3")
     hop = cluster.ssh("node2", "ssh node3 hostname")
     assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
 
