@@ -151,13 +151,19 @@ def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, ex
     return [python, "-m", "trainer", "--strategy", strategy, "--run-dir", run_dir, "--model-dir", model_dir, *extra]
 
 
+ELASTIC_COOLDOWN = (5, 300)  # seconds: horovodrun --blacklist-cooldown-range
+
+
 def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str, entry: Sequence[str],
                     nic: str | None, mpi: bool = False, output_dir: str | None = None,
                     start_timeout: int = 60, elastic: tuple[int, int] | None = None) -> list[str]:
     """One horovodrun (the argv that starts it) over a generated hostfile; Gloo unless `mpi`. With `elastic`
     (min, max processes), horovodrun's elastic mode: `hostfile` is then its host discovery script."""
+    # Elastic: a host whose ranks failed is shut out for a cooldown (5 s doubling per failure, at most 300 s), not
+    # for good, so a replacement under a lost node's name (or a node back on the network) can join again.
     hosts = ["--hostfile", hostfile] if elastic is None else [
-        "--min-np", str(elastic[0]), "--max-np", str(elastic[1]), "--host-discovery-script", hostfile]
+        "--min-np", str(elastic[0]), "--max-np", str(elastic[1]), "--host-discovery-script", hostfile,
+        "--blacklist-cooldown-range", *map(str, ELASTIC_COOLDOWN)]
     argv = [*horovodrun, "-np", str(processes), *hosts, "--mpi" if mpi else "--gloo",
             "--start-timeout", str(start_timeout)]
     if nic:

@@ -422,7 +422,8 @@ def run_containers():
 def remove_container(run_id):
     """Remove the run's container on this node, if there is one: what is left of it goes with the run."""
     code, out = docker("rm", "-f", CONTAINER_PREFIX + run_id, timeout=60)
-    if code not in (0, None) and "No such container" not in out:
+    # No such container, or no engine running on this node (then no container either).
+    if code not in (0, None) and "No such container" not in out and "Cannot connect to the Docker daemon" not in out:
         return out
     return None
 

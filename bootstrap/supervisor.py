@@ -83,6 +83,9 @@ class Supervisor:
         self.notice_watch = notice_watch
         self.lost: list[Host] = []
         self.gone: list[Host] = []  # elastic runs: nodes lost while the run went on without them
+        self.joiner: Recover | None = None  # elastic runs with --managed: replaces a node that went
+        self.max_joins = 0
+        self.joins: list[dict] = []  # each replacement that joined the elastic run
         self.timeline = timeline or Timeline()
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
@@ -148,11 +151,64 @@ class Supervisor:
         lost = [host for host in going if is_unreachable(self.group.remote.reachable(host) or "")]
         if not lost or len(lost) != len(failures):
             raise RemoteError("status", {h.label: r for h, r in failures.items()})
-        for host in lost:
+        self.leave(lost, "stopped answering")
+
+    def leave(self, hosts: list[Host], why: str) -> None:
+        """The elastic run goes on without `hosts` (no longer watched); with --managed, replacements join it."""
+        if not hosts:
+            return
+        for host in hosts:
             self.gone.append(host)
             self.group.remote.reset([host])
-            print(f"{self.plan.names[self.group.hosts.index(host)]} ({host.label}) stopped answering: the elastic "
-                  "run goes on without it", flush=True)
+            print(f"{self.plan.names[self.group.hosts.index(host)]} ({host.label}) {why}: the elastic run goes on "
+                  "without it", flush=True)
+        if self.joiner:
+            self.join(hosts)
+
+    def join(self, going: list[Host]) -> None:
+        """Replace nodes an elastic run lost through the provider (the mesh, the code, the runtime on the new
+        machines), then name them in the run's host discovery script: horovodrun adds them to the live job at its
+        next look (Horovod's blacklist cooldown lets a replacement under a lost node's name back in). A
+        replacement that cannot be made is said and the run goes on without it."""
+        labels = ", ".join(host.label for host in going)
+        if len(self.joins) >= self.max_joins:
+            print(f"all {self.max_joins} recoveries of --max-recoveries used: {labels} not replaced", flush=True)
+            return
+        print(f"recovery {len(self.joins) + 1} of {self.max_joins}: replacing {labels} to join the elastic run",
+              flush=True)
+        detected, before = time.time(), list(self.group.hosts)
+        names = {host: self.plan.names[before.index(host)] for host in going}
+        try:
+            with self.timeline.phase("replace"):
+                replaced, plan = self.joiner(going)
+                fresh = [item.new for item in replaced]
+                self.runtime.prepare(fresh, self.timeline)
+                self.announce(plan, fresh)
+        except KilnError as failure:
+            self.gone += [host for host in self.group.hosts if host not in before]
+            print(f"warning: recovery failed: {failure}; the elastic run goes on without {labels}", file=sys.stderr,
+                  flush=True)
+            return
+        olds = {item.old for item in replaced}
+        self.gone = [host for host in self.gone if host not in olds]
+        self.plan, self.run_dir = plan, self.paths.run(plan.run_id)
+        self.record = record_run(self.group, plan, self.paths)
+        self.joins.append({"kind": "join", "lost": [names[h] for h in going], "detected_at": round(detected, 3),
+                           "replaced": [{"old": r.old.label, "new": r.new.label} for r in replaced],
+                           "joined_at": round(time.time(), 3)})
+        print(f"{', '.join(r.new.label for r in replaced)} ready: the elastic run adds it at its next host "
+              "discovery", flush=True)
+
+    def announce(self, plan: RunPlan, fresh: list[Host]) -> None:
+        """Start the interruption watcher on the `fresh` nodes, then give the first node the plan's host discovery
+        script (replaced whole, in one rename: horovodrun runs it every second)."""
+        watcher = launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch)
+        self.group.remote.map_or_raise("watch", fresh, lambda h: self.group.remote.check(h, watcher, timeout=60))
+        first = self.group.hosts[0]
+        for path, text in plan.launches[0].files.items():
+            quoted = shlex.quote(path)
+            self.group.remote.check(first, f"printf %s {shlex.quote(text)} > {quoted}.new && "
+                                           f"mv -f {quoted}.new {quoted}", timeout=60)
 
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
@@ -162,6 +218,10 @@ class Supervisor:
             verdict = launch.judge(self.plan, states)
             if verdict.done and not verdict.failed:
                 return verdict
+            if noticed and self.plan.elastic:  # the run goes on without noticed nodes, but the first
+                first = self.group.hosts[0]
+                self.leave([host for host in noticed if host != first], "has a spot interruption notice")
+                noticed = {host: notice for host, notice in noticed.items() if host == first}
             if noticed:  # before a failure: the notice's SIGTERM is what makes processes exit
                 raise Interrupted(noticed)
             if verdict.done:
@@ -369,6 +429,8 @@ class Supervisor:
         on the new one from the last checkpoint; stop, collect, and write summary.json."""
         started = time.monotonic()
         self.record = record
+        if self.plan.elastic:  # lost nodes are replaced while the run goes on, not by a restart
+            self.joiner, self.max_joins, recover = recover, max_recoveries, None
         restarts: list[dict] = []
         recoveries = 0
         while True:
@@ -412,7 +474,7 @@ class Supervisor:
         failed."""
         self.group.release_ports(self.plan.run_id, self.paths.root)
         data = runs.summary(self.record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
-                            wall=wall, restarts=restarts, phases=self.timeline.spans)
+                            wall=wall, restarts=[*restarts, *self.joins], phases=self.timeline.spans)
         state.save_summary(self.plan.run_id, data)
         plots.draw(self.folder)
         if self.plan.mode == "run":

@@ -46,6 +46,9 @@ def main() -> None:
                                  tf.keras.layers.Dense(2)])
     model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # The optimizer's variables made now, as training makes them: a rank that joins a running job broadcasts the
+    # same variables as the ranks there (a fresh optimizer has fewer until its first step, and the sync hangs).
+    model.optimizer.build(model.trainable_variables)
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     sizes = []
 

@@ -311,7 +311,8 @@ TRAIN_HELP = {
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
     "max_restarts": "when a process fails, restart the run (from the chief's last checkpoint) up to N times",
     "managed": "replace a node that stops answering (through the provider of the cluster kiln up made) and "
-               "restart the run on it from the last checkpoint",
+               "restart the run on it from the last checkpoint; with --min-np, the replacement joins the running "
+               "elastic job instead",
     "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
     "down_after": "remove the cluster (kiln up made it) once the run has ended and its folder is collected, "
                   "also when it failed",
@@ -342,9 +343,9 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
     launch.check_placeholders(command, mode)
     launch.validate_elastic(mode, min_np=int(min_np), max_np=int(max_np), mpi=mpi)
-    if int(min_np) and (managed or int(max_restarts)):
-        raise UsageError("an elastic run (--min-np) goes on without lost nodes; --managed and --max-restarts "
-                         "restart runs and do not go with it yet")
+    if int(min_np) and int(max_restarts):
+        raise UsageError("an elastic run (--min-np) goes on without lost nodes instead of restarting: "
+                         "--max-restarts does not go with it (--managed replaces lost nodes while it runs)")
     if no_chief and not command:
         raise UsageError("--no-chief is for a between-graph program whose workers lead themselves (give it "
                          "after --); kiln's reference trainer needs its chief")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import KILN, can_make_namespaces, run_processes
+from conftest import KILN, ROOT, can_make_namespaces, run_processes
 
 from testbed import netns
 
@@ -182,6 +183,63 @@ def test_with_no_recovery_left_a_lost_node_fails_the_run_and_leaves_nothing_runn
     assert run_processes("no-recovery") == []
     again = local_cluster("replace", "node2")  # what a later `kiln up` would do; the next test needs node2
     assert again.returncode == 0, again.stderr
+
+
+def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(managed, tmp_path):
+    """Elastic Horovod with --managed: node3 is lost mid-run, the ranks left go on at 2, kiln replaces node3 while
+    the job runs, horovodrun adds the new machine, and the run finishes at 3 ranks without a restart."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    argv = [str(KILN), "train", "--cluster", NAME, "--min-np", "2", "--managed", "--run-id", "elastic-join",
+            "--stall-minimum", "300", "--", "python", "horovod_elastic.py", "--epochs", "400", "--batches", "10"]
+    env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
+    log = STATE / "node1" / "kiln" / "runs" / "elastic-join" / "horovodrun.log"
+    with subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as run:
+        try:
+            deadline = time.monotonic() + 240
+            while "epoch 3 on 3 ranks" not in (log.read_text(errors="replace") if log.exists() else ""):
+                assert run.poll() is None and time.monotonic() < deadline, "the run never got going on 3 ranks"
+                time.sleep(0.5)
+            lost_at = time.time()
+            lost = local_cluster("lose", "node3")
+            assert lost.returncode == 0, lost.stderr
+            out, err = run.communicate(timeout=600)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    assert run.returncode == 0, out[-4000:] + err[-4000:]
+    assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
+    assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out
+    data = managed.summary("elastic-join")
+    [join] = data["restarts"]
+    assert join["kind"] == "join" and join["lost"] == ["node3"] and lost_at < join["detected_at"] < join["joined_at"]
+    assert join["replaced"] == [{"old": "node3", "new": "node3"}]
+    text = log.read_text(errors="replace")
+    assert "on 2 ranks" in text and text.rindex("on 3 ranks") > text.index("on 2 ranks"), text[-3000:]
+    results = [json.loads(path.read_text())  # ranks renumber after a reset: read every rank's result
+               for path in (managed.runs / "elastic-join" / "hosts").glob("*/output/rank-*/result.json")]
+    assert sorted(result["rank"] for result in results) == [0, 1, 2], results
+    assert all(result["size"] == 3 and result["epochs"] == 400 for result in results), results
+    assert any(2 in result["sizes_seen"] for result in results), results
+    # The replacement did work: its rank wrote its result on the new machine.
+    assert list((managed.runs / "elastic-join" / "hosts" / "node3" / "output").glob("rank-*/result.json"))
+    assert run_processes("elastic-join") == []
+
+
+def test_elastic_options_are_refused_where_they_do_not_belong(managed, tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "project", ignore=shutil.ignore_patterns("__pycache__"))
+    for args, message in ((["--min-np", "2"], "--min-np runs a program written for elastic Horovod"),
+                          (["--mode", "tf-config", "--min-np", "2", "--", "python", "x.py"],
+                           "--min-np and --max-np belong to --mode horovod"),
+                          (["--min-np", "5", "--", "python", "horovod_elastic.py"],
+                           "--min-np 5: give 1 to the 3 processes"),
+                          (["--min-np", "2", "--max-restarts", "1", "--", "python", "horovod_elastic.py"],
+                           "--max-restarts does not go with it")):
+        done = subprocess.run([str(KILN), "train", "--cluster", NAME, "--dry-run", *args], cwd=tmp_path / "project",
+                              env={**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 def test_managed_needs_a_cluster_whose_provider_can_replace_nodes(managed, tmp_path):
