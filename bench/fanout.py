@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""usage: bench/fanout.py [--sizes 4,16,64,256] [--width 64]
+"""usage: bench/fanout.py [--sizes 4,16,64,256] [--width 64] [--repeat 3]
 
 Time of `fab -H ... cluster.mesh cluster.check` (one invocation) on N local nodes, as a ratio to
 a floor of plain parallel `ssh NODE true` over the same nodes (fresh connections,
 the same width), and the SSH handshakes each node's sshd accepted during kiln's
 steps: from the operator, and from the other nodes (check's ring test).
-Measured in one run; nothing is asserted.
+Floor and kiln take turns `--repeat` times on the same nodes (kiln with a fresh home and no open
+connections each time, as a first run); the medians are printed. Measured in one run; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,10 +65,34 @@ def kiln(names: list[str], width: int, home: str) -> float:
     return time.perf_counter() - start
 
 
+def close_connections() -> None:
+    """kiln's shared SSH connections gone, so its next run starts cold."""
+    subprocess.run(["sh", "-c", f"for s in /tmp/kiln-ssh-{os.getuid()}/*; do ssh -O exit -S \"$s\" x; done"],
+                   capture_output=True, timeout=300)
+
+
+def measure(names: list[str], width: int, repeat: int) -> tuple[float, float, int, int]:
+    """Median floor and kiln seconds over `repeat` turns, and the last kiln run's operator and node-to-node
+    handshakes."""
+    size, floors, kilns = len(names), [], []
+    for _ in range(repeat):
+        floors.append(floor(names, width))
+        before = accepted(size)
+        with tempfile.TemporaryDirectory() as home:
+            kilns.append(kiln(names, width, home))
+        after = accepted(size)
+        close_connections()
+        time.sleep(3)  # what kiln left ending in the background (its node agents) is done before the next turn
+    operator = sum(1 for n in names for src in after[n][len(before[n]):] if src.endswith(".0.1"))
+    peers = sum(len(after[n]) - len(before[n]) for n in names) - operator
+    return statistics.median(floors), statistics.median(kilns), operator, peers
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--sizes", default="4,16,64,256")
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
     print(f"{'nodes':>5} {'floor_s':>8} {'kiln_s':>8} {'ratio':>6} {'op_handshakes/node':>19} "
           f"{'node_handshakes/node':>21}", flush=True)
@@ -75,18 +101,11 @@ def main() -> int:
         local_cluster("down")
         local_cluster("up", str(size))
         try:
-            floor_s = floor(names, options.width)
-            before = accepted(size)
-            with tempfile.TemporaryDirectory() as home:
-                kiln_s = kiln(names, options.width, home)
-            after = accepted(size)
-            operator = sum(1 for n in names for src in after[n][len(before[n]):] if src.endswith(".0.1"))
-            peers = sum(len(after[n]) - len(before[n]) for n in names) - operator
+            floor_s, kiln_s, operator, peers = measure(names, options.width, max(1, options.repeat))
             print(f"{size:>5} {floor_s:>8.2f} {kiln_s:>8.2f} {kiln_s / floor_s:>6.2f} {operator / size:>19.2f} "
                   f"{peers / size:>21.2f}", flush=True)
         finally:
-            subprocess.run(["sh", "-c", f"for s in /tmp/kiln-ssh-{os.getuid()}/*; do ssh -O exit -S \"$s\" x; done"],
-                           capture_output=True, timeout=120)
+            close_connections()
             local_cluster("down")
     return 0
 

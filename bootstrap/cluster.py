@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -76,14 +75,13 @@ class Cluster:
         private_key, public_key = mesh.ensure_cluster_key(self.name)
         payload = mesh.mesh_payload(self.name, nodes, private_key, public_key)
         (mesh.cluster_dir(self.name) / "known_hosts").write_text(payload["known_hosts"])
-        text = json.dumps(payload)
         by_host = {node.host: node for node in nodes}
 
         def install(host: Host) -> list[str]:
             if by_host[host].facts.get("uid") == 0:
-                return self.remote.node(host, self.python, "mesh", "ssh", "hosts", input=text)["changed"]
-            changed = self.remote.node(host, self.python, "mesh", "ssh", input=text)["changed"]
-            names_only = json.dumps({"cluster": self.name, "hosts": payload["hosts"]})  # root never sees the key
+                return self.remote.node(host, self.python, "mesh", "ssh", "hosts", input=payload)["changed"]
+            changed = self.remote.node(host, self.python, "mesh", "ssh", input=payload)["changed"]
+            names_only = {"cluster": self.name, "hosts": payload["hosts"]}  # root never sees the key
             return changed + self.remote.node(host, self.python, "mesh", "hosts", input=names_only,
                                               sudo=True)["changed"]
 

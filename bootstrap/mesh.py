@@ -92,9 +92,16 @@ def nodes_from_facts(facts_by_host: dict[Host, dict]) -> list[Node]:
 
 
 def known_hosts_text(nodes: Sequence[Node]) -> str:
-    """Every node's host keys under its hostname, its address, and the name the operator uses."""
+    """Every node's host key under its hostname, its address, and the name the operator uses."""
     return "".join(line for node in nodes for line in known_hosts_lines(
-        [node.name, node.address, node.host.address], node.facts["host_keys"], node.host.port))
+        [node.name, node.address, node.host.address], pinned_keys(node.facts["host_keys"]), node.host.port))
+
+
+def pinned_keys(keys: Sequence[str]) -> list[str]:
+    """The host keys of a node the mesh pins: its Ed25519 key where it has one, else every key it has. ssh asks a
+    host for the key type pinned for it, and one key per node keeps every node's known_hosts (each node holds the
+    whole cluster's) a third of the size at any cluster size."""
+    return [key for key in keys if key.split()[0] == "ssh-ed25519"] or list(keys)
 
 
 def replaced_known_hosts(text: str, nodes: Sequence[Node], replaced: Sequence) -> str:

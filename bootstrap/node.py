@@ -2,14 +2,24 @@
 
 Standard library only, no kiln imports: it runs on nodes before any code is
 synced, without `site` (faster start). Each verb prints one JSON object; the
-verb `serve` answers one JSON request per line on stdin, so one process per
+verb `serve` answers requests on stdin, one JSON line each, so one process per
 node serves a whole task.
+
+Its start is paid once per node by every kiln command, so it imports little: the C socket module (socket.py
+pulls in enum and selectors) and no json until a verb reads JSON (json pulls in re). Requests come marshalled
+(the operator's, trusted: marshal is builtin); answers go out as JSON written here (`dumps`), which the operator
+parses with its json.
 """
 
-import json
+import marshal
 import os
-import socket
 import sys
+import time
+
+try:
+    import _socket as socket  # the functions and constants of socket.py, without its imports
+except ImportError:  # an interpreter without CPython's C module
+    import socket
 
 HOSTS_FILE = "/etc/hosts"
 DATA_VOLUME_SETTINGS = "/etc/kiln/data-volume.json"  # the image's kiln-data-volume reads it (kiln up --volume)
@@ -61,6 +71,8 @@ def data_volume():
     """Where this node's data volume is mounted (kiln up --volume), or None."""
     try:
         with open(DATA_VOLUME_SETTINGS) as handle:
+            import json
+
             return json.load(handle).get("mount")
     except (OSError, ValueError, AttributeError):
         return None
@@ -108,7 +120,8 @@ def addresses():
     import struct
 
     result = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
         for _, iface in socket.if_nameindex():
             request = struct.pack("256s", iface.encode()[:15])
             try:
@@ -119,6 +132,8 @@ def addresses():
             if not address.startswith("127."):
                 prefix = sum(bin(int(part)).count("1") for part in mask.split("."))
                 result.append({"iface": iface, "address": address, "prefix": prefix})
+    finally:
+        sock.close()
     try:
         with open("/proc/net/if_inet6") as handle:
             for line in handle:
@@ -157,34 +172,56 @@ def host_keys():
 
 
 def resolve_all(names, budget=10.0):
-    """Every name's addresses, looked up in parallel within `budget` seconds: a
-    name that is not in /etc/hosts goes to DNS, which may be slow or absent."""
-    from concurrent.futures import ThreadPoolExecutor, wait
+    """Every name's addresses. Names in /etc/hosts are looked up in turn (the files answer at once); the others
+    go to DNS, which may be slow or absent: those in parallel threads within `budget` seconds."""
+    names = list(dict.fromkeys(names))
+    listed = hosts_file_names()
+    found = {name: resolve(name) for name in names if name in listed}
+    rest = [name for name in names if name not in listed]
+    if not rest:
+        return found
+    import threading
 
-    if len(names) == 1:
-        return {names[0]: resolve(names[0])}
-    pool = ThreadPoolExecutor(max_workers=min(16, len(names) or 1))
-    futures = {name: pool.submit(resolve, name) for name in dict.fromkeys(names)}
-    done, _ = wait(futures.values(), timeout=budget)
-    pool.shutdown(wait=False, cancel_futures=True)
-    return {name: future.result() if future in done else [] for name, future in futures.items()}
+    def look(name):
+        found[name] = resolve(name)
+
+    threads = [threading.Thread(target=look, args=(name,), daemon=True) for name in rest]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + budget
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {name: found.get(name, []) for name in names}
+
+
+def hosts_file_names():
+    """Every name /etc/hosts gives an address to."""
+    try:
+        with open(HOSTS_FILE) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return set()
+    return {name for line in lines for name in line.split("#", 1)[0].split()[1:]}
 
 
 def resolve(name):
     try:
-        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        # An ASCII name goes as bytes: a str would load the idna codec first.
+        infos = socket.getaddrinfo(name.encode() if name.isascii() else name, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror:
         return []
     return sorted({info[4][0] for info in infos})
 
 
 def port_free(port):
-    with socket.socket() as sock:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        return False
+    finally:
+        sock.close()
     return True
 
 
@@ -197,7 +234,6 @@ def reserve(run_id, root, ports):
     or for RESERVATION_GRACE s since it was made or refreshed; an older one whose run has no process left is
     taken over. Reserving again refreshes the run's own."""
     import fcntl
-    import time
 
     folder = os.path.join(os.path.expanduser(root), "ports")
     os.makedirs(folder, exist_ok=True)
@@ -432,7 +468,6 @@ def stop(run_id, grace):
     """TERM every process of the run (in its container too), KILL what is left after `grace` seconds, then
     remove the run's container."""
     import signal
-    import time
 
     inside = container_pid(run_id)
     pids = run_processes(run_id, helpers=True, inside=inside)
@@ -464,6 +499,8 @@ def progress(run_id, run_dir):
     for name in (n for n in entries if n.startswith("metrics.") and n.endswith(".jsonl")):
         last = last_line(os.path.join(run_dir, name))
         try:
+            import json
+
             row = json.loads(last)
             metrics[name[len("metrics."):-len(".jsonl")]] = {"step": int(row["step"])}
         except (ValueError, KeyError, TypeError):
@@ -539,6 +576,8 @@ def notice(run_dir):
     """The spot interruption notice the run's watcher wrote here (shim/interruption.py), or None."""
     text = read_text(os.path.join(run_dir, "notice.json"))
     try:
+        import json
+
         return json.loads(text) if text else None
     except ValueError:
         return None
@@ -556,7 +595,6 @@ def autostop(idle_s, interval_s, shutdown, state_path):
     """Start this node's idle agent, detached, in place of the one before (idle_s 0: only stop that one). It
     powers the node off once no kiln run has had a process here for idle_s seconds (`shutdown`: "system" runs
     shutdown; "namespace", on a local cluster's node, kills every process in the node's network namespace)."""
-    import time
 
     if shutdown not in ("system", "namespace"):
         raise ValueError(f"shutdown {shutdown!r}: system or namespace")
@@ -598,7 +636,6 @@ def autostop(idle_s, interval_s, shutdown, state_path):
 def end_agent(recorded, wait=5.0):
     """Stop the agent a state file names, if it is still that process; its pid, or None."""
     import signal
-    import time
 
     pid = recorded.get("pid")
     if not pid or pid == os.getpid() or started_at(pid) != recorded.get("since"):
@@ -616,7 +653,6 @@ def end_agent(recorded, wait=5.0):
 def watch_idle(idle_s, interval_s, shutdown, state_path):
     """Look for kiln runs every interval_s; power off once none was seen for idle_s (a monotonic clock: a time
     step does not count). A power-off that fails is logged and tried again at the next look."""
-    import time
 
     me = {"pid": os.getpid(), "since": started_at(os.getpid()), "idle_s": idle_s, "shutdown": shutdown}
     last_busy, last_busy_at = time.monotonic(), time.time()
@@ -661,6 +697,8 @@ def power_off(shutdown):
 
 def read_json(path):
     try:
+        import json
+
         return json.loads(read_text(path) or "{}")
     except ValueError:
         return {}
@@ -670,7 +708,7 @@ def write_state(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = f"{path}.{os.getpid()}"
     with open(temporary, "w") as handle:
-        json.dump(data, handle)
+        handle.write(dumps(data))
     os.replace(temporary, path)
 
 
@@ -680,7 +718,12 @@ def answer(verb, args, stdin):
         names = [n for n in args[1].split(",") if n] if len(args) > 1 else []
         return facts(ports, names, args[2] if len(args) > 2 and args[2] else None)
     if verb == "mesh":
-        return mesh(json.loads(stdin()), args or ["ssh", "hosts"])
+        payload = stdin()  # the agent's request carries it as is; a one-off call (sudo) reads JSON text
+        if isinstance(payload, str):
+            import json
+
+            payload = json.loads(payload)
+        return mesh(payload, args or ["ssh", "hosts"])
     if verb == "stop":
         return stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
     if verb == "reserve":
@@ -698,24 +741,90 @@ def answer(verb, args, stdin):
     raise ValueError(f"unknown verb {verb!r}")
 
 
-def serve():
-    """One request per line: {"verb", "args", "input"} -> {"ok", "result"|"error"}."""
-    for line in sys.stdin:
-        request = json.loads(line)
+def serve(lifetime):
+    """Requests until the end of the input (the operator is done), or `lifetime` seconds at most (a safety net:
+    SIGALRM ends the process). Each request is a marshalled {"verb", "args", "input"} after its length (8 hex
+    digits); each answer one JSON line, {"ok", "result"|"error"}."""
+    try:
+        import _signal as signal  # signal.py would import enum
+    except ImportError:
+        import signal
+    signal.alarm(lifetime)
+    stream = sys.stdin.buffer
+    while True:
+        header = stream.read(8)
+        if len(header) < 8:
+            return
+        body = stream.read(int(header, 16))
         try:
-            text = request["input"]
-            reply = {"ok": True, "result": answer(request["verb"], request["args"], lambda text=text: text)}
+            request = marshal.loads(body)
+            given = request["input"]
+            reply = {"ok": True, "result": answer(request["verb"], request["args"], lambda given=given: given)}
         except Exception as error:  # reported to the operator, who names the host
             reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
-        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.write(dumps(reply) + "\n")
         sys.stdout.flush()
+
+
+def request_frame(request):
+    """What the operator writes to a serving agent for one request (bootstrap.ssh.Agent)."""
+    body = marshal.dumps(request, 2)  # version 2: plain values, read by every Python 3
+    return b"%08x" % len(body) + body
+
+
+_ESCAPES = str.maketrans({**{chr(code): f"\\u{code:04x}" for code in (*range(0x20), 0x7F)},
+                          "\"": "\\\"", "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+                          "\b": "\\b", "\f": "\\f"})
+
+
+def dumps(value):
+    """`value` (dicts, lists, tuples, strings, numbers, booleans, None) as JSON, as json.dumps writes it (ASCII
+    only), without importing json."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    if isinstance(value, str):
+        return json_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(dumps(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json_string(key if isinstance(key, str) else dumps(key))}: {dumps(item)}"
+                               for key, item in value.items()) + "}"
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def json_string(text):
+    text = text.translate(_ESCAPES)
+    if not text.isascii():  # \uXXXX, a surrogate pair beyond the BMP; a lone surrogate as itself
+        text = "".join(char if char < "\x80" else utf16_escape(ord(char)) for char in text)
+    return f'"{text}"'
+
+
+def utf16_escape(code):
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
 
 
 def main(argv):
     if argv[0] == "serve":
-        serve()
+        serve(int(argv[1]) if len(argv) > 1 else 86400)
+        sys.stdout.flush()
+        os._exit(0)  # nothing left to tidy: skip the interpreter's teardown
     else:
-        json.dump(answer(argv[0], argv[1:], sys.stdin.read), sys.stdout)
+        sys.stdout.write(dumps(answer(argv[0], argv[1:], sys.stdin.read)))
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ def check_nodes(nodes: Sequence[Node], *, ports: Sequence[int] = (), required: S
         if len(same) > 1:
             for node in same:
                 findings.append(Finding(node.host.label, "hostname", f"hostname {name!r} is not unique"))
+    by_node_name = {node.name: node for node in nodes}
     for node in nodes:
-        findings += _resolution(node, nodes)
+        findings += _resolution(node, by_node_name)
         findings += [Finding(node.host.label, "ports", f"port {port} is in use")
                      for port in ports if not node.facts.get("ports", {}).get(str(port), True)]
     if compare_versions:
@@ -45,7 +46,9 @@ def check_nodes(nodes: Sequence[Node], *, ports: Sequence[int] = (), required: S
     return findings
 
 
-def _resolution(node: Node, nodes: Sequence[Node]) -> list[Finding]:
+def _resolution(node: Node, by_name: dict[str, Node]) -> list[Finding]:
+    """What `node` found wrong in its own name and in the names it looked up (each against that node's address,
+    from its name: a node looks up a few others, so the check grows with the cluster, not its square)."""
     found = []
     resolved = node.facts.get("resolve", {})
     own = resolved.get(node.name, [])
@@ -56,10 +59,10 @@ def _resolution(node: Node, nodes: Sequence[Node]) -> list[Finding]:
         found.append(Finding(node.host.label, "resolve",
                              f"own hostname {node.name!r} resolves to loopback {', '.join(loopback)} "
                              "(Gloo would bind there); run kiln mesh"))
-    for other in nodes:
-        if other is node or other.name not in resolved:
+    for name, addresses in resolved.items():
+        other = by_name.get(name)
+        if other is None or other is node:
             continue
-        addresses = resolved[other.name]
         if addresses != [other.address]:
             shown = ", ".join(addresses) or "nothing"
             found.append(Finding(node.host.label, "resolve",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bootstrap import commands
+from bootstrap import node as node_side
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
@@ -99,7 +100,7 @@ class Agent:
 
     def __init__(self, host: Host, python: str, options: SshOptions):
         self.host, self.python = host, python
-        command = shlex.join(["timeout", "-k", "5", str(self.LIFETIME), python, "-S", "-c", NODE_SCRIPT, "serve"])
+        command = shlex.join([python, "-S", "-c", NODE_SCRIPT, "serve", str(self.LIFETIME)])
         self.process = subprocess.Popen(commands.ssh_argv(host, command, options), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.buffer = b""
@@ -109,7 +110,7 @@ class Agent:
         return self.process.poll() is None
 
     def call(self, verb: str, args: Sequence[str], input: str | None, timeout: float) -> dict:
-        request = json.dumps({"verb": verb, "args": list(args), "input": input}).encode() + b"\n"
+        request = node_side.request_frame({"verb": verb, "args": list(args), "input": input})
         try:
             self.process.stdin.write(request)
             self.process.stdin.flush()
@@ -186,15 +187,13 @@ def workers(fanout: int) -> ThreadPoolExecutor:
 
 @atexit.register
 def close_agents() -> None:
-    """End every node agent (they would end anyway once this process's pipes close)."""
+    """End every node agent: each ends at the end of its input, and its ssh with it. Nothing waits for them: the
+    operator's command is done, and an ssh whose session is over leaves by itself."""
     with _AGENTS_LOCK:
         agents = list(_AGENTS.values())
         _AGENTS.clear()
     for agent in agents:
         agent.close_input()
-    deadline = time.monotonic() + 5
-    for agent in agents:
-        agent.close(max(0.1, deadline - time.monotonic()))
 
 
 class Remote:
@@ -254,7 +253,7 @@ class Remote:
             raise HostFailure(describe_failure(result.code, result.stderr))
         return result.stdout
 
-    def node(self, host: Host, python: str, verb: str, *args: str, input: str | None = None,
+    def node(self, host: Host, python: str, verb: str, *args: str, input: str | dict | None = None,
              timeout: float | None = None, sudo: bool = False) -> dict:
         """Run a verb of bootstrap/node.py with the node's `python`; its JSON answer.
         Calls go to the host's agent; with `sudo`, to a one-off root process."""
@@ -267,7 +266,8 @@ class Remote:
                 if not agent.alive:
                     self.forget(agent)
                 raise
-        result = self.run(host, ["sudo", "-n", python, "-S", "-c", NODE_SCRIPT, verb, *args], input=input,
+        text = input if input is None or isinstance(input, str) else json.dumps(input)  # a one-off call reads text
+        result = self.run(host, ["sudo", "-n", python, "-S", "-c", NODE_SCRIPT, verb, *args], input=text,
                           timeout=limit)
         if result.code != 0:
             raise HostFailure(describe_failure(result.code, result.stderr))

@@ -49,6 +49,17 @@ def test_known_hosts_pin_every_name_a_node_is_reached_by():
     )
 
 
+def test_the_mesh_pins_a_nodes_ed25519_key_and_every_key_of_a_node_without_one():
+    both = {**facts("node1", "10.9.0.2"), "host_keys": ["ecdsa-sha2-nistp256 ECDSA1", "ssh-ed25519 ED1"]}
+    old = {**facts("node2", "10.9.0.3"), "host_keys": ["ecdsa-sha2-nistp256 ECDSA2", "ssh-rsa RSA2"]}
+    nodes = mesh.nodes_from_facts({Host("n1"): both, Host("n2"): old})
+    assert mesh.known_hosts_text(nodes) == (
+        "node1,10.9.0.2,n1 ssh-ed25519 ED1\n"
+        "node2,10.9.0.3,n2 ecdsa-sha2-nistp256 ECDSA2\n"
+        "node2,10.9.0.3,n2 ssh-rsa RSA2\n"
+    )
+
+
 def test_a_replaced_node_loses_its_old_pins_and_gets_the_providers():
     from bootstrap.providers import Replacement
 

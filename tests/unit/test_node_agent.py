@@ -1,0 +1,81 @@
+"""The node side's agent (bootstrap/node.py, as the operator starts it on every node): it answers one JSON
+request per line and leaves at the end of its input or at the end of its lifetime; names the node's /etc/hosts
+lists are looked up without threads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bootstrap import node as node_side
+from bootstrap.ssh import NODE_SCRIPT
+
+
+def agent(*lifetime: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-S", "-c", NODE_SCRIPT, "serve", *lifetime], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_the_agent_answers_each_request_and_leaves_at_the_end_of_its_input():
+    process = agent("60")
+    requests = b"".join(node_side.request_frame({"verb": verb, "args": args, "input": None})
+                        for verb, args in (("facts", ["", "localhost", ""]), ("no-such-verb", [])))
+    out, err = process.communicate(requests, timeout=60)
+    assert process.returncode == 0, err
+    facts, unknown = (json.loads(line) for line in out.decode().splitlines())
+    assert facts["ok"] and facts["result"]["resolve"]["localhost"]
+    assert not unknown["ok"] and "unknown verb 'no-such-verb'" in unknown["error"]
+
+
+def test_a_request_carries_its_input_as_given():
+    payload = {"cluster": "c", "hosts": [["10.0.0.2", "n2"]], "text": "é\n\"x\"\\"}
+    process = agent("60")
+    request = node_side.request_frame({"verb": "mesh", "args": ["nothing"], "input": payload})
+    out, err = process.communicate(request, timeout=60)
+    assert process.returncode == 0, err
+    assert json.loads(out) == {"ok": True, "result": {"changed": []}}  # parts neither "ssh" nor "hosts"
+
+
+def test_an_agent_whose_input_never_ends_leaves_at_the_end_of_its_lifetime():
+    process = agent("1")
+    try:
+        code = process.wait(timeout=30)  # stdin stays open: only the lifetime can end it
+    finally:
+        process.kill()
+        process.communicate()
+    assert code == -14  # SIGALRM
+
+
+def test_the_names_in_a_hosts_file_are_read_past_comments_and_aliases(tmp_path, monkeypatch):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n# 10.0.0.9 commented\n10.0.0.2 node2 node2.cluster  # kiln\n\n"
+                     "::1 ip6-localhost ip6-loopback\n")
+    monkeypatch.setattr(node_side, "HOSTS_FILE", str(hosts))
+    assert node_side.hosts_file_names() == {"localhost", "node2", "node2.cluster", "ip6-localhost", "ip6-loopback"}
+    monkeypatch.setattr(node_side, "HOSTS_FILE", str(tmp_path / "missing"))
+    assert node_side.hosts_file_names() == set()
+
+
+def test_every_name_gets_an_answer_in_order_and_one_that_does_not_resolve_gets_none():
+    found = node_side.resolve_all(["localhost", "kiln-no-such-node.invalid", "localhost"], budget=5)
+    assert list(found) == ["localhost", "kiln-no-such-node.invalid"]
+    assert "127.0.0.1" in found["localhost"] and found["kiln-no-such-node.invalid"] == []
+
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -7, 2**70, 1.5, -0.0, 1e300, float("inf"), float("-inf"), "", "plain",
+    "quote \" and back\\slash", "\x00\x01\x1f\x7f\n\r\t\b\f", "é ü 漢字", "emoji 🚀 𝄞", "lone \udcff surrogate",
+    [], [1, "a", None, [2.5, {"k": False}]], (1, 2), {}, {"a": {"b": ["c", 1]}, "ünï": "x"},
+    {1: "one", 2.5: "x", False: "f", None: "n"},
+])
+def test_the_agents_json_is_what_json_dumps_writes(value):
+    assert node_side.dumps(value) == json.dumps(value)
+
+
+def test_the_agents_json_says_what_it_cannot_write():
+    with pytest.raises(TypeError, match="set is not JSON serializable"):
+        node_side.dumps({1, 2})
+    assert node_side.dumps(float("nan")) == "NaN" and json.loads(node_side.dumps([float("nan")]))[0] != 0
