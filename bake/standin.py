@@ -61,7 +61,7 @@ def cuda_packages(m: dict[str, str]) -> list[Package]:
     cuda_home = f"/usr/local/cuda-{major}.{minor}"
     cudnn = f"{m['cuda_cudnn_version']}-1"
     cudnn_major = m["cuda_cudnn_version"].split(".")[0]
-    nccl = f"{m['cuda_nccl_version']}-1+cuda{major}.{minor}"
+    nccl = f"{m['cuda_nccl_version']}-1+cuda{m['cuda_nccl_cuda_version']}"
     version_json = json.dumps({"cuda": {"name": "CUDA SDK (kiln stand-in)", "version": m["cuda_version"]}},
                               indent=3)
     persistenced = {
@@ -92,7 +92,7 @@ def cuda_packages(m: dict[str, str]) -> list[Package]:
         Package(f"libcudnn{cudnn_major}-dev-cuda-{major}", cudnn, "cuDNN development headers",
                 depends=f"libcudnn{cudnn_major}-cuda-{major} (= {cudnn})"),
         Package("libnccl2", nccl, "NVIDIA Collective Communication Library (NCCL) runtime"),
-        Package("libnccl2", f"{m['cuda_nccl_version']}-2+cuda{major}.{minor}", "NCCL runtime (decoy newer)"),
+        Package("libnccl2", nccl.replace("-1+", "-2+"), "NCCL runtime (decoy newer)"),
         Package("libnccl-dev", nccl, "NCCL development files", depends=f"libnccl2 (= {nccl})"),
     ]
     dcgm_unit = {"lib/systemd/system/nvidia-dcgm.service": ((DATA / "nvidia-dcgm.service").read_text(), 0o644),

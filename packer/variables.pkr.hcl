@@ -20,7 +20,7 @@ variable "profile" {
 
 variable "base_os" {
   type        = string
-  default     = "ubuntu-22.04"
+  default     = "ubuntu-24.04"
   description = "Base OS of the cloud images: ubuntu-22.04, ubuntu-24.04 or debian-12. The local image is always the Debian 12 base disk (local_base_disk)."
 
   validation {

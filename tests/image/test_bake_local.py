@@ -25,7 +25,7 @@ def test_the_bake_records_every_version_of_the_matrix(baked_image):
     assert record["profile"] == "cpu" and record["provider"] == "local"
     installed = record["versions"]["installed"]
     for key in ("tensorflow_version", "tensorflow_tf_keras_version", "tensorflow_numpy_version",
-                "tensorflow_horovod_version"):
+                "tensorflow_tensorboard_version", "tensorflow_horovod_version"):
         assert installed[key] == MATRIX[key], f"{key}: baked {installed[key]}, the matrix wants {MATRIX[key]}"
     assert record["versions"]["fingerprint"] == record["fingerprint"]
     assert (baked_image / record["disk"]).stat().st_size > 0

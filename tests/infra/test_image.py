@@ -11,7 +11,8 @@ pytestmark = pytest.mark.image
 
 # How each matrix entry is read on the host, independently of the image's own manifest.
 PIP = {"tensorflow_version": "tensorflow", "tensorflow_tf_keras_version": "tf-keras",
-       "tensorflow_numpy_version": "numpy", "tensorflow_horovod_version": "horovod"}
+       "tensorflow_numpy_version": "numpy", "tensorflow_tensorboard_version": "tensorboard",
+       "tensorflow_horovod_version": "horovod"}
 GPU_ONLY = {"nvidia_driver_version", "nvidia_driver_branch", "cuda_version", "cuda_cudnn_version",
             "cuda_nccl_version", "container_runtime_nvidia_toolkit_version", "cuda_dcgm_version"}
 MATRIX_KEYS = sorted(PIP) + ["mpi_openmpi_major", "nvidia_driver_version", "cuda_version", "cuda_cudnn_version",

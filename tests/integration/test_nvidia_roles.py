@@ -37,7 +37,7 @@ MATRIX = dict(re.findall(r'^([a-z_]+):\s*"([^"]+)"', (ANSIBLE / "group_vars/all/
 DRIVER = f"{MATRIX['nvidia_driver_version']}-1"
 TOOLKIT = f"{MATRIX['container_runtime_nvidia_toolkit_version']}-1"
 CUDA_MAJOR, CUDA_MINOR, _ = MATRIX["cuda_version"].split(".")
-NCCL = f"{MATRIX['cuda_nccl_version']}-1+cuda{CUDA_MAJOR}.{CUDA_MINOR}"
+NCCL = f"{MATRIX['cuda_nccl_version']}-1+cuda{MATRIX['cuda_nccl_cuda_version']}"
 CUDNN = f"{MATRIX['cuda_cudnn_version']}-1"
 EXPECTED = {  # package -> version, as the roles must leave them (Debian 12 names), all held
     "nvidia-driver-cuda": DRIVER,

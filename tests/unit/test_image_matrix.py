@@ -56,7 +56,8 @@ def pyproject_pins() -> dict[str, str]:
 
 @pytest.mark.parametrize(("variable", "package"), [
     ("tensorflow_version", "tensorflow"), ("tensorflow_tf_keras_version", "tf-keras"),
-    ("tensorflow_numpy_version", "numpy"), ("tensorflow_horovod_version", "horovod")])
+    ("tensorflow_numpy_version", "numpy"), ("tensorflow_tensorboard_version", "tensorboard"),
+    ("tensorflow_horovod_version", "horovod")])
 def test_matrix_python_pins_equal_pyproject(variable, package):
     assert str(MATRIX[variable]) == pyproject_pins()[package], (
         f"versions.yml {variable}={MATRIX[variable]} but pyproject.toml pins {package}=={pyproject_pins()[package]}")
