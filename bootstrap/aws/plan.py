@@ -25,6 +25,18 @@ TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`
 
 NAME = re.compile(r"[a-z0-9-]{1,32}")
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
+# `kiln up`'s default, and the GPU instance types it suggests with the GPUs each carries (all need the matrix's
+# driver branch 570 or later for Blackwell; every other type of EC2 is taken as it is named).
+DEFAULT_INSTANCE_TYPE = "g6.xlarge"
+SUGGESTED_INSTANCE_TYPES = {
+    "g6.xlarge": "1 NVIDIA L4, 24 GB",
+    "g6.12xlarge": "4 L4",
+    "g6e.xlarge": "1 L40S, 48 GB",
+    "g6e.12xlarge": "4 L40S",
+    "p5.48xlarge": "8 H100, 80 GB each, NVLink, EFA",
+    "p5en.48xlarge": "8 H200, 141 GB each, NVLink, EFA",
+    "p6-b200.48xlarge": "8 B200, 180 GB each, NVLink, EFA",
+}
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 PROFILE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 MIN_PREFIX = {4: 8, 6: 32}
@@ -120,7 +132,8 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     if count < 1:
         raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
     if not isinstance(instance_type, str) or not INSTANCE_TYPE.fullmatch(instance_type):
-        raise UsageError(f"--instance-type {instance_type!r} is not an EC2 instance type like p3.2xlarge")
+        raise UsageError(f"--instance-type {instance_type!r} is not an EC2 instance type like "
+                         f"{DEFAULT_INSTANCE_TYPE}")
     if ami is not None and not AMI_ID.fullmatch(ami):
         raise UsageError(f"--ami {ami!r} is not an AMI id like ami-0123456789abcdef0")
     if ami is None and not PROFILE.fullmatch(image_profile or ""):

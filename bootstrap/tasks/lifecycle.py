@@ -15,12 +15,13 @@ from bootstrap.tasks import cluster_task
 AWS_HELP = {
     "name": "the cluster's name (1-32 of a-z, 0-9, '-'); tags every resource as kiln:cluster",
     "count": "how many instances (at least 1)",
-    "instance_type": "EC2 instance type, e.g. p3.2xlarge",
+    "instance_type": f"EC2 instance type (default {plan.DEFAULT_INSTANCE_TYPE}); GPU types: "
+                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in plan.SUGGESTED_INSTANCE_TYPES.items()),
     "spot": "ask for spot instances",
     "max_price": "with --spot: the most to pay, USD per instance-hour",
     "ami": "this AMI instead of the newest one tagged with --image-profile",
     "image_profile": "pick the newest available AMI tagged kiln:profile=PROFILE (default gpu)",
-    "image_tags": "and carrying these tags too, e.g. kiln:fingerprint=ab12,kiln:tensorflow=2.18.1",
+    "image_tags": "and carrying these tags too, e.g. kiln:fingerprint=ab12,kiln:tensorflow=2.21.0",
     "ssh_cidr": "the address range you SSH from, e.g. 203.0.113.7/32 (required; never 0.0.0.0/0)",
     "user": "the login user of the AMI (default ubuntu)",
     "region": "AWS region (default: boto3's chain, e.g. AWS_DEFAULT_REGION)",
@@ -45,9 +46,10 @@ SNAPSHOT_HELP = {
 
 
 @cluster_task(help=AWS_HELP)
-def up(c, name, count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None, image_profile="gpu",
-       ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
-       image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False):
+def up(c, name, count=1, instance_type=plan.DEFAULT_INSTANCE_TYPE, spot=False, max_price=None, ami=None,
+       image_profile="gpu", ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0,
+       ssh_wait=plan.SSH_WAIT_S, image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None,
+       docker=False):
     """Start a cluster (AWS from a kiln AMI, or --provider local) and write its cluster file (then --cluster NAME)."""
     if provider not in providers.KINDS:
         raise UsageError(f"--provider {provider}: choose one of {', '.join(providers.KINDS)}")
@@ -149,8 +151,8 @@ LAUNCH_HELP = {
 
 
 @cluster_task(help=LAUNCH_HELP)
-def launch(c, name, provider="aws", count=1, instance_type="p3.2xlarge", spot=False, max_price=None, ami=None,
-           ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
+def launch(c, name, provider="aws", count=1, instance_type=plan.DEFAULT_INSTANCE_TYPE, spot=False, max_price=None,
+           ami=None, ssh_cidr=None, user="ubuntu", region=None, profile=None, ttl_hours=24.0, ssh_wait=plan.SSH_WAIT_S,
            mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
            accept_new_host_keys=False, volume=None, snapshot=False, image=None):
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed

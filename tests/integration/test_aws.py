@@ -339,7 +339,7 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"instance_type": "huge"}, "--instance-type 'huge' is not an EC2 instance type like p3.2xlarge"),
+    ({"instance_type": "huge"}, "--instance-type 'huge' is not an EC2 instance type like g6.xlarge"),
     ({"count": 0}, "--count 0: a cluster needs at least 1 instance"),
     ({"ssh_cidr": None}, "give --ssh-cidr"),
     ({"ssh_cidr": "0.0.0.0/0"}, "too broad"),
