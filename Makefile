@@ -12,7 +12,7 @@ HOSTS ?=
 VARS ?=
 REGISTRY ?=
 
-.PHONY: help setup demo test lint unit integration validate image verify image-test image-test-gpu bench clean
+.PHONY: help setup demo test lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -77,6 +77,9 @@ image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)
 	$(PY) -m pytest -q -m image_bake --timeout=7200 tests/image
+
+matrix-check: setup ## is the version matrix current? each pin's newest release in its line and overall (reads PyPI and NVIDIA's repositories; not in CI)
+	$(PY) -m bake.matrix_check
 
 bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput, the local bake
 	$(PY) bench/fanout.py
