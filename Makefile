@@ -11,8 +11,10 @@ PROFILE ?=
 HOSTS ?=
 VARS ?=
 REGISTRY ?=
+# A matrix file (matrices/) whose entries replace the version matrix's for one bake, e.g. an older TensorFlow.
+MATRIX ?=
 
-.PHONY: help setup demo test lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
+.PHONY: help setup matrix-env demo test lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -22,6 +24,10 @@ setup: $(READY) ## install system packages (as root), .venv and Horovod (cached)
 $(READY): pyproject.toml scripts/setup
 	scripts/setup
 	@touch $@
+
+matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an image gets with that file's entries (TensorFlow, a Horovod built for it)
+	@[ -n "$(MATRIX)" ] || { echo "make matrix-env: give MATRIX=FILE (matrices/)" >&2; exit 2; }
+	MATRIX=$(MATRIX) scripts/setup
 
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) -m testbed.demo --nodes $(NODES)
@@ -63,12 +69,12 @@ validate: setup ## static checks of the bake: packer fmt and validate (4 sources
 	$(PY) -m pytest -q tests/unit/test_image_matrix.py tests/unit/test_packer_templates.py
 	$(stage_end)
 
-image: validate ## bake: PROVIDER=aws|gcp|azure|local (default)|docker, PROFILE=gpu|cpu, VARS=my.pkrvars.hcl, REGISTRY=host:port (docker: push); reuses an unchanged one
+image: validate $(if $(and $(MATRIX),$(filter local docker,$(PROVIDER))),matrix-env) ## bake: PROVIDER=aws|gcp|azure|local (default)|docker, PROFILE=gpu|cpu, VARS=my.pkrvars.hcl, REGISTRY=host:port (docker: push), MATRIX=matrices/F.yml; reuses an unchanged one
 	$(PY) -m bake.image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f)) \
-		$(if $(REGISTRY),--registry $(REGISTRY))
+		$(if $(REGISTRY),--registry $(REGISTRY)) $(if $(MATRIX),--matrix $(MATRIX))
 
 verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boots the local image, checks it, stops it
-	$(PY) -m bake.verify $(if $(HOSTS),--hosts $(HOSTS))
+	$(PY) -m bake.verify $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MATRIX),--matrix $(MATRIX))
 
 image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite and a container, re-run the playbook (slow)
 	$(stage_begin)

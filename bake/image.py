@@ -1,9 +1,12 @@
-"""usage: scripts/image PROVIDER [--profile gpu|cpu] [--var-file F]... [--registry R] [--force] [--timeout S]
+"""usage: scripts/image PROVIDER [--profile gpu|cpu] [--matrix F] [--var-file F]... [--registry R] [--force]
+                     [--timeout S]
 
 Bake an image with Packer and Ansible: PROVIDER is aws, gcp, azure, local or docker. The bake's inputs
 (templates, roles, the version matrix, provider, profile; for local the base disk and the wheelhouse, for
 docker the base image and the wheelhouse) give a fingerprint; an image with that fingerprint already in images/
-is reused, not baked again (--force bakes anyway). local boots scripts/base-image's Debian 12 disk under qemu
+is reused, not baked again (--force bakes anyway). --matrix F bakes with a matrix file's entries (matrices/) in
+place of the version matrix's, e.g. an older TensorFlow by choice; the fingerprint and the image record them.
+local boots scripts/base-image's Debian 12 disk under qemu
 (TCG) and installs Python packages from scripts/wheelhouse, served to the VM on 127.0.0.1 over qemu's user-mode
 network. docker runs the container roles in a container of the local Docker engine (cpu: the Debian base
 bake/container_base.py makes; gpu: NVIDIA's CUDA/cuDNN image, pulled) and tags the result
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from bake import base_image, container, container_base, provision
 from bake import plan as imagelib
-from bake.matrix import read_matrix
+from bake.matrix import read_matrix, read_override
 from bake.packer import compat_tree, is_modern, parse_packer_version, pkrvars
 from bake.plan import Bake
 from bake.provision import VM_ADDRESS_OF_HOST
@@ -75,13 +78,14 @@ def run_packer(argv: list[str], log: Path, timeout: float) -> None:
         raise KilnError(f"packer build failed (exit {process.returncode}); its log: {log}")
 
 
-def local_inputs(args) -> tuple[dict[str, str], Path, Path]:
+def local_inputs(matrix_file: Path | None) -> tuple[dict[str, str], Path, Path]:
     base = base_image.ensure(cache_dir())
-    wheelhouse = provision.wheelhouse()
+    wheelhouse = provision.wheelhouse(matrix_file)
     return {"base": base.name, "wheelhouse": wheelhouse.name}, base, wheelhouse
 
 
-def docker_inputs(profile: str, matrix: dict[str, str]) -> tuple[dict[str, str], str, bool, Path | None]:
+def docker_inputs(profile: str, matrix: dict[str, str],
+                  matrix_file: Path | None) -> tuple[dict[str, str], str, bool, Path | None]:
     """The base image (made here on cpu, NVIDIA's on gpu), whether packer pulls it, and the wheelhouse (cpu: the
     Horovod wheel built here fits the Debian base; gpu: Horovod is built in the image against CUDA)."""
     if not shutil.which("docker"):
@@ -90,7 +94,7 @@ def docker_inputs(profile: str, matrix: dict[str, str]) -> tuple[dict[str, str],
         base, pull = container.base_image(profile, matrix)
         return {"base": base}, base, pull, None
     base, pull = container.base_image(profile, matrix, container_base.ensure(cache_dir()))
-    wheelhouse = provision.wheelhouse()
+    wheelhouse = provision.wheelhouse(matrix_file)
     return {"base": container.image_id(base), "wheelhouse": wheelhouse.name}, base, pull, wheelhouse
 
 
@@ -129,10 +133,14 @@ def bake(args) -> Path:
     registry = container.check_registry(args.registry) if args.registry else ""
     if registry and args.provider != "docker":
         raise UsageError(f"REGISTRY={registry} belongs to PROVIDER=docker (a container image is pushed)")
-    matrix = read_matrix()
-    extra, base, wheelhouse = local_inputs(args) if args.provider == "local" else ({}, None, None)
+    matrix_file = Path(args.matrix) if args.matrix else None
+    chosen = read_override(matrix_file) if matrix_file else {}
+    matrix = read_matrix(override=matrix_file)
+    extra, base, wheelhouse = local_inputs(matrix_file) if args.provider == "local" else ({}, None, None)
     if args.provider == "docker":
-        extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix)
+        extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix, matrix_file)
+    if chosen:
+        extra["matrix-override"] = json.dumps(chosen, sort_keys=True)
     for var_file in args.var_file:
         if not Path(var_file).is_file():
             raise UsageError(f"--var-file {var_file}: no such file")
@@ -156,7 +164,8 @@ def bake(args) -> Path:
         "profile": profile, "fingerprint": fingerprint, "versions": matrix,
         "ansible_playbook_command": str(Path(sys.executable).with_name("ansible-playbook")),
         "ansible_directory": str(ROOT / "ansible"), "output_directory": str(work),
-        "ansible_extra_vars": {"kiln_image_fingerprint": fingerprint},
+        "ansible_extra_vars": {"kiln_image_fingerprint": fingerprint, **chosen,
+                               "kiln_image_matrix_override": json.dumps(chosen, sort_keys=True)},
     }
     try:
         with contextlib.ExitStack() as stack:
@@ -186,7 +195,8 @@ def bake(args) -> Path:
             shutil.copy2(base / name, work / name)
     record = {"provider": args.provider, "profile": profile, "fingerprint": fingerprint,
               "versions": json.loads((work / "versions.json").read_text()),
-              "bake_seconds": round(time.monotonic() - started, 1)}
+              "bake_seconds": round(time.monotonic() - started, 1),
+              "matrix_override": {"file": str(matrix_file), "entries": chosen} if chosen else None}
     if args.provider == "local":
         record.update({"disk": "disk/kiln.qcow2", "kernel": "vmlinuz", "initrd": "initrd.img"})
     if args.provider == "docker":
@@ -204,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/image", description=__doc__.split("\n\n")[1])
     parser.add_argument("provider")
     parser.add_argument("--profile", choices=("gpu", "cpu"))
+    parser.add_argument("--matrix", default="", help="a matrix file (matrices/) whose entries replace the matrix's")
     parser.add_argument("--var-file", action="append", default=[], help="more packer variables (credentials stay out)")
     parser.add_argument("--registry", default="", help="docker: also push the image to this registry (HOST[:PORT])")
     parser.add_argument("--force", action="store_true", help="bake even when an image with this fingerprint exists")

@@ -54,7 +54,8 @@ def recap(output: str, host: str = "kiln-vm") -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))} if match else {}
 
 
-def wheelhouse() -> Path:
-    """The wheelhouse folder scripts/wheelhouse builds (or finds cached)."""
-    built = proc.run([str(PROJECT / "scripts" / "wheelhouse"), "build", "--print"], timeout=1800, cwd=PROJECT)
+def wheelhouse(matrix: Path | None = None) -> Path:
+    """The wheelhouse folder scripts/wheelhouse builds (or finds cached), with a matrix file's pins where given."""
+    argv = [str(PROJECT / "scripts" / "wheelhouse"), "build", "--print", *(["--matrix", str(matrix)] if matrix else [])]
+    built = proc.run(argv, timeout=1800, cwd=PROJECT)
     return Path(built.stdout.strip().splitlines()[-1])

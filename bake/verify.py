@@ -1,5 +1,5 @@
 """usage: scripts/verify [--hosts URLS [--ssh-config F]] [--local] [--rootfs DIR] [--container REF] [--image DIR]
-                       [-- PYTEST-ARGS...]
+                       [--matrix F] [-- PYTEST-ARGS...]
 
 Run the testinfra suite (tests/infra) against:
   --hosts ssh://user@host,...   live nodes or images booted anywhere (testinfra's host URLs)
@@ -12,6 +12,8 @@ Run the testinfra suite (tests/infra) against:
                                 throwaway overlay, check it over SSH with its host key pinned, stop it; markers
                                 image and gpu only unless -m is given (cluster checks belong to meshed nodes
                                 that reach a time server; a lone VM here reaches neither)
+The versions expected are the version matrix's; --matrix F holds the hosts to it with a matrix file's entries
+(matrices/) in place, as `make image MATRIX=F` bakes; a local image baked so is held to the entries it records.
 PYTEST-ARGS go to pytest (e.g. -m image, --gpu=required). The exit code is pytest's.
 """
 
@@ -19,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
+from bake.matrix import read_matrix, read_override
 from kiln import proc
 from kiln.errors import UsageError, run_main
 from kiln.paths import PROJECT as ROOT
@@ -70,6 +76,32 @@ def container_of(image: str):
         proc.run(["docker", "rm", "-f", name], timeout=60, check=False)
 
 
+@contextlib.contextmanager
+def matrix_args(chosen: dict[str, str]):
+    """The suite's --matrix: the version matrix with the chosen entries in place, written for the run; none when
+    nothing is chosen (the suite reads the matrix itself)."""
+    if not chosen:
+        yield []
+        return
+    with tempfile.NamedTemporaryFile("w", prefix="kiln-matrix-", suffix=".yml") as file:
+        yaml.safe_dump({**read_matrix(), **chosen}, file)
+        file.flush()
+        yield [f"--matrix={file.name}"]
+
+
+def chosen_entries(matrix_file: Path | None, image: Path | None) -> dict[str, str]:
+    """What the hosts are held to in place of the matrix: a matrix file's entries, else those a local image
+    records it was baked with."""
+    if matrix_file:
+        return read_override(matrix_file)
+    if image and (image / "image.json").is_file():
+        override = json.loads((image / "image.json").read_text()).get("matrix_override") or {}
+        if override:
+            print(f"verify: {image.name} was baked with {override['file']}: holding it to those entries", flush=True)
+        return override.get("entries", {})
+    return {}
+
+
 def newest_local_image() -> Path:
     images = sorted(IMAGES.glob("local-*/image.json"), key=lambda p: p.stat().st_mtime)
     if not images:
@@ -85,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rootfs", type=Path, help="a captured image's root filesystem")
     parser.add_argument("--container", help="a container image to check, e.g. kiln:cpu-FINGERPRINT")
     parser.add_argument("--image", type=Path, help="a local image folder (default: the newest in images/)")
+    parser.add_argument("--matrix", type=Path, help="a matrix file whose entries replace the version matrix's")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     return run_main("verify", lambda: verify(args))
@@ -94,6 +127,14 @@ def verify(args: argparse.Namespace) -> int:
     extra = [a for a in args.pytest_args if a != "--"]
     if sum(map(bool, (args.hosts, args.local, args.rootfs, args.container))) > 1:
         raise UsageError("give one of --hosts, --local, --rootfs and --container")
+    image = None
+    if not (args.hosts or args.local or args.rootfs or args.container):
+        image = args.image or newest_local_image()
+    with matrix_args(chosen_entries(args.matrix, image)) as matrix:
+        return check(args, [*matrix, *extra], image)
+
+
+def check(args: argparse.Namespace, extra: list[str], image: Path | None) -> int:
     if args.local:
         return subprocess.run(pytest_argv("--hosts=local://", *extra)).returncode
     if args.hosts:
@@ -111,7 +152,7 @@ def verify(args: argparse.Namespace) -> int:
         with container_of(args.container) as name:
             return subprocess.run(pytest_argv(f"--hosts=docker://{name}", *extra)).returncode
     with tempfile.TemporaryDirectory(prefix="kiln-verify-") as state, \
-            vm.booted(args.image or newest_local_image(), Path(state), "kiln-verify") as ssh_config:
+            vm.booted(image, Path(state), "kiln-verify") as ssh_config:
         return subprocess.run(pytest_argv("--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", *extra)).returncode
 
 

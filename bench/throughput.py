@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""usage: bench/throughput.py [--epochs E] [--nodes 1,2,3] [--image]
+"""usage: bench/throughput.py [--epochs E] [--nodes 1,2,3] [--image] [--against MATRIX-FILE]
 
 Training throughput on a local cluster (synthetic data), 1, 2 and 3 nodes in each
 launch mode, as examples/s and as a ratio to one node, with kiln's fixed cost
@@ -11,7 +11,9 @@ kiln planned (same argv, environment and folder), started by hand over plain ssh
 and waited for. With --image, also the same user programs inside the container image `make image
 PROVIDER=docker` bakes against bare processes on the most nodes (the image already on the nodes), and the time
 to get the image onto the nodes: pulled from the cluster's registry, and shipped from this machine over kiln's
-connections. Measured in one run; nothing is asserted.
+connections. With --against FILE (a matrix file, e.g. matrices/tensorflow-2.18.yml), the first table also runs each
+mode on the Python environment made for it (make matrix-env MATRIX=FILE: its TensorFlow and Horovod), side by side
+with this one's, and says their ratio. Measured in one run; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -51,12 +53,25 @@ def names(nodes: int) -> tuple[str, ...]:
     return tuple(f"node{i}" for i in range(1, nodes + 1))
 
 
-def kiln_train(nodes: int, mode: str, env: dict, *, trainer_args: str = "",
-               command: tuple[str, ...] = (), image: str | None = None) -> tuple[dict, float]:
+def stacks(against: str) -> list[tuple[str, str]]:
+    """(TensorFlow version, the nodes' Python) for this environment and, with a matrix file, the one made for it."""
+    pythons = [sys.executable]
+    if against:
+        python = PROJECT / f".venv-{Path(against).stem}" / "bin" / "python"
+        if not python.exists():
+            raise SystemExit(f"throughput: no environment for {against}: make matrix-env MATRIX={against}")
+        pythons.append(str(python))
+    ask = "import importlib.metadata as m; print(m.version('tensorflow'))"
+    return [(subprocess.run([python, "-c", ask], check=True, timeout=60, capture_output=True,
+                            text=True).stdout.strip(), python) for python in pythons]
+
+
+def kiln_train(nodes: int, mode: str, env: dict, *, trainer_args: str = "", command: tuple[str, ...] = (),
+               image: str | None = None, python: str = sys.executable) -> tuple[dict, float]:
     """One `kiln train`, timed from the operator's side; its summary.json."""
     run_id = f"bench-{mode}-{nodes}-{'user' if command else 'ref'}-{time.time_ns()}"
     argv = [str(KILN), "-S", str(SSH_CONFIG), "-H", ",".join(names(nodes)), "train", "--mode", mode,
-            "--nic", NIC, "--run-id", run_id, *(["--image", image] if image else [])]
+            "--nic", NIC, "--run-id", run_id, "--python", python, *(["--image", image] if image else [])]
     if command:
         argv += ["--code", str(EXAMPLES), "--", *command]
     else:
@@ -137,7 +152,9 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--nodes", default="1,2,3")
     parser.add_argument("--image", action="store_true", help="also measure runs in the container image")
+    parser.add_argument("--against", default="", help="a matrix file: also run the first table on its environment")
     options = parser.parse_args()
+    tested = stacks(options.against)
     sizes = [int(n) for n in options.nodes.split(",")]
     most = max(sizes)
     trainer_args = f"--data synthetic --epochs {options.epochs} --log-every 20"
@@ -146,23 +163,36 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as runs:
             env = {**os.environ, "KILN_HOME": home, "KILN_RUNS": runs}
-            print(f"{'mode':<10} {'nodes':>5} {'examples/s':>11} {'vs 1 node':>9} {'run_s':>7} {'kiln_s':>7} "
-                  f"{'fixed_s':>7}")
-            overhead, phases, fixed = [], [], {}
+            print(f"{'tensorflow':<10} {'mode':<10} {'nodes':>5} {'examples/s':>11} {'vs 1 node':>9} {'run_s':>7} "
+                  f"{'kiln_s':>7} {'fixed_s':>7}")
+            overhead, phases, fixed, rates = [], [], {}, {}
             for mode in ("horovod", "tf-config"):
-                base = None
-                for nodes in sizes:
-                    data, total = kiln_train(nodes, mode, env, trainer_args=trainer_args)
-                    rate = data["examples_per_sec"] or 0.0
-                    base = base or rate
-                    # The run's own time is its training (first logged step to last); the rest is the fixed cost.
-                    run_s = data["phase_seconds"]["training"]
-                    fixed[mode, nodes] = total - run_s
-                    print(f"{mode:<10} {nodes:>5} {rate:>11.0f} {rate / base:>9.2f} {run_s:>7.1f} "
-                          f"{total:>7.1f} {fixed[mode, nodes]:>7.1f}", flush=True)
-                    phases.append(phase_row("reference", mode, nodes, data["phase_seconds"]))
-            print("horovod's fixed cost above tf-config's: " + ", ".join(
-                f"{n} node(s) {fixed['horovod', n] - fixed['tf-config', n]:+.1f}s" for n in sizes), flush=True)
+                for version, python in tested:
+                    base = None
+                    for nodes in sizes:
+                        data, total = kiln_train(nodes, mode, env, trainer_args=trainer_args, python=python)
+                        rate = rates[version, mode, nodes] = data["examples_per_sec"] or 0.0
+                        base = base or rate
+                        # The run's own time is its training (first logged step to last); the rest is the fixed cost.
+                        run_s = data["phase_seconds"]["training"]
+                        fixed[version, mode, nodes] = total - run_s
+                        print(f"{version:<10} {mode:<10} {nodes:>5} {rate:>11.0f} {rate / base:>9.2f} {run_s:>7.1f} "
+                              f"{total:>7.1f} {fixed[version, mode, nodes]:>7.1f}", flush=True)
+                        if python == sys.executable:
+                            phases.append(phase_row("reference", mode, nodes, data["phase_seconds"]))
+            for version, _ in tested:
+                print(f"TensorFlow {version}: horovod's fixed cost above tf-config's: " + ", ".join(
+                    f"{n} node(s) {fixed[version, 'horovod', n] - fixed[version, 'tf-config', n]:+.1f}s"
+                    for n in sizes), flush=True)
+            if len(tested) == 2:
+                (new, _), (old, _) = tested
+                print(f"\nTensorFlow {new} against {old} (examples/s ratio; fixed cost difference, s)")
+                print(f"{'mode':<10} {'nodes':>5} {'rate_ratio':>10} {'fixed_diff_s':>12}")
+                for mode in ("horovod", "tf-config"):
+                    for n in sizes:
+                        ratio = rates[new, mode, n] / rates[old, mode, n] if rates[old, mode, n] else 0.0
+                        print(f"{mode:<10} {n:>5} {ratio:>10.2f} "
+                              f"{fixed[new, mode, n] - fixed[old, mode, n]:>+12.1f}", flush=True)
 
             for mode in ("horovod", "tf-config"):
                 ref = launch.Program(trainer_args=tuple(shlex.split(trainer_args)))

@@ -70,6 +70,12 @@ def test_tensorflow_and_tf_keras_import(host, matrix):
     assert result.stdout.split()[-2:] == [matrix["tensorflow_version"], matrix["tensorflow_tf_keras_version"]]
 
 
+def test_the_reference_trainer_finds_its_dataset(host):
+    """kiln train with no command runs kiln's reference trainer, whose digits and split come from scikit-learn."""
+    code = "from sklearn.datasets import load_digits; print(*load_digits().data.shape)"
+    assert run_checked(host, venv_python(code)).stdout.split()[-2:] == ["1797", "64"]
+
+
 @pytest.fixture(scope="module")
 def horovod_build(host) -> dict[str, bool]:
     """Horovod's build flags, read in one process (horovodrun --check-build imports TensorFlow once per question:
@@ -234,6 +240,10 @@ def test_manifest_is_well_formed(manifest):
     assert manifest.get("profile") in ("cpu", "gpu"), f"manifest profile: {manifest.get('profile')!r}"
     assert manifest.get("target", "machine") in ("machine", "container"), f"manifest target: {manifest.get('target')!r}"
     assert manifest.get("venv") == VENV, f"manifest venv: {manifest.get('venv')!r}"
+    chosen = manifest.get("matrix_override", {})
+    assert isinstance(chosen, dict), f"manifest matrix_override: {chosen!r}"
+    assert all(manifest["matrix"].get(name, version) == version for name, version in chosen.items()), \
+        f"the entries the bake chose ({chosen}) are not the manifest's matrix ({manifest['matrix']})"
 
 
 def test_the_python_environment_is_usable_by_any_user(host, container_image):
