@@ -1,9 +1,9 @@
 """Idle shutdown of a cluster's nodes (`kiln up --idle-minutes N`, `kiln autostop`): what is pure about it.
 
 Each node runs an agent (node.py's `autostop` verb, detached) that powers the node off once no process of a kiln
-run has been on it for N minutes. The cluster's provider says what powering off means: on AWS the instance shuts
-down and, launched with InstanceInitiatedShutdownBehavior=terminate, is terminated (its data volume stays); on
-a local cluster the node's processes are killed, as a machine that is switched off.
+run has been on it for N minutes. The cluster's provider says what powering off means (Provider.shutdown): on AWS
+the instance shuts down and, launched with InstanceInitiatedShutdownBehavior=terminate, is terminated (its data
+volume stays); on a local cluster the node's processes are killed, as a machine that is switched off.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from bootstrap.errors import UsageError
 
 MAX_IDLE_MINUTES = 7 * 24 * 60
 STATE_FILE = "~/kiln/autostop.json"
-SHUTDOWN = {"aws": "system", "local": "namespace"}
+SHUTDOWNS = ("system", "namespace")  # what node.py's agent does to power a node off (the provider says which)
 
 
 def validate_idle_minutes(minutes) -> float | None:
@@ -34,12 +34,12 @@ def check_interval(idle_s: float) -> float:
     return max(1.0, min(30.0, idle_s / 6))
 
 
-def agent_args(idle_minutes: float, provider: str) -> list[str]:
-    """The arguments of node.py's `autostop` verb."""
-    if provider not in SHUTDOWN:
-        raise UsageError(f"cluster provider {provider!r}: kiln cannot power its nodes off")
+def agent_args(idle_minutes: float, shutdown: str) -> list[str]:
+    """The arguments of node.py's `autostop` verb; `shutdown` is the cluster provider's power-off."""
+    if shutdown not in SHUTDOWNS:
+        raise UsageError(f"power-off {shutdown!r}: kiln's node agent knows {', '.join(SHUTDOWNS)}")
     idle_s = idle_minutes * 60
-    return [f"{idle_s:g}", f"{check_interval(idle_s):g}", SHUTDOWN[provider], STATE_FILE]
+    return [f"{idle_s:g}", f"{check_interval(idle_s):g}", shutdown, STATE_FILE]
 
 
 def describe(idle_minutes: float, hosts: list[str]) -> str:

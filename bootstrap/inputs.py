@@ -38,7 +38,7 @@ def s3_objects(uri: str) -> list[str]:
     bucket, _, prefix = uri[len("s3://"):].partition("/")
     if not bucket:
         raise UsageError(f"--shard-input {uri}: give s3://bucket/prefix")
-    from bootstrap.aws.cloud import ENDPOINT_ENV
+    from bootstrap.providers.aws.cloud import ENDPOINT_ENV
 
     client = boto3.client("s3", endpoint_url=os.environ.get(ENDPOINT_ENV) or None,
                           config=botocore.config.Config(connect_timeout=10, read_timeout=30,

@@ -21,7 +21,7 @@ def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePath
     checked on the new machine itself (it runs in a container image, which the restart brings there)."""
 
     def recover(lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
-        replaced = [provider.replace(host) for host in lost]
+        replaced = [provider.replace(group.name, host) for host in lost]
         mesh.pin_replacements(group.name, group.nodes, replaced)
         group.remote.reset([r.old for r in replaced] + [r.new for r in replaced])
         fresh = {r.old: r.new for r in replaced}
@@ -34,7 +34,7 @@ def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePath
             if check_on_nodes:
                 group.check_program(launch.program_check(program, group.python, paths))
         if idle_minutes:
-            group.autostop(autostop.agent_args(idle_minutes, provider.kind), [r.new for r in replaced])
+            group.autostop(autostop.agent_args(idle_minutes, provider.shutdown), [r.new for r in replaced])
         return replaced, launch.plan_run(replace(spec, names=tuple(n.name for n in nodes),
                                                  gpus=mesh.gpu_counts(nodes)))
 

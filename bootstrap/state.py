@@ -130,6 +130,13 @@ def load_cluster(name: str) -> ClusterRecord | None:
             from None
 
 
+def list_clusters() -> list[ClusterRecord]:
+    """Every cluster with a cluster file here, by name."""
+    root = kiln_home() / "clusters"
+    records = (load_cluster(path.name) for path in sorted(root.iterdir())) if root.is_dir() else ()
+    return [record for record in records if record is not None]
+
+
 @dataclass(frozen=True)
 class NodeName:
     """What the mesh recorded about a host: its hostname, cluster address and interface."""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bootstrap.aws import plan
+from bootstrap.providers.aws import plan
 from kiln import proc, sshwait
 from kiln.errors import KilnError, UsageError, run_main
 from kiln.hostkeys import console_host_keys, known_hosts_lines

@@ -278,11 +278,10 @@ def arm(c, cluster: str, idle_minutes: float, *, fanout: int = 64, accept_new_ho
         raise UsageError(f"autostop needs a cluster that kiln started (kiln up NAME ...); {cluster} is not one")
     goal = target(c, hostfile=None, cluster=cluster, slots=None, python=None)
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    if idle_minutes and record.provider == "aws":
-        from bootstrap.aws import cloud
-
-        cloud.terminate_on_shutdown(record.name, region=record.region)  # not stopped: stopped disks still bill
-    group.autostop(autostop_plan.agent_args(idle_minutes, record.provider))
+    provider = providers.for_cluster(record, cluster)
+    if idle_minutes:
+        provider.arm_autostop(record.name)
+    group.autostop(autostop_plan.agent_args(idle_minutes, provider.shutdown))
     state.save_cluster(replace(record, idle_minutes=idle_minutes or None))
     print(autostop_plan.describe(idle_minutes, [h.label for h in goal.hosts]))
 
@@ -398,7 +397,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     finally:
         if down_after:
             print(f"--down-after: removing cluster {goal.name}", flush=True)
-            owner.down()
+            print("\n".join(owner.down(goal.name).lines), flush=True)
 
 
 PORT_TRIES = 20  # base ports tried, each past the last, before a run gives up finding free ones

@@ -25,11 +25,11 @@ boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
 from bootstrap import state  # noqa: E402
-from bootstrap.aws import cloud as aws  # noqa: E402
-from bootstrap.aws import plan  # noqa: E402
 from bootstrap.cluster import Cluster  # noqa: E402
 from bootstrap.commands import SshOptions  # noqa: E402
 from bootstrap.errors import KilnError, UsageError  # noqa: E402
+from bootstrap.providers.aws import cloud as aws  # noqa: E402
+from bootstrap.providers.aws import plan  # noqa: E402
 from kiln import sshwait as reach  # noqa: E402
 
 CIDR = "203.0.113.7/32"

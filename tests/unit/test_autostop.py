@@ -2,9 +2,9 @@
 
 import pytest
 
-from bootstrap import autostop
-from bootstrap.aws import plan
+from bootstrap import autostop, providers
 from bootstrap.errors import UsageError
+from bootstrap.providers.aws import plan
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, None), ("30", 30.0), (0, 0.0), ("0.5", 0.5),
@@ -29,11 +29,12 @@ def test_the_agent_looks_often_enough_and_not_too_often(idle_s, interval):
 
 
 def test_the_provider_says_what_powering_off_means():
-    assert autostop.agent_args(30, "aws") == ["1800", "30", "system", "~/kiln/autostop.json"]
-    assert autostop.agent_args(0.25, "local") == ["15", "2.5", "namespace", "~/kiln/autostop.json"]
-    assert autostop.agent_args(0, "aws") == ["0", "1", "system", "~/kiln/autostop.json"]
-    with pytest.raises(UsageError, match="cluster provider 'gce': kiln cannot power its nodes off"):
-        autostop.agent_args(5, "gce")
+    aws, local = providers.named("aws").shutdown, providers.named("local").shutdown
+    assert autostop.agent_args(30, aws) == ["1800", "30", "system", "~/kiln/autostop.json"]
+    assert autostop.agent_args(0.25, local) == ["15", "2.5", "namespace", "~/kiln/autostop.json"]
+    assert autostop.agent_args(0, aws) == ["0", "1", "system", "~/kiln/autostop.json"]
+    with pytest.raises(UsageError, match="power-off 'reboot': kiln's node agent knows system, namespace"):
+        autostop.agent_args(5, "reboot")
 
 
 def test_what_kiln_says():

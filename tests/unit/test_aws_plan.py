@@ -1,12 +1,12 @@
-"""Exact output of the pure AWS planning in bootstrap.aws_plan."""
+"""Exact output of the pure AWS planning in bootstrap.providers.aws.plan."""
 
 from datetime import UTC, datetime
 
 import pytest
 
-from bootstrap.aws import plan
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers.aws import plan
 from kiln import sshwait as reach
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""AWS clusters with boto3: create, find by tag, tear down. Decisions live in bootstrap.aws.plan.
+"""AWS clusters with boto3: create, find by tag, tear down. Decisions live in bootstrap.providers.aws.plan.
 
 Region, profile and credentials come from boto3's standard chain; kiln never writes credentials.
 `KILN_AWS_ENDPOINT_URL` aims every client at another endpoint (the tests' moto server).
@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bootstrap import mesh, state
-from bootstrap.aws import plan
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers.aws import plan
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 from kiln.hostkeys import known_hosts_lines
 from kiln.sshwait import wait_for_ssh

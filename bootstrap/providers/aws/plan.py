@@ -1,6 +1,6 @@
 """What `kiln up` asks AWS for, decided without touching AWS: validation, tags, request dicts.
 
-Everything here is pure and unit-tested for exact output; bootstrap.aws does the calls.
+Everything here is pure and unit-tested for exact output; bootstrap.providers.aws does the calls.
 """
 
 from __future__ import annotations

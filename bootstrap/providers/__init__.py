@@ -1,0 +1,132 @@
+"""Where a cluster's machines come from: the one seam between kiln's tasks and a cloud.
+
+Every provider implements the same verbs (`Provider` below): check a request and print its plan (`up --dry-run`),
+make a cluster and roll it back on any failure (`up`), remove it (`down`, with snapshots of its data volumes where
+it has them), `list` and `sweep` what kiln made there, put a fresh machine in a lost one's place (`replace`, for
+`train --managed`) and get its nodes ready to power themselves off (`arm_autostop`). It also says where host keys
+come from (never first contact), how a node learns it is being preempted and how long it has, and what autostop's
+power-off means there. `kiln up --provider KIND` picks one, the cluster file remembers it, and the tasks call it
+without knowing which it is.
+
+local: the network-namespace cluster of testbed.cluster on this machine (root), whose nodes can be lost and
+replaced by fresh ones with new host keys. aws: EC2 through boto3 (bootstrap.providers.aws).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bootstrap import state
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+
+# kind -> the module whose `PROVIDER` class implements it (imported when asked for: boto3 is slow to import)
+KINDS = {"aws": "bootstrap.providers.aws", "local": "bootstrap.providers.local"}
+# What `kiln up` takes for every provider; the rest of its options belong to one provider or another.
+COMMON_UP_OPTIONS = ("name", "count", "idle_minutes", "dry_run", "provider")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A lost machine and the fresh one in its place, with the host keys the provider vouches for."""
+
+    old: Host
+    new: Host
+    host_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Made:
+    """A cluster `up` made: its name, what to tell the user, and the hosts whose keys the provider did not show (kiln
+    does not log in to them, so their autostop agents cannot start)."""
+
+    name: str
+    lines: tuple[str, ...]
+    unpinned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Notice:
+    """How a node learns it is being preempted: the metadata document the node's watcher reads, and how long the
+    cloud gives before the machine goes (a run's processes get part of it to checkpoint)."""
+
+    source: str
+    lead_s: float
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Gone:
+    """What `down` removed (lines to print); `kept` names what it could not remove or snapshot, and why."""
+
+    lines: tuple[str, ...]
+    kept: tuple[str, ...] = field(default=())
+
+
+class Provider(Protocol):
+    kind: str
+    # Where the nodes' host keys come from (the provider shows them; kiln never trusts a first contact).
+    host_keys: str
+    # What autostop's power-off is on a node (node.py autostop): "system" powers the machine off, and the cloud
+    # then ends it; "namespace" kills a local node's processes, as a machine switched off.
+    shutdown: str
+    notice: Notice
+    # kiln up's options this provider takes, besides COMMON_UP_OPTIONS (task parameter names).
+    up_options: frozenset[str]
+    # Whether its nodes can have data volumes (down --snapshot, up --volume).
+    volumes: bool
+
+    def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> Any:
+        """Check a `kiln up` (one UsageError line naming the bad input); nothing is made."""
+
+    def plan(self, request: Any) -> list[str]:
+        """What `up` would do (kiln up --dry-run); nothing is made."""
+
+    def up(self, request: Any) -> Made:
+        """Make the cluster and write its cluster file; any failure removes what was made."""
+
+    def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
+        """Remove the cluster (with snapshot_ttl_days: snapshot its data volumes first); safe to repeat."""
+
+    def list(self) -> list[str]:
+        """The clusters (and data snapshots) kiln made here, a line each."""
+
+    def sweep(self, *, dry_run: bool = False) -> list[str]:
+        """Remove what is past its expiry; a line for each."""
+
+    def replace(self, cluster: str, host: Host) -> Replacement:
+        """Put a fresh machine in a lost one's place, as the cluster's others were made; the old one goes."""
+
+    def arm_autostop(self, cluster: str) -> None:
+        """Get the cluster ready for its nodes to power themselves off (e.g. a power-off that terminates)."""
+
+
+def named(kind: str, where: Mapping[str, Any] | None = None) -> Provider:
+    """The provider of this kind, for `where` (e.g. an AWS region and profile; only the options it takes)."""
+    if kind not in KINDS:
+        raise UsageError(f"--provider {kind}: choose one of {', '.join(sorted(KINDS))}")
+    return importlib.import_module(KINDS[kind]).PROVIDER(**{k: v for k, v in (where or {}).items() if v is not None})
+
+
+def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provider:
+    """The provider of a cluster kiln made, from its cluster file."""
+    if record is None or record.provider is None:
+        raise UsageError(f"--managed and --down-after need a cluster that kiln started (kiln up NAME --provider "
+                         f"{'|'.join(sorted(KINDS))}, then --cluster NAME); {name or 'these hosts'} "
+                         f"{'is' if name else 'are'} not one")
+    if record.provider not in KINDS:
+        raise UsageError(f"cluster {record.name}: kiln does not know the provider {record.provider!r} of its file")
+    return named(record.provider, {"region": record.region} if record.region else None)
+
+
+def refuse_foreign_options(provider: Provider, given: Mapping[str, Any]) -> None:
+    """One line naming the options given (not at their defaults) that this provider does not take."""
+    foreign = sorted(name for name in given if name not in provider.up_options and name not in COMMON_UP_OPTIONS)
+    if foreign:
+        flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        takes = ", ".join("--" + name.replace("_", "-") for name in sorted(provider.up_options)) or "no other option"
+        raise UsageError(f"{flags}: not options of --provider {provider.kind} (it takes a name, --count, "
+                         f"--idle-minutes and {takes})")

@@ -1,0 +1,103 @@
+"""The local provider: a cluster of sshd nodes in network namespaces on this machine (testbed.cluster, as root),
+whose nodes can be lost and replaced by fresh ones with new host keys; kiln's tests and `make demo` run on it.
+Host keys come from the key files the testbed wrote for each node; a node's stand-in metadata service
+(testbed.imds) posts EC2-style spot notices; autostop's power-off kills a node's processes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bootstrap import state
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers import Gone, Made, Notice, Replacement
+from kiln.hostkeys import public_key
+
+
+@dataclass(frozen=True)
+class LocalRequest:
+    name: str
+    count: int
+    docker: bool
+
+
+class LocalProvider:
+    kind = "local"
+    host_keys = "the key files testbed.cluster writes for each node"
+    shutdown = "namespace"
+    notice = Notice("EC2's spot/instance-action, from the node's stand-in metadata service", 120, 90)
+    up_options = frozenset({"docker"})
+    volumes = False
+
+    def __init__(self, **where: Any):
+        if where:
+            raise UsageError(f"{', '.join('--' + k for k in sorted(where))}: a local cluster is on this machine")
+
+    def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> LocalRequest:
+        from testbed import netns
+
+        try:
+            count = int(count)
+        except (TypeError, ValueError):
+            raise UsageError(f"--count {count!r} is not a whole number") from None
+        if count < 1:
+            raise UsageError(f"--count {count}: a cluster needs at least 1 node")
+        return LocalRequest(netns.check_name(name), count, bool(options.get("docker")))
+
+    def plan(self, request: LocalRequest) -> list[str]:
+        engines = ", each with its own Docker engine, and a registry" if request.docker else ""
+        return [f"cluster {request.name}: {request.count} node(s) in network namespaces on this machine{engines}; "
+                f"their host keys pinned from the files the testbed writes"]
+
+    def up(self, request: LocalRequest, python: str = sys.executable) -> Made:
+        """Start the nodes (they share this machine's Python) and write the cluster file."""
+        from testbed import cluster as local
+        from testbed import netns
+
+        if state.load_cluster(request.name) is not None:
+            raise UsageError(f"cluster {request.name} already exists (kiln down {request.name} first)")
+        local.preflight()
+        made = local.make_cluster(request.name, request.count, metadata=True, docker=request.docker)
+        record = state.ClusterRecord(
+            request.name, tuple(Host(node.name) for node in made.nodes), python,
+            state.SshSettings(config_file=str(netns.STATE_ROOT / request.name / "ssh_config")), provider=self.kind)
+        state.save_cluster(record)
+        return Made(request.name, (f"cluster {request.name}: {len(record.hosts)} local node(s) up: "
+                                   f"{', '.join(h.label for h in record.hosts)}; next: kiln check --cluster "
+                                   f"{request.name}",))
+
+    def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
+        from testbed import cluster as local
+
+        if snapshot_ttl_days is not None:
+            raise UsageError(f"--snapshot: cluster {name} is local; its nodes have no data volumes")
+        local.teardown(name)
+        state.forget_cluster(name)
+        return Gone((f"cluster {name}: local nodes removed",))
+
+    def list(self) -> list[str]:
+        return [f"{record.name}: {len(record.hosts)} local node(s): {', '.join(h.label for h in record.hosts)}"
+                for record in state.list_clusters() if record.provider == self.kind]
+
+    def sweep(self, *, dry_run: bool = False) -> list[str]:
+        return []  # local clusters carry no expiry: kiln down removes them
+
+    def replace(self, cluster: str, host: Host) -> Replacement:
+        from testbed import cluster as local
+        from testbed import netns
+
+        try:
+            node = netns.find_node(netns.cluster_from_nodes(cluster, local.load_nodes(cluster)), host.address)
+            lines = local.replace_node(cluster, node)
+        except KilnError as error:
+            raise KilnError(f"could not replace {host.label}: {error}") from None
+        return Replacement(host, host, tuple(public_key(line.split(maxsplit=1)[1]) for line in lines))
+
+    def arm_autostop(self, cluster: str) -> None:
+        pass  # a node's processes are killed in place: nothing to arm
+
+
+PROVIDER = LocalProvider
