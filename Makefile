@@ -76,7 +76,7 @@ image: validate $(if $(and $(MATRIX),$(filter local docker,$(PROVIDER))),matrix-
 verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boots the local image, checks it, stops it
 	$(PY) -m bake.verify $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MATRIX),--matrix $(MATRIX))
 
-image-test: setup ## bake the local image for real (qemu, TCG), boot it, run the suite and a container, re-run the playbook (slow)
+image-test: setup ## bake the local image for real (qemu, TCG; kept in the cache, baked again when its inputs change), boot it, run the suite and a container, re-run the playbook (slow)
 	$(stage_begin)
 	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py
 	$(stage_end)

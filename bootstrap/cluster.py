@@ -36,7 +36,7 @@ class Cluster:
                 timeout: float, accept_new: bool = False) -> Cluster:
         """Set up ssh for the cluster: its pinned known_hosts, trust on first use if asked."""
         folder = mesh.cluster_dir(name)
-        pinned = folder / "known_hosts"
+        pinned = state.known_hosts_path(name)
         # Connections are shared per cluster only: one made under another cluster's trust is never reused.
         tag = hashlib.sha256(name.encode()).hexdigest()[:8]
         options = replace(options, known_hosts=(str(pinned),),
@@ -44,7 +44,7 @@ class Cluster:
         remote = Remote(options, fanout=fanout, timeout=timeout)
         if accept_new:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            first_contact = folder / "known_hosts.first-contact"
+            first_contact = state.known_hosts_path(name, first_contact=True)
             users = remote.user_known_hosts(hosts[0]) if hosts else ()
             remote.options = replace(options, accept_new_into=str(first_contact), user_known_hosts=users)
         return cls(name, list(hosts), remote, python)
@@ -74,7 +74,7 @@ class Cluster:
         nodes = self.nodes or self.require_facts("mesh")
         private_key, public_key = mesh.ensure_cluster_key(self.name)
         payload = mesh.mesh_payload(self.name, nodes, private_key, public_key)
-        (mesh.cluster_dir(self.name) / "known_hosts").write_text(payload["known_hosts"])
+        state.write_known_hosts(self.name, payload["known_hosts"])
         by_host = {node.host: node for node in nodes}
 
         def install(host: Host) -> list[str]:

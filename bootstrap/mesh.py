@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from bootstrap import state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.state import cluster_dir
@@ -117,12 +118,11 @@ def replaced_known_hosts(text: str, nodes: Sequence[Node], replaced: Sequence) -
 
 def pin_replacements(cluster: str, nodes: Sequence[Node], replaced: Sequence) -> None:
     """Pin the replacements' keys instead of the old machines' (also out of the keys trusted on first contact)."""
-    path = cluster_dir(cluster) / "known_hosts"
-    path.write_text(replaced_known_hosts(path.read_text() if path.exists() else "", nodes, replaced))
-    first_contact = cluster_dir(cluster) / "known_hosts.first-contact"
-    if first_contact.exists():
-        first_contact.write_text(replaced_known_hosts(first_contact.read_text(), nodes,
-                                                      [replace(r, host_keys=()) for r in replaced]))
+    state.write_known_hosts(cluster, replaced_known_hosts(state.read_known_hosts(cluster), nodes, replaced))
+    if state.known_hosts_path(cluster, first_contact=True).exists():
+        state.write_known_hosts(cluster, replaced_known_hosts(state.read_known_hosts(cluster, first_contact=True),
+                                                              nodes, [replace(r, host_keys=()) for r in replaced]),
+                                first_contact=True)
 
 
 def node_ssh_config(cluster: str, nodes: Sequence[Node]) -> str:

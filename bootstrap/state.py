@@ -130,6 +130,25 @@ def load_cluster(name: str) -> ClusterRecord | None:
             from None
 
 
+def known_hosts_path(cluster: str, *, first_contact: bool = False) -> Path:
+    """The cluster's pinned known_hosts (what its provider showed, then the mesh), or the keys accepted on first
+    contact where the user allowed it."""
+    return cluster_dir(cluster) / ("known_hosts.first-contact" if first_contact else "known_hosts")
+
+
+def read_known_hosts(cluster: str, *, first_contact: bool = False) -> str:
+    path = known_hosts_path(cluster, first_contact=first_contact)
+    return path.read_text() if path.exists() else ""
+
+
+def write_known_hosts(cluster: str, text: str, *, first_contact: bool = False) -> Path:
+    """The one writer of a cluster's known_hosts files (ssh itself appends first contacts, where allowed)."""
+    path = known_hosts_path(cluster, first_contact=first_contact)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text(text)
+    return path
+
+
 def list_clusters() -> list[ClusterRecord]:
     """Every cluster with a cluster file here, by name."""
     root = kiln_home() / "clusters"

@@ -1,8 +1,14 @@
-"""Fixtures for the slow image tests: a real local bake (qemu under TCG) and VMs booted from it."""
+"""Fixtures for the slow image tests: a real local bake (qemu under TCG) and VMs booted from it.
+
+The bake's images are kept in the cache (KILN_CACHE's image-test/), one: a run whose bake inputs (the fingerprint:
+templates, roles, the matrix, the base disk, the wheelhouse) are those of the image there boots that image, as
+`make image` reuses an unchanged one; any change to them bakes again, for real. KILN_IMAGE_TEST_FRESH=1 bakes in
+a fresh folder whatever is cached. The VMs boot throwaway overlays: the kept image is never written."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +17,7 @@ import pytest
 
 from bake.provision import ANSIBLE, playbook, recap, served, wheelhouse  # noqa: F401 (the tests' helpers)
 from kiln.paths import PROJECT as ROOT
+from kiln.paths import cache_dir
 from testbed.vm import booted
 
 SCRIPTS = ROOT / "scripts"
@@ -27,8 +34,13 @@ def run(argv: list[str], timeout: float, env: dict | None = None) -> subprocess.
 
 @pytest.fixture(scope="session")
 def images_dir(tmp_path_factory) -> Path:
-    """A fresh images folder: the tests bake for real rather than reuse one from the cache."""
-    return tmp_path_factory.mktemp("images")
+    """The images folder of the image tests: kept in the cache (an unchanged bake is not baked again), or fresh
+    with KILN_IMAGE_TEST_FRESH=1."""
+    if os.environ.get("KILN_IMAGE_TEST_FRESH"):
+        return tmp_path_factory.mktemp("images")
+    kept = cache_dir() / "image-test"
+    kept.mkdir(parents=True, exist_ok=True)
+    return kept
 
 
 @pytest.fixture(scope="session")
@@ -37,9 +49,23 @@ def baked_image(images_dir) -> Path:
         pytest.skip("needs root (debootstrap for the base disk)")
     result = run([sys.executable, "-m", "bake.image", "local"], timeout=5400, env={"KILN_IMAGES": str(images_dir)})
     assert result.returncode == 0, f"the local bake failed:\n{result.stdout[-8000:]}\n{result.stderr[-3000:]}"
-    found = list(images_dir.glob("local-cpu-*/image.json"))
-    assert len(found) == 1, f"expected one image in {images_dir}, found {found}"
-    return found[0].parent
+    image = Path(result.stdout.strip().splitlines()[-1].rsplit(": ", 1)[-1])
+    assert (image / "image.json").is_file(), f"bake.image named no image: {result.stdout[-2000:]}"
+    for other in images_dir.iterdir():  # one image kept: the others were baked from other inputs
+        if other != image:
+            shutil.rmtree(other, ignore_errors=True)
+    reused = "up to date" in result.stdout
+    SAID.append(f"image-test: {'reused the image baked from these very inputs,' if reused else 'baked'} "
+                f"{image.name}{' (KILN_IMAGE_TEST_FRESH=1 bakes anyway)' if reused else ''}")
+    return image
+
+
+SAID: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in SAID:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

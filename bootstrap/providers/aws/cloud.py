@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
 from datetime import UTC, datetime
-from pathlib import Path
 
 from bootstrap import mesh, state
 from bootstrap.errors import KilnError, UsageError
@@ -307,7 +306,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
 
         step = "read the host keys from the consoles"
         found = console_host_keys(aws, instance_ids, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        host_keys = pin_host_keys(folder, described, hosts, found)
+        host_keys = pin_host_keys(request.name, described, hosts, found)
 
         step = "write the cluster file"
         state.save_cloud_state(request.name, {
@@ -454,7 +453,7 @@ def console_host_keys(aws: Aws, instance_ids: Sequence[str], timeout_s: float,
         time.sleep(poll_s)
 
 
-def pin_host_keys(folder: Path, instances: list[dict], hosts, found: dict[str, list[str]]) -> dict[str, str]:
+def pin_host_keys(cluster: str, instances: list[dict], hosts, found: dict[str, list[str]]) -> dict[str, str]:
     """Write the cluster's known_hosts (the file Cluster.connect pins for `--cluster NAME`) from the console's
     keys; per address, "console" where pinned, "first-contact" where the keys must be accepted on first use."""
     lines, states = [], {}
@@ -462,7 +461,7 @@ def pin_host_keys(folder: Path, instances: list[dict], hosts, found: dict[str, l
         keys = found.get(instance["InstanceId"], [])
         lines += known_hosts_lines([host.address], keys)
         states[host.address] = "console" if keys else "first-contact"
-    (folder / "known_hosts").write_text("".join(lines))
+    state.write_known_hosts(cluster, "".join(lines))
     return states
 
 
