@@ -134,8 +134,9 @@ def bake(args) -> Path:
     if registry and args.provider != "docker":
         raise UsageError(f"REGISTRY={registry} belongs to PROVIDER=docker (a container image is pushed)")
     matrix_file = Path(args.matrix) if args.matrix else None
-    chosen = read_override(matrix_file) if matrix_file else {}
-    matrix = read_matrix(override=matrix_file)
+    base_matrix = read_matrix()
+    chosen = read_override(matrix_file, base_matrix) if matrix_file else {}
+    matrix = {**base_matrix, **chosen}
     extra, base, wheelhouse = local_inputs(matrix_file) if args.provider == "local" else ({}, None, None)
     if args.provider == "docker":
         extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix, matrix_file)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bootstrap import state
@@ -40,12 +40,13 @@ class Replacement:
 
 @dataclass(frozen=True)
 class Made:
-    """A cluster `up` made: its name, what to tell the user, and the hosts whose keys the provider did not show (kiln
-    does not log in to them, so their autostop agents cannot start)."""
+    """A cluster `up` made: its name, what to tell the user, the hosts whose keys the provider did not show (kiln
+    does not log in to them, so their autostop agents cannot start), and when it expires (where it does)."""
 
     name: str
     lines: tuple[str, ...]
     unpinned: tuple[str, ...] = ()
+    expires: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Gone:
     """What `down` removed (lines to print); `kept` names what it could not remove or snapshot, and why."""
 
     lines: tuple[str, ...]
-    kept: tuple[str, ...] = field(default=())
+    kept: tuple[str, ...] = ()
 
 
 class Provider(Protocol):

@@ -64,7 +64,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     chosen = providers.named(provider, {"region": region, "profile": profile})
     providers.refuse_foreign_options(chosen, given)
     idle_minutes = autostop.validate_idle_minutes(idle_minutes) or None
-    request = chosen.request(name, count, {**given, **{k: values[k] for k in UP_DEFAULTS}}, idle_minutes)
+    request = chosen.request(name, count, {k: values[k] for k in PROVIDER_OPTIONS}, idle_minutes)
     if dry_run:
         print("\n".join(chosen.plan(request)))
         return
@@ -73,7 +73,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     if idle_minutes and made.unpinned:
         print(f"autostop NOT started: kiln does not log in to hosts whose keys it has not seen; once you trust "
               f"them: kiln autostop --cluster {made.name} --idle-minutes {idle_minutes:g} --accept-new-host-keys "
-              f"(the cluster expires all the same: kiln sweep)")
+              f"(the cluster expires{f' at {made.expires}' if made.expires else ''} all the same: kiln sweep)")
         return
     arm_or_remove(c, made.name, idle_minutes, chosen)
 
@@ -88,7 +88,7 @@ def arm_or_remove(c, name: str, idle_minutes: float | None, chosen: providers.Pr
         arm(c, name, idle_minutes)
     except BaseException:
         print(f"cluster {name}: the idle agents could not be started; removing the cluster", flush=True)
-        chosen.down(name)
+        print("\n".join(chosen.down(name).lines), flush=True)
         raise
 
 

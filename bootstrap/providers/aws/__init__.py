@@ -20,7 +20,7 @@ from bootstrap.providers.aws import plan
 
 @dataclass(frozen=True)
 class AwsRequest:
-    request: plan.Request
+    cluster: plan.Request
     ssh_wait: float
 
 
@@ -49,7 +49,7 @@ class AwsProvider:
         return AwsRequest(request, ssh_wait)
 
     def plan(self, request: AwsRequest) -> list[str]:
-        asked, request = request, request.request
+        ssh_wait, request = request.ssh_wait, request.cluster
         key = state.cluster_dir(request.name) / "id_ed25519"
         tags = plan.cluster_tags(request.name, "<caller ARN>", datetime.now(UTC), request.ttl_hours)
         steps = plan.plan_cluster(request, tags=tags,
@@ -63,7 +63,7 @@ class AwsProvider:
             lines.append(f"then per node: CreateVolume {json.dumps(example)} (from the cluster's newest snapshot of "
                          f"that node, if any), AttachVolume at {plan.DATA_DEVICE}; the image mounts it at "
                          f"{plan.DATA_MOUNT}")
-        wait = (f"and for SSH to answer on each (at most {asked.ssh_wait:g}s)" if asked.ssh_wait
+        wait = (f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait
                 else "(not for SSH: --ssh-wait 0)")
         lines.append(f"then wait for the instances to run {wait}; pin the host keys their consoles show")
         return lines
@@ -71,15 +71,15 @@ class AwsProvider:
     def up(self, request: AwsRequest) -> Made:
         from bootstrap.providers.aws import cloud
 
-        asked, request = request, request.request
+        ssh_wait, request = request.ssh_wait, request.cluster
         made = cloud.up(request.name, request.count, request.instance_type, ami=request.ami,
                         image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
                         ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours,
                         image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None,
                         volume_gib=request.volume_gib, idle_minutes=request.idle_minutes, region=self.region,
-                        profile=self.profile, ssh_wait_s=asked.ssh_wait)
+                        profile=self.profile, ssh_wait_s=ssh_wait)
         return Made(made["name"], tuple(made_lines(made)),
-                    tuple(a for a, how in made["host_keys"].items() if how == "first-contact"))
+                    tuple(a for a, how in made["host_keys"].items() if how == "first-contact"), made["expires"])
 
     def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
         from bootstrap.providers.aws import cloud
