@@ -20,7 +20,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOTICE_INTERVAL = 2  # seconds between the watcher's looks at the metadata service (EC2 advises 5)
 PLACEMENT_SHOWN = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "KILN_NUM_GPUS_PER_NODE", "KILN_HOST_SLOTS", "KILN_HOST_GPUS",
                    "NCCL_SOCKET_IFNAME")
-NOTICE_GRACE = 90  # seconds a run's processes get to checkpoint after a notice (EC2 gives two minutes)
+NOTICE_GRACE = 90  # seconds a run's processes get after a notice that does not say (EC2's: two minutes' notice)
 
 
 @dataclass(frozen=True)
@@ -425,15 +425,18 @@ def launch_command(launch: Launch, paths: NodePaths, run_id: str) -> str:
     return f"{writes}{start} && {started}"
 
 
-def watcher_command(run_id: str, python: str, paths: NodePaths, timeout: float, tasks: Sequence[str] = ()) -> str:
-    """The shell command that starts a node's spot interruption watcher for the run, detached: on a notice it
-    writes notice.json in the run folder and stops the run's processes there with SIGTERM (node.py stop), so
-    they can checkpoint. It carries the run's id, so stopping the run stops it too; it ends by itself once the
-    node's `tasks` have all exited (a node with none, a horovod worker host, watches until the timeout)."""
+def watcher_command(run_id: str, python: str, paths: NodePaths, timeout: float, tasks: Sequence[str] = (),
+                    source: str = "any") -> str:
+    """The shell command that starts a node's spot interruption watcher for the run, detached, reading `source`'s
+    metadata (shim/interruption.py: ec2, gce, or any that answers): on a notice it writes notice.json in the run
+    folder and stops the run's processes there with SIGTERM (node.py stop), killing what is left after the
+    source's grace, so they can checkpoint within the cloud's notice. It carries the run's id, so stopping the run
+    stops it too; it ends by itself once the node's tasks have all exited (a node with none, a horovod worker
+    host, watches until the timeout)."""
     run_dir = paths.run(run_id)
-    argv = [python, f"{paths.lib}/shim/interruption.py", "--interval", str(NOTICE_INTERVAL), "--timeout",
-            f"{timeout:g}", "--run-dir", run_dir, *(["--until-exited", ",".join(tasks)] if tasks else []),
-            "--", python, "-S", f"{paths.lib}/node.py", "stop", run_id, str(NOTICE_GRACE)]
+    argv = [python, f"{paths.lib}/shim/interruption.py", "--source", source, "--interval", str(NOTICE_INTERVAL),
+            "--timeout", f"{timeout:g}", "--run-dir", run_dir, *(["--until-exited", ",".join(tasks)] if tasks else []),
+            "--", python, "-S", f"{paths.lib}/node.py", "stop", run_id]
     log = shlex.quote(f"{run_dir}/interruption.log")
     inner = f"{commands.remote_command(argv, env={'KILN_RUN_ID': run_id})} >> {log} 2>&1"
     return f"mkdir -p {shlex.quote(run_dir)} && {{ setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 & }}"

@@ -7,9 +7,10 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from bootstrap import commands, launch, plots, runs, state, topology
 from bootstrap.cluster import Cluster
@@ -31,7 +32,7 @@ class Interrupted(KilnError):
     """Spot interruption notices came for some nodes (their watchers stopped the run's processes there)."""
 
     def __init__(self, notices: dict[Host, dict]):
-        self.noticed = list(notices)
+        self.notices = notices
         self.hosts = [host.label for host in notices]
         said = "; ".join(f"{host.label}: {notice.get('action')} at {notice.get('time')}"
                          for host, notice in notices.items())
@@ -76,11 +77,11 @@ class Supervisor:
 
     def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 1.0,
                  stall_factor: float = 0, stall_minimum: float = 60, timeline: Timeline | None = None,
-                 notice_watch: float = 3600, runtime: Runtime | None = None):
+                 notice_watch: float = 3600, notice_source: str = "any", runtime: Runtime | None = None):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
         self.runtime = runtime or HostRuntime()
         self.record: RunRecord | None = None
-        self.notice_watch = notice_watch
+        self.notice_watch, self.notice_source = notice_watch, notice_source
         self.lost: list[Host] = []
         self.gone: list[Host] = []  # elastic runs: nodes lost while the run went on without them
         self.joiner: Recover | None = None  # elastic runs with --managed: replaces a node that went
@@ -107,7 +108,7 @@ class Supervisor:
         def start(host: Host) -> None:
             items = by_host.get(self.group.hosts.index(host), [])
             watcher = launch.watcher_command(self.plan.run_id, self.group.python, self.paths, self.notice_watch,
-                                             [item.task for item in items])
+                                             [item.task for item in items], self.notice_source)
             command = " && ".join([*(self.runtime.launch_command(item, self.paths, self.plan.run_id)
                                      for item in items), watcher])
             self.group.remote.check(host, command, timeout=60)
@@ -202,7 +203,8 @@ class Supervisor:
     def announce(self, plan: RunPlan, fresh: list[Host]) -> None:
         """Start the interruption watcher on the `fresh` nodes, then give the first node the plan's host discovery
         script (replaced whole, in one rename: horovodrun runs it every second)."""
-        watcher = launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch)
+        watcher = launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch,
+                                         source=self.notice_source)
         self.group.remote.map_or_raise("watch", fresh, lambda h: self.group.remote.check(h, watcher, timeout=60))
         first = self.group.hosts[0]
         for path, text in plan.launches[0].files.items():
@@ -270,14 +272,14 @@ class Supervisor:
             what += [f"no output for over {self.stall_minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
             raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
-    def stop(self, skip: Sequence[Host] = (), patient: Sequence[Host] = ()) -> dict[str, str]:
+    def stop(self, skip: Sequence[Host] = (), patient: Mapping[Host, dict] = MappingProxyType({})) -> dict[str, str]:
         """Stop every process of the run on every host (but `skip`: gone) with SIGTERM, then SIGKILL after 5 s;
-        on `patient` hosts (a spot notice came: their processes may be checkpointing) after NOTICE_GRACE s.
-        Failures by host."""
+        on `patient` hosts (a spot notice came: their processes may be checkpointing) after the grace their
+        notice leaves (its source's). Failures by host."""
         remote, python = self.group.remote, self.group.python
 
         def halt(host: Host) -> dict:
-            grace = launch.NOTICE_GRACE if host in patient else 5
+            grace = float(patient[host].get("grace_s", launch.NOTICE_GRACE)) if host in patient else 5
             stopped = remote.node(host, python, "stop", self.plan.run_id, str(grace), timeout=2 * grace + 120)
             if stopped.get("container"):
                 raise HostFailure(f"could not remove the run's container: {stopped['container']}")
@@ -361,14 +363,14 @@ class Supervisor:
         """Watch the attempt to its end, then stop what is left and collect every node's files: what it came to,
         with the hosts to replace (lost, or noticed by a spot notice) when `recovering`."""
         timeline = self.timeline
-        error, error_hosts, noticed = None, [], []
+        error, error_hosts, noticed = None, [], {}
         try:
             with timeline.phase("watch"):
                 verdict = self.watch(timeout)
         except KilnError as failure:  # stalled, out of time, or a node stopped answering: stop the rest
             verdict, error = Verdict(True, ()), str(failure)
             error_hosts = getattr(failure, "hosts", None) or sorted(getattr(failure, "failures", {}))
-            noticed = getattr(failure, "noticed", [])
+            noticed = getattr(failure, "notices", {})
         watched = timeline.of("watch")[-1]["ended"]
         detected = time.time()
         self.lost = self.lost_hosts() if recovering and (verdict.failed or error) else []

@@ -1,15 +1,21 @@
-"""A stand-in for EC2's instance metadata service with IMDSv2 required, for the spot-interruption tests.
+"""A stand-in for the instance metadata services of EC2 (IMDSv2 required) and GCE, for the preemption tests.
 
-It answers as the real one does for what kiln reads: `PUT /latest/api/token` with a TTL header of 1 to 21600
-seconds gives a session token (400 without it); a GET without a valid, unexpired token is refused with 401;
-`/latest/meta-data/spot/instance-action` is 404 until `interrupt()` posts a notice, then
-`{"action": ..., "time": ...}`; `/latest/meta-data/instance-id` names the instance.
+Both clouds serve theirs at 169.254.169.254; this serves both there, and answers as each does for what kiln reads:
+
+- **EC2**: `PUT /latest/api/token` with a TTL header of 1 to 21600 seconds gives a session token (400 without
+  it); a GET without a valid, unexpired token is refused with 401; `/latest/meta-data/spot/instance-action` is 404
+  until `interrupt()` posts a notice, then `{"action": ..., "time": ...}`; `/latest/meta-data/instance-id` names
+  the instance.
+- **GCE**: every request under `/computeMetadata/v1/` must carry `Metadata-Flavor: Google` and no
+  `X-Forwarded-For` (403 otherwise), and every answer carries `Metadata-Flavor: Google`;
+  `instance/preempted` is FALSE until `preempt()`, then TRUE; `instance/id` and `instance/name` name it.
 
     with Imds("i-0abc") as imds:      # serves on 127.0.0.1, a free port: imds.endpoint
-        imds.interrupt("terminate")
+        imds.interrupt("terminate")   # or imds.preempt(), as GCE
 
-As a program it serves a local cluster's node at EC2's own address inside the node's network namespace
-(testbed.cluster starts it), and posts the notice written to --notice-file (`local-cluster interrupt NODE`):
+As a program it serves a local cluster's node at the clouds' own address inside the node's network namespace
+(testbed.cluster starts it), and posts the notice written to --notice-file (`local-cluster interrupt NODE
+[--cloud gce]`): an EC2 instance-action document, or `{"gce": "preempted"}`.
 
     python -m testbed.imds --host 169.254.169.254 --port 80 --instance-id node2 --notice-file F
 """
@@ -28,6 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 NOTICE_LEAD_SECONDS = 120
+GCE_PREEMPTED = {"gce": "preempted"}  # the notice file's text for a GCE preemption
+GCE_ROOT = "/computeMetadata/v1/"
 
 
 def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECONDS) -> str:
@@ -51,6 +59,7 @@ class Imds:
         self.instance_id = instance_id
         self.notice_file = notice_file
         self.notice: dict | None = None
+        self.preempted = False
         self.tokens: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
@@ -68,13 +77,39 @@ class Imds:
             self.notice = json.loads(notice_text(action, lead_seconds))
             return dict(self.notice)
 
+    def preempt(self) -> None:
+        """Preempt the instance as GCE does: instance/preempted turns TRUE."""
+        with self._lock:
+            self.preempted = True
+
+    def _read_notice_file(self) -> None:
+        if self.notice is not None or self.preempted or self.notice_file is None:
+            return
+        try:
+            posted = json.loads(self.notice_file.read_text())
+        except (OSError, ValueError):
+            return
+        if posted == GCE_PREEMPTED:
+            self.preempted = True
+        else:
+            self.notice = posted
+
     def _posted(self) -> dict | None:
-        if self.notice is None and self.notice_file is not None:
-            try:
-                self.notice = json.loads(self.notice_file.read_text())
-            except (OSError, ValueError):
-                pass
+        self._read_notice_file()
         return self.notice
+
+    def _gce(self, method: str, path: str, headers) -> tuple[int, str]:
+        """GCE's metadata server: flavored requests only, none forwarded; GET only."""
+        if headers.get("Metadata-Flavor") != "Google" or "X-Forwarded-For" in headers:
+            return 403, "Missing required header: Metadata-Flavor: Google"
+        if method != "GET":
+            return 405, "Method Not Allowed"
+        name = path.split("?", 1)[0][len(GCE_ROOT):]
+        self._read_notice_file()
+        answers = {"": "instance/\nproject/\n", "instance/preempted": "TRUE" if self.preempted else "FALSE",
+                   "instance/id": str(int.from_bytes(self.instance_id.encode()[-6:], "big")),
+                   "instance/name": self.instance_id}
+        return (200, answers[name]) if name in answers else (404, "Not Found")
 
     def expire_tokens(self) -> None:
         with self._lock:
@@ -90,6 +125,8 @@ class Imds:
 
     def _answer(self, method: str, path: str, headers) -> tuple[int, str]:
         with self._lock:
+            if path.startswith(GCE_ROOT):
+                return self._gce(method, path, headers)
             if method == "PUT":
                 if path != "/latest/api/token":
                     return 405, "Method Not Allowed"
@@ -117,6 +154,8 @@ class Imds:
                 imds.requests.append((self.command, self.path, status))
                 data = body.encode()
                 self.send_response(status)
+                if self.path.startswith(GCE_ROOT):
+                    self.send_header("Metadata-Flavor", "Google")
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -131,7 +170,7 @@ class Imds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="imds", description="a stand-in EC2 instance metadata service (IMDSv2)")
+    parser = argparse.ArgumentParser(prog="imds", description="a stand-in metadata service of EC2 (IMDSv2) and GCE")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=80)
     parser.add_argument("--instance-id", default="i-0123456789abcdef0")

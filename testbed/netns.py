@@ -25,7 +25,7 @@ NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
-METADATA_ADDRESS = "169.254.169.254"  # EC2's instance metadata service; with --metadata each node has its own
+METADATA_ADDRESS = "169.254.169.254"  # EC2's and GCE's instance metadata service; with --metadata each node has its own
 # With --docker: each node's Docker engine keeps its images on disk (they are GBs), its sockets and state under
 # /run; the cluster's registry listens on the bridge at REGISTRY_PORT.
 ENGINE_DATA_ROOT = Path("/var/lib/kiln-local")
@@ -162,7 +162,7 @@ def node_batch(cluster: Cluster, node: Node) -> str:
 
 
 def metadata_argv(python: str, node: Node, node_dir: Path, instance_id: str) -> list[str]:
-    """argv that serves a stand-in metadata service (testbed.imds) at EC2's address inside the node's network."""
+    """argv that serves a stand-in metadata service (testbed.imds) at the clouds' address inside the node's network."""
     return ["ip", "netns", "exec", node.netns, python, "-m", "testbed.imds", "--host", METADATA_ADDRESS,
             "--port", "80", "--instance-id", instance_id, "--notice-file", str(node_dir / "notice.json"),
             "--ready-file", str(node_dir / "imds.ready")]

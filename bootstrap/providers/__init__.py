@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.shim import interruption
 
 # kind -> the module whose `PROVIDER` class implements it (imported when asked for: boto3 is slow to import)
 KINDS = {"aws": "bootstrap.providers.aws", "local": "bootstrap.providers.local"}
@@ -51,12 +52,21 @@ class Made:
 
 @dataclass(frozen=True)
 class Notice:
-    """How a node learns it is being preempted: the metadata document the node's watcher reads, and how long the
-    cloud gives before the machine goes (a run's processes get part of it to checkpoint)."""
+    """How a node learns it is being preempted: whose metadata its watcher reads (shim/interruption.py's
+    --source: ec2, gce, or any that answers), what it reads there, and (from the watcher's table, the one place
+    these are written) how long the cloud gives before the machine goes and how much of it a run's processes get
+    to checkpoint (with `any`: the shortest)."""
 
     source: str
-    lead_s: float
-    grace_s: float
+    what: str
+
+    @property
+    def lead_s(self) -> float:
+        return min(lead for name, (lead, _) in interruption.SOURCES.items() if self.source in (name, "any"))
+
+    @property
+    def grace_s(self) -> float:
+        return min(grace for name, (_, grace) in interruption.SOURCES.items() if self.source in (name, "any"))
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,14 @@ def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provide
     if record.provider not in KINDS:
         raise UsageError(f"cluster {record.name}: kiln does not know the provider {record.provider!r} of its file")
     return named(record.provider, {"region": record.region} if record.region else None)
+
+
+def notice_source(record: state.ClusterRecord | None) -> str:
+    """Whose preemption notices the nodes' watchers read: the cluster's provider's, or any that answers (hosts
+    kiln did not make)."""
+    if record is None or record.provider not in KINDS:
+        return "any"
+    return importlib.import_module(KINDS[record.provider]).PROVIDER.notice.source
 
 
 def refuse_foreign_options(provider: Provider, given: Mapping[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The local provider: a cluster of sshd nodes in network namespaces on this machine (testbed.cluster, as root),
 whose nodes can be lost and replaced by fresh ones with new host keys; kiln's tests and `make demo` run on it.
 Host keys come from the key files the testbed wrote for each node; a node's stand-in metadata service
-(testbed.imds) posts EC2-style spot notices; autostop's power-off kills a node's processes."""
+(testbed.imds) posts EC2-style spot notices and GCE-style preemptions; autostop's power-off kills a node's processes."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class LocalProvider:
     kind = "local"
     host_keys = "the key files testbed.cluster writes for each node"
     shutdown = "namespace"
-    notice = Notice("EC2's spot/instance-action, from the node's stand-in metadata service", 120, 90)
+    notice = Notice("any", "EC2's spot/instance-action or GCE's instance/preempted, from the node's stand-in "
+                    "metadata service")
     up_options = frozenset({"docker"})
     volumes = False
 

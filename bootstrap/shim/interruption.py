@@ -1,17 +1,24 @@
-"""Watch the instance metadata service for a spot interruption notice (IMDSv2, session tokens only).
+"""Watch the instance metadata service for a spot interruption (preemption) notice, as EC2 and GCE post it.
 
-AWS posts `spot/instance-action` about two minutes before it stops or terminates a spot instance; before that
-the path answers 404. Every read carries a session token from `PUT /latest/api/token` (IMDSv2: kiln's instances
-require it, so a plain GET is refused with 401), and a refused token is fetched again once.
+- **ec2**: AWS posts `spot/instance-action` about two minutes before it stops or terminates a spot instance;
+  before that the path answers 404. Every read carries a session token from `PUT /latest/api/token` (IMDSv2:
+  kiln's instances require it, so a plain GET is refused with 401), and a refused token is fetched again once.
+- **gce**: GCE's metadata server answers `computeMetadata/v1/instance/preempted` with FALSE, then TRUE once the
+  Spot (or preemptible) VM is being preempted: about 30 s before it stops. Every read carries the
+  `Metadata-Flavor: Google` header (refused with 403 without it), and the answer carries it back.
 
-    python interruption.py [--endpoint URL] [--interval S] [--once] [--run-dir DIR] [--timeout S] [-- CMD...]
+Both sit at 169.254.169.254; `--source any` (the default) watches whichever answers there.
 
-prints one JSON line when a notice comes (`{"action": "terminate", "time": "...", "seen": ...}`) and exits 0;
-`--once` looks once and prints `{"action": null}` where there is none. With `--run-dir` (kiln starts it so with
-every run on every node) it writes the notice to DIR/notice.json for the launcher, then becomes CMD (kiln's:
-stop this run's processes here with SIGTERM, so they can checkpoint); where no metadata service answers (not a
-cloud instance) it exits at once; it gives up after `--timeout` seconds, or once the node's tasks named by
-`--until-exited` have all written their exit codes. Standard library only: it runs on nodes.
+    python interruption.py [--source ec2|gce|any] [--endpoint URL] [--interval S] [--once] [--run-dir DIR]
+                           [--timeout S] [-- CMD...]
+
+prints one JSON line when a notice comes (`{"action": "terminate", "time": "...", "seen": ..., "source": "ec2",
+"grace_s": 90}`) and exits 0; `--once` looks once and prints `{"action": null}` where there is none. With
+`--run-dir` (kiln starts it so with every run on every node) it writes the notice to DIR/notice.json for the
+launcher, then becomes CMD with the source's grace (seconds) as its last argument (kiln's: stop this run's
+processes here with SIGTERM, so they can checkpoint, and kill what is left after the grace); where no metadata
+service answers (not a cloud instance) it exits at once; it gives up after `--timeout` seconds, or once the
+node's tasks named by `--until-exited` have all written their exit codes. Standard library only: it runs on nodes.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from collections.abc import Callable
 ENDPOINT = "http://169.254.169.254"
 TOKEN_TTL_SECONDS = 21600
 NOTICE_PATH = "latest/meta-data/spot/instance-action"
+GCE_ROOT = "computeMetadata/v1/"
+GCE_PREEMPTED = GCE_ROOT + "instance/preempted"
+# source -> (seconds the cloud gives from its notice to the machine's end, seconds of it a run's processes get to
+# checkpoint before what is left is killed: the rest is for the watcher's look, the stop and the files' flush)
+SOURCES = {"ec2": (120, 90), "gce": (30, 20)}
 
 
 class MetadataError(Exception):
@@ -39,7 +51,9 @@ class Unreachable(MetadataError):
 
 
 class Metadata:
-    """An IMDSv2 client: one session token, renewed when it expires or is refused."""
+    """An IMDSv2 client (EC2): one session token, renewed when it expires or is refused."""
+
+    source = "ec2"
 
     def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
         self.endpoint = endpoint.rstrip("/")
@@ -86,6 +100,75 @@ class Metadata:
             raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
 
 
+    def probe(self) -> None:
+        """Raise Unreachable or MetadataError unless an IMDSv2 service answers here (it gives a token)."""
+        self.token()
+
+    def look(self) -> dict | None:
+        """The notice posted (action and time), or None."""
+        return parse_notice(self.get(NOTICE_PATH))
+
+
+class GceMetadata:
+    """A client of GCE's metadata server: every request flavored, and the answer's flavor checked (another
+    service at the address, such as EC2's, is not GCE's)."""
+
+    source = "gce"
+
+    def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
+        self.endpoint = endpoint.rstrip("/")
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+        self.timeout = timeout
+
+    def get(self, path: str) -> str | None:
+        """The text at a metadata path; None where it answers 404."""
+        request = urllib.request.Request(f"{self.endpoint}/{path}", headers={"Metadata-Flavor": "Google"})
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                if response.headers.get("Metadata-Flavor") != "Google":
+                    raise MetadataError(f"GET /{path}: the answer is not from GCE's metadata server")
+                return response.read().decode()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise MetadataError(f"GET /{path}: HTTP {error.code}") from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
+
+    def probe(self) -> None:
+        """Raise Unreachable or MetadataError unless GCE's metadata server answers here."""
+        if self.get(GCE_ROOT) is None:
+            raise MetadataError(f"GET /{GCE_ROOT}: HTTP 404")
+
+    def look(self) -> dict | None:
+        """A preemption under way, as a notice (the machine stops about SOURCES["gce"][0] s from now), or None."""
+        text = self.get(GCE_PREEMPTED)
+        if text is None or text.strip() == "FALSE":
+            return None
+        if text.strip() != "TRUE":
+            raise MetadataError(f"unexpected instance/preempted: {text[:200]!r}")
+        at = time.gmtime(time.time() + SOURCES["gce"][0])
+        return {"action": "preempt", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", at)}
+
+
+def services(source: str, endpoint: str) -> list:
+    """The metadata clients to watch for `source` (any: both, each kept only where it answers)."""
+    return [kind(endpoint) for name, kind in (("ec2", Metadata), ("gce", GceMetadata)) if source in (name, "any")]
+
+
+def answering(watched: list) -> tuple[list, list[str]]:
+    """Those of `watched` that answer at their endpoint, and why each other does not."""
+    kept, why = [], []
+    for service in watched:
+        try:
+            service.probe()
+            kept.append(service)
+        except MetadataError as error:
+            why.append(f"{service.source}: {error}")
+    return kept, why
+
+
 def parse_notice(text: str | None) -> dict | None:
     """`{"action": "terminate"|"stop"|"hibernate", "time": "2026-11-25T10:02:00Z"}`, or None for no notice."""
     if text is None:
@@ -96,18 +179,29 @@ def parse_notice(text: str | None) -> dict | None:
     return {"action": notice["action"], "time": notice.get("time")}
 
 
-def wait_for_notice(metadata: Metadata, interval: float, deadline: float | None = None,
-                    over: Callable[[], bool] = lambda: False) -> dict | None:
-    """Poll until a notice comes (returned), or the deadline passes or `over()` says the run is over (None). A
-    metadata service that stops answering is retried: an instance being stopped loses it last."""
-    while not over():
+def look_all(watched: list) -> dict | None:
+    """The first notice any of `watched` has posted, with its source and the grace it leaves; None if none."""
+    for service in watched:
         try:
-            notice = parse_notice(metadata.get(NOTICE_PATH))
+            notice = service.look()
         except MetadataError as error:
             print(f"interruption: {error}", file=sys.stderr)
-            notice = None
+            continue
         if notice:
-            return {**notice, "seen": time.time()}
+            return {**notice, "seen": time.time(), "source": service.source, "grace_s": SOURCES[service.source][1]}
+    return None
+
+
+def wait_for_notice(metadata, interval: float, deadline: float | None = None,
+                    over: Callable[[], bool] = lambda: False) -> dict | None:
+    """Poll `metadata` (a client, or a list of them) until a notice comes (returned), or the deadline passes or
+    `over()` says the run is over (None). A metadata service that stops answering is retried: an instance being
+    stopped loses it last."""
+    watched = metadata if isinstance(metadata, list) else [metadata]
+    while not over():
+        notice = look_all(watched)
+        if notice:
+            return notice
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(interval)
@@ -129,6 +223,8 @@ def report(run_dir: str, notice: dict) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="interruption", description=__doc__.splitlines()[0])
+    parser.add_argument("--source", choices=(*SOURCES, "any"), default="any",
+                        help="whose notice to watch for (default any: whichever metadata service answers)")
     parser.add_argument("--endpoint", default=ENDPOINT)
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between looks (default 5)")
     parser.add_argument("--once", action="store_true", help="look once and say what is there")
@@ -139,30 +235,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("then", nargs=argparse.REMAINDER, help="-- CMD...: run in the watcher's place on a notice")
     args = parser.parse_args(argv)
     then = args.then[1:] if args.then[:1] == ["--"] else args.then
-    metadata = Metadata(args.endpoint)
+    watched, why = answering(services(args.source, args.endpoint))
+    if not watched:
+        print(f"interruption: {'not watching: ' if args.run_dir else ''}{'; '.join(why)}", file=sys.stderr)
+        return 0 if args.run_dir else 1
     if args.once:
-        try:
-            notice = parse_notice(metadata.get(NOTICE_PATH))
-        except MetadataError as error:
-            print(f"interruption: {error}", file=sys.stderr)
-            return 1
-        print(json.dumps(notice or {"action": None}))
+        print(json.dumps(look_all(watched) or {"action": None}))
         return 0
-    if args.run_dir:
-        try:
-            metadata.token()
-        except Unreachable as error:
-            print(f"interruption: not watching: {error}", file=sys.stderr)
-            return 0
     deadline = time.monotonic() + args.timeout if args.timeout else None
     tasks = [task for task in args.until_exited.split(",") if task]
-    notice = wait_for_notice(metadata, args.interval, deadline,
+    notice = wait_for_notice(watched, args.interval, deadline,
                              all_exited(args.run_dir, tasks) if args.run_dir else lambda: False)
     print(json.dumps(notice), flush=True)
     if notice and args.run_dir:
         report(args.run_dir, notice)
         if then:
-            os.execvp(then[0], then)
+            os.execvp(then[0], [*then, f"{notice['grace_s']:g}"])
     return 0
 
 

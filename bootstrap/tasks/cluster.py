@@ -393,7 +393,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
                         timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
                         stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
                         max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
-                        python=processes_python)
+                        python=processes_python, notice_source=providers.notice_source(record))
     finally:
         if down_after:
             print(f"--down-after: removing cluster {goal.name}", flush=True)
@@ -436,7 +436,8 @@ def choose_runtime(group: Cluster, image: str | None, paths: launch.NodePaths, r
 
 def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, timeline: Timeline, runtime: Runtime, python: str | None,
-                    stall_factor: float, stall_minimum: float, timeout: float) -> tuple[state.RunRecord, Supervisor]:
+                    stall_factor: float, stall_minimum: float, timeout: float,
+                    notice_source: str = "any") -> tuple[state.RunRecord, Supervisor]:
     """Preflight, sync, the runtime made ready and checked, the program checked, the run recorded, every
     process started: (the run's record, its supervisor)."""
     with timeline.phase("preflight"):  # in a container image, the image's frameworks are checked instead
@@ -455,7 +456,7 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
                                                plan.run_id))
     record = record_run(group, plan, paths)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
-                            timeline=timeline, notice_watch=timeout, runtime=runtime)
+                            timeline=timeline, notice_watch=timeout, notice_source=notice_source, runtime=runtime)
     with timeline.phase("start"):
         supervisor.start()
     return record, supervisor
@@ -464,7 +465,8 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
                     stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
-                    max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None) -> None:
+                    max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None,
+                    notice_source: str = "any") -> None:
     """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
     `python`, default the nodes'), then (unless detached) watch it to its end. Until the processes have
     started, a failure stops what was made ready and gives up the run's port reservations."""
@@ -472,7 +474,8 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     try:
         record, supervisor = ready_and_start(group, plan, paths, program, folder, timeline=timeline,
                                              runtime=runtime, python=python, stall_factor=stall_factor,
-                                             stall_minimum=stall_minimum, timeout=timeout)
+                                             stall_minimum=stall_minimum, timeout=timeout,
+                                             notice_source=notice_source)
     except BaseException:
         group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))
         group.release_ports(plan.run_id, paths.root)
@@ -543,7 +546,8 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
     plan = plan_for([n.name for n in nodes], processes_python, paths.root, mesh.gpu_counts(nodes))
     start_and_watch(group, plan, paths, program, folder, detach=detach, timeout=float(timeout),
                     max_restarts=int(max_restarts), stall_factor=1.0 if float(stall_minimum) else 0.0,
-                    stall_minimum=float(stall_minimum), timeline=timeline, runtime=runtime, python=processes_python)
+                    stall_minimum=float(stall_minimum), timeline=timeline, runtime=runtime, python=processes_python,
+                    notice_source=providers.notice_source(state.load_cluster(goal.name)))
 
 
 def same_root(group: Cluster) -> str:

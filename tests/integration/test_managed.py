@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import KILN, ROOT, can_make_namespaces, run_processes
 
+from bootstrap.shim import interruption
 from testbed import netns
 
 pytestmark = pytest.mark.integration
@@ -76,9 +77,10 @@ def last_step(metrics: Path) -> int:
 
 
 def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int = 2 * CHECKPOINT_EVERY + 2,
-                   how: str = "lose", node: str = "node2") -> tuple[subprocess.CompletedProcess, float]:
+                   how: str = "lose", node: str = "node2",
+                   cloud: str = "ec2") -> tuple[subprocess.CompletedProcess, float]:
     """Start a tf-config run (`options`: --managed...); once node2's worker has logged `min_step`, lose `node`
-    (`how`: or post a spot interruption notice on it). (result, when)"""
+    (`how`: or post a spot interruption notice on it, as `cloud` does). (result, when)"""
     argv = [str(KILN), "train", "--cluster", NAME, "--mode", "tf-config", "--run-id", run_id, *options,
             "--args", f"--epochs {EPOCHS} --log-every 1 --checkpoint-every {CHECKPOINT_EVERY}"]
     env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
@@ -91,7 +93,7 @@ def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int =
                 assert train.poll() is None and time.monotonic() < deadline, "node2 never got to training"
                 time.sleep(0.3)
             lost_at = time.time()  # the loss begins: kiln may see it before the command returns
-            lost = local_cluster(how, node)
+            lost = local_cluster(how, node, *(["--cloud", cloud] if how == "interrupt" else []))
             assert lost.returncode == 0, lost.stderr
             out, err = train.communicate(timeout=400)
         finally:
@@ -163,6 +165,29 @@ def test_a_spot_interruption_notice_on_the_chief_replaces_it_and_the_run_finishe
     assert workers["worker-0"]["resumed_from_step"] == recovery["resumed_from_step"]
     assert not pinned_keys(managed, "node1") & before
     assert run_processes("notice-node1") == []
+
+
+def test_a_gce_preemption_of_a_worker_replaces_it_within_gces_notice(managed):
+    """GCE's metadata server says instance/preempted TRUE about 30 s before the VM stops: the node's watcher sees
+    it and stops the worker there with GCE's grace, well within that notice, and kiln replaces the node."""
+    done, posted_at = train_and_lose(managed, "preempt-node2", "--managed", how="interrupt", node="node2",
+                                     cloud="gce")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = managed.summary("preempt-node2")
+    assert data["status"] == "ok"
+    [recovery] = data["restarts"]
+    assert recovery["interrupted"] == ["node2"] and recovery["lost"] == []
+    assert recovery["failure"].startswith("spot interruption notice (node2: preempt at "), recovery["failure"]
+    replaced = managed.runs / "preempt-node2" / "replaced" / "node2-1"
+    notice = json.loads((replaced / "notice.json").read_text())
+    lead, grace = interruption.SOURCES["gce"]
+    assert (notice["source"], notice["grace_s"]) == ("gce", grace)
+    stopped_at = (replaced / "worker-1.exit").stat().st_mtime  # the worker's exit, as the node wrote it
+    assert posted_at < notice["seen"] < stopped_at < posted_at + lead, (posted_at, notice, stopped_at)
+    assert (replaced / "worker-1.exit").read_text().strip() == "143"  # SIGTERM: it had its chance to checkpoint
+    workers = {task: result for task, result in data["results"].items() if task.startswith("worker-")}
+    assert len({r["steps"] for r in workers.values()}) == 1 and all(r["status"] == "ok" for r in workers.values())
+    assert run_processes("preempt-node2") == []
 
 
 def test_without_managed_a_notice_ends_the_run_naming_the_node(managed):

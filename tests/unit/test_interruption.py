@@ -1,4 +1,5 @@
-"""The spot interruption watcher (bootstrap/shim/interruption.py) against the IMDSv2 stand-in over real HTTP."""
+"""The spot interruption watcher (bootstrap/shim/interruption.py) against the metadata stand-in (EC2's IMDSv2 and
+GCE's metadata server) over real HTTP."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import urllib.request
 import pytest
 
 from bootstrap.shim import interruption
-from bootstrap.shim.interruption import Metadata, MetadataError, parse_notice
+from bootstrap.shim.interruption import GceMetadata, Metadata, MetadataError, parse_notice
 from testbed.imds import Imds
+
+EC2 = {"source": "ec2", "grace_s": 90}
 
 
 @pytest.fixture
@@ -75,7 +78,7 @@ def test_the_watcher_as_a_process(imds):
     finally:
         watcher.kill()
     assert watcher.returncode == 0
-    assert {k: v for k, v in json.loads(out).items() if k != "seen"} == posted
+    assert {k: v for k, v in json.loads(out).items() if k != "seen"} == {**posted, **EC2}
 
 
 def test_an_unreachable_service_is_named():
@@ -95,7 +98,7 @@ def test_an_unknown_action_is_an_error():
 def test_with_a_run_dir_the_notice_is_written_and_the_watcher_becomes_the_command(imds, tmp_path):
     done = tmp_path / "then"
     watcher = subprocess.Popen([sys.executable, interruption.__file__, "--endpoint", imds.endpoint, "--interval",
-                                "0.1", "--run-dir", str(tmp_path), "--", "sh", "-c", f"echo $$ > {done}"],
+                                "0.1", "--run-dir", str(tmp_path), "--", "sh", "-c", f"echo $$ $0 > {done}"],
                                stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(0.5)
@@ -106,8 +109,9 @@ def test_with_a_run_dir_the_notice_is_written_and_the_watcher_becomes_the_comman
         watcher.kill()
     assert watcher.returncode == 0
     written = json.loads((tmp_path / "notice.json").read_text())
-    assert {k: v for k, v in written.items() if k != "seen"} == posted
-    assert int(done.read_text()) == watcher.pid  # exec'd: the command runs as the watcher's own process
+    assert {k: v for k, v in written.items() if k != "seen"} == {**posted, **EC2}
+    # exec'd: the command runs as the watcher's own process, with EC2's grace as its last argument
+    assert done.read_text().split() == [str(watcher.pid), "90"]
 
 
 def test_where_no_metadata_service_answers_the_run_watcher_stops_at_once(tmp_path):
@@ -140,3 +144,59 @@ def test_the_run_watcher_ends_once_the_nodes_tasks_have_exited(imds, tmp_path):
         watcher.kill()
     assert (watcher.returncode, out.strip()) == (0, "null")
     assert not (tmp_path / "notice.json").exists()
+
+
+def test_gce_reads_are_flavored_and_a_plain_or_forwarded_one_is_refused(imds):
+    metadata = GceMetadata(imds.endpoint)
+    assert metadata.get("computeMetadata/v1/instance/name") == "i-0kiln"
+    for headers in ({}, {"Metadata-Flavor": "Google", "X-Forwarded-For": "10.0.0.1"}):
+        request = urllib.request.Request(f"{imds.endpoint}/computeMetadata/v1/instance/preempted", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=2)
+        assert refused.value.code == 403
+
+
+def test_a_gce_preemption_is_a_notice_with_gces_shorter_grace(imds):
+    metadata = GceMetadata(imds.endpoint)
+    assert metadata.look() is None
+    imds.preempt()
+    notice = interruption.wait_for_notice(metadata, 0.05, deadline=time.monotonic() + 5)
+    assert notice["action"] == "preempt" and notice["source"] == "gce"
+    assert notice["grace_s"] == 20 < interruption.SOURCES["gce"][0] == 30
+
+
+def test_an_ec2_service_is_not_taken_for_gces():
+    """EC2's IMDSv2 refuses GCE's flavored GET (no token): a watcher of any source keeps EC2's alone there, and one
+    told to watch GCE's finds nothing to watch."""
+    with Imds("i-0kiln") as both:
+        ec2_only = both._answer  # the stand-in serves both: make it EC2's alone for this test
+
+        def answer(method, path, headers):
+            if path.startswith("/computeMetadata/"):
+                return 404, "Not Found"
+            return ec2_only(method, path, headers)
+
+        both._answer = answer
+        kept, why = interruption.answering(interruption.services("any", both.endpoint))
+        assert [service.source for service in kept] == ["ec2"] and why[0].startswith("gce: ")
+        gce = subprocess.run([sys.executable, interruption.__file__, "--source", "gce", "--endpoint", both.endpoint,
+                              "--once"], capture_output=True, text=True, timeout=30)
+    assert gce.returncode == 1 and "gce: GET /computeMetadata/v1/: HTTP 404" in gce.stderr, gce.stderr
+
+
+def test_the_run_watcher_stops_the_run_within_gces_notice(imds, tmp_path):
+    """A GCE preemption: the watcher writes the notice and becomes the stop command with GCE's grace."""
+    done = tmp_path / "then"
+    watcher = subprocess.Popen([sys.executable, interruption.__file__, "--source", "gce", "--endpoint",
+                                imds.endpoint, "--interval", "0.1", "--run-dir", str(tmp_path), "--", "sh", "-c",
+                                f"echo $0 > {done}"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        assert watcher.poll() is None
+        imds.preempt()
+        watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    written = json.loads((tmp_path / "notice.json").read_text())
+    assert (written["source"], written["action"]) == ("gce", "preempt")
+    assert done.read_text().strip() == "20"

@@ -305,20 +305,22 @@ def test_silent_processes_of_a_user_program_are_watched_by_their_output():
 def test_every_node_watches_for_interruption_notices_as_part_of_the_run():
     import shlex
 
-    from bootstrap.launch import NOTICE_GRACE, NodePaths, watcher_command
+    from bootstrap.launch import NodePaths, watcher_command
 
     command = watcher_command("r1", "/v/bin/python", NodePaths("/root/kiln"), 600)
     assert command.startswith("mkdir -p /root/kiln/runs/r1 && { setsid sh -c ")
     inner = shlex.split(shlex.split(command.split("setsid ", 1)[1].rsplit(" < /dev/null", 1)[0])[2])
     assert inner[:3] == ["env", "KILN_RUN_ID=r1", "/v/bin/python"]  # so stopping the run stops the watcher
     watcher = inner[3:inner.index("--") + 1]
-    assert watcher == ["/root/kiln/lib/shim/interruption.py", "--interval", "2", "--timeout", "600", "--run-dir",
-                       "/root/kiln/runs/r1", "--"]
+    assert watcher == ["/root/kiln/lib/shim/interruption.py", "--source", "any", "--interval", "2", "--timeout",
+                       "600", "--run-dir", "/root/kiln/runs/r1", "--"]
+    # the watcher adds the grace its notice's source leaves (GCE's is shorter than EC2's)
     assert inner[inner.index("--") + 1:inner.index(">>")] == [
-        "/v/bin/python", "-S", "/root/kiln/lib/node.py", "stop", "r1", str(NOTICE_GRACE)]
+        "/v/bin/python", "-S", "/root/kiln/lib/node.py", "stop", "r1"]
     assert inner[inner.index(">>") + 1:] == ["/root/kiln/runs/r1/interruption.log", "2>&1"]
-    with_tasks = watcher_command("r1", "/v/bin/python", NodePaths("/root/kiln"), 600, ["worker-0", "ps-0"])
+    with_tasks = watcher_command("r1", "/v/bin/python", NodePaths("/root/kiln"), 600, ["worker-0", "ps-0"], "gce")
     assert "--run-dir /root/kiln/runs/r1 --until-exited worker-0,ps-0 --" in with_tasks
+    assert "interruption.py --source gce " in with_tasks
 
 
 def test_placeholders_fill_the_classic_between_graph_flags_per_process():

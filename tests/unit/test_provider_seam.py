@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import providers
+from bootstrap import providers, state
 from bootstrap.errors import UsageError
 
 TASKS = Path(providers.__file__).resolve().parents[1] / "tasks"
@@ -36,7 +36,7 @@ def test_every_provider_implements_every_verb_with_the_seams_parameters(provider
     for fact in FACTS:
         assert getattr(provider, fact) is not None, f"{provider.kind} does not say its {fact}"
     assert provider.kind in providers.KINDS
-    assert provider.notice.grace_s < provider.notice.lead_s
+    assert provider.notice.source in ("ec2", "gce", "any") and provider.notice.grace_s < provider.notice.lead_s
 
 
 def test_no_task_asks_which_provider_it_has():
@@ -110,3 +110,16 @@ def test_a_cluster_file_names_its_provider(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="does not know the provider 'gce'"):
         providers.for_cluster(state.ClusterRecord("x", (Host("n1"),), "python3", state.SshSettings(),
                                                   provider="gce"), "x")
+
+
+def test_a_clusters_watchers_read_its_providers_notices_and_keep_its_grace():
+    from bootstrap.shim import interruption
+
+    def record(provider):
+        return state.ClusterRecord("c", (), "/usr/bin/python3", provider=provider)
+
+    assert [providers.notice_source(r) for r in (None, record(None), record("aws"), record("local"))] == [
+        "any", "any", "ec2", "any"]
+    # the grace comes from the watcher's table; a watcher of any source keeps the shortest (GCE's)
+    assert (providers.Notice("ec2", "").grace_s, providers.Notice("any", "").grace_s) == (
+        interruption.SOURCES["ec2"][1], interruption.SOURCES["gce"][1])

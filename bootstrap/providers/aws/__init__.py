@@ -28,7 +28,7 @@ class AwsProvider:
     kind = "aws"
     host_keys = "each instance's console output (GetConsoleOutput)"
     shutdown = "system"
-    notice = Notice("IMDSv2 latest/meta-data/spot/instance-action", 120, 90)
+    notice = Notice("ec2", "IMDSv2 latest/meta-data/spot/instance-action")
     up_options = frozenset({"instance_type", "spot", "max_price", "ami", "image_profile", "image_tags", "ssh_cidr",
                             "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"})
     volumes = True
