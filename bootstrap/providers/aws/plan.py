@@ -6,15 +6,40 @@ Everything here is pure and unit-tested for exact output; bootstrap.providers.aw
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as the provider and tests use them)
+    DATA_LABEL,
+    DATA_MOUNT,
+    DATA_SETTINGS,
+    MAX_SNAPSHOT_TTL_DAYS,
+    MAX_TTL_HOURS,
+    MAX_VOLUME_GIB,
+    MIN_PREFIX,
+    NAME,
+    SNAPSHOT_TTL_DAYS,
+    SSH_WAIT_S,
+    ClusterSummary,
+    data_volume_file,
+    first_boot_settings,
+    format_time,
+    latest_snapshot_set,
+    no_answer_error,
+    parse_image_tags,
+    parse_time,
+    restore_note,
+    validate_cidr,
+    validate_name,
+    validate_snapshot_ttl,
+    validate_ssh_wait,
+    validate_volume,
+)
 
 TAG_CLUSTER = "kiln:cluster"
 TAG_OWNER = "kiln:owner"
@@ -23,7 +48,6 @@ TAG_PROFILE = "kiln:profile"
 TAG_DATA = "kiln:data"  # on a data volume and its snapshots: the node's index in launch order
 TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`: its time
 
-NAME = re.compile(r"[a-z0-9-]{1,32}")
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 # `kiln up`'s default, and the GPU instance types it suggests with the GPUs each carries (all need the matrix's
 # driver branch 570 or later for Blackwell; every other type of EC2 is taken as it is named).
@@ -39,21 +63,11 @@ SUGGESTED_INSTANCE_TYPES = {
 }
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 PROFILE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-MIN_PREFIX = {4: 8, 6: 32}
-MAX_TTL_HOURS = 24 * 14
 IMDS_HOP_LIMIT = 2
 ROOT_DEVICE = "/dev/sda1"
 ROOT_VOLUME_GIB = 100
-SSH_WAIT_S = 300
-# The data volume: attached at this device, found on the node by its filesystem label (or, unformatted, by its
-# exact size) by the image's kiln-data-volume unit, which reads its settings from this file.
+# The data volume is attached at this device (common.py: how the node finds and mounts it).
 DATA_DEVICE = "/dev/sdf"
-DATA_MOUNT = "/data"
-DATA_LABEL = "kiln-data"
-DATA_SETTINGS = "/etc/kiln/data-volume.json"
-MAX_VOLUME_GIB = 16384
-SNAPSHOT_TTL_DAYS = 30.0
-MAX_SNAPSHOT_TTL_DAYS = 3650.0
 
 # Placeholders the dry run prints where AWS would supply the value.
 AMI_PLACEHOLDER = "<newest available AMI tagged kiln:profile={profile}>"
@@ -98,27 +112,6 @@ class Plan:
                 ("CreatePlacementGroup", self.create_placement_group), ("RunInstances", self.run_instances)]
 
 
-def validate_name(name) -> str:
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
-    return name
-
-
-def validate_cidr(text: str | None) -> str:
-    """The operator's SSH source range; never the whole Internet, never guessed."""
-    if not text:
-        raise UsageError("give --ssh-cidr with the address you connect from (e.g. 203.0.113.7/32); "
-                         "kiln never opens SSH to 0.0.0.0/0")
-    try:
-        network = ipaddress.ip_network(text.strip(), strict=False)
-    except ValueError:
-        raise UsageError(f"--ssh-cidr {text!r} is not an IPv4 or IPv6 address or CIDR") from None
-    if network.prefixlen < MIN_PREFIX[network.version]:
-        raise UsageError(f"--ssh-cidr {text!r} is too broad: at least /{MIN_PREFIX[network.version]} for "
-                         f"IPv{network.version}; kiln never opens SSH to the whole Internet")
-    return str(network)
-
-
 def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
                      image_profile: str = "gpu", spot: bool = False, max_price=None, user: str = "ubuntu",
                      ttl_hours=24.0, image_tags: str | None = None, volume_gib=None,
@@ -158,54 +151,6 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
                    user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib),
                    validate_idle_minutes(idle_minutes) or None)
-
-
-def validate_volume(size_gib) -> int | None:
-    """--volume SIZE_GB: one data volume of this many GiB per node (None: no data volume)."""
-    if size_gib is None or size_gib is False:
-        return None
-    try:
-        size = int(str(size_gib))
-    except ValueError:
-        raise UsageError(f"--volume {size_gib!r}: give the data volume's size in GiB, e.g. 100") from None
-    if not 1 <= size <= MAX_VOLUME_GIB:
-        raise UsageError(f"--volume {size}: give 1 to {MAX_VOLUME_GIB} GiB")
-    return size
-
-
-def validate_snapshot_ttl(days) -> float:
-    try:
-        value = float(days)
-    except (TypeError, ValueError):
-        raise UsageError(f"--snapshot-ttl-days {days!r}: give days, e.g. 30") from None
-    if not 0 < value <= MAX_SNAPSHOT_TTL_DAYS:
-        raise UsageError(f"--snapshot-ttl-days {value:g}: give more than 0 and at most {MAX_SNAPSHOT_TTL_DAYS:g}")
-    return value
-
-
-def parse_image_tags(text: str | None) -> tuple[tuple[str, str], ...]:
-    """`kiln:fingerprint=ab12,kiln:tensorflow=2.18.1`: more tags the AMI must carry (what the bake writes)."""
-    pairs = []
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.strip().partition("=")
-        if not sep or not key or not value:
-            raise UsageError(f"--image-tags {item.strip()!r}: write KEY=VALUE, e.g. kiln:fingerprint=ab12")
-        pairs.append((key, value))
-    return tuple(pairs)
-
-
-def format_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime | None:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except (AttributeError, ValueError):
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def cluster_tags(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:
@@ -327,18 +272,6 @@ def teardown_order(resources: Sequence[Resource]) -> list[Resource]:
     return sorted(resources, key=lambda r: (TEARDOWN_ORDER.index(r.kind), r.id))
 
 
-@dataclass(frozen=True)
-class ClusterSummary:
-    name: str
-    owner: str
-    expires: datetime | None
-    instances: tuple[str, ...]
-    resources: int
-
-    def expired(self, now: datetime) -> bool:
-        return self.expires is not None and self.expires <= now
-
-
 def summarize(resources: Iterable[Resource]) -> list[ClusterSummary]:
     """Resources grouped by cluster name; a cluster expires with its earliest expiry tag."""
     groups: dict[str, list[Resource]] = {}
@@ -366,40 +299,11 @@ def launch_order(instances: Sequence[dict]) -> list[dict]:
     return sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
 
 
-def validate_ssh_wait(seconds) -> float:
-    """--ssh-wait SECONDS: 0 skips the wait."""
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        raise UsageError(f"--ssh-wait {seconds!r}: give seconds, e.g. 300 (0: do not wait)") from None
-    if not 0 <= value <= 3600:
-        raise UsageError(f"--ssh-wait {seconds!r}: give 0 to 3600 seconds")
-    return value
-
-
-def no_answer_error(silent: Sequence[str], waited_s: float) -> str:
-    """One line naming the instances whose SSH never answered."""
-    return f"no SSH answer within {waited_s:g}s from {len(silent)} instance(s): {', '.join(silent)}"
-
-
 def first_contact_note(name: str, addresses: Sequence[str]) -> str:
     """What to run when some host keys were not in the console output."""
     return (f"host keys of {', '.join(addresses)} were not in the console output: recorded as first-contact; "
             f"kiln mesh --cluster {name} --accept-new-host-keys (or kiln train --cluster {name} "
             "--accept-new-host-keys) records them on first contact")
-
-
-def first_boot_settings(size_gib: int, user: str) -> str:
-    """The instance's user data: cloud-init writes the settings the image's kiln-data-volume unit reads (it mounts
-    the volume, formatting it only if it has no filesystem yet, whenever the disk appears)."""
-    return "#cloud-config\n" + json.dumps({"write_files": [data_volume_file(size_gib, user)]}, sort_keys=True) + "\n"
-
-
-def data_volume_file(size_gib: int, user: str) -> dict:
-    """cloud-init's write_files entry for the data volume's settings (local VMs take it too: testbed.vm)."""
-    settings = {"label": DATA_LABEL, "mount": DATA_MOUNT, "owner": user, "size_bytes": size_gib * 2**30}
-    return {"path": DATA_SETTINGS, "permissions": "0644", "owner": "root:root",
-            "content": json.dumps(settings, sort_keys=True) + "\n"}
 
 
 def data_volume_request(*, zone: str, size_gib: int, tags: dict[str, str], index: int,
@@ -458,36 +362,6 @@ def snapshot_of(described: dict) -> Snapshot:
     return Snapshot(described["SnapshotId"], tags.get(TAG_CLUSTER, ""), int(index) if index.isdigit() else None,
                     tags.get(TAG_SNAPSHOT_SET, ""), int(described.get("VolumeSize") or 0),
                     described.get("State", ""), tags, described.get("VolumeId", ""))
-
-
-def latest_snapshot_set(snapshots: Iterable[Snapshot]) -> dict[int, Snapshot]:
-    """The newest set of completed data snapshots, by node index; a set with any snapshot not completed is
-    passed over (a `down --snapshot` that failed part-way)."""
-    sets: dict[str, list[Snapshot]] = {}
-    for snapshot in snapshots:
-        if snapshot.index is not None and snapshot.taken_at:
-            sets.setdefault(snapshot.taken_at, []).append(snapshot)
-    for taken_at in sorted(sets, reverse=True):
-        members = sets[taken_at]
-        if all(s.state == "completed" for s in members):
-            return {s.index: s for s in sorted(members, key=lambda s: s.id)}
-    return {}
-
-
-def restore_note(name: str, count: int, restored: dict[int, Snapshot]) -> str:
-    """What `up --volume` says about the snapshots it restores from."""
-    if not restored:
-        return f"cluster {name}: no snapshot of its data volumes: each node gets an empty volume"
-    taken_at = next(iter(restored.values())).taken_at
-    fresh = [i for i in range(count) if i not in restored]
-    left = sorted(i for i in restored if i >= count)
-    note = (f"cluster {name}: data volumes restored from the snapshots of {taken_at} "
-            f"({', '.join(f'node {i}: {s.id}' for i, s in sorted(restored.items()) if i < count)})")
-    if fresh:
-        note += f"; node(s) {', '.join(map(str, fresh))} had no snapshot and get an empty volume"
-    if left:
-        note += f"; the snapshot(s) of node(s) {', '.join(map(str, left))} are not used (fewer nodes now)"
-    return note
 
 
 def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:

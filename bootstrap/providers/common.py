@@ -1,0 +1,168 @@
+"""What every cloud provider's plan checks and decides alike, without touching a cloud: the cluster's name, the
+operator's SSH range, TTLs, data volume sizes, SSH waits, the first-boot settings of the data volume, and which
+set of snapshots a cluster's volumes come back from. Pure, and unit-tested with each provider's plan."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from bootstrap.errors import UsageError
+
+NAME = re.compile(r"[a-z0-9-]{1,32}")
+MIN_PREFIX = {4: 8, 6: 32}
+MAX_TTL_HOURS = 24 * 14
+SSH_WAIT_S = 300
+# The data volume: found on the node by its filesystem label (or, unformatted, by its exact size) by the image's
+# kiln-data-volume unit, which reads its settings from this file, and mounted here.
+DATA_MOUNT = "/data"
+DATA_LABEL = "kiln-data"
+DATA_SETTINGS = "/etc/kiln/data-volume.json"
+MAX_VOLUME_GIB = 16384
+SNAPSHOT_TTL_DAYS = 30.0
+MAX_SNAPSHOT_TTL_DAYS = 3650.0
+
+
+def validate_name(name) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")
+    return name
+
+
+def validate_cidr(text: str | None) -> str:
+    """The operator's SSH source range; never the whole Internet, never guessed."""
+    if not text:
+        raise UsageError("give --ssh-cidr with the address you connect from (e.g. 203.0.113.7/32); "
+                         "kiln never opens SSH to 0.0.0.0/0")
+    try:
+        network = ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise UsageError(f"--ssh-cidr {text!r} is not an IPv4 or IPv6 address or CIDR") from None
+    if network.prefixlen < MIN_PREFIX[network.version]:
+        raise UsageError(f"--ssh-cidr {text!r} is too broad: at least /{MIN_PREFIX[network.version]} for "
+                         f"IPv{network.version}; kiln never opens SSH to the whole Internet")
+    return str(network)
+
+
+def validate_volume(size_gib) -> int | None:
+    """--volume SIZE_GB: one data volume of this many GiB per node (None: no data volume)."""
+    if size_gib is None or size_gib is False:
+        return None
+    try:
+        size = int(str(size_gib))
+    except ValueError:
+        raise UsageError(f"--volume {size_gib!r}: give the data volume's size in GiB, e.g. 100") from None
+    if not 1 <= size <= MAX_VOLUME_GIB:
+        raise UsageError(f"--volume {size}: give 1 to {MAX_VOLUME_GIB} GiB")
+    return size
+
+
+def validate_snapshot_ttl(days) -> float:
+    try:
+        value = float(days)
+    except (TypeError, ValueError):
+        raise UsageError(f"--snapshot-ttl-days {days!r}: give days, e.g. 30") from None
+    if not 0 < value <= MAX_SNAPSHOT_TTL_DAYS:
+        raise UsageError(f"--snapshot-ttl-days {value:g}: give more than 0 and at most {MAX_SNAPSHOT_TTL_DAYS:g}")
+    return value
+
+
+def parse_image_tags(text: str | None) -> tuple[tuple[str, str], ...]:
+    """`kiln:fingerprint=ab12,kiln:tensorflow=2.18.1`: more tags the AMI must carry (what the bake writes)."""
+    pairs = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key or not value:
+            raise UsageError(f"--image-tags {item.strip()!r}: write KEY=VALUE, e.g. kiln:fingerprint=ab12")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def validate_ssh_wait(seconds) -> float:
+    """--ssh-wait SECONDS: 0 skips the wait."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise UsageError(f"--ssh-wait {seconds!r}: give seconds, e.g. 300 (0: do not wait)") from None
+    if not 0 <= value <= 3600:
+        raise UsageError(f"--ssh-wait {seconds!r}: give 0 to 3600 seconds")
+    return value
+
+
+def no_answer_error(silent: Sequence[str], waited_s: float) -> str:
+    """One line naming the instances whose SSH never answered."""
+    return f"no SSH answer within {waited_s:g}s from {len(silent)} instance(s): {', '.join(silent)}"
+
+
+def first_boot_settings(size_gib: int, user: str) -> str:
+    """The instance's user data: cloud-init writes the settings the image's kiln-data-volume unit reads (it mounts
+    the volume, formatting it only if it has no filesystem yet, whenever the disk appears)."""
+    return "#cloud-config\n" + json.dumps({"write_files": [data_volume_file(size_gib, user)]}, sort_keys=True) + "\n"
+
+
+def data_volume_file(size_gib: int, user: str) -> dict:
+    """cloud-init's write_files entry for the data volume's settings (local VMs take it too: testbed.vm)."""
+    settings = {"label": DATA_LABEL, "mount": DATA_MOUNT, "owner": user, "size_bytes": size_gib * 2**30}
+    return {"path": DATA_SETTINGS, "permissions": "0644", "owner": "root:root",
+            "content": json.dumps(settings, sort_keys=True) + "\n"}
+
+
+def latest_snapshot_set(snapshots: Iterable, done: str = "completed") -> dict:
+    """The newest set of completed data snapshots, by node index; a set with any snapshot not completed is
+    passed over (a `down --snapshot` that failed part-way). A snapshot is any record with an id, the node's index,
+    its set's time (`taken_at`) and a state (`done` when it is complete: EC2's "completed", GCE's "READY")."""
+    sets: dict[str, list] = {}
+    for snapshot in snapshots:
+        if snapshot.index is not None and snapshot.taken_at:
+            sets.setdefault(snapshot.taken_at, []).append(snapshot)
+    for taken_at in sorted(sets, reverse=True):
+        members = sets[taken_at]
+        if all(s.state == done for s in members):
+            return {s.index: s for s in sorted(members, key=lambda s: s.id)}
+    return {}
+
+
+def restore_note(name: str, count: int, restored: dict) -> str:
+    """What `up --volume` says about the snapshots it restores from."""
+    if not restored:
+        return f"cluster {name}: no snapshot of its data volumes: each node gets an empty volume"
+    taken_at = next(iter(restored.values())).taken_at
+    fresh = [i for i in range(count) if i not in restored]
+    left = sorted(i for i in restored if i >= count)
+    note = (f"cluster {name}: data volumes restored from the snapshots of {taken_at} "
+            f"({', '.join(f'node {i}: {s.id}' for i, s in sorted(restored.items()) if i < count)})")
+    if fresh:
+        note += f"; node(s) {', '.join(map(str, fresh))} had no snapshot and get an empty volume"
+    if left:
+        note += f"; the snapshot(s) of node(s) {', '.join(map(str, left))} are not used (fewer nodes now)"
+    return note
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    name: str
+    owner: str
+    expires: datetime | None
+    instances: tuple[str, ...]
+    resources: int
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
