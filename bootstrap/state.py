@@ -1,8 +1,9 @@
 """kiln's state on the operator's machine, and its one reader and writer.
 
 `~/.kiln/clusters/NAME/` (KILN_HOME moves it) holds a cluster: cluster.json (how to reach it), nodes.json (what
-the mesh found), aws.json (what `up` made), the cluster key and the pinned known_hosts. `runs/<id>/` (KILN_RUNS
-moves it) holds a run: run.json (its plan), summary.json (what it did) and what was collected from the nodes.
+the mesh found), aws.json or gcp.json (what the provider made), the cluster key and the pinned known_hosts.
+`runs/<id>/` (KILN_RUNS moves it) holds a run: run.json (its plan), summary.json (what it did) and what was
+collected from the nodes.
 Records are frozen and hold parsed values (hosts as Host records), never strings to parse again.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
-CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "id_ed25519", "id_ed25519.pub", "known_hosts",
+CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "id_ed25519", "id_ed25519.pub", "known_hosts",
                  "known_hosts.first-contact")
 
 
@@ -177,16 +178,17 @@ def load_node_names(cluster: str) -> list[NodeName]:
         return []  # a stale or foreign file: the mesh finds the names again
 
 
-def save_cloud_state(cluster: str, data: dict) -> None:
-    write_json(cluster_dir(cluster) / "aws.json", data)
+def save_cloud_state(cluster: str, data: dict, kind: str = "aws") -> None:
+    """What a cloud provider made for the cluster (`kind`.json: aws.json, gcp.json), written by that provider."""
+    write_json(cluster_dir(cluster) / f"{kind}.json", data)
 
 
-def load_cloud_state(cluster: str) -> dict | None:
-    return read_json(cluster_dir(cluster) / "aws.json")
+def load_cloud_state(cluster: str, kind: str = "aws") -> dict | None:
+    return read_json(cluster_dir(cluster) / f"{kind}.json")
 
 
-def has_cloud_state(cluster: str) -> bool:
-    return (cluster_dir(cluster) / "aws.json").exists()
+def has_cloud_state(cluster: str, kind: str = "aws") -> bool:
+    return (cluster_dir(cluster) / f"{kind}.json").exists()
 
 
 def forget_cluster(cluster: str) -> None:

@@ -9,7 +9,8 @@ power-off means there. `kiln up --provider KIND` picks one, the cluster file rem
 without knowing which it is.
 
 local: the network-namespace cluster of testbed.cluster on this machine (root), whose nodes can be lost and
-replaced by fresh ones with new host keys. aws: EC2 through boto3 (bootstrap.providers.aws).
+replaced by fresh ones with new host keys. aws: EC2 through boto3 (bootstrap.providers.aws). gcp: Compute Engine
+through google-cloud-compute (bootstrap.providers.gcp).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from bootstrap.hosts import Host
 from bootstrap.shim import interruption
 
 # kind -> the module whose `PROVIDER` class implements it (imported when asked for: boto3 is slow to import)
-KINDS = {"aws": "bootstrap.providers.aws", "local": "bootstrap.providers.local"}
+KINDS = {"aws": "bootstrap.providers.aws", "gcp": "bootstrap.providers.gcp", "local": "bootstrap.providers.local"}
 # What `kiln up` takes for every provider; the rest of its options belong to one provider or another.
 COMMON_UP_OPTIONS = ("name", "count", "idle_minutes", "dry_run", "provider")
 
@@ -89,6 +90,9 @@ class Provider(Protocol):
     up_options: frozenset[str]
     # Whether its nodes can have data volumes (down --snapshot, up --volume).
     volumes: bool
+    # The options that place its clusters (its constructor's parameters): aws region and profile, gcp project and
+    # zone, local none.
+    where: tuple[str, ...]
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> Any:
         """Check a `kiln up` (one UsageError line naming the bad input); nothing is made."""
@@ -115,11 +119,23 @@ class Provider(Protocol):
         """Get the cluster ready for its nodes to power themselves off (e.g. a power-off that terminates)."""
 
 
-def named(kind: str, where: Mapping[str, Any] | None = None) -> Provider:
-    """The provider of this kind, for `where` (e.g. an AWS region and profile; only the options it takes)."""
+def provider_class(kind: str):
     if kind not in KINDS:
         raise UsageError(f"--provider {kind}: choose one of {', '.join(sorted(KINDS))}")
-    return importlib.import_module(KINDS[kind]).PROVIDER(**{k: v for k, v in (where or {}).items() if v is not None})
+    return importlib.import_module(KINDS[kind]).PROVIDER
+
+
+def named(kind: str, where: Mapping[str, Any] | None = None) -> Provider:
+    """The provider of this kind, placed by `where` (e.g. an AWS region and profile, a GCP project and zone);
+    options given that place another provider's clusters are refused by flag."""
+    chosen = provider_class(kind)
+    given = {key: value for key, value in (where or {}).items() if value is not None}
+    foreign = sorted(key for key in given if key not in chosen.where)
+    if foreign:
+        takes = ", ".join("--" + key for key in chosen.where) or "nothing: its cluster is on this machine"
+        raise UsageError(f"{', '.join('--' + key for key in foreign)}: not options of --provider {kind} (it is "
+                         f"placed by {takes})")
+    return chosen(**given)
 
 
 def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provider:
@@ -130,7 +146,8 @@ def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provide
                          f"{'is' if name else 'are'} not one")
     if record.provider not in KINDS:
         raise UsageError(f"cluster {record.name}: kiln does not know the provider {record.provider!r} of its file")
-    return named(record.provider, {"region": record.region} if record.region else None)
+    chosen = provider_class(record.provider)
+    return named(record.provider, {"region": record.region} if record.region and "region" in chosen.where else None)
 
 
 def notice_source(record: state.ClusterRecord | None) -> str:
@@ -138,7 +155,7 @@ def notice_source(record: state.ClusterRecord | None) -> str:
     kiln did not make)."""
     if record is None or record.provider not in KINDS:
         return "any"
-    return importlib.import_module(KINDS[record.provider]).PROVIDER.notice.source
+    return provider_class(record.provider).notice.source
 
 
 def refuse_foreign_options(provider: Provider, given: Mapping[str, Any]) -> None:

@@ -1,13 +1,14 @@
 """What every cloud provider's plan checks and decides alike, without touching a cloud: the cluster's name, the
 operator's SSH range, TTLs, data volume sizes, SSH waits, the first-boot settings of the data volume, and which
-set of snapshots a cluster's volumes come back from. Pure, and unit-tested with each provider's plan."""
+set of snapshots a cluster's volumes come back from. Pure, and unit-tested with each provider's plan; and the undo
+list every provider's `up` rolls back with."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -166,3 +167,24 @@ class ClusterSummary:
 
     def expired(self, now: datetime) -> bool:
         return self.expires is not None and self.expires <= now
+
+
+class Rollback:
+    """Undo actions, registered before each step so an interrupted call is undone too."""
+
+    def __init__(self) -> None:
+        self.undo: list[tuple[str, Callable[[], object]]] = []
+
+    def push(self, what: str, action: Callable[[], object]) -> None:
+        self.undo.append((what, action))
+
+    def run(self, describe: Callable[[BaseException], str] = str) -> list[str]:
+        """Undo in reverse order; the failures, as lines (each error told by `describe`)."""
+        failures = []
+        for what, action in reversed(self.undo):
+            try:
+                action()
+            except Exception as error:  # keep undoing the rest; report every failure
+                failures.append(f"{what}: {describe(error)}")
+        return failures
+

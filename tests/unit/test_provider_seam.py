@@ -14,7 +14,7 @@ from bootstrap.errors import UsageError
 
 TASKS = Path(providers.__file__).resolve().parents[1] / "tasks"
 VERBS = ("request", "plan", "up", "down", "list", "sweep", "replace", "arm_autostop")
-FACTS = ("kind", "host_keys", "shutdown", "notice", "up_options", "volumes")
+FACTS = ("kind", "host_keys", "shutdown", "notice", "up_options", "volumes", "where")
 
 
 @pytest.fixture(params=sorted(providers.KINDS))
@@ -55,7 +55,7 @@ def test_no_task_asks_which_provider_it_has():
 
 
 def test_an_unknown_provider_is_refused_naming_the_known_ones():
-    with pytest.raises(UsageError, match="--provider gce: choose one of aws, local"):
+    with pytest.raises(UsageError, match="--provider gce: choose one of aws, gcp, local"):
         providers.named("gce")
 
 
@@ -71,7 +71,8 @@ def test_options_of_another_provider_are_refused_by_flag():
 
 
 def test_a_local_cluster_takes_no_region():
-    with pytest.raises(UsageError, match="--region: a local cluster is on this machine"):
+    with pytest.raises(UsageError, match=r"--region: not options of --provider local \(it is placed by nothing: its "
+                                         "cluster is on this machine\\)"):
         providers.named("local", {"region": "eu-west-1"})
 
 

@@ -32,6 +32,7 @@ class AwsProvider:
     up_options = frozenset({"instance_type", "spot", "max_price", "ami", "image_profile", "image_tags", "ssh_cidr",
                             "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"})
     volumes = True
+    where = ("region", "profile")
 
     def __init__(self, region: str | None = None, profile: str | None = None):
         self.region, self.profile = region, profile

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
 from datetime import UTC, datetime
@@ -17,6 +17,7 @@ from bootstrap import mesh, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers.aws import plan
+from bootstrap.providers.common import Rollback
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 from kiln.hostkeys import known_hosts_lines
 from kiln.sshwait import wait_for_ssh
@@ -195,26 +196,6 @@ def forget_local(name: str) -> None:
         state.forget_cluster(name)
 
 
-class Rollback:
-    """Undo actions, registered before each step so an interrupted call is undone too."""
-
-    def __init__(self) -> None:
-        self.undo: list[tuple[str, Callable[[], object]]] = []
-
-    def push(self, what: str, action: Callable[[], object]) -> None:
-        self.undo.append((what, action))
-
-    def run(self) -> list[str]:
-        """Undo in reverse order; the failures, as lines."""
-        failures = []
-        for what, action in reversed(self.undo):
-            try:
-                action()
-            except Exception as error:  # keep undoing the rest; report every failure
-                failures.append(f"{what}: {describe_error(error)}")
-        return failures
-
-
 def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
        spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
        ttl_hours: float = 24.0, image_tags: str | None = None, volume_gib: int | None = None,
@@ -321,7 +302,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
                             for i, h in zip(described, hosts, strict=True)), provider="aws",
             node_type=request.instance_type))
     except BaseException as error:
-        failures = rollback.run()
+        failures = rollback.run(describe_error)
         message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "
         if failures:
             message += ("rolling back left things behind (run kiln down --name "
@@ -395,7 +376,7 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
         if new_id:
             undo.push(f"terminate {new_id}", lambda: remove(aws, [plan.Resource("instance", new_id, {})],
                                                              terminated_timeout_s))
-        left = undo.run()
+        left = undo.run(describe_error)
         raise AwsError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: "
                        f"{describe_error(error)}" + (f"; left behind: {'; '.join(left)}" if left else
                                                       "; nothing new is left running")) from None

@@ -1,0 +1,663 @@
+"""GCP clusters with google-cloud-compute: create, find by label, tear down. Decisions live in
+bootstrap.providers.gcp.plan.
+
+Credentials come from Application Default Credentials (`gcloud auth application-default login`, or
+GOOGLE_APPLICATION_CREDENTIALS); the project from --project, GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT or the
+credentials'. kiln never writes credentials. `KILN_GCE_ENDPOINT` aims every client at another endpoint by the
+client's own `api_endpoint` option (the tests' stand-in, testbed.gce); a plain-http endpoint on loopback gets
+anonymous credentials, so real ones never travel unencrypted.
+
+Every mutating call is the API's `*_unary` form: kiln waits on the operation it returns through the operations
+clients it made (the library's own polling would reach for the default endpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from dataclasses import replace as changed
+from datetime import UTC, datetime
+from urllib.parse import urlparse
+
+from bootstrap import mesh, state
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers.common import (
+    SNAPSHOT_TTL_DAYS,
+    SSH_WAIT_S,
+    Rollback,
+    latest_snapshot_set,
+    no_answer_error,
+    restore_note,
+    validate_name,
+    validate_snapshot_ttl,
+)
+from bootstrap.providers.gcp import plan
+from kiln.hostkeys import console_host_keys, known_hosts_lines
+from kiln.sshwait import wait_for_ssh
+
+ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
+PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
+SCOPES = ("https://www.googleapis.com/auth/compute",)
+OPERATION_TIMEOUT_S = 600
+CALL_TIMEOUT_S = 60  # every API call's; an operations `wait` (which the API holds up to 2 minutes) gets 150
+WAIT_CALL_TIMEOUT_S = 150
+HOST_KEYS_POLL_S = 5
+CLIENTS = {"instances": "InstancesClient", "disks": "DisksClient", "snapshots": "SnapshotsClient",
+           "images": "ImagesClient", "firewalls": "FirewallsClient", "policies": "ResourcePoliciesClient",
+           "zone_ops": "ZoneOperationsClient", "region_ops": "RegionOperationsClient",
+           "global_ops": "GlobalOperationsClient"}
+
+
+class GcpError(KilnError):
+    """A call to Compute Engine failed; the message names the step."""
+
+
+@dataclass
+class Gce:
+    """The project kiln works in and the clients it uses (made when first asked for)."""
+
+    project: str
+    credentials: object
+    endpoint: str | None = None
+    owner: str = "unknown"
+    _clients: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in CLIENTS:
+            raise AttributeError(name)
+        if name not in self._clients:
+            from google.cloud import compute_v1
+
+            options = {"api_endpoint": self.endpoint} if self.endpoint else None
+            self._clients[name] = Timed(getattr(compute_v1, CLIENTS[name])(credentials=self.credentials,
+                                                                           client_options=options))
+        return self._clients[name]
+
+
+class Timed:
+    """A client whose every call has a timeout (CALL_TIMEOUT_S; WAIT_CALL_TIMEOUT_S for an operation's wait):
+    kiln never waits on a remote call without one."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def __getattr__(self, name: str):
+        method = getattr(self.client, name)
+        if not callable(method):
+            return method
+        seconds = WAIT_CALL_TIMEOUT_S if name == "wait" else CALL_TIMEOUT_S
+        return lambda *args, **kwargs: method(*args, **{"timeout": seconds, **kwargs})
+
+
+def loopback_http(endpoint: str) -> bool:
+    parsed = urlparse(endpoint)
+    return parsed.scheme == "http" and parsed.hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def connect(project: str | None = None) -> Gce:
+    """The clients for `project` (or the environment's, or the credentials'), with Application Default
+    Credentials; a plain-http loopback endpoint (KILN_GCE_ENDPOINT) gets anonymous ones."""
+    endpoint = os.environ.get(ENDPOINT_ENV) or None
+    project = project or next((os.environ[name] for name in PROJECT_ENVS if os.environ.get(name)), None)
+    if endpoint and urlparse(endpoint).scheme == "http" and not loopback_http(endpoint):
+        raise UsageError(f"{ENDPOINT_ENV}={endpoint}: plain http only on this machine (127.0.0.1); use https")
+    if endpoint and loopback_http(endpoint):
+        from google.auth.credentials import AnonymousCredentials
+
+        credentials, found = AnonymousCredentials(), None
+    else:
+        import google.auth
+        import google.auth.exceptions
+
+        try:
+            credentials, found = google.auth.default(scopes=list(SCOPES))
+        except google.auth.exceptions.DefaultCredentialsError:
+            raise UsageError("no Google credentials: run gcloud auth application-default login, or set "
+                             "GOOGLE_APPLICATION_CREDENTIALS to a key file") from None
+    project = project or found
+    if not project:
+        raise UsageError("no GCP project: give --project or set GOOGLE_CLOUD_PROJECT")
+    if not plan.PROJECT.fullmatch(project):
+        raise UsageError(f"--project {project!r} is not a project id like my-project-123")
+    who = getattr(credentials, "service_account_email", None) or os.environ.get("USER") or "unknown"
+    return Gce(project, credentials, endpoint, owner=who)
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a failed call: the API's message where it gave one."""
+    message = getattr(error, "message", None) or str(error) or type(error).__name__
+    code = getattr(error, "code", None)
+    text = " ".join(str(message).split())
+    return f"{text} (HTTP {int(code)})" if isinstance(code, int) and code and str(int(code)) not in text else text
+
+
+def as_dict(message) -> dict:
+    """A Compute v1 message as the API's JSON (camelCase), the shape plan.py reads and writes."""
+    return json.loads(type(message).to_json(message))
+
+
+def message(kind: str, body: dict):
+    """The library's message of `kind` (Instance, Firewall...) from the API's JSON; an unknown field is refused."""
+    from google.cloud import compute_v1
+
+    return getattr(compute_v1, kind).from_json(json.dumps(body), ignore_unknown_fields=False)
+
+
+def wait(gce: Gce, operation, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
+    """Wait for an operation to be DONE (the operations API's own wait, called again until then); raise GcpError
+    with its error if it failed."""
+    from google.cloud import compute_v1
+
+    deadline = time.monotonic() + timeout_s
+    while operation.status != compute_v1.Operation.Status.DONE:
+        if time.monotonic() > deadline:
+            raise GcpError(f"operation {operation.name} ({operation.operation_type}) not done after {timeout_s:g}s")
+        if operation.zone:
+            operation = gce.zone_ops.wait(project=gce.project, zone=operation.zone.rsplit("/", 1)[-1],
+                                          operation=operation.name)
+        elif operation.region:
+            operation = gce.region_ops.wait(project=gce.project, region=operation.region.rsplit("/", 1)[-1],
+                                            operation=operation.name)
+        else:
+            operation = gce.global_ops.wait(project=gce.project, operation=operation.name)
+    errors = list(operation.error.errors) if operation.error else []
+    if errors:
+        raise GcpError("; ".join(f"{e.code}: {' '.join(e.message.split())}" for e in errors))
+
+
+def wait_all(gce: Gce, operations: Iterable, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
+    """Wait for every operation; the first failure is raised once all are done (so none is left running)."""
+    failures = []
+    for operation in list(operations):
+        try:
+            wait(gce, operation, timeout_s)
+        except GcpError as error:
+            failures.append(str(error))
+    if failures:
+        raise GcpError("; ".join(dict.fromkeys(failures)))
+
+
+def not_found(error: BaseException) -> bool:
+    return getattr(error, "code", None) == 404
+
+
+def find_image(gce: Gce, request: plan.Request) -> str:
+    """The source image's link: --source-image as given (checked), else the newest of kiln's images of the profile
+    carrying the labels asked for."""
+    if request.source_image:
+        image = request.source_image
+        project, name = (image.split("/")[1], image.rsplit("/", 1)[-1]) if image.startswith("projects/") else (
+            gce.project, image)
+        try:
+            if "/images/family/" in image:
+                return gce.images.get_from_family(project=project, family=name).self_link
+            return gce.images.get(project=project, image=name).self_link
+        except Exception as error:
+            raise GcpError(f"--source-image {image}: {describe_error(error)}") from None
+    query = plan.image_filter(request.image_profile, request.image_labels)
+    try:
+        found = plan.newest_image(as_dict(i) for i in gce.images.list(request={"project": gce.project,
+                                                                                "filter": query}))
+    except Exception as error:
+        raise GcpError(f"look for kiln's images ({query}): {describe_error(error)}") from None
+    if found is None:
+        raise UsageError(f"no image in project {gce.project} with {query} (make image PROVIDER=gcp bakes one; or "
+                         "give --source-image)")
+    return found["selfLink"]
+
+
+def scope_name(scope: str) -> str:
+    """`zones/us-central1-a` (an aggregated list's key) or a zone's URL: us-central1-a."""
+    return scope.rsplit("/", 1)[-1]
+
+
+def find_resources(gce: Gce, name: str | None = None) -> list[plan.Resource]:
+    """Everything kiln labelled (of the cluster `name`, if given), in every zone: instances and data disks by
+    label, firewall rules and placement policies by the labels in their description. Snapshots are not here:
+    they outlive the cluster."""
+    query = f'labels.{plan.LABEL_CLUSTER} = "{name}"' if name else f"labels.{plan.LABEL_CLUSTER}:*"
+    found = []
+    for kind, client in (("instance", gce.instances), ("disk", gce.disks)):
+        for scope, listed in client.aggregated_list(request={"project": gce.project, "filter": query}):
+            for item in (listed.instances if kind == "instance" else listed.disks):
+                found.append(plan.Resource(kind, item.name, scope_name(scope), dict(item.labels), item.status))
+    for item in gce.firewalls.list(project=gce.project):
+        labels = plan.labels_of_description(item.description)
+        if labels.get(plan.LABEL_CLUSTER) and (name is None or labels[plan.LABEL_CLUSTER] == name):
+            found.append(plan.Resource("firewall", item.name, "", labels))
+    for scope, listed in gce.policies.aggregated_list(project=gce.project):
+        for item in listed.resource_policies:
+            labels = plan.labels_of_description(item.description)
+            if labels.get(plan.LABEL_CLUSTER) and (name is None or labels[plan.LABEL_CLUSTER] == name):
+                found.append(plan.Resource("resource-policy", item.name, scope_name(scope), labels))
+    return found  # an instance's boot disk carries the labels too: it goes with its instance, or on its own
+
+
+def find_snapshots(gce: Gce, name: str | None = None) -> list[plan.Snapshot]:
+    query = f'labels.{plan.LABEL_CLUSTER} = "{name}"' if name else f"labels.{plan.LABEL_DATA}:*"
+    return [plan.snapshot_of(as_dict(s)) for s in gce.snapshots.list(request={"project": gce.project,
+                                                                             "filter": query})
+            if plan.LABEL_DATA in s.labels]
+
+
+def delete(gce: Gce, resource: plan.Resource):
+    """Start deleting one resource (its operation); None where it is already gone."""
+    calls = {"instance": lambda: gce.instances.delete_unary(project=gce.project, zone=resource.scope,
+                                                            instance=resource.name),
+             "disk": lambda: gce.disks.delete_unary(project=gce.project, zone=resource.scope, disk=resource.name),
+             "firewall": lambda: gce.firewalls.delete_unary(project=gce.project, firewall=resource.name),
+             "resource-policy": lambda: gce.policies.delete_unary(project=gce.project, region=resource.scope,
+                                                                  resource_policy=resource.name)}
+    try:
+        return calls[resource.kind]()
+    except Exception as error:
+        if not_found(error):
+            return None
+        raise
+
+
+def remove(gce: Gce, resources: Sequence[plan.Resource], timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+    """Delete the instances and wait until they are gone (their boot disks go with them), then the rest, kind by
+    kind; what was removed."""
+    ordered = plan.teardown_order(resources)
+    for kind in plan.TEARDOWN_ORDER:
+        wait_all(gce, [op for op in (delete(gce, r) for r in ordered if r.kind == kind) if op is not None],
+                 timeout_s)
+    return [f"{r.kind} {r.name}" + (f" ({r.scope})" if r.scope else "") for r in ordered]
+
+
+def forget_local(name: str) -> None:
+    """Remove the local files of a GCP cluster (only where kiln's GCP state says it made them)."""
+    if state.has_cloud_state(name, "gcp"):
+        state.forget_cluster(name)
+
+
+def host_keys(gce: Gce, zone: str, names: Sequence[str], timeout_s: float,
+              poll_s: float = HOST_KEYS_POLL_S) -> dict[str, list[str]]:
+    """The host keys each instance shows: the guest agent's guest attributes (hostkeys/), else the keys
+    cloud-init printed to its serial port; polled until every instance has them or timeout_s has passed (one
+    look when it is 0). Instances without keys are left out: kiln does not trust them on first contact."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, list[str]] = {}
+    while True:
+        for name in names:
+            if name not in found:
+                keys = shown_host_keys(gce, zone, name)
+                if keys:
+                    found[name] = keys
+        if len(found) == len(names) or time.monotonic() + poll_s > deadline:
+            return found
+        time.sleep(poll_s)
+
+
+def shown_host_keys(gce: Gce, zone: str, name: str) -> list[str]:
+    try:
+        attributes = gce.instances.get_guest_attributes(request={"project": gce.project, "zone": zone,
+                                                                 "instance": name, "query_path": "hostkeys/"})
+        keys = plan.guest_attribute_keys(as_dict(attributes))
+        if keys:
+            return keys
+    except Exception as error:
+        if not not_found(error):
+            raise
+    serial = gce.instances.get_serial_port_output(request={"project": gce.project, "zone": zone, "instance": name,
+                                                           "port": 1})
+    return console_host_keys(serial.contents)
+
+
+def pin_host_keys(cluster: str, names: Sequence[str], hosts: Sequence[Host],
+                  found: dict[str, list[str]]) -> dict[str, str]:
+    """Write the cluster's known_hosts from the keys the instances showed; per address, "shown" where pinned,
+    "first-contact" where the keys must be accepted on first use."""
+    lines, states = [], {}
+    for name, host in zip(names, hosts, strict=True):
+        keys = found.get(name, [])
+        lines += known_hosts_lines([host.address], keys)
+        states[host.address] = "shown" if keys else "first-contact"
+    state.write_known_hosts(cluster, "".join(lines))
+    return states
+
+
+@dataclass(frozen=True)
+class Record:
+    """What kiln keeps of a GCP cluster it made (gcp.json): enough to replace a node as it was made."""
+
+    project: str
+    zone: str
+    image: str
+    labels: dict
+    request: dict
+    instances: tuple[str, ...]
+    data_disks: tuple[str, ...] = ()
+    host_keys: dict = field(default_factory=dict)
+
+    def save(self, cluster: str) -> None:
+        state.save_cloud_state(cluster, asdict(self), "gcp")
+
+    @classmethod
+    def load(cls, cluster: str) -> Record | None:
+        data = state.load_cloud_state(cluster, "gcp")
+        if not data:
+            return None
+        return cls(**{**data, "instances": tuple(data["instances"]), "data_disks": tuple(data.get("data_disks", ()))})
+
+    def planned(self) -> plan.Request:
+        return plan.Request(**{**self.request, "image_labels": tuple(tuple(p) for p in self.request["image_labels"])})
+
+
+def suffix() -> str:
+    return secrets.token_hex(2)
+
+
+def up(request: plan.Request, *, project: str | None = None, python: str = "python3", gce: Gce | None = None,
+       now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S,
+       timeout_s: float = OPERATION_TIMEOUT_S) -> dict:
+    """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
+    the instances show, write its cluster file, and return what was made. On any failure (Ctrl-C too), undo it
+    all: each step's undo is registered before the step, and finds what it removes by the cluster's labels."""
+    gce = gce or connect(project)
+    image = find_image(gce, request)
+    try:
+        taken = find_resources(gce, request.name)
+    except Exception as error:
+        raise GcpError(f"cluster.up {request.name}: could not look for resources labelled with its name: "
+                       f"{describe_error(error)}; nothing was created") from None
+    if taken:
+        data = [r.name for r in taken if r.kind == "disk" and plan.LABEL_DATA in r.labels]
+        raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) labelled "
+                         f"{plan.LABEL_CLUSTER}={request.name} exist in project {gce.project} " + (
+                             f"(kiln down {request.name} --snapshot keeps its data disks {', '.join(data)} as "
+                             f"snapshots; kiln down {request.name} deletes them)" if data else
+                             f"(kiln down {request.name} --provider gcp)"))
+    try:
+        restored = latest_snapshot_set(find_snapshots(gce, request.name), "READY") if request.volume_gb else {}
+    except Exception as error:
+        raise GcpError(f"cluster.up {request.name}: could not look for snapshots of its data disks: "
+                       f"{describe_error(error)}; nothing was created") from None
+    note = restore_note(request.name, request.count, restored) if request.volume_gb else None
+    labels = plan.cluster_labels(request.name, gce.owner, now or datetime.now(UTC), request.ttl_hours)
+    folder = state.cluster_dir(request.name)
+    rollback = Rollback()
+
+    def mine(kind: str) -> list[plan.Resource]:
+        return [r for r in find_resources(gce, request.name) if r.kind == kind]
+
+    step = "generate the cluster key"
+    try:
+        had_key = (folder / "id_ed25519").exists()
+        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(request.name))
+        _, public_key = mesh.ensure_cluster_key(request.name)
+        (folder / "id_ed25519").chmod(0o600)
+
+        step = "create the firewall rules"
+        rollback.push("delete the firewall rules", lambda: remove(gce, mine("firewall"), timeout_s))
+        wait_all(gce, [gce.firewalls.insert_unary(project=gce.project, firewall_resource=message("Firewall", body))
+                       for body in plan.firewall_bodies(request, labels)], timeout_s)
+
+        if plan.takes_compact_placement(request):
+            step = "create the compact placement policy"
+            rollback.push("delete the placement policy", lambda: remove(gce, mine("resource-policy"), timeout_s))
+            wait(gce, gce.policies.insert_unary(project=gce.project, region=request.region, resource_policy_resource=
+                                                message("ResourcePolicy", plan.policy_body(request, labels))),
+                 timeout_s)
+
+        disks: list[str] = []
+        if request.volume_gb:
+            step = "create the data disks"
+            rollback.push("delete the data disks", lambda: remove(gce, mine("disk"), timeout_s))
+            bodies = [plan.disk_body(request, index=i, labels=labels, snapshot=restored.get(i))
+                      for i in range(request.count)]
+            wait_all(gce, [gce.disks.insert_unary(project=gce.project, zone=request.zone,
+                                                  disk_resource=message("Disk", body)) for body in bodies], timeout_s)
+            disks = [body["name"] for body in bodies]
+
+        step = "create the instances"
+        rollback.push("delete the instances", lambda: remove(gce, mine("instance"), timeout_s))
+        bodies = [plan.instance_body(request, index=i, suffix=suffix(), image=image, public_key=public_key,
+                                     labels=labels, project=gce.project, data_disk=disks[i] if disks else None)
+                  for i in range(request.count)]
+        wait_all(gce, [gce.instances.insert_unary(project=gce.project, zone=request.zone,
+                                                  instance_resource=message("Instance", body)) for body in bodies],
+                 timeout_s)
+        names = [body["name"] for body in bodies]
+        described = [as_dict(gce.instances.get(project=gce.project, zone=request.zone, instance=name))
+                     for name in names]
+        hosts = plan.hosts_from_instances(described, request.user)
+        started = time.monotonic()
+
+        step = "wait until SSH answers"
+        if ssh_wait_s > 0:
+            silent = set(wait_for_ssh([(h.address, h.port) for h in hosts], ssh_wait_s))
+            if silent:
+                raise GcpError(no_answer_error([f"{n} ({h.address})" for n, h in zip(names, hosts, strict=True)
+                                                if f"{h.address}:{h.port}" in silent], ssh_wait_s))
+
+        step = "read the host keys the instances show"
+        found = host_keys(gce, request.zone, names, max(0.0, ssh_wait_s - (time.monotonic() - started)))
+        pinned = pin_host_keys(request.name, names, hosts, found)
+
+        step = "write the cluster file"
+        Record(gce.project, request.zone, image, labels, asdict(request), tuple(names), tuple(disks),
+               pinned).save(request.name)
+        state.save_cluster(state.ClusterRecord(
+            request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
+            region=request.zone, user=request.user,
+            instances=tuple(state.Instance(n, h.address, pinned[h.address]) for n, h in zip(names, hosts,
+                                                                                           strict=True)),
+            provider="gcp", node_type=request.machine_type))
+    except BaseException as error:
+        failures = rollback.run(describe_error)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
+        message_ = f"cluster.up {request.name}: could not {step}: {said}; "
+        if failures:
+            message_ += (f"rolling back left things behind (run kiln down {request.name} --provider gcp): "
+                         + "; ".join(failures))
+        else:
+            message_ += "everything it had created was removed"
+        raise GcpError(message_) from None
+    return {"name": request.name, "project": gce.project, "zone": request.zone, "hosts": [h.endpoint() for h in hosts],
+            "image": image, "instances": names, "identity": str(folder / "id_ed25519"),
+            "expires": plan.format_expiry(labels), "host_keys": pinned, "ssh_wait": ssh_wait_s, "data_disks": disks,
+            "restore_note": note}
+
+
+def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: float = SSH_WAIT_S,
+            timeout_s: float = OPERATION_TIMEOUT_S) -> tuple[Host, list[str]]:
+    """Put a new instance, made as `up` made the cluster's (image, machine type, spot, network, labels, placement),
+    in place of the one at `address`, and delete the old one; its data disk moves to the new one; update the
+    cluster's files. (the new host, the host keys it shows)
+
+    The new instance must run, answer SSH and show its host keys (kiln never trusts a replacement on first
+    contact); otherwise it is deleted and the cluster is left as it was."""
+    record, kept = state.load_cluster(name), Record.load(name)
+    if record is None or kept is None:
+        raise UsageError(f"cluster {name}: no record of how kiln made it on GCP (gcp.json)")
+    old = next((i for i in record.instances if i.address == address), None)
+    if old is None:
+        raise UsageError(f"cluster {name} has no instance at {address}")
+    index = list(kept.instances).index(old.id)
+    gce = gce or connect(kept.project)
+    request = kept.planned()
+    body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key_of(name),
+                              labels=kept.labels, project=kept.project)
+    new_name, step, made = body["name"], "create the instance", False
+    try:
+        made = True
+        wait(gce, gce.instances.insert_unary(project=kept.project, zone=kept.zone,
+                                             instance_resource=message("Instance", body)), timeout_s)
+        [host] = plan.hosts_from_instances([as_dict(gce.instances.get(project=kept.project, zone=kept.zone,
+                                                                      instance=new_name))], request.user)
+        started = time.monotonic()
+        step = "wait until SSH answers"
+        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
+            raise GcpError(no_answer_error([f"{new_name} ({host.address})"], ssh_wait_s))
+        step = "read the host keys it shows"
+        keys = host_keys(gce, kept.zone, [new_name], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_name)
+        if not keys:
+            raise GcpError(f"{new_name} shows no host keys (guest attributes, serial port): kiln does not trust a "
+                           "replacement on first contact")
+    except BaseException as error:
+        undo = Rollback()
+        if made:
+            undo.push(f"delete {new_name}", lambda: remove(gce, [plan.Resource("instance", new_name, kept.zone, {})],
+                                                           timeout_s))
+        left = undo.run(describe_error)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
+        raise GcpError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: {said}"
+                       + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running")) from None
+    instances = tuple(state.Instance(new_name, host.address, "shown") if i is old else i for i in record.instances)
+    hosts = tuple(host if h.address == address else h for h in record.hosts)
+    state.save_cluster(changed(record, hosts=hosts, instances=instances))
+    changed(kept, instances=tuple(i.id for i in instances),
+            host_keys={i.address: i.host_keys for i in instances}).save(name)
+    try:
+        remove(gce, [plan.Resource("instance", old.id, kept.zone, {})], timeout_s)
+    except Exception as error:
+        raise GcpError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but the old instance "
+                       f"{old.id} could not be deleted: {describe_error(error)} (kiln down {name} finds it by its "
+                       "labels)") from None
+    if index < len(kept.data_disks):
+        disk = kept.data_disks[index]
+        try:
+            wait(gce, gce.instances.attach_disk_unary(
+                project=kept.project, zone=kept.zone, instance=new_name, attached_disk_resource=message(
+                    "AttachedDisk", {"source": f"projects/{kept.project}/zones/{kept.zone}/disks/{disk}",
+                                     "deviceName": plan.DATA_DEVICE_NAME, "autoDelete": False,
+                                     "mode": "READ_WRITE"})), timeout_s)
+        except Exception as error:
+            raise GcpError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but its data disk "
+                           f"{disk} could not be attached to it: {describe_error(error)} (the disk is kept, labelled "
+                           "with the cluster)") from None
+    return host, keys
+
+
+def public_key_of(name: str) -> str:
+    return (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
+
+
+def down(name: str, *, project: str | None = None, gce: Gce | None = None,
+         timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+    """Remove everything labelled with the cluster's name (its snapshots stay); an empty list when there was
+    nothing."""
+    validate_name(name)
+    kept = Record.load(name)
+    gce = gce or connect(project or (kept.project if kept else None))
+    try:
+        removed = remove(gce, find_resources(gce, name), timeout_s)
+    except Exception as error:
+        raise GcpError(f"cluster.down {name}: {describe_error(error)}") from None
+    forget_local(name)
+    return removed
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """What `down --snapshot` did: the resources removed, the snapshots taken, the disks kept (name, node, why)."""
+
+    removed: list[str]
+    snapshots: list[plan.Snapshot]
+    kept: list[tuple[str, str, str]]
+
+
+def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, project: str | None = None,
+                        gce: Gce | None = None, now: datetime | None = None,
+                        timeout_s: float = OPERATION_TIMEOUT_S) -> Teardown:
+    """Delete the instances (their shutdown unmounts the data disks), snapshot each data disk, and remove the rest.
+    A disk whose snapshot fails is kept, labelled with the cluster and the set it missed, and named."""
+    validate_name(name)
+    ttl_days = validate_snapshot_ttl(ttl_days)
+    kept_record = Record.load(name)
+    gce = gce or connect(project or (kept_record.project if kept_record else None))
+    moment = now or datetime.now(UTC)
+    snapshots: list[plan.Snapshot] = []
+    kept: list[tuple[str, str, str]] = []
+    try:
+        resources = find_resources(gce, name)
+        removed = remove(gce, [r for r in resources if r.kind == "instance"], timeout_s)
+        data = sorted((r for r in resources if r.kind == "disk" and plan.LABEL_DATA in r.labels),
+                      key=lambda r: (r.labels[plan.LABEL_DATA], r.name))
+        for disk in data:
+            body = plan.snapshot_body(disk, gce.project, moment, ttl_days)
+            try:
+                wait(gce, gce.snapshots.insert_unary(project=gce.project, snapshot_resource=message("Snapshot", body)),
+                     timeout_s)
+                snapshots.append(plan.snapshot_of(as_dict(gce.snapshots.get(project=gce.project,
+                                                                            snapshot=body["name"]))))
+            except Exception as error:
+                kept.append((disk.name, disk.labels[plan.LABEL_DATA], describe_error(error)))
+                mark_missed_set(gce, disk, body["labels"][plan.LABEL_SNAPSHOT_SET])
+        keep = {disk for disk, _, _ in kept}
+        removed += remove(gce, [r for r in resources if r.kind != "instance" and r.name not in keep], timeout_s)
+    except Exception as error:
+        raise GcpError(f"cluster.down {name}: {describe_error(error)}"
+                       + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
+    forget_local(name)
+    return Teardown(removed, snapshots, kept)
+
+
+def mark_missed_set(gce: Gce, disk: plan.Resource, taken: str) -> None:
+    """Label a kept disk with the snapshot set it missed, so a retry completes that set."""
+    if disk.labels.get(plan.LABEL_SNAPSHOT_SET) == taken:
+        return
+    from google.cloud import compute_v1
+
+    current = gce.disks.get(project=gce.project, zone=disk.scope, disk=disk.name)
+    wait(gce, gce.disks.set_labels_unary(
+        project=gce.project, zone=disk.scope, resource=disk.name,
+        zone_set_labels_request_resource=compute_v1.ZoneSetLabelsRequest(
+            labels={**current.labels, plan.LABEL_SNAPSHOT_SET: taken}, label_fingerprint=current.label_fingerprint)))
+
+
+def list_clusters(*, project: str | None = None, gce: Gce | None = None) -> list:
+    gce = gce or connect(project)
+    try:
+        return plan.summarize(find_resources(gce))
+    except Exception as error:
+        raise GcpError(f"list the clusters in project {gce.project}: {describe_error(error)}") from None
+
+
+def list_snapshots(*, project: str | None = None, gce: Gce | None = None) -> list[plan.Snapshot]:
+    gce = gce or connect(project)
+    try:
+        return sorted(find_snapshots(gce), key=plan.snapshot_order)
+    except Exception as error:
+        raise GcpError(f"list the data snapshots: {describe_error(error)}") from None
+
+
+def sweep(now: datetime | None = None, dry_run: bool = False, *, project: str | None = None,
+          gce: Gce | None = None) -> list:
+    """The clusters past their expiry; removed unless dry_run."""
+    gce = gce or connect(project)
+    try:
+        expired = plan.expired_clusters(find_resources(gce), now or datetime.now(UTC))
+    except Exception as error:
+        raise GcpError(f"sweep: list the clusters in project {gce.project}: {describe_error(error)}") from None
+    if not dry_run:
+        for summary in expired:
+            down(summary.name, gce=gce)
+    return expired
+
+
+def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, project: str | None = None,
+                    gce: Gce | None = None) -> list[plan.Snapshot]:
+    """The data snapshots past their expiry; deleted unless dry_run (every one tried; the failures named)."""
+    gce = gce or connect(project)
+    try:
+        expired = plan.expired_snapshots(find_snapshots(gce), now or datetime.now(UTC))
+    except Exception as error:
+        raise GcpError(f"sweep: list the data snapshots: {describe_error(error)}") from None
+    failed = []
+    for snapshot in [] if dry_run else expired:
+        try:
+            wait(gce, gce.snapshots.delete_unary(project=gce.project, snapshot=snapshot.id))
+        except Exception as error:
+            if not not_found(error):
+                failed.append(f"{snapshot.id}: {describe_error(error)}")
+    if failed:
+        raise GcpError(f"sweep: could not delete {len(failed)} expired snapshot(s): {'; '.join(failed)}")
+    return expired

@@ -1,0 +1,410 @@
+"""What `kiln up --provider gcp` asks Compute Engine for, decided without touching it: validation, labels, names,
+the request bodies (in the Compute v1 API's own JSON, as its reference documents them), and what a listing of
+kiln's resources comes to. Pure, and unit-tested for exact output; bootstrap.providers.gcp.cloud makes the calls.
+
+A cluster NAME is: firewall rules kiln-NAME-internal (the cluster's network tag to itself) and kiln-NAME-ssh (SSH
+from --ssh-cidr only), a compact placement policy kiln-NAME-compact where the machine family takes one, and
+instances kiln-NAME-INDEX-XXXX (Shielded VM, the cluster's own SSH key in their metadata, no service account:
+no credentials on the machines), with data disks kiln-NAME-data-INDEX where --volume asks. Everything that takes
+labels carries kiln-cluster, kiln-owner and kiln-expires; firewall rules and resource policies take none, so
+their description carries the same labels as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from bootstrap.autostop import validate_idle_minutes
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers.common import (
+    MAX_TTL_HOURS,
+    ClusterSummary,
+    first_boot_settings,
+    parse_image_tags,
+    validate_cidr,
+    validate_name,
+    validate_volume,
+)
+
+LABEL_CLUSTER = "kiln-cluster"
+LABEL_OWNER = "kiln-owner"
+LABEL_EXPIRES = "kiln-expires"  # seconds since the epoch: a label value allows no ':' or upper case
+LABEL_PROFILE = "kiln-profile"  # on kiln's images (packer/locals.pkr.hcl writes their labels)
+LABEL_NODE = "kiln-node"  # on an instance: its node's index in the cluster
+LABEL_DATA = "kiln-data"  # on a data disk and its snapshots: the node's index
+LABEL_SNAPSHOT_SET = "kiln-snapshot-set"  # the snapshots of one `down --snapshot`: its time, as 20261126t084613z
+DESCRIPTION_PREFIX = "kiln: "  # then the labels as JSON, on what takes no labels (firewall rules, policies)
+
+MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*-[a-z0-9-]+")
+ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+IMAGE = re.compile(r"(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/global/images/(family/)?)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+LABEL_TEXT = re.compile(r"[^a-z0-9_-]")
+# `kiln up`'s default, and the GPU machine types it suggests with the GPUs each carries.
+DEFAULT_MACHINE_TYPE = "g2-standard-4"
+SUGGESTED_MACHINE_TYPES = {
+    "g2-standard-4": "1 NVIDIA L4, 24 GB",
+    "g2-standard-48": "4 L4",
+    "a2-highgpu-1g": "1 A100, 40 GB",
+    "a2-ultragpu-8g": "8 A100, 80 GB each",
+    "a3-highgpu-8g": "8 H100, 80 GB each",
+    "a3-ultragpu-8g": "8 H200, 141 GB each",
+    "a4-highgpu-8g": "8 B200, 180 GB each",
+}
+# GPU machine families cannot live-migrate: their VMs stop for host maintenance. The families a compact placement
+# policy takes (others run without one).
+GPU_FAMILIES = ("a2", "a3", "a4", "g2")
+COMPACT_FAMILIES = ("a2", "a3", "a4", "c2", "c2d", "c3", "c3d", "g2", "h3", "n2", "n2d")
+NETWORK = "global/networks/default"
+BOOT_DISK_GB = 100
+DISK_TYPE = "pd-balanced"
+DATA_DEVICE_NAME = "kiln-data"  # the node sees it as /dev/disk/by-id/google-kiln-data
+IMAGE_PLACEHOLDER = "<newest image labelled kiln-profile={profile}{more}>"
+PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the operator asked for, checked by `validate_request`."""
+
+    name: str
+    count: int
+    zone: str
+    machine_type: str
+    ssh_cidr: str
+    source_image: str | None = None
+    image_profile: str = "gpu"
+    image_labels: tuple[tuple[str, str], ...] = ()
+    spot: bool = False
+    user: str = "ubuntu"
+    ttl_hours: float = 24.0
+    volume_gb: int | None = None
+    idle_minutes: float | None = None
+
+    @property
+    def region(self) -> str:
+        return region_of(self.zone)
+
+    @property
+    def family(self) -> str:
+        return self.machine_type.split("-", 1)[0]
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def label_value(text: str) -> str:
+    """Text as a label value may hold it (lowercase letters, digits, '_' and '-'; 63 at most), as the bake labels
+    images: kiln:tensorflow=2.21.0 becomes kiln-tensorflow=2-21-0."""
+    return LABEL_TEXT.sub("-", text.lower())[:63]
+
+
+def validate_request(name: str, count, machine_type: str | None, *, zone: str | None, ssh_cidr: str | None,
+                     source_image: str | None = None, image_profile: str = "gpu", image_tags: str | None = None,
+                     spot: bool = False, user: str = "ubuntu", ttl_hours=24.0, volume_gb=None,
+                     idle_minutes: float | None = None) -> Request:
+    """Check everything that can be checked without GCE; raise one UsageError line naming the bad input."""
+    validate_name(name)
+    try:
+        count = int(count)
+    except (TypeError, ValueError):
+        raise UsageError(f"--count {count!r} is not a whole number") from None
+    if count < 1:
+        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    if not zone:
+        raise UsageError("give --zone (e.g. us-central1-a), or set CLOUDSDK_COMPUTE_ZONE")
+    if not ZONE.fullmatch(zone):
+        raise UsageError(f"--zone {zone!r} is not a Compute Engine zone like us-central1-a")
+    machine_type = machine_type or DEFAULT_MACHINE_TYPE
+    if not MACHINE_TYPE.fullmatch(machine_type):
+        raise UsageError(f"--instance-type {machine_type!r} is not a Compute Engine machine type like "
+                         f"{DEFAULT_MACHINE_TYPE}")
+    if source_image is not None and not IMAGE.fullmatch(source_image):
+        raise UsageError(f"--source-image {source_image!r}: give an image's name, or projects/P/global/images/NAME "
+                         "(or .../images/family/FAMILY)")
+    if source_image is None and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", image_profile or ""):
+        raise UsageError(f"--image-profile {image_profile!r}: use lowercase letters, digits, '-' and '_'")
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or ""):
+        raise UsageError(f"--user {user!r} is not a valid login name")
+    try:
+        ttl_hours = float(ttl_hours)
+    except (TypeError, ValueError):
+        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
+    if not 0 < ttl_hours <= MAX_TTL_HOURS:
+        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    labels = tuple((label_value(key), label_value(value)) for key, value in parse_image_tags(image_tags))
+    return Request(name, count, zone, machine_type, validate_cidr(ssh_cidr), source_image, image_profile, labels,
+                   bool(spot), user, ttl_hours, validate_volume(volume_gb), validate_idle_minutes(idle_minutes) or None)
+
+
+def cluster_labels(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:
+    expires = int((now + timedelta(hours=ttl_hours)).timestamp())
+    return {LABEL_CLUSTER: name, LABEL_OWNER: label_value(owner) or "unknown", LABEL_EXPIRES: str(expires)}
+
+
+def expiry(labels: Mapping[str, str]) -> datetime | None:
+    value = labels.get(LABEL_EXPIRES, "")
+    return datetime.fromtimestamp(int(value), UTC) if value.isdigit() else None
+
+
+def format_expiry(labels: Mapping[str, str]) -> str:
+    moment = expiry(labels)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment else "never"
+
+
+def description(labels: Mapping[str, str]) -> str:
+    """The labels of what takes none (firewall rules, resource policies), in its description."""
+    return DESCRIPTION_PREFIX + json.dumps(dict(labels), sort_keys=True)
+
+
+def labels_of_description(text: str | None) -> dict[str, str]:
+    if not (text or "").startswith(DESCRIPTION_PREFIX):
+        return {}
+    try:
+        labels = json.loads(text[len(DESCRIPTION_PREFIX):])
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def network_tag(name: str) -> str:
+    return f"kiln-{name}"
+
+
+def firewall_names(name: str) -> tuple[str, str]:
+    return f"kiln-{name}-internal", f"kiln-{name}-ssh"
+
+
+def policy_name(name: str) -> str:
+    return f"kiln-{name}-compact"
+
+
+def instance_name(name: str, index: int, suffix: str) -> str:
+    """kiln-NAME-INDEX-SUFFIX: a replacement gets a fresh suffix (a name cannot be taken while the old one lives)."""
+    return f"kiln-{name}-{index}-{suffix}"
+
+
+def disk_name(name: str, index: int) -> str:
+    return f"kiln-{name}-data-{index}"
+
+
+def image_filter(profile: str, labels: Iterable[tuple[str, str]] = ()) -> str:
+    """The images.list filter for kiln's images of a profile carrying these labels too."""
+    return " AND ".join(f'labels.{key} = "{value}"' for key, value in ((LABEL_PROFILE, profile), *labels))
+
+
+def newest_image(images: Iterable[Mapping]) -> Mapping | None:
+    """The newest image not deprecated (ties: the larger name, so the choice is stable)."""
+    usable = [i for i in images if (i.get("deprecated") or {}).get("state", "ACTIVE") == "ACTIVE"
+              and i.get("status", "READY") == "READY"]
+    return max(usable, key=lambda image: (image.get("creationTimestamp", ""), image["name"]), default=None)
+
+
+def firewall_bodies(request: Request, labels: Mapping[str, str]) -> list[dict]:
+    """All traffic among the cluster's instances (its network tag); SSH from the operator's range only."""
+    internal, ssh = firewall_names(request.name)
+    tag = network_tag(request.name)
+    common = {"network": NETWORK, "direction": "INGRESS", "priority": 1000, "targetTags": [tag],
+              "description": description(labels)}
+    return [{"name": internal, **common, "sourceTags": [tag],
+             "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}]},
+            {"name": ssh, **common, "sourceRanges": [request.ssh_cidr],
+             "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]}]
+
+
+def takes_compact_placement(request: Request) -> bool:
+    return request.count > 1 and request.family in COMPACT_FAMILIES
+
+
+def policy_body(request: Request, labels: Mapping[str, str]) -> dict:
+    """A compact placement policy: the cluster's VMs close together in one zone (low latency between them)."""
+    return {"name": policy_name(request.name), "region": request.region, "description": description(labels),
+            "groupPlacementPolicy": {"collocation": "COLLOCATED"}}
+
+
+def metadata_items(request: Request, public_key: str) -> list[dict]:
+    """The cluster's own key for its login user (never the operator's, never the project's keys); the guest agent
+    publishes the host keys as guest attributes; cloud-init writes the data disk's settings."""
+    items = [{"key": "ssh-keys", "value": f"{request.user}:{public_key} kiln-{request.name}"},
+             {"key": "block-project-ssh-keys", "value": "TRUE"},
+             {"key": "enable-oslogin", "value": "FALSE"},
+             {"key": "enable-guest-attributes", "value": "TRUE"}]
+    if request.volume_gb:
+        items.append({"key": "user-data", "value": first_boot_settings(request.volume_gb, request.user)})
+    return items
+
+
+def scheduling(request: Request) -> dict:
+    """Spot VMs are deleted when preempted (a stopped one still bills for its disks); GPU families stop for host
+    maintenance, others migrate."""
+    terminate = request.spot or request.family in GPU_FAMILIES
+    rules = {"onHostMaintenance": "TERMINATE" if terminate else "MIGRATE", "automaticRestart": not request.spot,
+             "provisioningModel": "SPOT" if request.spot else "STANDARD"}
+    if request.spot:
+        rules["instanceTerminationAction"] = "DELETE"
+    return rules
+
+
+def instance_body(request: Request, *, index: int, suffix: str, image: str, public_key: str,
+                  labels: Mapping[str, str], project: str, data_disk: str | None = None) -> dict:
+    """instances.insert's body for node `index`. Shielded VM with vTPM and integrity monitoring; Secure Boot off,
+    as the NVIDIA modules kiln builds are not signed (packer/variables.pkr.hcl, gcp_secure_boot). Compute Engine
+    encrypts every disk."""
+    zone = request.zone
+    disks = [{"boot": True, "autoDelete": True, "deviceName": "boot",
+              "initializeParams": {"sourceImage": image, "diskSizeGb": str(BOOT_DISK_GB),
+                                   "diskType": f"zones/{zone}/diskTypes/{DISK_TYPE}", "labels": dict(labels)}}]
+    if data_disk:
+        disks.append({"boot": False, "autoDelete": False, "deviceName": DATA_DEVICE_NAME, "mode": "READ_WRITE",
+                      "source": f"projects/{project}/zones/{zone}/disks/{data_disk}"})
+    body = {
+        "name": instance_name(request.name, index, suffix),
+        "machineType": f"zones/{zone}/machineTypes/{request.machine_type}",
+        "labels": {**labels, LABEL_NODE: str(index)},
+        "tags": {"items": [network_tag(request.name)]},
+        "disks": disks,
+        "networkInterfaces": [{"network": NETWORK, "accessConfigs": [{"type": "ONE_TO_ONE_NAT",
+                                                                      "name": "External NAT"}]}],
+        "metadata": {"items": metadata_items(request, public_key)},
+        "shieldedInstanceConfig": {"enableSecureBoot": False, "enableVtpm": True, "enableIntegrityMonitoring": True},
+        "scheduling": scheduling(request),
+        "serviceAccounts": [],
+    }
+    if takes_compact_placement(request):
+        body["resourcePolicies"] = [f"projects/{project}/regions/{request.region}/resourcePolicies/"
+                                    f"{policy_name(request.name)}"]
+    return body
+
+
+def disk_body(request: Request, *, index: int, labels: Mapping[str, str], snapshot: Snapshot | None = None) -> dict:
+    """disks.insert's body for node `index`'s data disk: restored from `snapshot` when given (never smaller)."""
+    body = {"name": disk_name(request.name, index),
+            "sizeGb": str(max(request.volume_gb or 0, snapshot.size_gb if snapshot else 0)),
+            "type": f"zones/{request.zone}/diskTypes/{DISK_TYPE}", "labels": {**labels, LABEL_DATA: str(index)}}
+    if snapshot is not None:
+        body["sourceSnapshot"] = f"global/snapshots/{snapshot.id}"
+    return body
+
+
+def snapshot_set_label(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y%m%dt%H%M%Sz")
+
+
+def snapshot_body(disk: Resource, project: str, moment: datetime, ttl_days: float) -> dict:
+    """snapshots.insert's body for a data disk: it keeps the cluster's name and owner and the node's index, and
+    expires on its own clock (sweep removes it then). A disk kept when its snapshot failed carries the set it
+    missed (so a retry completes that set)."""
+    taken = disk.labels.get(LABEL_SNAPSHOT_SET) or snapshot_set_label(moment)
+    index = disk.labels.get(LABEL_DATA, "")
+    labels = {key: disk.labels[key] for key in (LABEL_CLUSTER, LABEL_OWNER) if key in disk.labels}
+    labels |= {LABEL_EXPIRES: str(int((moment + timedelta(days=ttl_days)).timestamp())), LABEL_DATA: index,
+               LABEL_SNAPSHOT_SET: taken}
+    return {"name": f"{disk.name}-{taken}", "sourceDisk": f"projects/{project}/zones/{disk.scope}/disks/{disk.name}",
+            "labels": labels, "description": f"kiln cluster {disk.cluster} node {index} data, {taken}"}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kiln-labelled thing in Compute Engine: its kind, name, zone or region ("" where global), labels."""
+
+    kind: str
+    name: str
+    scope: str
+    labels: Mapping[str, str]
+    state: str = ""
+
+    @property
+    def cluster(self) -> str:
+        return self.labels.get(LABEL_CLUSTER, "")
+
+
+# The order `down` removes things in: instances first (they hold the rest), then what they used.
+TEARDOWN_ORDER = ("instance", "disk", "firewall", "resource-policy")
+
+
+def teardown_order(resources: Sequence[Resource]) -> list[Resource]:
+    return sorted(resources, key=lambda r: (TEARDOWN_ORDER.index(r.kind), r.name))
+
+
+def summarize(resources: Iterable[Resource]) -> list[ClusterSummary]:
+    """Resources grouped by cluster name; a cluster expires with its earliest expiry label."""
+    groups: dict[str, list[Resource]] = {}
+    for resource in resources:
+        groups.setdefault(resource.cluster, []).append(resource)
+    summaries = []
+    for name, members in sorted(groups.items()):
+        expiries = [e for e in (expiry(r.labels) for r in members) if e is not None]
+        owners = sorted({r.labels.get(LABEL_OWNER, "") for r in members} - {""})
+        instances = tuple(sorted(f"{r.name} ({r.state})" for r in members if r.kind == "instance"))
+        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members)))
+    return summaries
+
+
+def expired_clusters(resources: Iterable[Resource], now: datetime) -> list[ClusterSummary]:
+    return [summary for summary in summarize(resources) if summary.expired(now)]
+
+
+def node_order(instances: Sequence[Mapping]) -> list[Mapping]:
+    return sorted(instances, key=lambda i: (int((i.get("labels") or {}).get(LABEL_NODE, "0")), i["name"]))
+
+
+def address_of(instance: Mapping) -> str:
+    """The instance's external address where it has one, else its internal one."""
+    interface = (instance.get("networkInterfaces") or [{}])[0]
+    nat = [c.get("natIP") for c in interface.get("accessConfigs") or [] if c.get("natIP")]
+    return nat[0] if nat else interface["networkIP"]
+
+
+def hosts_from_instances(instances: Sequence[Mapping], user: str) -> list[Host]:
+    return [Host(address_of(i), user=user) for i in node_order(instances)]
+
+
+def guest_attribute_keys(attributes: Mapping) -> list[str]:
+    """The host keys the guest agent published (guest attributes under hostkeys/), as `type base64`."""
+    from kiln.hostkeys import KEY_TYPES
+
+    items = (attributes.get("queryValue") or {}).get("items") or []
+    return [f"{item['key']} {item['value'].split()[0]}" for item in items
+            if item.get("namespace") == "hostkeys" and item.get("key") in KEY_TYPES and item.get("value")]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A kiln-labelled snapshot of one node's data disk."""
+
+    id: str
+    cluster: str
+    index: int | None
+    taken_at: str
+    size_gb: int
+    state: str
+    labels: Mapping[str, str]
+
+    @property
+    def expires(self) -> datetime | None:
+        return expiry(self.labels)
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
+
+
+def snapshot_of(described: Mapping) -> Snapshot:
+    labels = described.get("labels") or {}
+    index = labels.get(LABEL_DATA, "")
+    return Snapshot(described["name"], labels.get(LABEL_CLUSTER, ""), int(index) if index.isdigit() else None,
+                    labels.get(LABEL_SNAPSHOT_SET, ""), int(described.get("diskSizeGb") or 0),
+                    described.get("status", ""), labels)
+
+
+def snapshot_order(snapshot: Snapshot) -> tuple:
+    return (snapshot.cluster, snapshot.taken_at, -1 if snapshot.index is None else snapshot.index, snapshot.id)
+
+
+def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:
+    return sorted((s for s in snapshots if s.expired(now)), key=snapshot_order)

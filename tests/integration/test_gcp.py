@@ -1,0 +1,305 @@
+"""kiln up/down/list/sweep/replace on GCP against the Compute Engine stand-in (testbed.gce) over real HTTP, through
+Google's own client pointed at it by its `api_endpoint` option (KILN_GCE_ENDPOINT). Every check of what is left
+lists each resource kind by the cluster's label (or, for what takes no labels, its description) with the client
+library directly, not with kiln's own code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+compute_v1 = pytest.importorskip("google.cloud.compute_v1")
+
+from google.auth.credentials import AnonymousCredentials  # noqa: E402
+
+from bootstrap import state  # noqa: E402
+from bootstrap.errors import UsageError  # noqa: E402
+from bootstrap.providers.gcp import cloud, plan  # noqa: E402
+from testbed.gce import Gce  # noqa: E402
+
+PROJECT, ZONE = "kiln-test", "us-central1-a"
+CIDR = "203.0.113.7/32"
+REPO = Path(__file__).resolve().parents[2]
+KILN = REPO / ".venv" / "bin" / "kiln"
+
+
+@pytest.fixture(scope="module")
+def gce():
+    with Gce(project=PROJECT, zones=(ZONE, "us-central1-b")) as served:
+        served.add_image("kiln-cpu-1", family="kiln-cpu", labels={"kiln-profile": "cpu"})
+        served.add_image("kiln-gpu-1", family="kiln-gpu", labels={"kiln-profile": "gpu", "kiln-fingerprint": "aa11"})
+        served.add_image("kiln-gpu-2", family="kiln-gpu", labels={"kiln-profile": "gpu", "kiln-fingerprint": "bb22"})
+        yield served
+
+
+@pytest.fixture
+def env(gce, monkeypatch, tmp_path):
+    monkeypatch.setenv(cloud.ENDPOINT_ENV, gce.endpoint)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
+    monkeypatch.setenv("KILN_HOME", str(tmp_path / "kiln"))
+    yield tmp_path
+    connected = cloud.connect()
+    for summary in cloud.list_clusters(gce=connected):  # a failed test must not leak into the next one
+        cloud.down(summary.name, gce=connected)
+    for snapshot in cloud.list_snapshots(gce=connected):
+        connected.snapshots.delete_unary(project=PROJECT, snapshot=snapshot.id)
+
+
+def client(gce, kind):
+    return getattr(compute_v1, kind)(credentials=AnonymousCredentials(),
+                                     client_options={"api_endpoint": gce.endpoint})
+
+
+def leftovers(gce, name: str | None = None, snapshots: bool = True) -> list[str]:
+    """Every resource of every kind kiln makes that carries the cluster's label (or its name in the description,
+    for firewall rules and resource policies), straight from the API."""
+    query = f'labels.kiln-cluster = "{name}"' if name else "labels.kiln-cluster:*"
+    mark = f'"kiln-cluster": "{name}"' if name else '"kiln-cluster"'
+    found = []
+    scoped = {"project": PROJECT, "filter": query}
+    for _, listed in client(gce, "InstancesClient").aggregated_list(request=scoped):
+        found += [f"instance {i.name}" for i in listed.instances]
+    for _, listed in client(gce, "DisksClient").aggregated_list(request=scoped):
+        found += [f"disk {d.name}" for d in listed.disks]
+    found += [f"firewall {f.name}" for f in client(gce, "FirewallsClient").list(project=PROJECT)
+              if mark in f.description]
+    for _, listed in client(gce, "ResourcePoliciesClient").aggregated_list(project=PROJECT):
+        found += [f"resource-policy {p.name}" for p in listed.resource_policies if mark in p.description]
+    if snapshots:
+        found += [f"snapshot {s.name}" for s in client(gce, "SnapshotsClient").list(
+            request={"project": PROJECT, "filter": query})]
+    return sorted(found)
+
+
+def instances_of(gce, name: str) -> list:
+    return sorted((i for _, listed in client(gce, "InstancesClient").aggregated_list(
+        request={"project": PROJECT, "filter": f'labels.kiln-cluster = "{name}"'}) for i in listed.instances),
+        key=lambda i: i.labels["kiln-node"])
+
+
+def request(name: str, count: int = 2, **changes) -> plan.Request:
+    return plan.validate_request(name, count, changes.pop("machine_type", None), zone=changes.pop("zone", ZONE),
+                                 ssh_cidr=changes.pop("ssh_cidr", CIDR), **changes)
+
+
+def pinned(env: Path, name: str) -> list[str]:
+    return sorted((env / "kiln" / "clusters" / name / "known_hosts").read_text().splitlines())
+
+
+def test_up_then_down_leaves_nothing(env, gce):
+    made = cloud.up(request("alpha", spot=True, ttl_hours=2, idle_minutes=30), ssh_wait_s=0)
+    assert made["image"].endswith("/global/images/kiln-gpu-2")  # the newest of the profile
+    saved = state.load_cluster("alpha")
+    assert saved.provider == "gcp" and saved.region == ZONE and saved.node_type == "g2-standard-4"
+    assert saved.ssh.identity == str(env / "kiln" / "clusters" / "alpha" / "id_ed25519")
+    assert oct((env / "kiln" / "clusters" / "alpha" / "id_ed25519").stat().st_mode & 0o777) == "0o600"
+    instances = instances_of(gce, "alpha")
+    assert [h.address for h in saved.hosts] == [i.network_interfaces[0].access_configs[0].nat_i_p
+                                                 for i in instances]
+    for instance in instances:
+        assert instance.status == "RUNNING" and instance.machine_type.endswith("/machineTypes/g2-standard-4")
+        assert instance.scheduling.provisioning_model == "SPOT"
+        assert instance.scheduling.instance_termination_action == "DELETE"
+        assert instance.shielded_instance_config.enable_vtpm and not instance.service_accounts
+        assert list(instance.tags.items) == ["kiln-alpha"]
+        metadata = {item.key: item.value for item in instance.metadata.items}
+        assert metadata["ssh-keys"].startswith("ubuntu:ssh-ed25519 ") and metadata["block-project-ssh-keys"] == "TRUE"
+        assert [p.rsplit("/", 1)[-1] for p in instance.resource_policies] == ["kiln-alpha-compact"]
+        expires = plan.expiry(instance.labels)
+        assert timedelta(hours=1.9) < expires - datetime.now(UTC) <= timedelta(hours=2)
+    # the host keys pinned are the ones each instance has, as GCE shows them
+    wanted = sorted(f"{h.address} {key}" for h, i in zip(saved.hosts, instances, strict=True)
+                    for key in gce.host_keys(ZONE, i.name))
+    assert pinned(env, "alpha") == wanted and made["host_keys"] == {h.address: "shown" for h in saved.hosts}
+    rules = {f.name: f for f in client(gce, "FirewallsClient").list(project=PROJECT)}
+    ssh, internal = rules["kiln-alpha-ssh"], rules["kiln-alpha-internal"]
+    assert list(ssh.source_ranges) == [CIDR] and list(ssh.target_tags) == ["kiln-alpha"]
+    assert list(internal.source_tags) == list(internal.target_tags) == ["kiln-alpha"]
+    assert not internal.source_ranges
+    assert [s.name for s in cloud.list_clusters()] == ["alpha"]
+
+    removed = cloud.down("alpha")
+    assert {r.split()[0] for r in removed} >= {"instance", "firewall", "resource-policy"}
+    assert leftovers(gce) == []
+    assert state.load_cluster("alpha") is None
+    assert cloud.down("alpha") == []
+
+
+def test_down_finds_the_cluster_by_labels_without_its_files(env, gce):
+    cloud.up(request("lost", 1), ssh_wait_s=0)
+    for name in ("cluster.json", "gcp.json"):
+        (env / "kiln" / "clusters" / "lost" / name).unlink()
+    assert cloud.down("lost")
+    assert leftovers(gce) == []
+
+
+@pytest.mark.parametrize(("method", "on", "code", "reason", "step"), [
+    ("firewalls.insert", "call", 403, "forbidden", "create the firewall rules"),
+    ("resourcePolicies.insert", "operation", 403, "QUOTA_EXCEEDED", "create the compact placement policy"),
+    ("disks.insert", "operation", 403, "QUOTA_EXCEEDED", "create the data disks"),
+    ("instances.insert", "operation", 403, "QUOTA_EXCEEDED", "create the instances"),
+    ("instances.insert", "operation", 503, "ZONE_RESOURCE_POOL_EXHAUSTED", "create the instances"),
+    ("instances.getSerialPortOutput", "call", 500, "backendError", "read the host keys the instances show"),
+])
+def test_a_fault_at_each_step_of_up_leaves_nothing(env, gce, method, on, code, reason, step):
+    gce.fail(method, reason=reason, code=code, on=on, nth=2 if method == "instances.insert" else 1)
+    if method == "instances.getSerialPortOutput":
+        gce.fail("instances.getGuestAttributes", reason="notFound", code=404)
+    with pytest.raises(cloud.GcpError, match=f"^cluster.up broken: could not {step}: .*; everything it had created "
+                                             "was removed$"):
+        cloud.up(request("broken", volume_gb=10), ssh_wait_s=0)
+    assert leftovers(gce) == []
+    assert not (env / "kiln" / "clusters" / "broken").exists()
+
+
+def test_a_bad_image_is_one_clear_error_and_creates_nothing(env, gce):
+    with pytest.raises(cloud.GcpError, match="^--source-image kiln-none: .*not found"):
+        cloud.up(request("badimage", source_image="kiln-none"), ssh_wait_s=0)
+    with pytest.raises(UsageError, match='no image in project kiln-test with labels.kiln-profile = "gpu" AND '
+                                         'labels.kiln-fingerprint = "cc33"'):
+        cloud.up(request("badimage", image_tags="kiln:fingerprint=cc33"), ssh_wait_s=0)
+    assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "badimage").exists()
+    made = cloud.up(request("picked", 1, image_tags="kiln:fingerprint=aa11"), ssh_wait_s=0)
+    assert made["image"].endswith("/images/kiln-gpu-1")
+
+
+class Interrupting:
+    """An instances client whose insert makes the instance, then the operator presses Ctrl-C."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, attribute):
+        if attribute == "insert_unary":
+            def call(**kwargs):
+                self.real.insert_unary(**kwargs)
+                raise KeyboardInterrupt
+            return call
+        return getattr(self.real, attribute)
+
+
+def test_ctrl_c_during_the_instances_insert_rolls_back(env, gce):
+    connected = cloud.connect()
+    connected._clients["instances"] = Interrupting(connected.instances)
+    with pytest.raises(cloud.GcpError, match="could not create the instances: interrupted; everything it had "
+                                             "created was removed"):
+        cloud.up(request("ctrlc"), gce=connected, ssh_wait_s=0)
+    assert leftovers(gce) == []
+
+
+def test_a_taken_name_is_refused(env, gce):
+    cloud.up(request("taken", 1), ssh_wait_s=0)
+    before = leftovers(gce)
+    with pytest.raises(UsageError, match="cluster name 'taken' is taken"):
+        cloud.up(request("taken", 1), ssh_wait_s=0)
+    assert leftovers(gce) == before
+
+
+def test_sweep_removes_expired_clusters_only(env, gce):
+    past = datetime.now(UTC) - timedelta(hours=3)
+    cloud.up(request("old", 1, ttl_hours=1), now=past, ssh_wait_s=0)
+    cloud.up(request("fresh", 1, ttl_hours=1), ssh_wait_s=0)
+    assert [s.name for s in cloud.sweep(dry_run=True)] == ["old"]
+    assert leftovers(gce, "old")
+    assert [s.name for s in cloud.sweep()] == ["old"]
+    assert leftovers(gce, "old") == [] and leftovers(gce, "fresh")
+
+
+def test_data_disks_outlive_the_cluster_as_snapshots_and_come_back(env, gce):
+    cloud.up(request("keep", volume_gb=20), ssh_wait_s=0)
+    disks = sorted(d.name for _, listed in client(gce, "DisksClient").aggregated_list(
+        request={"project": PROJECT, "filter": 'labels.kiln-data:*'}) for d in listed.disks)
+    assert disks == ["kiln-keep-data-0", "kiln-keep-data-1"]
+    attached = [[d.source.rsplit("/", 1)[-1] for d in i.disks if not d.boot] for i in instances_of(gce, "keep")]
+    assert attached == [["kiln-keep-data-0"], ["kiln-keep-data-1"]]
+    done = cloud.down_with_snapshots("keep", ttl_days=3)
+    assert [s.index for s in done.snapshots] == [0, 1] and not done.kept
+    assert leftovers(gce, "keep", snapshots=False) == []
+    taken = leftovers(gce, "keep")
+    assert len(taken) == 2 and all(line.startswith("snapshot kiln-keep-data-") for line in taken)
+
+    made = cloud.up(request("keep", volume_gb=10), ssh_wait_s=0)
+    assert made["restore_note"].startswith("cluster keep: data volumes restored from the snapshots of ")
+    restored = {d.name: d for _, listed in client(gce, "DisksClient").aggregated_list(
+        request={"project": PROJECT, "filter": 'labels.kiln-cluster = "keep"'}) for d in listed.disks
+        if "kiln-data" in d.labels}
+    assert sorted(restored) == disks
+    assert {d.source_snapshot.rsplit("/", 1)[-1] for d in restored.values()} == {s.id for s in done.snapshots}
+    assert all(d.size_gb == 20 for d in restored.values())  # never smaller than the snapshot
+    assert [s.id for s in cloud.sweep_snapshots(now=datetime.now(UTC) + timedelta(days=4))] == [
+        s.id for s in done.snapshots]
+
+
+def test_a_snapshot_that_fails_keeps_its_disk_named(env, gce):
+    cloud.up(request("half", volume_gb=10), ssh_wait_s=0)
+    gce.fail("snapshots.insert", reason="QUOTA_EXCEEDED", code=403, on="operation", nth=2)
+    done = cloud.down_with_snapshots("half")
+    assert [s.index for s in done.snapshots] == [0]
+    [(disk, node, why)] = done.kept
+    assert (disk, node) == ("kiln-half-data-1", "1") and "QUOTA_EXCEEDED" in why
+    assert leftovers(gce, "half", snapshots=False) == ["disk kiln-half-data-1"]
+    again = cloud.down_with_snapshots("half")  # the retry completes the set the first one missed
+    assert [s.taken_at for s in again.snapshots] == [done.snapshots[0].taken_at]
+    assert leftovers(gce, "half", snapshots=False) == []
+
+
+def test_a_node_is_replaced_by_an_instance_made_as_the_cluster_was(env, gce):
+    cloud.up(request("swap", spot=True, volume_gb=10), ssh_wait_s=0)
+    record = state.load_cluster("swap")
+    old = instances_of(gce, "swap")[1]
+    host, keys = cloud.replace("swap", record.hosts[1].address, ssh_wait_s=0)
+    [first, new] = instances_of(gce, "swap")
+    assert new.name != old.name and old.name not in [i.name for i in instances_of(gce, "swap")]
+    for field in ("machine_type", "labels", "tags", "scheduling", "shielded_instance_config", "resource_policies"):
+        assert getattr(new, field) == getattr(old, field), field
+    assert new.disks[0].source != old.disks[0].source  # its own boot disk, from the same image
+    assert [d.source.rsplit("/", 1)[-1] for d in new.disks if not d.boot] == ["kiln-swap-data-1"]
+    assert sorted(keys) == sorted(gce.host_keys(ZONE, new.name))
+    after = state.load_cluster("swap")
+    assert after.hosts[1] == host and after.hosts[0] == record.hosts[0]
+    assert [i.id for i in after.instances] == [first.name, new.name]
+    kept = cloud.Record.load("swap")  # what a later replacement is made from
+    assert kept.instances == (first.name, new.name) and kept.host_keys[host.address] == "shown"
+
+
+def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, gce):
+    cloud.up(request("stay"), ssh_wait_s=0)
+    record, before = state.load_cluster("stay"), leftovers(gce, "stay")
+    keys = pinned(env, "stay")
+    gce.fail("instances.insert", reason="ZONE_RESOURCE_POOL_EXHAUSTED", code=503, on="operation")
+    with pytest.raises(cloud.GcpError, match="could not replace .*: could not create the instance: "
+                                             "ZONE_RESOURCE_POOL_EXHAUSTED.*nothing new is left running"):
+        cloud.replace("stay", record.hosts[0].address, ssh_wait_s=0)
+    gce.fail("instances.getSerialPortOutput", reason="backendError", code=500)
+    gce.fail("instances.getGuestAttributes", reason="notFound", code=404)
+    with pytest.raises(cloud.GcpError, match="could not read the host keys it shows"):
+        cloud.replace("stay", record.hosts[0].address, ssh_wait_s=0)
+    assert leftovers(gce, "stay") == before and state.load_cluster("stay") == record and pinned(env, "stay") == keys
+
+
+def kiln(env: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(KILN), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KILN_HOME": str(env / "kiln")})
+
+
+def test_the_cli_makes_lists_sweeps_and_removes_a_gcp_cluster(env, gce):
+    up = kiln(env, "up", "cli", "--provider", "gcp", "--zone", ZONE, "--count", "2", "--ssh-cidr", CIDR, "--spot",
+              "--volume", "10", "--ssh-wait", "0")
+    assert up.returncode == 0, up.stderr
+    assert f"cluster cli is running in {PROJECT}/{ZONE} from kiln-gpu-2" in up.stdout
+    listed = kiln(env, "list", "--provider", "gcp")
+    assert listed.returncode == 0 and listed.stdout.startswith("cli: 2 instance(s)"), listed.stdout
+    swept = kiln(env, "sweep", "--provider", "gcp", "--dry-run")
+    assert (swept.returncode, swept.stdout.strip()) == (0, "nothing has expired")
+    bad = kiln(env, "up", "cli2", "--provider", "gcp", "--zone", ZONE, "--ssh-cidr", CIDR, "--max-price", "1")
+    assert bad.returncode == 2 and bad.stderr.startswith("kiln: --max-price: not options of --provider gcp")
+    down = kiln(env, "down", "cli", "--snapshot")
+    assert down.returncode == 0, down.stderr
+    assert "node 1's data disk kept as snapshot kiln-cli-data-1-" in down.stdout
+    assert leftovers(gce, "cli", snapshots=False) == []
