@@ -36,6 +36,39 @@ class AwsError(KilnError):
     """A call to AWS failed; the message names the step."""
 
 
+@dataclass(frozen=True)
+class Record:
+    """What kiln keeps of an AWS cluster it made (aws.json): enough to replace a node as it was launched."""
+
+    region: str
+    instances: tuple[str, ...]
+    security_group: str
+    key_pair: str
+    placement_group: str
+    ami: str
+    tags: dict
+    host_keys: dict
+    request: dict
+    data_volumes: tuple[str, ...] = ()
+    restored_from: str | None = None
+
+    def save(self, cluster: str) -> None:
+        state.save_cloud_state(cluster, asdict(self), "aws")
+
+    @classmethod
+    def load(cls, cluster: str) -> Record | None:
+        data = state.load_cloud_state(cluster, "aws")
+        if not data:
+            return None
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}
+        return cls(**{"request": {}, **known, "instances": tuple(data.get("instances", ())),
+                      "data_volumes": tuple(data.get("data_volumes") or ())})
+
+    def planned(self) -> plan.Request:
+        tags = tuple(tuple(pair) for pair in self.request.get("image_tags", ()))
+        return plan.Request(**{**self.request, "image_tags": tags})
+
+
 @dataclass
 class Aws:
     """The clients kiln uses; tests may hand in wrapped ones."""
@@ -290,11 +323,9 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         host_keys = pin_host_keys(request.name, described, hosts, found)
 
         step = "write the cluster file"
-        state.save_cloud_state(request.name, {
-            "region": aws.region, "instances": instance_ids, "security_group": group_id,
-            "key_pair": plan.resource_name(request.name), "placement_group": plan.resource_name(request.name),
-            "ami": image, "tags": tags, "host_keys": host_keys, "request": asdict(request),
-            "data_volumes": volumes, "restored_from": note})
+        Record(aws.region, tuple(instance_ids), group_id, plan.resource_name(request.name),
+               plan.resource_name(request.name), image, tags, host_keys, asdict(request), tuple(volumes),
+               note).save(request.name)
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=aws.region, user=request.user,
@@ -343,19 +374,17 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
 
     The new instance must run, answer SSH and show its host keys (kiln never trusts a replacement on first
     contact); otherwise it is terminated and the cluster is left as it was."""
-    record, cloud = state.load_cluster(name), state.load_cloud_state(name)
-    if record is None or cloud is None or "request" not in cloud:
+    record, cloud = state.load_cluster(name), Record.load(name)
+    if record is None or cloud is None or not cloud.request:
         raise UsageError(f"cluster {name}: no record of how kiln launched it (kiln up of this version makes one)")
     old = next((i for i in record.instances if i.address == address), None)
     if old is None:
         raise UsageError(f"cluster {name} has no instance at {address}")
     aws = aws or connect(region or record.region, profile)
-    request = changed(plan.Request(**{**cloud["request"], "image_tags": tuple(
-        tuple(pair) for pair in cloud["request"].get("image_tags", ()))}), count=1)
+    request = changed(cloud.planned(), count=1)
     step, new_id = "run the instance", None
     try:
-        params = plan.run_instances_request(request, ami=cloud["ami"], group_id=cloud["security_group"],
-                                            tags=cloud["tags"])
+        params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags)
         new_id = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
         step = "wait until it runs"
         wait(aws, "instance_running", [new_id], running_timeout_s)
@@ -383,15 +412,15 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
     instances = tuple(state.Instance(new_id, host.address, "console") if i is old else i for i in record.instances)
     hosts = tuple(host if h.address == address else h for h in record.hosts)
     state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    state.save_cloud_state(name, {**cloud, "instances": [i.id for i in instances],
-                                  "host_keys": {i.address: i.host_keys for i in instances}})
+    changed(cloud, instances=tuple(i.id for i in instances),
+            host_keys={i.address: i.host_keys for i in instances}).save(name)
     try:
         remove(aws, [plan.Resource("instance", old.id, {})], terminated_timeout_s)
     except Exception as error:
         raise AwsError(f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but the old instance "
                        f"{old.id} could not be terminated: {describe_error(error)} (kiln down {name} finds it by "
                        "its tags)") from None
-    volumes = cloud.get("data_volumes") or []
+    volumes = cloud.data_volumes
     index = [i.id for i in record.instances].index(old.id)
     if index < len(volumes):
         try:
