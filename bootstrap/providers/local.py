@@ -1,7 +1,8 @@
 """The local provider: a cluster of sshd nodes in network namespaces on this machine (testbed.cluster, as root),
 whose nodes can be lost and replaced by fresh ones with new host keys; kiln's tests and `make demo` run on it.
 Host keys come from the key files the testbed wrote for each node; a node's stand-in metadata service
-(testbed.imds) posts EC2-style spot notices and GCE-style preemptions; autostop's power-off kills a node's processes."""
+(testbed.imds) posts EC2-style spot notices and GCE-style preemptions; autostop's power-off kills a node's processes.
+The testbed is imported here alone, once this provider is chosen (bootstrap.providers.KINDS imports it then)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement
 from kiln.hostkeys import public_key
+from testbed import cluster as local
+from testbed import netns
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,7 @@ class LocalProvider:
     volumes = False
     where = ()
 
-
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> LocalRequest:
-        from testbed import netns
-
         try:
             count = int(count)
         except (TypeError, ValueError):
@@ -53,9 +53,6 @@ class LocalProvider:
 
     def up(self, request: LocalRequest, python: str = sys.executable) -> Made:
         """Start the nodes (they share this machine's Python) and write the cluster file."""
-        from testbed import cluster as local
-        from testbed import netns
-
         if state.load_cluster(request.name) is not None:
             raise UsageError(f"cluster {request.name} already exists (kiln down {request.name} first)")
         local.preflight()
@@ -69,8 +66,6 @@ class LocalProvider:
                                    f"{request.name}",))
 
     def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
-        from testbed import cluster as local
-
         if snapshot_ttl_days is not None:
             raise UsageError(f"--snapshot: cluster {name} is local; its nodes have no data volumes")
         local.teardown(name)
@@ -85,9 +80,6 @@ class LocalProvider:
         return []  # local clusters carry no expiry: kiln down removes them
 
     def replace(self, cluster: str, host: Host) -> Replacement:
-        from testbed import cluster as local
-        from testbed import netns
-
         try:
             node = netns.find_node(netns.cluster_from_nodes(cluster, local.load_nodes(cluster)), host.address)
             lines = local.replace_node(cluster, node)
