@@ -12,7 +12,7 @@ Node i of cluster NAME: network namespace NAME-n{i} on bridge NAME-br (veth NAME
 node{i}, private bind mounts over /etc/ssh, /etc/hosts, /root/.ssh and /root/kiln, its own sshd on port 22.
 The operator reaches nodes with a per-cluster key and pinned host keys: `ssh -F STATE/ssh_config node2 hostname`.
 State: /run/kiln/local/NAME/. `down` finds everything by name, so it also works after a crash or without the
-state directory. With `up --metadata`, every node has its own stand-in metadata service of EC2 and GCE (IMDSv2,
+state directory. With `up --metadata`, every node has its own stand-in metadata service of EC2, GCE and Azure (IMDSv2,
 testbed.imds) at 169.254.169.254 inside its network, where `interrupt` posts a spot interruption notice.
 With `up --docker`, every node has its own Docker engine (dockerd in the node's namespaces, images under
 /var/lib/kiln-local/NAME/NODE; sessions get DOCKER_HOST pointing at it) and the cluster has a registry, at
@@ -48,7 +48,7 @@ from kiln.paths import PROJECT
 from kiln.sshwait import probe_ssh, wait_for_ssh
 from testbed import engines
 from testbed import netns as plan  # the pure half: names, addresses, file texts
-from testbed.imds import GCE_PREEMPTED, notice_text
+from testbed.imds import AZURE_EVICTED, GCE_PREEMPTED, notice_text
 
 TOOLS = ("ip", "unshare", "mount", "ssh", "ssh-keygen", plan.SSHD)
 WORKERS = min(32, 4 * (os.cpu_count() or 1))  # bound for fan-outs that spawn processes
@@ -375,7 +375,8 @@ def cmd_interrupt(args: argparse.Namespace) -> int:
     node = plan.find_node(plan.cluster_from_nodes(args.name, nodes), args.node)
     if not nodes[node.index - 1].get("metadata"):
         raise UsageError(f"cluster {args.name} has no metadata services (make it with: local-cluster up --metadata)")
-    text = json.dumps(GCE_PREEMPTED) if args.cloud == "gce" else notice_text(args.action, args.lead)
+    text = {"gce": json.dumps(GCE_PREEMPTED), "azure": json.dumps(AZURE_EVICTED)}.get(args.cloud) or notice_text(
+        args.action, args.lead)
     notice = plan.STATE_ROOT / args.name / node.name / "notice.json"
     write(notice.with_suffix(".tmp"), text)
     notice.with_suffix(".tmp").rename(notice)
@@ -443,7 +444,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              help=f"number of nodes, 1..{plan.MAX_NODES} (default 3)")
             cmd.add_argument("--subnet", help="private IPv4 CIDR (default: 10.x.0.0/16 derived from the name)")
             cmd.add_argument("--metadata", action="store_true",
-                             help="give every node a stand-in metadata service (EC2's and GCE's) at 169.254.169.254")
+                             help="give every node a stand-in metadata service (EC2's, GCE's and Azure's) at "
+                                  "169.254.169.254")
             cmd.add_argument("--docker", action="store_true",
                              help="give every node its own Docker engine, and the cluster a registry")
         if func is cmd_status:
@@ -451,8 +453,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if func in (cmd_lose, cmd_replace, cmd_interrupt):
             cmd.add_argument("node", metavar="NODE", help="the node's name (node2) or address")
         if func is cmd_interrupt:
-            cmd.add_argument("--cloud", default="ec2", choices=("ec2", "gce"),
-                             help="post it as EC2 (spot/instance-action) or GCE (instance/preempted) does")
+            cmd.add_argument("--cloud", default="ec2", choices=("ec2", "gce", "azure"),
+                             help="post it as EC2 (spot/instance-action), GCE (instance/preempted) or Azure (a "
+                                  "Preempt scheduled event) does")
             cmd.add_argument("--action", default="terminate", choices=("terminate", "stop", "hibernate"),
                              help="EC2's instance-action")
             cmd.add_argument("--lead", type=int, default=120, help="seconds until the instance goes (default 120)")

@@ -9,13 +9,16 @@ Both clouds serve theirs at 169.254.169.254; this serves both there, and answers
 - **GCE**: every request under `/computeMetadata/v1/` must carry `Metadata-Flavor: Google` and no
   `X-Forwarded-For` (403 otherwise), and every answer carries `Metadata-Flavor: Google`;
   `instance/preempted` is FALSE until `preempt()`, then TRUE; `instance/id` and `instance/name` name it.
+- **Azure**: every request under `/metadata/` must carry `Metadata: true` and no `X-Forwarded-For` (400
+  otherwise) and an `api-version`; `instance/compute/name?format=text` names the VM; `scheduledevents` lists no
+  event until `evict()`, then a `Preempt` event naming the VM, due 30 s later.
 
     with Imds("i-0abc") as imds:      # serves on 127.0.0.1, a free port: imds.endpoint
-        imds.interrupt("terminate")   # or imds.preempt(), as GCE
+        imds.interrupt("terminate")   # or imds.preempt(), as GCE; imds.evict(), as Azure
 
 As a program it serves a local cluster's node at the clouds' own address inside the node's network namespace
 (testbed.cluster starts it), and posts the notice written to --notice-file (`local-cluster interrupt NODE
-[--cloud gce]`): an EC2 instance-action document, or `{"gce": "preempted"}`.
+[--cloud gce|azure]`): an EC2 instance-action document, `{"gce": "preempted"}` or `{"azure": "preempt"}`.
 
     python -m testbed.imds --host 169.254.169.254 --port 80 --instance-id node2 --notice-file F
 """
@@ -36,6 +39,9 @@ from pathlib import Path
 NOTICE_LEAD_SECONDS = 120
 GCE_PREEMPTED = {"gce": "preempted"}  # the notice file's text for a GCE preemption
 GCE_ROOT = "/computeMetadata/v1/"
+AZURE_EVICTED = {"azure": "preempt"}  # the notice file's text for an Azure Spot eviction
+AZURE_ROOT = "/metadata/"
+AZURE_NOTICE_SECONDS = 30
 
 
 def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECONDS) -> str:
@@ -60,6 +66,7 @@ class Imds:
         self.notice_file = notice_file
         self.notice: dict | None = None
         self.preempted = False
+        self.evicted_at: float | None = None  # when the Azure eviction was posted (time.time())
         self.tokens: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
@@ -82,8 +89,13 @@ class Imds:
         with self._lock:
             self.preempted = True
 
+    def evict(self) -> None:
+        """Evict the Spot VM as Azure does: a Preempt event naming it, due AZURE_NOTICE_SECONDS from now."""
+        with self._lock:
+            self.evicted_at = time.time()
+
     def _read_notice_file(self) -> None:
-        if self.notice is not None or self.preempted or self.notice_file is None:
+        if self.notice is not None or self.preempted or self.evicted_at or self.notice_file is None:
             return
         try:
             posted = json.loads(self.notice_file.read_text())
@@ -91,6 +103,8 @@ class Imds:
             return
         if posted == GCE_PREEMPTED:
             self.preempted = True
+        elif posted == AZURE_EVICTED:
+            self.evicted_at = self.notice_file.stat().st_mtime
         else:
             self.notice = posted
 
@@ -123,10 +137,36 @@ class Imds:
         self._server.shutdown()
         self._server.server_close()
 
+    def _azure(self, method: str, path: str, headers) -> tuple[int, str]:
+        """Azure's instance metadata service: `Metadata: true` on every request, none forwarded, an api-version."""
+        if headers.get("Metadata") != "true" or "X-Forwarded-For" in headers:
+            return 400, json.dumps({"error": "Bad request. Required metadata header not specified"})
+        route, _, query = path.partition("?")
+        if method != "GET":
+            return 405, "Method Not Allowed"
+        if "api-version=" not in query:
+            return 400, json.dumps({"error": "Bad request. api-version was not specified in the request"})
+        self._read_notice_file()
+        if route == "/metadata/instance/compute/name":
+            return 200, self.instance_id
+        if route == "/metadata/scheduledevents":
+            events = []
+            if self.evicted_at:
+                due = time.gmtime(self.evicted_at + AZURE_NOTICE_SECONDS)
+                events.append({"EventId": f"{int(self.evicted_at):x}-kiln", "EventStatus": "Scheduled",
+                               "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                               "Resources": [self.instance_id], "EventSource": "Platform",
+                               "NotBefore": time.strftime("%a, %d %b %Y %H:%M:%S GMT", due),
+                               "Description": "Spot VM eviction", "DurationInSeconds": -1})
+            return 200, json.dumps({"DocumentIncarnation": len(events), "Events": events})
+        return 404, json.dumps({"error": "Not found"})
+
     def _answer(self, method: str, path: str, headers) -> tuple[int, str]:
         with self._lock:
             if path.startswith(GCE_ROOT):
                 return self._gce(method, path, headers)
+            if path.startswith(AZURE_ROOT):
+                return self._azure(method, path, headers)
             if method == "PUT":
                 if path != "/latest/api/token":
                     return 405, "Method Not Allowed"

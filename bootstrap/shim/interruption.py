@@ -6,10 +6,13 @@
 - **gce**: GCE's metadata server answers `computeMetadata/v1/instance/preempted` with FALSE, then TRUE once the
   Spot (or preemptible) VM is being preempted: about 30 s before it stops. Every read carries the
   `Metadata-Flavor: Google` header (refused with 403 without it), and the answer carries it back.
+- **azure**: Azure's Scheduled Events (`metadata/scheduledevents`) list a `Preempt` event naming the VM at least
+  30 s before a Spot VM is evicted. Every read carries the `Metadata: true` header (refused with 400 without
+  it); the VM's own name comes from the instance metadata (`metadata/instance/compute/name`).
 
-Both sit at 169.254.169.254; `--source any` (the default) watches whichever answers there.
+All sit at 169.254.169.254; `--source any` (the default) watches whichever answers there.
 
-    python interruption.py [--source ec2|gce|any] [--endpoint URL] [--interval S] [--once] [--run-dir DIR]
+    python interruption.py [--source ec2|gce|azure|any] [--endpoint URL] [--interval S] [--once] [--run-dir DIR]
                            [--timeout S] [-- CMD...]
 
 prints one JSON line when a notice comes (`{"action": "terminate", "time": "...", "seen": ..., "source": "ec2",
@@ -39,7 +42,9 @@ GCE_ROOT = "computeMetadata/v1/"
 GCE_PREEMPTED = GCE_ROOT + "instance/preempted"
 # source -> (seconds the cloud gives from its notice to the machine's end, seconds of it a run's processes get to
 # checkpoint before what is left is killed: the rest is for the watcher's look, the stop and the files' flush)
-SOURCES = {"ec2": (120, 90), "gce": (30, 20)}
+SOURCES = {"ec2": (120, 90), "gce": (30, 20), "azure": (30, 20)}
+AZURE_EVENTS = "metadata/scheduledevents?api-version=2020-07-01"
+AZURE_NAME = "metadata/instance/compute/name?api-version=2021-02-01&format=text"
 
 
 class MetadataError(Exception):
@@ -152,9 +157,63 @@ class GceMetadata:
         return {"action": "preempt", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", at)}
 
 
+class AzureMetadata:
+    """A client of Azure's instance metadata service: every request carries `Metadata: true`; the VM's name is
+    read once (an event names the VMs it affects)."""
+
+    source = "azure"
+
+    def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
+        self.endpoint = endpoint.rstrip("/")
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+        self.timeout = timeout
+        self.name: str | None = None
+
+    def get(self, path: str) -> str | None:
+        request = urllib.request.Request(f"{self.endpoint}/{path}", headers={"Metadata": "true"})
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                return response.read().decode()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise MetadataError(f"GET /{path.split('?')[0]}: HTTP {error.code}") from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
+
+    def probe(self) -> None:
+        """Raise Unreachable or MetadataError unless Azure's metadata service answers here with the VM's name."""
+        name = self.get(AZURE_NAME)
+        if not name:
+            raise MetadataError(f"GET /{AZURE_NAME.split('?')[0]}: no name")
+        self.name = name.strip()
+
+    def look(self) -> dict | None:
+        """A Preempt event naming this VM, as a notice (the eviction is due at its NotBefore), or None."""
+        text = self.get(AZURE_EVENTS)
+        try:
+            events = json.loads(text or "{}").get("Events") or []
+        except ValueError:
+            raise MetadataError(f"unexpected scheduledevents: {(text or '')[:200]!r}") from None
+        for event in events:
+            if event.get("EventType") == "Preempt" and (self.name is None or self.name in event.get("Resources", [])):
+                return {"action": "preempt", "time": azure_time(event.get("NotBefore", ""))}
+        return None
+
+
+def azure_time(text: str) -> str | None:
+    """Scheduled Events' NotBefore (`Mon, 19 Sep 2016 18:29:47 GMT`) as `2016-09-19T18:29:47Z`; None if empty."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.strptime(text, "%a, %d %b %Y %H:%M:%S GMT"))
+    except ValueError:
+        return None
+
+
 def services(source: str, endpoint: str) -> list:
-    """The metadata clients to watch for `source` (any: both, each kept only where it answers)."""
-    return [kind(endpoint) for name, kind in (("ec2", Metadata), ("gce", GceMetadata)) if source in (name, "any")]
+    """The metadata clients to watch for `source` (any: every one, each kept only where it answers)."""
+    kinds = (("ec2", Metadata), ("gce", GceMetadata), ("azure", AzureMetadata))
+    return [kind(endpoint) for name, kind in kinds if source in (name, "any")]
 
 
 def answering(watched: list) -> tuple[list, list[str]]:

@@ -167,27 +167,29 @@ def test_a_spot_interruption_notice_on_the_chief_replaces_it_and_the_run_finishe
     assert run_processes("notice-node1") == []
 
 
-def test_a_gce_preemption_of_a_worker_replaces_it_within_gces_notice(managed):
-    """GCE's metadata server says instance/preempted TRUE about 30 s before the VM stops: the node's watcher sees
-    it and stops the worker there with GCE's grace, well within that notice, and kiln replaces the node."""
-    done, posted_at = train_and_lose(managed, "preempt-node2", "--managed", how="interrupt", node="node2",
-                                     cloud="gce")
+@pytest.mark.parametrize("cloud", ["gce", "azure"])
+def test_a_preemption_of_a_worker_replaces_it_within_the_clouds_notice(managed, cloud):
+    """GCE's metadata server says instance/preempted TRUE, Azure's Scheduled Events list a Preempt event, about
+    30 s before the VM goes: the node's watcher sees it and stops the worker there with that cloud's grace, well
+    within the notice, and kiln replaces the node."""
+    run_id = f"preempt-{cloud}"
+    done, posted_at = train_and_lose(managed, run_id, "--managed", how="interrupt", node="node2", cloud=cloud)
     assert done.returncode == 0, done.stdout + done.stderr
-    data = managed.summary("preempt-node2")
+    data = managed.summary(run_id)
     assert data["status"] == "ok"
     [recovery] = data["restarts"]
     assert recovery["interrupted"] == ["node2"] and recovery["lost"] == []
     assert recovery["failure"].startswith("spot interruption notice (node2: preempt at "), recovery["failure"]
-    replaced = managed.runs / "preempt-node2" / "replaced" / "node2-1"
+    replaced = managed.runs / run_id / "replaced" / "node2-1"
     notice = json.loads((replaced / "notice.json").read_text())
-    lead, grace = interruption.SOURCES["gce"]
-    assert (notice["source"], notice["grace_s"]) == ("gce", grace)
+    lead, grace = interruption.SOURCES[cloud]
+    assert (notice["source"], notice["grace_s"]) == (cloud, grace)
     stopped_at = (replaced / "worker-1.exit").stat().st_mtime  # the worker's exit, as the node wrote it
     assert posted_at < notice["seen"] < stopped_at < posted_at + lead, (posted_at, notice, stopped_at)
     assert (replaced / "worker-1.exit").read_text().strip() == "143"  # SIGTERM: it had its chance to checkpoint
     workers = {task: result for task, result in data["results"].items() if task.startswith("worker-")}
     assert len({r["steps"] for r in workers.values()}) == 1 and all(r["status"] == "ok" for r in workers.values())
-    assert run_processes("preempt-node2") == []
+    assert run_processes(run_id) == []
 
 
 def test_without_managed_a_notice_ends_the_run_naming_the_node(managed):

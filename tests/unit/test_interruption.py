@@ -166,19 +166,20 @@ def test_a_gce_preemption_is_a_notice_with_gces_shorter_grace(imds):
 
 
 def test_an_ec2_service_is_not_taken_for_gces():
-    """EC2's IMDSv2 refuses GCE's flavored GET (no token): a watcher of any source keeps EC2's alone there, and one
-    told to watch GCE's finds nothing to watch."""
+    """Where EC2's service alone answers (GCE's and Azure's paths are not there), a watcher of any source keeps
+    EC2's, and one told to watch GCE's finds nothing to watch."""
     with Imds("i-0kiln") as both:
         ec2_only = both._answer  # the stand-in serves both: make it EC2's alone for this test
 
         def answer(method, path, headers):
-            if path.startswith("/computeMetadata/"):
+            if path.startswith(("/computeMetadata/", "/metadata/")):
                 return 404, "Not Found"
             return ec2_only(method, path, headers)
 
         both._answer = answer
         kept, why = interruption.answering(interruption.services("any", both.endpoint))
-        assert [service.source for service in kept] == ["ec2"] and why[0].startswith("gce: ")
+        assert [service.source for service in kept] == ["ec2"]
+        assert [line.split(":")[0] for line in why] == ["gce", "azure"]
         gce = subprocess.run([sys.executable, interruption.__file__, "--source", "gce", "--endpoint", both.endpoint,
                               "--once"], capture_output=True, text=True, timeout=30)
     assert gce.returncode == 1 and "gce: GET /computeMetadata/v1/: HTTP 404" in gce.stderr, gce.stderr
@@ -200,3 +201,29 @@ def test_the_run_watcher_stops_the_run_within_gces_notice(imds, tmp_path):
     written = json.loads((tmp_path / "notice.json").read_text())
     assert (written["source"], written["action"]) == ("gce", "preempt")
     assert done.read_text().strip() == "20"
+
+
+def test_azure_reads_carry_the_metadata_header_and_a_plain_one_is_refused(imds):
+    metadata = interruption.AzureMetadata(imds.endpoint)
+    metadata.probe()
+    assert metadata.name == "i-0kiln" and metadata.look() is None
+    request = urllib.request.Request(f"{imds.endpoint}/{interruption.AZURE_EVENTS}")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=2)
+    assert refused.value.code == 400
+
+
+def test_an_azure_preempt_event_naming_this_vm_is_a_notice_with_azures_grace(imds):
+    metadata = interruption.AzureMetadata(imds.endpoint)
+    metadata.probe()
+    imds.evict()
+    notice = interruption.wait_for_notice(metadata, 0.05, deadline=time.monotonic() + 5)
+    assert (notice["action"], notice["source"], notice["grace_s"]) == ("preempt", "azure", 20)
+    assert notice["time"].endswith("Z")
+    metadata.name = "another-vm"  # an event for the other VMs of its set is not this one's
+    assert metadata.look() is None
+
+
+def test_a_watcher_of_any_source_finds_every_cloud_the_stand_in_plays(imds):
+    kept, why = interruption.answering(interruption.services("any", imds.endpoint))
+    assert [service.source for service in kept] == ["ec2", "gce", "azure"] and why == []
