@@ -1,0 +1,259 @@
+"""What `kiln up --provider azure` asks Azure Resource Manager for, decided without touching it: validation, tags,
+names, and the request bodies (in ARM's own JSON, as its REST reference documents them). Pure, and unit-tested for
+exact output; bootstrap.providers.azure.cloud makes the calls.
+
+A cluster NAME is one resource group, kiln-NAME, so that `down` (deleting the group) cannot miss a resource: a
+virtual network with one subnet, a network security group (the subnet to itself, SSH from --ssh-cidr only), a
+proximity placement group, and per node a public address, a network interface and a VM (the cluster's own SSH
+key, password logins off, boot diagnostics on: its serial log shows the host keys), with a managed data disk
+where --volume asks. Snapshots of the data disks live outside it, in kiln-snapshots-LOCATION, so they outlive the
+cluster. Everything carries the tags kiln:cluster, kiln:owner and kiln:expires.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bootstrap.autostop import validate_idle_minutes
+from bootstrap.errors import UsageError
+from bootstrap.providers.common import (
+    MAX_TTL_HOURS,
+    first_boot_settings,
+    format_time,
+    parse_image_tags,
+    validate_cidr,
+    validate_name,
+    validate_volume,
+)
+
+TAG_CLUSTER = "kiln:cluster"
+TAG_OWNER = "kiln:owner"
+TAG_EXPIRES = "kiln:expires"
+TAG_PROFILE = "kiln:profile"  # on kiln's images (packer/source.azure.pkr.hcl writes their tags)
+TAG_NODE = "kiln:node"  # on a VM: its node's index
+TAG_DATA = "kiln:data"  # on a data disk and its snapshots: the node's index
+TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`: its time
+
+LOCATION = re.compile(r"[a-z][a-z0-9]{2,30}")
+VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]+")
+IMAGE_ID = re.compile(r"/subscriptions/[0-9a-f-]{36}/resourceGroups/[-\w.()]{1,90}/providers/Microsoft\.Compute/"
+                      r"(images/[-\w.]{1,80}|galleries/\w[\w.]{0,79}/images/[-\w.]{1,80}/versions/"
+                      r"(latest|\d+\.\d+\.\d+))", re.IGNORECASE)
+SUBSCRIPTION = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# `kiln up`'s default, and the GPU sizes it suggests with the GPUs each carries.
+DEFAULT_VM_SIZE = "Standard_NC24ads_A100_v4"
+SUGGESTED_VM_SIZES = {
+    "Standard_NC4as_T4_v3": "1 NVIDIA T4, 16 GB",
+    "Standard_NV36ads_A10_v5": "1 A10, 24 GB",
+    "Standard_NC24ads_A100_v4": "1 A100, 80 GB",
+    "Standard_NC40ads_H100_v5": "1 H100 NVL, 94 GB",
+    "Standard_ND96isr_H100_v5": "8 H100, 80 GB each, InfiniBand",
+    "Standard_ND96isr_H200_v5": "8 H200, 141 GB each, InfiniBand",
+}
+ADDRESS_SPACE = "10.42.0.0/16"
+SUBNET = "10.42.0.0/20"
+OS_DISK_GB = 128
+DISK_SKU = "Premium_LRS"
+DATA_LUN = 0
+IMAGE_PLACEHOLDER = "<newest image tagged kiln:profile={profile}{more}>"
+PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the operator asked for, checked by `validate_request`."""
+
+    name: str
+    count: int
+    location: str
+    vm_size: str
+    ssh_cidr: str
+    image_id: str | None = None
+    image_profile: str = "gpu"
+    image_tags: tuple[tuple[str, str], ...] = ()
+    spot: bool = False
+    max_price: float | None = None
+    user: str = "azureuser"
+    ttl_hours: float = 24.0
+    volume_gb: int | None = None
+    idle_minutes: float | None = None
+
+
+def validate_request(name: str, count, vm_size: str | None, *, location: str | None, ssh_cidr: str | None,
+                     image_id: str | None = None, image_profile: str = "gpu", image_tags: str | None = None,
+                     spot: bool = False, max_price=None, user: str = "azureuser", ttl_hours=24.0, volume_gb=None,
+                     idle_minutes: float | None = None) -> Request:
+    """Check everything that can be checked without Azure; raise one UsageError line naming the bad input."""
+    validate_name(name)
+    try:
+        count = int(count)
+    except (TypeError, ValueError):
+        raise UsageError(f"--count {count!r} is not a whole number") from None
+    if count < 1:
+        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    if not location:
+        raise UsageError("give --location (e.g. eastus), or set AZURE_LOCATION")
+    if not LOCATION.fullmatch(location):
+        raise UsageError(f"--location {location!r} is not an Azure region name like eastus")
+    vm_size = vm_size or DEFAULT_VM_SIZE
+    if not VM_SIZE.fullmatch(vm_size):
+        raise UsageError(f"--instance-type {vm_size!r} is not an Azure VM size like {DEFAULT_VM_SIZE}")
+    if image_id is not None and not IMAGE_ID.fullmatch(image_id):
+        raise UsageError(f"--image-id {image_id!r}: give a managed image's id (/subscriptions/S/resourceGroups/G/"
+                         "providers/Microsoft.Compute/images/NAME) or a gallery image version's (.../galleries/G/"
+                         "images/D/versions/1.2.3 or latest)")
+    if image_id is None and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", image_profile or ""):
+        raise UsageError(f"--image-profile {image_profile!r}: use lowercase letters, digits, '-' and '_'")
+    if max_price is not None:
+        if not spot:
+            raise UsageError("--max-price applies to Spot VMs only: add --spot")
+        try:
+            max_price = float(max_price)
+            if max_price <= 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise UsageError(f"--max-price {max_price!r} is not a positive price in USD per hour") from None
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or "") or user in ("root", "admin", "administrator"):
+        raise UsageError(f"--user {user!r} is not a login name Azure takes")
+    try:
+        ttl_hours = float(ttl_hours)
+    except (TypeError, ValueError):
+        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
+    if not 0 < ttl_hours <= MAX_TTL_HOURS:
+        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    return Request(name, count, location, vm_size, validate_cidr(ssh_cidr), image_id, image_profile,
+                   parse_image_tags(image_tags), bool(spot), max_price, user, ttl_hours, validate_volume(volume_gb),
+                   validate_idle_minutes(idle_minutes) or None)
+
+
+def cluster_tags(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:
+    return {TAG_CLUSTER: name, TAG_OWNER: owner[:256], TAG_EXPIRES: format_time(now + timedelta(hours=ttl_hours))}
+
+
+def group_name(name: str) -> str:
+    return f"kiln-{name}"
+
+
+def snapshot_group(location: str) -> str:
+    return f"kiln-snapshots-{location}"
+
+
+def vm_name(name: str, index: int, suffix: str = "") -> str:
+    """kiln-NAME-INDEX, and a replacement kiln-NAME-INDEX-SUFFIX (a name is not free while the old VM lives)."""
+    return f"kiln-{name}-{index}" + (f"-{suffix}" if suffix else "")
+
+
+def disk_name(name: str, index: int) -> str:
+    return f"kiln-{name}-data-{index}"
+
+
+def resource_id(subscription: str, group: str, kind: str, name: str) -> str:
+    """`kind` as ARM names it: Microsoft.Network/virtualNetworks, Microsoft.Compute/disks..."""
+    return f"/subscriptions/{subscription}/resourceGroups/{group}/providers/{kind}/{name}"
+
+
+def image_matches(tags: Mapping[str, str], profile: str, wanted: tuple[tuple[str, str], ...]) -> bool:
+    return tags.get(TAG_PROFILE) == profile and all(tags.get(key) == value for key, value in wanted)
+
+
+def network_body(request: Request, tags: Mapping[str, str], nsg_id: str) -> dict:
+    """The cluster's virtual network: one subnet, behind the cluster's security group."""
+    return {"location": request.location, "tags": dict(tags),
+            "properties": {"addressSpace": {"addressPrefixes": [ADDRESS_SPACE]},
+                           "subnets": [{"name": "nodes", "properties": {
+                               "addressPrefix": SUBNET, "networkSecurityGroup": {"id": nsg_id}}}]}}
+
+
+def security_group_body(request: Request, tags: Mapping[str, str]) -> dict:
+    """SSH from the operator's range only, and the cluster's subnet to itself; Azure's default rules deny every
+    other inbound flow from outside the virtual network."""
+    def rule(name: str, priority: int, source: str, ports: str, protocol: str) -> dict:
+        return {"name": name, "properties": {
+            "priority": priority, "direction": "Inbound", "access": "Allow", "protocol": protocol,
+            "sourceAddressPrefix": source, "sourcePortRange": "*", "destinationAddressPrefix": SUBNET,
+            "destinationPortRange": ports}}
+
+    return {"location": request.location, "tags": dict(tags), "properties": {"securityRules": [
+        rule("kiln-ssh", 100, request.ssh_cidr, "22", "Tcp"), rule("kiln-cluster", 110, SUBNET, "*", "*")]}}
+
+
+def placement_group_body(request: Request, tags: Mapping[str, str]) -> dict:
+    return {"location": request.location, "tags": dict(tags), "properties": {"proximityPlacementGroupType": "Standard"}}
+
+
+def public_address_body(request: Request, tags: Mapping[str, str]) -> dict:
+    return {"location": request.location, "tags": dict(tags), "sku": {"name": "Standard"},
+            "properties": {"publicIPAllocationMethod": "Static", "publicIPAddressVersion": "IPv4"}}
+
+
+def interface_body(request: Request, tags: Mapping[str, str], *, subnet_id: str, address_id: str) -> dict:
+    return {"location": request.location, "tags": dict(tags), "properties": {
+        "enableAcceleratedNetworking": True,
+        "ipConfigurations": [{"name": "primary", "properties": {
+            "subnet": {"id": subnet_id}, "publicIPAddress": {"id": address_id},
+            "privateIPAllocationMethod": "Dynamic"}}]}}
+
+
+def custom_data(request: Request) -> str | None:
+    """cloud-init's first-boot settings of the data disk, as the VM's customData (base64)."""
+    if not request.volume_gb:
+        return None
+    return base64.b64encode(first_boot_settings(request.volume_gb, request.user).encode()).decode()
+
+
+def vm_body(request: Request, *, index: int, image_id: str, public_key: str, tags: Mapping[str, str],
+            interface_id: str, placement_id: str, data_disk_id: str | None = None) -> dict:
+    """virtualMachines' create body for node `index`: password logins off, the cluster's key only; boot
+    diagnostics on (its serial log shows the host keys); the OS disk and the interface go with the VM, a data
+    disk stays (detached); Spot VMs are deleted when evicted (a deallocated one still bills for its disks)."""
+    properties = {
+        "hardwareProfile": {"vmSize": request.vm_size},
+        "storageProfile": {
+            "imageReference": {"id": image_id},
+            "osDisk": {"createOption": "FromImage", "diskSizeGB": OS_DISK_GB, "deleteOption": "Delete",
+                       "managedDisk": {"storageAccountType": DISK_SKU}},
+            "dataDisks": [{"lun": DATA_LUN, "createOption": "Attach", "deleteOption": "Detach",
+                           "managedDisk": {"id": data_disk_id}}] if data_disk_id else []},
+        "osProfile": {"computerName": vm_name(request.name, index), "adminUsername": request.user,
+                      "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
+                          {"path": f"/home/{request.user}/.ssh/authorized_keys", "keyData": public_key}]}}},
+        "networkProfile": {"networkInterfaces": [{"id": interface_id, "properties": {
+            "primary": True, "deleteOption": "Delete"}}]},
+        "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
+        "proximityPlacementGroup": {"id": placement_id},
+    }
+    data = custom_data(request)
+    if data:
+        properties["osProfile"]["customData"] = data
+    if request.spot:
+        properties |= {"priority": "Spot", "evictionPolicy": "Delete",
+                       "billingProfile": {"maxPrice": request.max_price if request.max_price else -1}}
+    return {"location": request.location, "tags": {**tags, TAG_NODE: str(index)}, "properties": properties}
+
+
+def disk_body(request: Request, *, index: int, tags: Mapping[str, str], snapshot_id: str | None = None,
+              snapshot_gb: int = 0) -> dict:
+    """A managed data disk for node `index`: empty, or copied from a snapshot (never smaller than it)."""
+    creation = {"createOption": "Copy", "sourceResourceId": snapshot_id} if snapshot_id else {
+        "createOption": "Empty"}
+    return {"location": request.location, "tags": {**tags, TAG_DATA: str(index)}, "sku": {"name": DISK_SKU},
+            "properties": {"creationData": creation, "diskSizeGB": max(request.volume_gb or 0, snapshot_gb)}}
+
+
+def snapshot_body(disk_id: str, location: str, tags: Mapping[str, str], moment: datetime, ttl_days: float) -> dict:
+    """A snapshot of a data disk: it keeps the cluster's name and owner and the node's index, and expires on its
+    own clock; a disk kept when its snapshot failed carries the set it missed (so a retry completes that set)."""
+    taken = tags.get(TAG_SNAPSHOT_SET) or format_time(moment)
+    kept = {key: tags[key] for key in (TAG_CLUSTER, TAG_OWNER, TAG_DATA) if key in tags}
+    return {"location": location, "tags": {**kept, TAG_SNAPSHOT_SET: taken,
+                                           TAG_EXPIRES: format_time(moment + timedelta(days=ttl_days))},
+            "properties": {"creationData": {"createOption": "Copy", "sourceResourceId": disk_id},
+                           "incremental": False}}
+
+
+def snapshot_name(disk: str, taken: str) -> str:
+    return f"{disk}-{taken.lower().replace(':', '').replace('-', '')}"

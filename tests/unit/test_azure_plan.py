@@ -1,0 +1,95 @@
+"""The Azure provider's plan (bootstrap/providers/azure/plan.py): what `kiln up --provider azure` asks Azure
+Resource Manager for, checked for exact output without touching it."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+
+import pytest
+
+from bootstrap.errors import UsageError
+from bootstrap.providers import common
+from bootstrap.providers.azure import plan
+
+NOW = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+SUB = "00000000-0000-0000-0000-000000000000"
+IMAGE = f"/subscriptions/{SUB}/resourceGroups/kiln-images/providers/Microsoft.Compute/images/kiln-gpu-ab12"
+
+
+def request(**changes):
+    given = {"location": "eastus", "ssh_cidr": "203.0.113.7/32", **changes}
+    return plan.validate_request(given.pop("name", "c1"), given.pop("count", 2), given.pop("vm_size", None), **given)
+
+
+def test_a_request_takes_a_current_gpu_size_by_default():
+    made = request(image_tags="kiln:fingerprint=ab12")
+    assert (made.vm_size, made.user, made.image_tags) == ("Standard_NC24ads_A100_v4", "azureuser",
+                                                          (("kiln:fingerprint", "ab12"),))
+    assert plan.image_matches({"kiln:profile": "gpu", "kiln:fingerprint": "ab12"}, "gpu", made.image_tags)
+    assert not plan.image_matches({"kiln:profile": "gpu", "kiln:fingerprint": "cd34"}, "gpu", made.image_tags)
+
+
+@pytest.mark.parametrize(("changes", "said"), [
+    ({"location": None}, "give --location"),
+    ({"location": "East US"}, "--location 'East US' is not an Azure region name"),
+    ({"vm_size": "g6.xlarge"}, "--instance-type 'g6.xlarge' is not an Azure VM size"),
+    ({"image_id": "kiln-gpu"}, "--image-id 'kiln-gpu': give a managed image's id"),
+    ({"max_price": 1}, "--max-price applies to Spot VMs only"),
+    ({"spot": True, "max_price": "free"}, "--max-price 'free' is not a positive price"),
+    ({"user": "root"}, "--user 'root' is not a login name Azure takes"),
+    ({"ssh_cidr": "0.0.0.0/0"}, "too broad"),
+    ({"count": 0}, "--count 0"),
+])
+def test_bad_input_is_one_line_naming_it(changes, said):
+    with pytest.raises(UsageError, match=said.replace("(", r"\(")):
+        request(**changes)
+
+
+def test_the_security_group_admits_ssh_from_the_operator_and_the_cluster_to_itself():
+    rules = plan.security_group_body(request(), {})["properties"]["securityRules"]
+    assert [(r["name"], r["properties"]["sourceAddressPrefix"], r["properties"]["destinationPortRange"])
+            for r in rules] == [("kiln-ssh", "203.0.113.7/32", "22"), ("kiln-cluster", plan.SUBNET, "*")]
+    assert all(r["properties"]["access"] == "Allow" and r["properties"]["direction"] == "Inbound" for r in rules)
+
+
+def test_a_vm_has_the_clusters_key_only_boot_diagnostics_and_spot_deleted_when_evicted():
+    made = request(spot=True, max_price=2.5, volume_gb=50)
+    body = plan.vm_body(made, index=1, image_id=IMAGE, public_key="ssh-ed25519 AAAAkey",
+                        tags={"kiln:cluster": "c1"}, interface_id="/nic", placement_id="/ppg", data_disk_id="/disk")
+    properties = body["properties"]
+    linux = properties["osProfile"]["linuxConfiguration"]
+    assert linux["disablePasswordAuthentication"] and linux["ssh"]["publicKeys"] == [
+        {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAAkey"}]
+    assert properties["diagnosticsProfile"] == {"bootDiagnostics": {"enabled": True}}
+    assert (properties["priority"], properties["evictionPolicy"], properties["billingProfile"]) == (
+        "Spot", "Delete", {"maxPrice": 2.5})
+    assert properties["storageProfile"]["dataDisks"] == [{"lun": 0, "createOption": "Attach",
+                                                          "deleteOption": "Detach", "managedDisk": {"id": "/disk"}}]
+    assert properties["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    assert common.DATA_SETTINGS in base64.b64decode(properties["osProfile"]["customData"]).decode()
+    assert body["tags"] == {"kiln:cluster": "c1", "kiln:node": "1"}
+    plain = plan.vm_body(request(), index=0, image_id=IMAGE, public_key="k", tags={}, interface_id="/nic",
+                         placement_id="/ppg")["properties"]
+    assert "priority" not in plain and "customData" not in plain["osProfile"]
+
+
+def test_a_disk_comes_back_from_a_snapshot_never_smaller_and_a_snapshot_keeps_the_node():
+    body = plan.disk_body(request(volume_gb=10), index=1, tags={"kiln:cluster": "c1"}, snapshot_id="/snap",
+                          snapshot_gb=50)
+    assert body["properties"] == {"creationData": {"createOption": "Copy", "sourceResourceId": "/snap"},
+                                  "diskSizeGB": 50}
+    assert body["tags"]["kiln:data"] == "1"
+    snap = plan.snapshot_body("/disk", "eastus", {"kiln:cluster": "c1", "kiln:data": "1", "other": "x"}, NOW, 30)
+    assert snap["tags"] == {"kiln:cluster": "c1", "kiln:data": "1", "kiln:snapshot-set": "2026-11-26T08:00:00Z",
+                            "kiln:expires": "2026-12-26T08:00:00Z"}
+    assert plan.snapshot_name("kiln-c1-data-1", "2026-11-26T08:00:00Z") == "kiln-c1-data-1-20261126t080000z"
+
+
+def test_names_ids_and_tags():
+    assert plan.group_name("c1") == "kiln-c1" and plan.vm_name("c1", 2, "ab") == "kiln-c1-2-ab"
+    assert plan.resource_id(SUB, "kiln-c1", "Microsoft.Compute/disks", "d") == (
+        f"/subscriptions/{SUB}/resourceGroups/kiln-c1/providers/Microsoft.Compute/disks/d")
+    assert plan.cluster_tags("c1", "me", NOW, 2)[plan.TAG_EXPIRES] == "2026-11-26T10:00:00Z"
+    assert plan.IMAGE_ID.fullmatch(IMAGE) and plan.IMAGE_ID.fullmatch(
+        f"/subscriptions/{SUB}/resourceGroups/g/providers/Microsoft.Compute/galleries/kiln/images/gpu/versions/latest")
