@@ -270,6 +270,7 @@ _TERM = re.compile(r"\s*(?P<open>\(?)\s*(?:labels\.(?P<key>[a-z][a-z0-9_-]*)\s*(
 def parse_filter(text: str) -> tuple[Term, ...]:
     """The terms of a list filter; ApiError (400) for any expression outside FILTER_HELP."""
     terms: list[Term] = []
+    bare = 0  # terms without parentheses: the API takes several expressions only each in its own
     position = 0
     text = text.strip()
     while position < len(text):
@@ -278,12 +279,16 @@ def parse_filter(text: str) -> tuple[Term, ...]:
         found = _TERM.match(text, position)
         if not found or bool(found["open"]) != bool(found["close"]) or found.end() == position:
             raise invalid("filter", text, f"Invalid list filter expression: {FILTER_HELP}.")
+        bare += not found["open"]
         if found["key"]:
             value = None if found["has"] else (found["lv"] if found["lv"] is not None else found["lv_bare"])
             terms.append(Term("labels", found["key"], value))
         else:
             terms.append(Term("name", "", found["nv"] if found["nv"] is not None else found["nv_bare"]))
         position = found.end()
+    if len(terms) > 1 and bare:
+        raise invalid("filter", text, "Invalid list filter expression: to filter on multiple expressions, provide "
+                                      "each separate expression within parentheses.")
     return tuple(terms)
 
 

@@ -145,6 +145,7 @@ def test_down_finds_the_cluster_by_labels_without_its_files(env, gce):
     ("disks.insert", "operation", 403, "QUOTA_EXCEEDED", "create the data disks"),
     ("instances.insert", "operation", 403, "QUOTA_EXCEEDED", "create the instances"),
     ("instances.insert", "operation", 503, "ZONE_RESOURCE_POOL_EXHAUSTED", "create the instances"),
+    ("instances.insert", "call", 403, "quotaExceeded", "create the instances"),  # the first one's still under way
     ("instances.getSerialPortOutput", "call", 500, "backendError", "read the host keys the instances show"),
 ])
 def test_a_fault_at_each_step_of_up_leaves_nothing(env, gce, method, on, code, reason, step):
@@ -161,8 +162,8 @@ def test_a_fault_at_each_step_of_up_leaves_nothing(env, gce, method, on, code, r
 def test_a_bad_image_is_one_clear_error_and_creates_nothing(env, gce):
     with pytest.raises(cloud.GcpError, match="^--source-image kiln-none: .*not found"):
         cloud.up(request("badimage", source_image="kiln-none"), ssh_wait_s=0)
-    with pytest.raises(UsageError, match='no image in project kiln-test with labels.kiln-profile = "gpu" AND '
-                                         'labels.kiln-fingerprint = "cc33"'):
+    with pytest.raises(UsageError, match=r'no image in project kiln-test with \(labels.kiln-profile = "gpu"\) AND '
+                                         r'\(labels.kiln-fingerprint = "cc33"\)'):
         cloud.up(request("badimage", image_tags="kiln:fingerprint=cc33"), ssh_wait_s=0)
     assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "badimage").exists()
     made = cloud.up(request("picked", 1, image_tags="kiln:fingerprint=aa11"), ssh_wait_s=0)
@@ -244,6 +245,10 @@ def test_a_snapshot_that_fails_keeps_its_disk_named(env, gce):
     [(disk, node, why)] = done.kept
     assert (disk, node) == ("kiln-half-data-1", "1") and "QUOTA_EXCEEDED" in why
     assert leftovers(gce, "half", snapshots=False) == ["disk kiln-half-data-1"]
+    assert state.load_cluster("half") is not None  # so `kiln down half --snapshot` knows its provider
+    [(_, listed)] = [item for item in client(gce, "DisksClient").aggregated_list(
+        request={"project": PROJECT, "filter": 'labels.kiln-data = "1"'}) if item[1].disks]
+    assert listed.disks[0].labels["kiln-expires"] == done.snapshots[0].labels["kiln-expires"]  # sweep keeps it
     again = cloud.down_with_snapshots("half")  # the retry completes the set the first one missed
     assert [s.taken_at for s in again.snapshots] == [done.snapshots[0].taken_at]
     assert leftovers(gce, "half", snapshots=False) == []

@@ -26,7 +26,7 @@ def test_a_request_takes_the_current_gpu_default_and_labels_as_the_bake_writes_t
     assert (made.machine_type, made.region, made.family) == ("g2-standard-4", "us-central1", "g2")
     assert made.image_labels == (("kiln-fingerprint", "ab12"), ("kiln-tensorflow", "2-21-0"))
     assert plan.image_filter("gpu", made.image_labels) == (
-        'labels.kiln-profile = "gpu" AND labels.kiln-fingerprint = "ab12" AND labels.kiln-tensorflow = "2-21-0"')
+        '(labels.kiln-profile = "gpu") AND (labels.kiln-fingerprint = "ab12") AND (labels.kiln-tensorflow = "2-21-0")')
 
 
 @pytest.mark.parametrize(("changes", "said"), [
@@ -80,6 +80,17 @@ def test_an_instance_is_shielded_keyless_and_spot_deleted_when_preempted():
     compute_v1 = pytest.importorskip("google.cloud.compute_v1")
     parsed = compute_v1.Instance.from_json(json.dumps(body), ignore_unknown_fields=False)
     assert parsed.scheduling.provisioning_model == "SPOT"
+
+
+def test_accelerator_families_stop_for_maintenance_and_the_newest_take_hyperdisk_only():
+    for machine_type, disk in (("g2-standard-4", "pd-balanced"), ("a3-highgpu-8g", "pd-balanced"),
+                               ("a3-ultragpu-8g", "hyperdisk-balanced"), ("a4-highgpu-8g", "hyperdisk-balanced"),
+                               ("a4x-highgpu-4g", "hyperdisk-balanced"), ("g4-standard-48", "hyperdisk-balanced")):
+        made = request(machine_type=machine_type, volume_gb=10)
+        assert plan.scheduling(made)["onHostMaintenance"] == "TERMINATE", machine_type
+        body = plan.instance_body(made, index=0, suffix="aa", image="i", public_key="k", labels={}, project="p-123")
+        assert body["disks"][0]["initializeParams"]["diskType"].endswith(f"/diskTypes/{disk}"), machine_type
+        assert plan.disk_body(made, index=0, labels={})["type"].endswith(f"/diskTypes/{disk}")
 
 
 def test_placement_and_maintenance_follow_the_machine_family():

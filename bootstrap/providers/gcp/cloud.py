@@ -17,7 +17,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
 from datetime import UTC, datetime
@@ -182,6 +182,16 @@ def wait_all(gce: Gce, operations: Iterable, timeout_s: float = OPERATION_TIMEOU
         raise GcpError("; ".join(dict.fromkeys(failures)))
 
 
+def settle(gce: Gce, operations: Iterable, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
+    """Wait for operations already started (their outcome does not matter here) before undoing what they make: a
+    resource still being made may not be listed yet, and cannot be deleted."""
+    for operation in operations:
+        try:
+            wait(gce, operation, timeout_s)
+        except Exception:  # a failed operation made nothing; the undo finds what did get made
+            pass
+
+
 def not_found(error: BaseException) -> bool:
     return getattr(error, "code", None) == 404
 
@@ -342,9 +352,11 @@ class Record:
     @classmethod
     def load(cls, cluster: str) -> Record | None:
         data = state.load_cloud_state(cluster, "gcp")
-        if not data:
+        try:
+            return cls(**{**data, "instances": tuple(data["instances"]),
+                          "data_disks": tuple(data.get("data_disks", ()))}) if data else None
+        except (KeyError, TypeError):  # a file of another version: as if there were none
             return None
-        return cls(**{**data, "instances": tuple(data["instances"]), "data_disks": tuple(data.get("data_disks", ()))})
 
     def planned(self) -> plan.Request:
         return plan.Request(**{**self.request, "image_labels": tuple(tuple(p) for p in self.request["image_labels"])})
@@ -372,8 +384,8 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
         raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) labelled "
                          f"{plan.LABEL_CLUSTER}={request.name} exist in project {gce.project} " + (
                              f"(kiln down {request.name} --snapshot keeps its data disks {', '.join(data)} as "
-                             f"snapshots; kiln down {request.name} deletes them)" if data else
-                             f"(kiln down {request.name} --provider gcp)"))
+                             f"snapshots; kiln down {request.name} deletes them; add --provider gcp where this machine "
+                             "has no cluster file)" if data else f"(kiln down {request.name} --provider gcp)"))
     try:
         restored = latest_snapshot_set(find_snapshots(gce, request.name), "READY") if request.volume_gb else {}
     except Exception as error:
@@ -384,8 +396,16 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
     folder = state.cluster_dir(request.name)
     rollback = Rollback()
 
-    def mine(kind: str) -> list[plan.Resource]:
-        return [r for r in find_resources(gce, request.name) if r.kind == kind]
+    operations: list = []  # every operation this call started: waited for before anything is undone
+
+    def start(call, **kwargs):
+        operation = call(**kwargs)
+        operations.append(operation)
+        return operation
+
+    def made(kind: str, names: Iterable[str], scope: str = "") -> Callable[[], object]:
+        """Undo: delete what this call named (never another `up`'s of the same name), kind by kind."""
+        return lambda: remove(gce, [plan.Resource(kind, name, scope, {}) for name in names], timeout_s)
 
     step = "generate the cluster key"
     try:
@@ -395,35 +415,35 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
         (folder / "id_ed25519").chmod(0o600)
 
         step = "create the firewall rules"
-        rollback.push("delete the firewall rules", lambda: remove(gce, mine("firewall"), timeout_s))
-        wait_all(gce, [gce.firewalls.insert_unary(project=gce.project, firewall_resource=message("Firewall", body))
-                       for body in plan.firewall_bodies(request, labels)], timeout_s)
+        rules = plan.firewall_bodies(request, labels)
+        rollback.push("delete the firewall rules", made("firewall", [body["name"] for body in rules]))
+        wait_all(gce, [start(gce.firewalls.insert_unary, project=gce.project,
+                             firewall_resource=message("Firewall", body)) for body in rules], timeout_s)
 
         if plan.takes_compact_placement(request):
             step = "create the compact placement policy"
-            rollback.push("delete the placement policy", lambda: remove(gce, mine("resource-policy"), timeout_s))
-            wait(gce, gce.policies.insert_unary(project=gce.project, region=request.region, resource_policy_resource=
-                                                message("ResourcePolicy", plan.policy_body(request, labels))),
-                 timeout_s)
+            policy = plan.policy_body(request, labels)
+            rollback.push("delete the placement policy", made("resource-policy", [policy["name"]], request.region))
+            wait(gce, start(gce.policies.insert_unary, project=gce.project, region=request.region,
+                            resource_policy_resource=message("ResourcePolicy", policy)), timeout_s)
 
         disks: list[str] = []
         if request.volume_gb:
             step = "create the data disks"
-            rollback.push("delete the data disks", lambda: remove(gce, mine("disk"), timeout_s))
             bodies = [plan.disk_body(request, index=i, labels=labels, snapshot=restored.get(i))
                       for i in range(request.count)]
-            wait_all(gce, [gce.disks.insert_unary(project=gce.project, zone=request.zone,
-                                                  disk_resource=message("Disk", body)) for body in bodies], timeout_s)
             disks = [body["name"] for body in bodies]
+            rollback.push("delete the data disks", made("disk", disks, request.zone))
+            wait_all(gce, [start(gce.disks.insert_unary, project=gce.project, zone=request.zone,
+                                 disk_resource=message("Disk", body)) for body in bodies], timeout_s)
 
         step = "create the instances"
-        rollback.push("delete the instances", lambda: remove(gce, mine("instance"), timeout_s))
         bodies = [plan.instance_body(request, index=i, suffix=suffix(), image=image, public_key=public_key,
                                      labels=labels, project=gce.project, data_disk=disks[i] if disks else None)
                   for i in range(request.count)]
-        wait_all(gce, [gce.instances.insert_unary(project=gce.project, zone=request.zone,
-                                                  instance_resource=message("Instance", body)) for body in bodies],
-                 timeout_s)
+        rollback.push("delete the instances", made("instance", [body["name"] for body in bodies], request.zone))
+        wait_all(gce, [start(gce.instances.insert_unary, project=gce.project, zone=request.zone,
+                             instance_resource=message("Instance", body)) for body in bodies], timeout_s)
         names = [body["name"] for body in bodies]
         described = [as_dict(gce.instances.get(project=gce.project, zone=request.zone, instance=name))
                      for name in names]
@@ -451,6 +471,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
                                                                                            strict=True)),
             provider="gcp", node_type=request.machine_type))
     except BaseException as error:
+        settle(gce, operations)
         failures = rollback.run(describe_error)
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
         message_ = f"cluster.up {request.name}: could not {step}: {said}; "
@@ -480,6 +501,9 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     old = next((i for i in record.instances if i.address == address), None)
     if old is None:
         raise UsageError(f"cluster {name} has no instance at {address}")
+    if old.id not in kept.instances or not (state.cluster_dir(name) / "id_ed25519.pub").exists():
+        raise UsageError(f"cluster {name}: its files disagree (gcp.json does not name {old.id}, or its key is "
+                         f"gone); kiln down {name} removes it")
     index = list(kept.instances).index(old.id)
     gce = gce or connect(kept.project)
     request = kept.planned()
@@ -518,9 +542,10 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     try:
         remove(gce, [plan.Resource("instance", old.id, kept.zone, {})], timeout_s)
     except Exception as error:
+        disk = f"; its data disk {kept.data_disks[index]} stays attached to it" if index < len(kept.data_disks) else ""
         raise GcpError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but the old instance "
-                       f"{old.id} could not be deleted: {describe_error(error)} (kiln down {name} finds it by its "
-                       "labels)") from None
+                       f"{old.id} could not be deleted: {describe_error(error)}{disk} (kiln down {name} finds it by "
+                       "its labels)") from None
     if index < len(kept.data_disks):
         disk = kept.data_disks[index]
         try:
@@ -590,19 +615,23 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, proje
                                                                             snapshot=body["name"]))))
             except Exception as error:
                 kept.append((disk.name, disk.labels[plan.LABEL_DATA], describe_error(error)))
-                mark_missed_set(gce, disk, body["labels"][plan.LABEL_SNAPSHOT_SET])
+                mark_missed_set(gce, disk, body["labels"])
         keep = {disk for disk, _, _ in kept}
         removed += remove(gce, [r for r in resources if r.kind != "instance" and r.name not in keep], timeout_s)
     except Exception as error:
         raise GcpError(f"cluster.down {name}: {describe_error(error)}"
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
-    forget_local(name)
+    if not kept:  # a kept disk keeps the cluster's files, so `kiln down NAME --snapshot` finds its provider
+        forget_local(name)
     return Teardown(removed, snapshots, kept)
 
 
-def mark_missed_set(gce: Gce, disk: plan.Resource, taken: str) -> None:
-    """Label a kept disk with the snapshot set it missed, so a retry completes that set."""
-    if disk.labels.get(plan.LABEL_SNAPSHOT_SET) == taken:
+def mark_missed_set(gce: Gce, disk: plan.Resource, snapshot_labels: dict) -> None:
+    """Label a kept disk with the snapshot set it missed, so a retry completes that set, and with the snapshot's
+    expiry, so `sweep` does not remove the only copy of its data at the cluster's."""
+    wanted = {plan.LABEL_SNAPSHOT_SET: snapshot_labels[plan.LABEL_SNAPSHOT_SET],
+              plan.LABEL_EXPIRES: snapshot_labels[plan.LABEL_EXPIRES]}
+    if all(disk.labels.get(key) == value for key, value in wanted.items()):
         return
     from google.cloud import compute_v1
 
@@ -610,7 +639,7 @@ def mark_missed_set(gce: Gce, disk: plan.Resource, taken: str) -> None:
     wait(gce, gce.disks.set_labels_unary(
         project=gce.project, zone=disk.scope, resource=disk.name,
         zone_set_labels_request_resource=compute_v1.ZoneSetLabelsRequest(
-            labels={**current.labels, plan.LABEL_SNAPSHOT_SET: taken}, label_fingerprint=current.label_fingerprint)))
+            labels={**current.labels, **wanted}, label_fingerprint=current.label_fingerprint)))
 
 
 def list_clusters(*, project: str | None = None, gce: Gce | None = None) -> list:

@@ -56,13 +56,16 @@ SUGGESTED_MACHINE_TYPES = {
     "a3-ultragpu-8g": "8 H200, 141 GB each",
     "a4-highgpu-8g": "8 B200, 180 GB each",
 }
-# GPU machine families cannot live-migrate: their VMs stop for host maintenance. The families a compact placement
-# policy takes (others run without one).
-GPU_FAMILIES = ("a2", "a3", "a4", "g2")
+# Accelerator machine families (a2, a3, a4, a4x, g2, g4...) cannot live-migrate: their VMs stop for host
+# maintenance. The families a compact placement policy takes (others run without one). The machine types whose
+# disks must be Hyperdisk (A3 Ultra, A4, A4X, G4: no Persistent Disk).
+ACCELERATOR_FAMILY = re.compile(r"[ag]\d+x?")
 COMPACT_FAMILIES = ("a2", "a3", "a4", "c2", "c2d", "c3", "c3d", "g2", "h3", "n2", "n2d")
+HYPERDISK_ONLY = re.compile(r"(a3-ultragpu|a4-|a4x-|g4-).*")
 NETWORK = "global/networks/default"
 BOOT_DISK_GB = 100
 DISK_TYPE = "pd-balanced"
+HYPERDISK_TYPE = "hyperdisk-balanced"
 DATA_DEVICE_NAME = "kiln-data"  # the node sees it as /dev/disk/by-id/google-kiln-data
 IMAGE_PLACEHOLDER = "<newest image labelled kiln-profile={profile}{more}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
@@ -93,6 +96,10 @@ class Request:
     @property
     def family(self) -> str:
         return self.machine_type.split("-", 1)[0]
+
+    @property
+    def disk_type(self) -> str:
+        return HYPERDISK_TYPE if HYPERDISK_ONLY.fullmatch(self.machine_type) else DISK_TYPE
 
 
 def region_of(zone: str) -> str:
@@ -195,8 +202,9 @@ def disk_name(name: str, index: int) -> str:
 
 
 def image_filter(profile: str, labels: Iterable[tuple[str, str]] = ()) -> str:
-    """The images.list filter for kiln's images of a profile carrying these labels too."""
-    return " AND ".join(f'labels.{key} = "{value}"' for key, value in ((LABEL_PROFILE, profile), *labels))
+    """The images.list filter for kiln's images of a profile carrying these labels too (the API takes several
+    expressions each in its own parentheses)."""
+    return " AND ".join(f'(labels.{key} = "{value}")' for key, value in ((LABEL_PROFILE, profile), *labels))
 
 
 def newest_image(images: Iterable[Mapping]) -> Mapping | None:
@@ -243,7 +251,7 @@ def metadata_items(request: Request, public_key: str) -> list[dict]:
 def scheduling(request: Request) -> dict:
     """Spot VMs are deleted when preempted (a stopped one still bills for its disks); GPU families stop for host
     maintenance, others migrate."""
-    terminate = request.spot or request.family in GPU_FAMILIES
+    terminate = request.spot or bool(ACCELERATOR_FAMILY.fullmatch(request.family))
     rules = {"onHostMaintenance": "TERMINATE" if terminate else "MIGRATE", "automaticRestart": not request.spot,
              "provisioningModel": "SPOT" if request.spot else "STANDARD"}
     if request.spot:
@@ -259,7 +267,8 @@ def instance_body(request: Request, *, index: int, suffix: str, image: str, publ
     zone = request.zone
     disks = [{"boot": True, "autoDelete": True, "deviceName": "boot",
               "initializeParams": {"sourceImage": image, "diskSizeGb": str(BOOT_DISK_GB),
-                                   "diskType": f"zones/{zone}/diskTypes/{DISK_TYPE}", "labels": dict(labels)}}]
+                                   "diskType": f"zones/{zone}/diskTypes/{request.disk_type}",
+                                   "labels": dict(labels)}}]
     if data_disk:
         disks.append({"boot": False, "autoDelete": False, "deviceName": DATA_DEVICE_NAME, "mode": "READ_WRITE",
                       "source": f"projects/{project}/zones/{zone}/disks/{data_disk}"})
@@ -286,7 +295,7 @@ def disk_body(request: Request, *, index: int, labels: Mapping[str, str], snapsh
     """disks.insert's body for node `index`'s data disk: restored from `snapshot` when given (never smaller)."""
     body = {"name": disk_name(request.name, index),
             "sizeGb": str(max(request.volume_gb or 0, snapshot.size_gb if snapshot else 0)),
-            "type": f"zones/{request.zone}/diskTypes/{DISK_TYPE}", "labels": {**labels, LABEL_DATA: str(index)}}
+            "type": f"zones/{request.zone}/diskTypes/{request.disk_type}", "labels": {**labels, LABEL_DATA: str(index)}}
     if snapshot is not None:
         body["sourceSnapshot"] = f"global/snapshots/{snapshot.id}"
     return body
