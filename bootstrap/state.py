@@ -1,7 +1,7 @@
 """kiln's state on the operator's machine, and its one reader and writer.
 
 `~/.kiln/clusters/NAME/` (KILN_HOME moves it) holds a cluster: cluster.json (how to reach it), nodes.json (what
-the mesh found), aws.json or gcp.json (what the provider made), the cluster key and the pinned known_hosts.
+the mesh found), aws.json, gcp.json or azure.json (what the provider made), the cluster key and the pinned known_hosts.
 `runs/<id>/` (KILN_RUNS moves it) holds a run: run.json (its plan), summary.json (what it did) and what was
 collected from the nodes.
 Records are frozen and hold parsed values (hosts as Host records), never strings to parse again.
@@ -20,8 +20,8 @@ from pathlib import Path
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
-CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "id_ed25519", "id_ed25519.pub", "known_hosts",
-                 "known_hosts.first-contact")
+CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "azure.json", "id_ed25519", "id_ed25519.pub",
+                 "known_hosts", "known_hosts.first-contact")
 
 
 # ---------------------------------------------------------------- files

@@ -10,7 +10,8 @@ without knowing which it is.
 
 local: the network-namespace cluster of testbed.cluster on this machine (root), whose nodes can be lost and
 replaced by fresh ones with new host keys. aws: EC2 through boto3 (bootstrap.providers.aws). gcp: Compute Engine
-through google-cloud-compute (bootstrap.providers.gcp).
+through google-cloud-compute (bootstrap.providers.gcp). azure: Resource Manager through the azure-mgmt clients
+(bootstrap.providers.azure).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from bootstrap.hosts import Host
 from bootstrap.shim import interruption
 
 # kind -> the module whose `PROVIDER` class implements it (imported when asked for: boto3 is slow to import)
-KINDS = {"aws": "bootstrap.providers.aws", "gcp": "bootstrap.providers.gcp", "local": "bootstrap.providers.local"}
+KINDS = {"aws": "bootstrap.providers.aws", "azure": "bootstrap.providers.azure", "gcp": "bootstrap.providers.gcp",
+         "local": "bootstrap.providers.local"}
 # What `kiln up` takes for every provider; the rest of its options belong to one provider or another.
 COMMON_UP_OPTIONS = ("name", "count", "idle_minutes", "dry_run", "provider")
 

@@ -8,6 +8,7 @@ from bootstrap import autostop, providers, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.providers import common
 from bootstrap.providers.aws import plan
+from bootstrap.providers.azure import plan as azure_plan
 from bootstrap.providers.gcp import plan as gcp_plan
 from bootstrap.tasks import cluster_task
 
@@ -17,7 +18,9 @@ UP_HELP = {
     "instance_type": f"EC2 instance type (default {plan.DEFAULT_INSTANCE_TYPE}); GPU types: "
                      + "; ".join(f"{kind} ({gpus})" for kind, gpus in plan.SUGGESTED_INSTANCE_TYPES.items())
                      + f". GCP: the machine type (default {gcp_plan.DEFAULT_MACHINE_TYPE}); GPU types: "
-                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in gcp_plan.SUGGESTED_MACHINE_TYPES.items()),
+                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in gcp_plan.SUGGESTED_MACHINE_TYPES.items())
+                     + f". Azure: the VM size (default {azure_plan.DEFAULT_VM_SIZE}); GPU sizes: "
+                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in azure_plan.SUGGESTED_VM_SIZES.items()),
     "spot": "ask for spot instances (GCP: Spot VMs, deleted when preempted)",
     "max_price": "with --spot: the most to pay, USD per instance-hour",
     "ami": "this AMI instead of the newest one tagged with --image-profile",
@@ -29,6 +32,10 @@ UP_HELP = {
                     "projects/P/global/images/NAME or .../images/family/FAMILY)",
     "project": "GCP project (default: GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT or the credentials')",
     "zone": "GCP zone, e.g. us-central1-a (default: CLOUDSDK_COMPUTE_ZONE)",
+    "image_id": "Azure: this managed image or gallery image version (its resource id) instead of the newest kiln "
+                "image of --image-profile",
+    "subscription": "Azure subscription id (default: AZURE_SUBSCRIPTION_ID)",
+    "location": "Azure region, e.g. eastus (default: AZURE_LOCATION)",
     "ssh_cidr": "the address range you SSH from, e.g. 203.0.113.7/32 (required; never 0.0.0.0/0)",
     "user": "the login user of the AMI (default ubuntu)",
     "region": "AWS region (default: boto3's chain, e.g. AWS_DEFAULT_REGION)",
@@ -41,7 +48,7 @@ UP_HELP = {
               "cluster's newest snapshots (down --snapshot) where there are some",
     "idle_minutes": "power each node off after N minutes without a kiln run (see kiln autostop; AWS: the instance "
                     "terminates, its data volume stays; GCP: the VM stops, its disks stay until kiln down)",
-    "provider": "aws (default), gcp, or local: nodes in network namespaces on this machine (root); "
+    "provider": "aws (default), gcp, azure, or local: nodes in network namespaces on this machine (root); "
                 "train --managed replaces lost nodes through it",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
               "image has Docker), for train --image",
@@ -53,11 +60,11 @@ SNAPSHOT_HELP = {
 }
 
 
-PROVIDER_OPTIONS = ("instance_type", "spot", "max_price", "ami", "source_image", "image_profile", "image_tags",
-                    "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "region", "profile", "project", "zone",
-                    "docker")
+PROVIDER_OPTIONS = ("instance_type", "spot", "max_price", "ami", "source_image", "image_id", "image_profile",
+                    "image_tags", "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "region", "profile", "project",
+                    "zone", "subscription", "location", "docker")
 # The options that place a provider's clusters (each provider takes its own: Provider.where).
-WHERE_OPTIONS = ("region", "profile", "project", "zone")
+WHERE_OPTIONS = ("region", "profile", "project", "zone", "subscription", "location")
 # The defaults of kiln up's provider options: one given at its default is not counted as given.
 UP_DEFAULTS = {"image_profile": "gpu", "ttl_hours": 24.0, "ssh_wait": common.SSH_WAIT_S}
 
@@ -72,9 +79,9 @@ def given_options(values: dict) -> dict:
 def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
        image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False,
-       source_image=None, project=None, zone=None):
-    """Start a cluster (AWS from a kiln AMI, GCP from a kiln image, or --provider local) and write its cluster file
-    (then --cluster NAME)."""
+       source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None):
+    """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
+    --cluster NAME)."""
     values = locals()
     given = given_options(values)
     chosen = providers.named(provider, {key: values[key] for key in WHERE_OPTIONS})
@@ -110,8 +117,8 @@ def arm_or_remove(c, name: str, idle_minutes: float | None, chosen: providers.Pr
 
 LAUNCH_HELP = {
     **{k: UP_HELP[k] for k in ("name", "provider", "count", "instance_type", "spot", "max_price", "ami", "ssh_cidr",
-                                "user", "region", "profile", "project", "zone", "source_image", "ttl_hours",
-                                "ssh_wait", "volume")},
+                                "user", "region", "profile", "project", "zone", "subscription", "location",
+                                "source_image", "image_id", "ttl_hours", "ssh_wait", "volume")},
     "snapshot": SNAPSHOT_HELP["snapshot"],
     "mode": "horovod (default) or tf-config", "args": "arguments for kiln's reference trainer",
     "code": "the project folder to run from (default: the current folder)", "run_id": "name the run",
@@ -128,17 +135,18 @@ def launch(c, name, provider="aws", count=1, instance_type=None, spot=False, max
            ami=None, ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
            mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
            accept_new_host_keys=False, volume=None, snapshot=False, image=None, project=None, zone=None,
-           source_image=None):
+           source_image=None, subscription=None, location=None, image_id=None):
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
     whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
     from bootstrap.tasks.cluster import train
 
-    where = {"region": region, "profile": profile, "project": project, "zone": zone}
+    where = {"region": region, "profile": profile, "project": project, "zone": zone, "subscription": subscription,
+             "location": location}
     if snapshot and not providers.named(provider, where).volumes:
         raise UsageError(f"--snapshot: a {provider} cluster's nodes have no data volumes")
     up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot, max_price=max_price, ami=ami,
        ssh_cidr=ssh_cidr, user=user, ttl_hours=ttl_hours, ssh_wait=ssh_wait, volume=volume,
-       source_image=source_image, **where)
+       source_image=source_image, image_id=image_id, **where)
     try:
         train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
               max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys, image=image)
@@ -147,15 +155,16 @@ def launch(c, name, provider="aws", count=1, instance_type=None, spot=False, max
         down(c, name, snapshot=snapshot, **where)
 
 
-@cluster_task(help={**{k: UP_HELP[k] for k in ("name", "region", "profile", "project", "zone")}, **SNAPSHOT_HELP,
+@cluster_task(help={**{k: UP_HELP[k] for k in ("name", *WHERE_OPTIONS)}, **SNAPSHOT_HELP,
                     "provider": "where a cluster without a cluster file here was made (default aws)"})
 def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=common.SNAPSHOT_TTL_DAYS,
-         provider="aws", project=None, zone=None):
+         provider="aws", project=None, zone=None, subscription=None, location=None):
     """Remove a cluster: terminate (GCP: delete) its machines and delete everything tagged or labelled with its
     name (safe to repeat)."""
     record = state.load_cluster(name) if common.NAME.fullmatch(name or "") else None
     kind = record.provider if record is not None and record.provider else provider
-    chosen = providers.named(kind, {"region": region, "profile": profile, "project": project, "zone": zone})
+    chosen = providers.named(kind, {"region": region, "profile": profile, "project": project, "zone": zone,
+                                    "subscription": subscription, "location": location})
     if snapshot and not chosen.volumes:
         raise UsageError(f"--snapshot: cluster {name} is {kind}; its nodes have no data volumes")
     gone = chosen.down(name, snapshot_ttl_days=float(snapshot_ttl_days) if snapshot else None)
@@ -165,23 +174,23 @@ def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=c
                         f"{name} --snapshot tries again): " + "; ".join(gone.kept))
 
 
-WHERE_HELP = {**{k: UP_HELP[k] for k in ("region", "profile", "project", "zone")},
-              "provider": "aws (default), gcp or local"}
+WHERE_HELP = {**{k: UP_HELP[k] for k in WHERE_OPTIONS}, "provider": "aws (default), gcp, azure or local"}
 
 
 @cluster_task(name="list", help=WHERE_HELP)
-def list_(c, region=None, profile=None, provider="aws", project=None, zone=None):
+def list_(c, region=None, profile=None, provider="aws", project=None, zone=None, subscription=None, location=None):
     """List the clusters kiln has made (AWS: tagged, GCP: labelled, with their expiry, and the snapshots of their
     data volumes)."""
-    lines = providers.named(provider, {"region": region, "profile": profile, "project": project,
-                                       "zone": zone}).list()
+    lines = providers.named(provider, {"region": region, "profile": profile, "project": project, "zone": zone,
+                                       "subscription": subscription, "location": location}).list()
     print("\n".join(lines) if lines else "no kiln clusters")
 
 
 @cluster_task(help={**WHERE_HELP, "dry_run": UP_HELP["dry_run"]})
-def sweep(c, region=None, profile=None, dry_run=False, provider="aws", project=None, zone=None):
+def sweep(c, region=None, profile=None, dry_run=False, provider="aws", project=None, zone=None, subscription=None,
+          location=None):
     """Remove every kiln cluster and data snapshot past its expiry (AWS: its kiln:expires tag; GCP: its
     kiln-expires label)."""
-    lines = providers.named(provider, {"region": region, "profile": profile, "project": project,
-                                       "zone": zone}).sweep(dry_run=dry_run)
+    lines = providers.named(provider, {"region": region, "profile": profile, "project": project, "zone": zone,
+                                       "subscription": subscription, "location": location}).sweep(dry_run=dry_run)
     print("\n".join(lines) if lines else "nothing has expired")

@@ -11,6 +11,7 @@ import pytest
 
 from bootstrap import providers, state
 from bootstrap.errors import UsageError
+from bootstrap.shim import interruption
 
 TASKS = Path(providers.__file__).resolve().parents[1] / "tasks"
 VERBS = ("request", "plan", "up", "down", "list", "sweep", "replace", "arm_autostop")
@@ -36,7 +37,7 @@ def test_every_provider_implements_every_verb_with_the_seams_parameters(provider
     for fact in FACTS:
         assert getattr(provider, fact) is not None, f"{provider.kind} does not say its {fact}"
     assert provider.kind in providers.KINDS
-    assert provider.notice.source in ("ec2", "gce", "any") and provider.notice.grace_s < provider.notice.lead_s
+    assert provider.notice.source in (*interruption.SOURCES, "any") and provider.notice.grace_s < provider.notice.lead_s
 
 
 def test_no_task_asks_which_provider_it_has():
@@ -55,7 +56,7 @@ def test_no_task_asks_which_provider_it_has():
 
 
 def test_an_unknown_provider_is_refused_naming_the_known_ones():
-    with pytest.raises(UsageError, match="--provider gce: choose one of aws, gcp, local"):
+    with pytest.raises(UsageError, match="--provider gce: choose one of aws, azure, gcp, local"):
         providers.named("gce")
 
 
@@ -114,8 +115,6 @@ def test_a_cluster_file_names_its_provider(tmp_path, monkeypatch):
 
 
 def test_a_clusters_watchers_read_its_providers_notices_and_keep_its_grace():
-    from bootstrap.shim import interruption
-
     def record(provider):
         return state.ClusterRecord("c", (), "/usr/bin/python3", provider=provider)
 

@@ -1,0 +1,684 @@
+"""Azure clusters with the azure-mgmt clients: create, find by tag, tear down. Decisions live in
+bootstrap.providers.azure.plan.
+
+Credentials come from azure-identity's DefaultAzureCredential (`az login`, a service principal's environment, a
+managed identity); the subscription from --subscription or AZURE_SUBSCRIPTION_ID. kiln never writes credentials.
+`KILN_AZURE_ENDPOINT` aims every client at another Resource Manager by the clients' own `base_url` option (the
+tests' stand-in, testbed.arm, served over TLS on loopback: `KILN_AZURE_CA_FILE` is the certificate the clients
+trust, and `KILN_AZURE_TOKEN` the bearer token it takes, for loopback endpoints only).
+
+Every long-running call is waited on through the SDK's own poller, with a timeout; every other call has one too.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import ssl
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from dataclasses import replace as changed
+from datetime import UTC, datetime
+from urllib.parse import urlparse
+
+from bootstrap import mesh, state
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers.azure import plan
+from bootstrap.providers.common import (
+    SNAPSHOT_TTL_DAYS,
+    SSH_WAIT_S,
+    ClusterSummary,
+    Rollback,
+    latest_snapshot_set,
+    no_answer_error,
+    parse_time,
+    restore_note,
+    validate_name,
+    validate_snapshot_ttl,
+)
+from kiln.hostkeys import console_host_keys, known_hosts_lines
+from kiln.sshwait import wait_for_ssh
+
+ENDPOINT_ENV = "KILN_AZURE_ENDPOINT"
+CA_FILE_ENV = "KILN_AZURE_CA_FILE"
+TOKEN_ENV = "KILN_AZURE_TOKEN"
+SUBSCRIPTION_ENV = "AZURE_SUBSCRIPTION_ID"
+OPERATION_TIMEOUT_S = 900
+CALL_TIMEOUT_S = 60
+HOST_KEYS_POLL_S = 5
+
+
+class AzureError(KilnError):
+    """A call to Azure failed; the message names the step."""
+
+
+class StaticToken:
+    """A bearer token given in the environment (KILN_AZURE_TOKEN), for a Resource Manager on loopback only."""
+
+    def __init__(self, token: str):
+        self.token = token
+
+    def get_token(self, *scopes, **kwargs):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken(self.token, int(time.time()) + 3600)
+
+    def get_token_info(self, *scopes, options=None):
+        from azure.core.credentials import AccessTokenInfo
+
+        return AccessTokenInfo(self.token, int(time.time()) + 3600)
+
+
+@dataclass
+class Azure:
+    """The subscription kiln works in and the management clients it uses (made when first asked for)."""
+
+    subscription: str
+    credential: object
+    endpoint: str | None = None
+    ca_file: str | None = None
+    owner: str = "unknown"
+    _clients: dict = field(default_factory=dict)
+
+    def _client(self, name: str):
+        if name not in self._clients:
+            if name == "compute":
+                from azure.mgmt.compute import ComputeManagementClient as Client
+            elif name == "network":
+                from azure.mgmt.network import NetworkManagementClient as Client
+            else:
+                from azure.mgmt.resource.resources import ResourceManagementClient as Client
+            # between polls of a long-running operation where ARM gives no Retry-After (a stand-in on loopback
+            # answers at once)
+            interval = 0.05 if self.endpoint and loopback(self.endpoint) else 5
+            options = {"connection_timeout": 10, "read_timeout": CALL_TIMEOUT_S, "polling_interval": interval}
+            if self.ca_file:
+                options["connection_verify"] = self.ca_file
+            self._clients[name] = Client(self.credential, self.subscription, base_url=self.endpoint, **options) \
+                if self.endpoint else Client(self.credential, self.subscription, **options)
+        return self._clients[name]
+
+    @property
+    def compute(self):
+        return self._client("compute")
+
+    @property
+    def network(self):
+        return self._client("network")
+
+    @property
+    def resources(self):
+        return self._client("resources")
+
+    def id(self, group: str, kind: str, name: str) -> str:
+        return plan.resource_id(self.subscription, group, kind, name)
+
+
+def loopback(endpoint: str) -> bool:
+    return urlparse(endpoint).hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def connect(subscription: str | None = None) -> Azure:
+    """The clients for `subscription` (or AZURE_SUBSCRIPTION_ID), with DefaultAzureCredential; a Resource Manager
+    on loopback (KILN_AZURE_ENDPOINT) takes the token in KILN_AZURE_TOKEN."""
+    endpoint = os.environ.get(ENDPOINT_ENV) or None
+    subscription = subscription or os.environ.get(SUBSCRIPTION_ENV)
+    if not subscription:
+        raise UsageError(f"no Azure subscription: give --subscription or set {SUBSCRIPTION_ENV}")
+    if not plan.SUBSCRIPTION.fullmatch(subscription):
+        raise UsageError(f"--subscription {subscription!r} is not a subscription id (a GUID)")
+    if endpoint and urlparse(endpoint).scheme != "https":
+        raise UsageError(f"{ENDPOINT_ENV}={endpoint}: Resource Manager is reached over https only")
+    if endpoint and loopback(endpoint) and os.environ.get(TOKEN_ENV):
+        credential = StaticToken(os.environ[TOKEN_ENV])
+    else:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    who = os.environ.get("USER") or "unknown"
+    return Azure(subscription, credential, endpoint, os.environ.get(CA_FILE_ENV) or None, owner=who)
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a failed call: ARM's error code and message where it gave them."""
+    inner = getattr(error, "error", None)
+    code = getattr(inner, "code", None)
+    message = getattr(inner, "message", None) or getattr(error, "message", None) or str(error) or \
+        type(error).__name__
+    text = " ".join(str(message).split())
+    if "ClientAuthenticationError" in type(error).__name__ or "CredentialUnavailable" in type(error).__name__:
+        text = "no Azure credentials (az login, or a service principal's AZURE_CLIENT_ID/SECRET/TENANT_ID): " + text
+    return f"{code}: {text}" if code and not text.startswith(str(code)) else text
+
+
+def done(poller, timeout_s: float = OPERATION_TIMEOUT_S):
+    """A long-running operation's result, waited for at most timeout_s."""
+    result = poller.result(timeout=timeout_s)
+    if not poller.done():
+        raise AzureError(f"an operation did not finish within {timeout_s:g}s")
+    return result
+
+
+def tags_of(resource) -> dict[str, str]:
+    return dict(getattr(resource, "tags", None) or {})
+
+
+def find_image(azure: Azure, request: plan.Request) -> str:
+    """The image's id: --image-id as given (checked), else the newest managed image tagged with the profile and
+    the tags asked for, in the subscription."""
+    if request.image_id:
+        parts = request.image_id.split("/")
+        try:
+            if "/galleries/" in request.image_id.lower():
+                if parts[-1].lower() != "latest":
+                    azure.compute.gallery_image_versions.get(parts[4], parts[8], parts[10], parts[12])
+            else:
+                azure.compute.images.get(parts[4], parts[8])
+        except Exception as error:
+            raise AzureError(f"--image-id {request.image_id}: {describe_error(error)}") from None
+        return request.image_id
+    try:
+        found = [image for image in azure.compute.images.list()
+                 if plan.image_matches(tags_of(image), request.image_profile, request.image_tags)
+                 and image.location == request.location]
+    except Exception as error:
+        raise AzureError(f"look for kiln's images: {describe_error(error)}") from None
+    if not found:
+        wanted = ", ".join(f"{k}={v}" for k, v in ((plan.TAG_PROFILE, request.image_profile), *request.image_tags))
+        raise UsageError(f"no image in {request.location} tagged {wanted} (make image PROVIDER=azure bakes one; "
+                         "or give --image-id)")
+    return max(found, key=lambda image: (tags_of(image).get("kiln:built", ""), image.name)).id
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kiln-tagged resource group (a cluster) or snapshot in the subscription."""
+
+    kind: str
+    name: str
+    group: str
+    tags: dict
+    state: str = ""
+
+    @property
+    def cluster(self) -> str:
+        return self.tags.get(plan.TAG_CLUSTER, "")
+
+
+def cluster_groups(azure: Azure, name: str | None = None) -> list[Resource]:
+    """The resource groups kiln made for clusters (of `name`, if given), found by tag."""
+    query = f"tagName eq '{plan.TAG_CLUSTER}'" + (f" and tagValue eq '{name}'" if name else "")
+    return [Resource("resource-group", g.name, g.name, tags_of(g), getattr(g.properties, "provisioning_state", ""))
+            for g in azure.resources.resource_groups.list(filter=query)]
+
+
+def snapshot_records(azure: Azure, name: str | None = None) -> list:
+    """Every kiln-tagged snapshot of a data disk (of cluster `name`, if given), as records the common snapshot
+    choice reads (id, index, taken_at, state)."""
+    found = []
+    for snap in azure.compute.snapshots.list():
+        tags = tags_of(snap)
+        if plan.TAG_DATA not in tags or (name is not None and tags.get(plan.TAG_CLUSTER) != name):
+            continue
+        index = tags.get(plan.TAG_DATA, "")
+        found.append(Snapshot(snap.id, snap.name, tags.get(plan.TAG_CLUSTER, ""),
+                              int(index) if index.isdigit() else None, tags.get(plan.TAG_SNAPSHOT_SET, ""),
+                              int(snap.properties.disk_size_gb or 0), snap.properties.provisioning_state or "",
+                              tags, snap.location))
+    return found
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    id: str
+    name: str
+    cluster: str
+    index: int | None
+    taken_at: str
+    size_gb: int
+    state: str
+    tags: dict
+    location: str = ""
+
+    @property
+    def expires(self) -> datetime | None:
+        return parse_time(self.tags.get(plan.TAG_EXPIRES, ""))
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
+
+
+def delete_group(azure: Azure, group: str, timeout_s: float = OPERATION_TIMEOUT_S) -> bool:
+    """Delete a resource group and everything in it; False where it was not there."""
+    try:
+        if not azure.resources.resource_groups.check_existence(group):
+            return False
+        done(azure.resources.resource_groups.begin_delete(group), timeout_s)
+        return True
+    except Exception as error:
+        if getattr(error, "status_code", None) == 404:
+            return False
+        raise
+
+
+def forget_local(name: str) -> None:
+    if state.has_cloud_state(name, "azure"):
+        state.forget_cluster(name)
+
+
+def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
+    """The host keys cloud-init printed to the VM's serial log (boot diagnostics: a SAS URL to the log)."""
+    data = azure.compute.virtual_machines.retrieve_boot_diagnostics_data(group, vm,
+                                                                        sas_uri_expiration_time_in_minutes=5)
+    uri = data.serial_console_log_blob_uri
+    if not uri:
+        return []
+    context = ssl.create_default_context(cafile=azure.ca_file) if azure.ca_file else ssl.create_default_context()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(
+        context=context))
+    with opener.open(uri, timeout=CALL_TIMEOUT_S) as response:
+        return console_host_keys(response.read().decode(errors="replace"))
+
+
+def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,
+              poll_s: float = HOST_KEYS_POLL_S) -> dict[str, list[str]]:
+    """Each VM's host keys from its serial log, polled until every VM shows them or timeout_s has passed (one look
+    when it is 0); VMs without keys are left out: kiln does not trust them on first contact."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, list[str]] = {}
+    while True:
+        for name in names:
+            if name not in found:
+                keys = serial_host_keys(azure, group, name)
+                if keys:
+                    found[name] = keys
+        if len(found) == len(names) or time.monotonic() + poll_s > deadline:
+            return found
+        time.sleep(poll_s)
+
+
+def pin_host_keys(cluster: str, names: Sequence[str], hosts: Sequence[Host],
+                  found: dict[str, list[str]]) -> dict[str, str]:
+    lines, states = [], {}
+    for name, host in zip(names, hosts, strict=True):
+        keys = found.get(name, [])
+        lines += known_hosts_lines([host.address], keys)
+        states[host.address] = "shown" if keys else "first-contact"
+    state.write_known_hosts(cluster, "".join(lines))
+    return states
+
+
+@dataclass(frozen=True)
+class Record:
+    """What kiln keeps of an Azure cluster it made (azure.json): enough to replace a node as it was made."""
+
+    subscription: str
+    group: str
+    image: str
+    tags: dict
+    request: dict
+    vms: tuple[str, ...]
+    data_disks: tuple[str, ...] = ()
+    subnet_id: str = ""
+    placement_id: str = ""
+    host_keys: dict = field(default_factory=dict)
+
+    def save(self, cluster: str) -> None:
+        state.save_cloud_state(cluster, asdict(self), "azure")
+
+    @classmethod
+    def load(cls, cluster: str) -> Record | None:
+        data = state.load_cloud_state(cluster, "azure")
+        if not data:
+            return None
+        return cls(**{**data, "vms": tuple(data["vms"]), "data_disks": tuple(data.get("data_disks", ()))})
+
+    def planned(self) -> plan.Request:
+        return plan.Request(**{**self.request, "image_tags": tuple(tuple(p) for p in self.request["image_tags"])})
+
+
+def make_node(azure: Azure, request: plan.Request, *, group: str, index: int, name: str, image: str,
+              public_key: str, tags: dict, subnet_id: str, placement_id: str, data_disk: str | None,
+              timeout_s: float):
+    """Start making one node (its address, interface and VM): the VM's poller."""
+    address = done(azure.network.public_ip_addresses.begin_create_or_update(
+        group, f"{name}-ip", plan.public_address_body(request, tags)), timeout_s)
+    interface = done(azure.network.network_interfaces.begin_create_or_update(
+        group, f"{name}-nic", plan.interface_body(request, tags, subnet_id=subnet_id, address_id=address.id)),
+        timeout_s)
+    body = plan.vm_body(request, index=index, image_id=image, public_key=public_key, tags=tags,
+                        interface_id=interface.id, placement_id=placement_id,
+                        data_disk_id=azure.id(group, "Microsoft.Compute/disks", data_disk) if data_disk else None)
+    body["properties"]["osProfile"]["computerName"] = name
+    return azure.compute.virtual_machines.begin_create_or_update(group, name, body)
+
+
+def address_of(azure: Azure, group: str, name: str) -> str:
+    return azure.network.public_ip_addresses.get(group, f"{name}-ip").ip_address
+
+
+def suffix() -> str:
+    return secrets.token_hex(2)
+
+
+def up(request: plan.Request, *, subscription: str | None = None, python: str = "python3", azure: Azure | None = None,
+       now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S, timeout_s: float = OPERATION_TIMEOUT_S) -> dict:
+    """Create the cluster in its own resource group, wait until SSH answers on every VM (unless ssh_wait_s is 0),
+    pin the host keys their serial logs show, write its cluster file, and return what was made. On any failure
+    (Ctrl-C too), delete the resource group: nothing of the cluster lives outside it."""
+    azure = azure or connect(subscription)
+    group = plan.group_name(request.name)
+    image = find_image(azure, request)
+    try:
+        taken = cluster_groups(azure, request.name) or azure.resources.resource_groups.check_existence(group)
+    except Exception as error:
+        raise AzureError(f"cluster.up {request.name}: could not look for its resource group: "
+                         f"{describe_error(error)}; nothing was created") from None
+    if taken:
+        raise UsageError(f"cluster name {request.name!r} is taken: resource group {group} exists in subscription "
+                         f"{azure.subscription} (kiln down {request.name} --provider azure)")
+    try:
+        restored = latest_snapshot_set(snapshot_records(azure, request.name), "Succeeded") \
+            if request.volume_gb else {}
+    except Exception as error:
+        raise AzureError(f"cluster.up {request.name}: could not look for snapshots of its data disks: "
+                         f"{describe_error(error)}; nothing was created") from None
+    note = restore_note(request.name, request.count, restored) if request.volume_gb else None
+    tags = plan.cluster_tags(request.name, azure.owner, now or datetime.now(UTC), request.ttl_hours)
+    folder = state.cluster_dir(request.name)
+    rollback = Rollback()
+    step = "generate the cluster key"
+    try:
+        had_key = (folder / "id_ed25519").exists()
+        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(request.name))
+        _, public_key = mesh.ensure_cluster_key(request.name)
+        (folder / "id_ed25519").chmod(0o600)
+
+        step = "create the resource group"
+        rollback.push(f"delete the resource group {group}", lambda: delete_group(azure, group, timeout_s))
+        azure.resources.resource_groups.create_or_update(group, {"location": request.location, "tags": tags})
+
+        step = "create the network security group"
+        nsg = done(azure.network.network_security_groups.begin_create_or_update(
+            group, f"{group}-nsg", plan.security_group_body(request, tags)), timeout_s)
+
+        step = "create the virtual network"
+        network = done(azure.network.virtual_networks.begin_create_or_update(
+            group, f"{group}-vnet", plan.network_body(request, tags, nsg.id)), timeout_s)
+        subnet_id = network.subnets[0].id
+
+        step = "create the proximity placement group"
+        placement = azure.compute.proximity_placement_groups.create_or_update(
+            group, f"{group}-ppg", plan.placement_group_body(request, tags))
+
+        disks: list[str] = []
+        if request.volume_gb:
+            step = "create the data disks"
+            pollers = []
+            for index in range(request.count):
+                snapshot = restored.get(index)
+                pollers.append(azure.compute.disks.begin_create_or_update(
+                    group, plan.disk_name(request.name, index), plan.disk_body(
+                        request, index=index, tags=tags, snapshot_id=snapshot.id if snapshot else None,
+                        snapshot_gb=snapshot.size_gb if snapshot else 0)))
+                disks.append(plan.disk_name(request.name, index))
+            for poller in pollers:
+                done(poller, timeout_s)
+
+        step = "create the VMs"
+        names = [plan.vm_name(request.name, index) for index in range(request.count)]
+        pollers = [make_node(azure, request, group=group, index=index, name=name, image=image, public_key=public_key,
+                             tags=tags, subnet_id=subnet_id, placement_id=placement.id,
+                             data_disk=disks[index] if disks else None, timeout_s=timeout_s)
+                   for index, name in enumerate(names)]
+        for poller in pollers:
+            done(poller, timeout_s)
+        hosts = [Host(address_of(azure, group, name), user=request.user) for name in names]
+        started = time.monotonic()
+
+        step = "wait until SSH answers"
+        if ssh_wait_s > 0:
+            silent = set(wait_for_ssh([(h.address, h.port) for h in hosts], ssh_wait_s))
+            if silent:
+                raise AzureError(no_answer_error([f"{n} ({h.address})" for n, h in zip(names, hosts, strict=True)
+                                                  if f"{h.address}:{h.port}" in silent], ssh_wait_s))
+
+        step = "read the host keys from the serial logs"
+        found = host_keys(azure, group, names, max(0.0, ssh_wait_s - (time.monotonic() - started)))
+        pinned = pin_host_keys(request.name, names, hosts, found)
+
+        step = "write the cluster file"
+        Record(azure.subscription, group, image, tags, asdict(request), tuple(names), tuple(disks), subnet_id,
+               placement.id, pinned).save(request.name)
+        state.save_cluster(state.ClusterRecord(
+            request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
+            region=request.location, user=request.user,
+            instances=tuple(state.Instance(n, h.address, pinned[h.address]) for n, h in zip(names, hosts,
+                                                                                           strict=True)),
+            provider="azure", node_type=request.vm_size))
+    except BaseException as error:
+        failures = rollback.run(describe_error)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
+        message = f"cluster.up {request.name}: could not {step}: {said}; "
+        if failures:
+            message += (f"rolling back left things behind (run kiln down {request.name} --provider azure): "
+                        + "; ".join(failures))
+        else:
+            message += "everything it had created was removed"
+        raise AzureError(message) from None
+    return {"name": request.name, "subscription": azure.subscription, "location": request.location, "group": group,
+            "hosts": [h.endpoint() for h in hosts], "image": image, "vms": names,
+            "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES], "host_keys": pinned,
+            "ssh_wait": ssh_wait_s, "data_disks": disks, "restore_note": note}
+
+
+def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: float = SSH_WAIT_S,
+            timeout_s: float = OPERATION_TIMEOUT_S) -> tuple[Host, list[str]]:
+    """Put a new VM, made as `up` made the cluster's (image, size, Spot, network, tags, placement), in place of the
+    one at `address`, and delete the old one (its address and interface go with it); its data disk moves to the
+    new VM; update the cluster's files. (the new host, the host keys its serial log shows)
+
+    The new VM must run, answer SSH and show its host keys; otherwise it is deleted and the cluster is left as it
+    was."""
+    record, kept = state.load_cluster(name), Record.load(name)
+    if record is None or kept is None:
+        raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
+    old = next((i for i in record.instances if i.address == address), None)
+    if old is None:
+        raise UsageError(f"cluster {name} has no instance at {address}")
+    index = list(kept.vms).index(old.id)
+    azure = azure or connect(kept.subscription)
+    request = kept.planned()
+    new_name = plan.vm_name(name, index, suffix())
+    public_key = (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
+    step = "create the VM"
+    try:
+        done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
+                       public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
+                       placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s), timeout_s)
+        host = Host(address_of(azure, kept.group, new_name), user=request.user)
+        started = time.monotonic()
+        step = "wait until SSH answers"
+        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
+            raise AzureError(no_answer_error([f"{new_name} ({host.address})"], ssh_wait_s))
+        step = "read its host keys from the serial log"
+        keys = host_keys(azure, kept.group, [new_name],
+                         max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_name)
+        if not keys:
+            raise AzureError(f"the serial log of {new_name} shows no host keys: kiln does not trust a replacement "
+                             "on first contact")
+    except BaseException as error:
+        undo = Rollback()
+        undo.push(f"delete {new_name}", lambda: delete_node(azure, kept.group, new_name, timeout_s))
+        left = undo.run(describe_error)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
+        raise AzureError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: {said}"
+                         + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running")) \
+            from None
+    instances = tuple(state.Instance(new_name, host.address, "shown") if i is old else i for i in record.instances)
+    hosts = tuple(host if h.address == address else h for h in record.hosts)
+    state.save_cluster(changed(record, hosts=hosts, instances=instances))
+    changed(kept, vms=tuple(i.id for i in instances), host_keys={i.address: i.host_keys for i in instances}).save(name)
+    try:
+        delete_node(azure, kept.group, old.id, timeout_s)
+    except Exception as error:
+        raise AzureError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but the old VM "
+                         f"{old.id} could not be deleted: {describe_error(error)} (kiln down {name} removes its "
+                         "resource group)") from None
+    if index < len(kept.data_disks):
+        disk = kept.data_disks[index]
+        try:
+            vm = azure.compute.virtual_machines.get(kept.group, new_name)
+            body = vm.as_dict()
+            body["properties"]["storageProfile"]["dataDisks"] = [{
+                "lun": plan.DATA_LUN, "createOption": "Attach", "deleteOption": "Detach",
+                "managedDisk": {"id": azure.id(kept.group, "Microsoft.Compute/disks", disk)}}]
+            done(azure.compute.virtual_machines.begin_create_or_update(kept.group, new_name, body), timeout_s)
+        except Exception as error:
+            raise AzureError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but its data "
+                             f"disk {disk} could not be attached to it: {describe_error(error)} (the disk is kept in "
+                             "the cluster's resource group)") from None
+    return host, keys
+
+
+def delete_node(azure: Azure, group: str, vm: str, timeout_s: float) -> None:
+    """Delete a VM (its OS disk, interface and, after it, its public address); one already gone is fine."""
+    for delete, target in ((azure.compute.virtual_machines.begin_delete, vm),
+                           (azure.network.network_interfaces.begin_delete, f"{vm}-nic"),
+                           (azure.network.public_ip_addresses.begin_delete, f"{vm}-ip")):
+        try:
+            done(delete(group, target), timeout_s)
+        except Exception as error:
+            if getattr(error, "status_code", None) != 404:
+                raise
+
+
+def down(name: str, *, subscription: str | None = None, azure: Azure | None = None,
+         timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+    """Delete the cluster's resource group (everything in it; its snapshots, elsewhere, stay); an empty list when
+    there was nothing."""
+    validate_name(name)
+    kept = Record.load(name)
+    azure = azure or connect(subscription or (kept.subscription if kept else None))
+    group = plan.group_name(name)
+    try:
+        removed = [f"resource-group {group}"] if delete_group(azure, group, timeout_s) else []
+    except Exception as error:
+        raise AzureError(f"cluster.down {name}: {describe_error(error)}") from None
+    forget_local(name)
+    return removed
+
+
+@dataclass(frozen=True)
+class Teardown:
+    removed: list[str]
+    snapshots: list[Snapshot]
+    kept: list[tuple[str, str, str]]
+
+
+def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subscription: str | None = None,
+                        azure: Azure | None = None, now: datetime | None = None,
+                        timeout_s: float = OPERATION_TIMEOUT_S) -> Teardown:
+    """Delete the VMs (their shutdown unmounts the data disks), snapshot each data disk into kiln-snapshots-LOCATION,
+    then delete the resource group. A disk whose snapshot fails keeps the group (named, with the set it missed),
+    so a retry completes the set."""
+    validate_name(name)
+    ttl_days = validate_snapshot_ttl(ttl_days)
+    kept_record = Record.load(name)
+    azure = azure or connect(subscription or (kept_record.subscription if kept_record else None))
+    group = plan.group_name(name)
+    moment = now or datetime.now(UTC)
+    snapshots: list[Snapshot] = []
+    kept: list[tuple[str, str, str]] = []
+    try:
+        if not azure.resources.resource_groups.check_existence(group):
+            forget_local(name)
+            return Teardown([], [], [])
+        for vm in azure.compute.virtual_machines.list(group):
+            delete_node(azure, group, vm.name, timeout_s)
+        data = sorted((d for d in azure.compute.disks.list_by_resource_group(group) if plan.TAG_DATA in tags_of(d)),
+                      key=lambda d: (tags_of(d)[plan.TAG_DATA], d.name))
+        if data:
+            snapshot_group = plan.snapshot_group(data[0].location)
+            azure.resources.resource_groups.create_or_update(snapshot_group, {
+                "location": data[0].location, "tags": {"kiln:purpose": "data snapshots"}})
+        for disk in data:
+            body = plan.snapshot_body(disk.id, disk.location, tags_of(disk), moment, ttl_days)
+            snap_name = plan.snapshot_name(disk.name, body["tags"][plan.TAG_SNAPSHOT_SET])
+            try:
+                done(azure.compute.snapshots.begin_create_or_update(snapshot_group, snap_name, body), timeout_s)
+                snapshots += [s for s in snapshot_records(azure, name) if s.name == snap_name]
+            except Exception as error:
+                kept.append((disk.name, tags_of(disk)[plan.TAG_DATA], describe_error(error)))
+                mark_missed_set(azure, group, disk, body["tags"], timeout_s)
+        removed = []
+        if not kept:
+            removed = [f"resource-group {group}"] if delete_group(azure, group, timeout_s) else []
+    except Exception as error:
+        raise AzureError(f"cluster.down {name}: {describe_error(error)}"
+                         + (f" (snapshots made: {', '.join(s.name for s in snapshots)})" if snapshots else "")) \
+            from None
+    if not kept:
+        forget_local(name)
+    return Teardown(removed, snapshots, kept)
+
+
+def mark_missed_set(azure: Azure, group: str, disk, snapshot_tags: dict, timeout_s: float) -> None:
+    """Tag a kept disk with the snapshot set it missed (a retry completes that set) and the snapshot's expiry."""
+    body = disk.as_dict()
+    body["tags"] = {**tags_of(disk), plan.TAG_SNAPSHOT_SET: snapshot_tags[plan.TAG_SNAPSHOT_SET],
+                    plan.TAG_EXPIRES: snapshot_tags[plan.TAG_EXPIRES]}
+    done(azure.compute.disks.begin_create_or_update(group, disk.name, body), timeout_s)
+
+
+def list_clusters(*, subscription: str | None = None, azure: Azure | None = None) -> list[ClusterSummary]:
+    azure = azure or connect(subscription)
+    try:
+        groups = cluster_groups(azure)
+        summaries = []
+        for group in groups:
+            vms = tuple(sorted(f"{vm.name} ({vm.hardware_profile.vm_size if vm.hardware_profile else '?'})"
+                               for vm in azure.compute.virtual_machines.list(group.name)))
+            summaries.append(ClusterSummary(group.cluster, group.tags.get(plan.TAG_OWNER, ""),
+                                            parse_time(group.tags.get(plan.TAG_EXPIRES, "")), vms, 1))
+        return sorted(summaries, key=lambda s: s.name)
+    except Exception as error:
+        raise AzureError(f"list the clusters in subscription {azure.subscription}: {describe_error(error)}") \
+            from None
+
+
+def list_snapshots(*, subscription: str | None = None, azure: Azure | None = None) -> list[Snapshot]:
+    azure = azure or connect(subscription)
+    try:
+        return sorted(snapshot_records(azure), key=lambda s: (s.cluster, s.taken_at, s.index or 0, s.name))
+    except Exception as error:
+        raise AzureError(f"list the data snapshots: {describe_error(error)}") from None
+
+
+def sweep(now: datetime | None = None, dry_run: bool = False, *, subscription: str | None = None,
+          azure: Azure | None = None) -> list[ClusterSummary]:
+    azure = azure or connect(subscription)
+    expired = [s for s in list_clusters(azure=azure) if s.expired(now or datetime.now(UTC))]
+    if not dry_run:
+        for summary in expired:
+            down(summary.name, azure=azure)
+    return expired
+
+
+def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, subscription: str | None = None,
+                    azure: Azure | None = None) -> list[Snapshot]:
+    azure = azure or connect(subscription)
+    expired = [s for s in list_snapshots(azure=azure) if s.expired(now or datetime.now(UTC))]
+    failed = []
+    for snapshot in [] if dry_run else expired:
+        try:
+            done(azure.compute.snapshots.begin_delete(snapshot.id.split("/")[4], snapshot.name))
+        except Exception as error:
+            if getattr(error, "status_code", None) != 404:
+                failed.append(f"{snapshot.name}: {describe_error(error)}")
+    if failed:
+        raise AzureError(f"sweep: could not delete {len(failed)} expired snapshot(s): {'; '.join(failed)}")
+    return expired

@@ -1,0 +1,238 @@
+"""kiln up/down/list/sweep/replace on Azure against the Resource Manager stand-in (testbed.arm) over TLS on
+loopback, through the azure-mgmt clients pointed at it by their own base_url and connection_verify options
+(KILN_AZURE_ENDPOINT, KILN_AZURE_CA_FILE). What is left is checked with the SDK directly, by the cluster's
+resource group and every resource kind by tag, not with kiln's own code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+pytest.importorskip("azure.mgmt.compute")
+
+from bootstrap import state  # noqa: E402
+from bootstrap.errors import UsageError  # noqa: E402
+from bootstrap.providers import common  # noqa: E402
+from bootstrap.providers.azure import cloud, plan  # noqa: E402
+from testbed.arm import Arm  # noqa: E402
+
+SUB = "00000000-0000-0000-0000-000000000000"
+LOCATION = "eastus"
+CIDR = "203.0.113.7/32"
+REPO = Path(__file__).resolve().parents[2]
+KILN = REPO / ".venv" / "bin" / "kiln"
+
+
+@pytest.fixture(scope="module")
+def arm():
+    with Arm(subscription=SUB, locations=(LOCATION, "westus2")) as served:
+        served.add_image("kiln-images", "kiln-cpu-1", tags={"kiln:profile": "cpu"})
+        served.add_image("kiln-images", "kiln-gpu-1", tags={"kiln:profile": "gpu", "kiln:fingerprint": "aa11"})
+        yield served
+
+
+@pytest.fixture
+def env(arm, monkeypatch, tmp_path):
+    monkeypatch.setenv(cloud.ENDPOINT_ENV, arm.endpoint)
+    monkeypatch.setenv(cloud.CA_FILE_ENV, str(arm.ca_file))
+    monkeypatch.setenv(cloud.TOKEN_ENV, arm.credential().get_token("https://management.azure.com/.default").token)
+    monkeypatch.setenv(cloud.SUBSCRIPTION_ENV, SUB)
+    monkeypatch.setenv("KILN_HOME", str(tmp_path / "kiln"))
+    yield tmp_path
+    connected = cloud.connect()
+    for group in cloud.cluster_groups(connected):  # a failed test must not leak into the next one
+        cloud.delete_group(connected, group.name)
+    for snapshot in cloud.snapshot_records(connected):
+        cloud.done(connected.compute.snapshots.begin_delete(snapshot.id.split("/")[4], snapshot.name))
+
+
+def leftovers(arm, name: str | None = None, snapshots: bool = True) -> list[str]:
+    """The cluster's resource group and everything tagged with its name, of every kind, straight from the API."""
+    resources, compute, network = (arm.client(kind) for kind in ("resource", "compute", "network"))
+    found = []
+    for group in resources.resource_groups.list():
+        tags = group.tags or {}
+        if "kiln:cluster" in tags and name in (None, tags["kiln:cluster"]):
+            found.append(f"resource-group {group.name}")
+    for kind, items in (("vm", compute.virtual_machines.list_all()), ("disk", compute.disks.list()),
+                        ("nic", network.network_interfaces.list_all()),
+                        ("public-ip", network.public_ip_addresses.list_all()),
+                        ("nsg", network.network_security_groups.list_all()),
+                        ("vnet", network.virtual_networks.list_all()),
+                        ("snapshot", compute.snapshots.list() if snapshots else [])):
+        for item in items:
+            tags = item.tags or {}
+            if "kiln:cluster" in tags and name in (None, tags["kiln:cluster"]):
+                found.append(f"{kind} {item.name}")
+    return sorted(found)
+
+
+def request(name: str, count: int = 2, **changes) -> plan.Request:
+    return plan.validate_request(name, count, changes.pop("vm_size", None), location=changes.pop("location",
+                                 LOCATION), ssh_cidr=changes.pop("ssh_cidr", CIDR), **changes)
+
+
+def pinned(env: Path, name: str) -> list[str]:
+    return sorted((env / "kiln" / "clusters" / name / "known_hosts").read_text().splitlines())
+
+
+def vms_of(arm, name: str) -> list:
+    return sorted(arm.client("compute").virtual_machines.list(plan.group_name(name)), key=lambda v: v.tags["kiln:node"])
+
+
+def test_up_then_down_leaves_nothing(env, arm):
+    made = cloud.up(request("alpha", spot=True, ttl_hours=2), ssh_wait_s=0)
+    assert made["image"].endswith("/images/kiln-gpu-1") and made["group"] == "kiln-alpha"
+    saved = state.load_cluster("alpha")
+    assert saved.provider == "azure" and saved.region == LOCATION and saved.node_type == plan.DEFAULT_VM_SIZE
+    vms = vms_of(arm, "alpha")
+    assert [v.name for v in vms] == ["kiln-alpha-0", "kiln-alpha-1"]
+    for vm in vms:
+        assert (vm.priority, vm.eviction_policy) == ("Spot", "Delete")
+        linux = vm.os_profile.linux_configuration
+        assert linux.disable_password_authentication and linux.ssh.public_keys[0].key_data.startswith("ssh-ed25519")
+        assert vm.diagnostics_profile.boot_diagnostics.enabled
+        assert vm.proximity_placement_group.id.endswith("/proximityPlacementGroups/kiln-alpha-ppg")
+        expires = common.parse_time(vm.tags["kiln:expires"])
+        assert timedelta(hours=1.9) < expires - datetime.now(UTC) <= timedelta(hours=2)
+    wanted = sorted(f"{h.address} {key}" for h, vm in zip(saved.hosts, vms, strict=True)
+                    for key in arm.host_keys("kiln-alpha", vm.name))
+    assert pinned(env, "alpha") == wanted
+    rules = arm.client("network").network_security_groups.get("kiln-alpha", "kiln-alpha-nsg").security_rules
+    assert {(r.name, r.source_address_prefix) for r in rules} == {("kiln-ssh", CIDR), ("kiln-cluster", plan.SUBNET)}
+    assert [s.name for s in cloud.list_clusters()] == ["alpha"]
+
+    assert cloud.down("alpha") == ["resource-group kiln-alpha"]
+    assert leftovers(arm) == []
+    assert state.load_cluster("alpha") is None and cloud.down("alpha") == []
+
+
+@pytest.mark.parametrize(("operation", "on", "status", "code", "step"), [
+    ("networkSecurityGroups.createOrUpdate", "call", 403, "AuthorizationFailed", "create the network security group"),
+    ("proximityPlacementGroups.createOrUpdate", "call", 400, "BadRequest", "create the proximity placement group"),
+    ("disks.createOrUpdate", "operation", 409, "OperationNotAllowed", "create the data disks"),
+    ("virtualMachines.createOrUpdate", "operation", 409, "OperationNotAllowed", "create the VMs"),
+    ("virtualMachines.createOrUpdate", "operation", 200, "AllocationFailed", "create the VMs"),
+    ("virtualMachines.retrieveBootDiagnosticsData", "call", 409, "OperationNotAllowed",
+     "read the host keys from the serial logs"),
+])
+def test_a_fault_at_each_step_of_up_leaves_nothing(env, arm, operation, on, status, code, step):
+    arm.fail(operation, code=code, status=status, on=on, nth=2 if operation.startswith("virtualMachines.c") else 1)
+    with pytest.raises(cloud.AzureError, match=f"^cluster.up broken: could not {step}: .*{code}.*; everything it "
+                                               "had created was removed$"):
+        cloud.up(request("broken", volume_gb=10), ssh_wait_s=0)
+    assert leftovers(arm) == []
+    assert not (env / "kiln" / "clusters" / "broken").exists()
+
+
+def test_a_bad_image_is_one_clear_error_and_creates_nothing(env, arm):
+    missing = f"/subscriptions/{SUB}/resourceGroups/kiln-images/providers/Microsoft.Compute/images/kiln-none"
+    with pytest.raises(cloud.AzureError, match="^--image-id .*kiln-none: "):
+        cloud.up(request("badimage", image_id=missing), ssh_wait_s=0)
+    with pytest.raises(UsageError, match="no image in eastus tagged kiln:profile=gpu, kiln:fingerprint=cc33"):
+        cloud.up(request("badimage", image_tags="kiln:fingerprint=cc33"), ssh_wait_s=0)
+    assert leftovers(arm) == [] and not (env / "kiln" / "clusters" / "badimage").exists()
+
+
+def test_ctrl_c_during_the_vms_rolls_back(env, arm):
+    connected = cloud.connect()
+    real = connected.compute.virtual_machines
+
+    class Interrupting:
+        def __getattr__(self, attribute):
+            if attribute == "begin_create_or_update":
+                def call(*args, **kwargs):
+                    real.begin_create_or_update(*args, **kwargs).result()
+                    raise KeyboardInterrupt
+                return call
+            return getattr(real, attribute)
+
+    compute = connected.compute
+    compute.virtual_machines = Interrupting()
+    with pytest.raises(cloud.AzureError, match="could not create the VMs: interrupted; everything it had created "
+                                               "was removed"):
+        cloud.up(request("ctrlc"), azure=connected, ssh_wait_s=0)
+    assert leftovers(arm) == []
+
+
+def test_sweep_removes_expired_clusters_only(env, arm):
+    cloud.up(request("old", 1, ttl_hours=1), now=datetime.now(UTC) - timedelta(hours=3), ssh_wait_s=0)
+    cloud.up(request("fresh", 1, ttl_hours=1), ssh_wait_s=0)
+    assert [s.name for s in cloud.sweep(dry_run=True)] == ["old"]
+    assert [s.name for s in cloud.sweep()] == ["old"]
+    assert leftovers(arm, "old") == [] and leftovers(arm, "fresh")
+
+
+def test_data_disks_outlive_the_cluster_as_snapshots_and_come_back(env, arm):
+    cloud.up(request("keep", volume_gb=20), ssh_wait_s=0)
+    assert [[d.managed_disk.id.rsplit("/", 1)[-1] for d in vm.storage_profile.data_disks]
+            for vm in vms_of(arm, "keep")] == [["kiln-keep-data-0"], ["kiln-keep-data-1"]]
+    done = cloud.down_with_snapshots("keep", ttl_days=3)
+    assert [s.index for s in done.snapshots] == [0, 1] and not done.kept
+    assert leftovers(arm, "keep", snapshots=False) == []
+    assert len(leftovers(arm, "keep")) == 2
+
+    made = cloud.up(request("keep", volume_gb=10), ssh_wait_s=0)
+    assert made["restore_note"].startswith("cluster keep: data volumes restored from the snapshots of ")
+    disks = {d.name: d for d in arm.client("compute").disks.list_by_resource_group("kiln-keep")
+             if "kiln:data" in (d.tags or {})}
+    assert sorted(disks) == ["kiln-keep-data-0", "kiln-keep-data-1"]
+    assert {d.creation_data.source_resource_id for d in disks.values()} == {s.id for s in done.snapshots}
+    assert all(d.disk_size_gb == 20 for d in disks.values())
+    assert [s.name for s in cloud.sweep_snapshots(now=datetime.now(UTC) + timedelta(days=4))] == [
+        s.name for s in done.snapshots]
+
+
+def test_a_node_is_replaced_by_a_vm_made_as_the_cluster_was(env, arm):
+    cloud.up(request("swap", spot=True, volume_gb=10), ssh_wait_s=0)
+    record = state.load_cluster("swap")
+    old = vms_of(arm, "swap")[1]
+    host, keys = cloud.replace("swap", record.hosts[1].address, ssh_wait_s=0)
+    [first, new] = vms_of(arm, "swap")
+    assert new.name.startswith("kiln-swap-1-") and old.name not in [v.name for v in vms_of(arm, "swap")]
+    assert (new.hardware_profile.vm_size, new.priority, new.eviction_policy, new.tags) == (
+        old.hardware_profile.vm_size, old.priority, old.eviction_policy, old.tags)
+    assert new.storage_profile.image_reference.id == old.storage_profile.image_reference.id
+    assert [d.managed_disk.id.rsplit("/", 1)[-1] for d in new.storage_profile.data_disks] == ["kiln-swap-data-1"]
+    assert sorted(keys) == sorted(arm.host_keys("kiln-swap", new.name))
+    after = state.load_cluster("swap")
+    assert after.hosts[1] == host and after.hosts[0] == record.hosts[0]
+    assert [i.id for i in after.instances] == [first.name, new.name]
+
+
+def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, arm):
+    cloud.up(request("stay"), ssh_wait_s=0)
+    record, before, keys = state.load_cluster("stay"), leftovers(arm, "stay"), pinned(env, "stay")
+    arm.fail("virtualMachines.createOrUpdate", code="AllocationFailed", status=200, on="operation")
+    with pytest.raises(cloud.AzureError, match="could not replace .*: could not create the VM: .*AllocationFailed.*"
+                                               "nothing new is left running"):
+        cloud.replace("stay", record.hosts[0].address, ssh_wait_s=0)
+    arm.fail("virtualMachines.retrieveBootDiagnosticsData", code="OperationNotAllowed", status=409)
+    with pytest.raises(cloud.AzureError, match="could not read its host keys from the serial log"):
+        cloud.replace("stay", record.hosts[0].address, ssh_wait_s=0)
+    assert leftovers(arm, "stay") == before and state.load_cluster("stay") == record and pinned(env, "stay") == keys
+
+
+def test_the_cli_makes_lists_and_removes_an_azure_cluster(env, arm):
+    def kiln(*args):
+        return subprocess.run([str(KILN), *args], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "KILN_HOME": str(env / "kiln")})
+
+    up = kiln("up", "cli", "--provider", "azure", "--location", LOCATION, "--count", "2", "--ssh-cidr", CIDR,
+              "--spot", "--volume", "10", "--ssh-wait", "0")
+    assert up.returncode == 0, up.stderr
+    assert "cluster cli is running in resource group kiln-cli (eastus) from kiln-gpu-1" in up.stdout
+    listed = kiln("list", "--provider", "azure")
+    assert listed.returncode == 0 and listed.stdout.startswith("cli: 2 VM(s)"), listed.stdout
+    refused = kiln("up", "cli2", "--provider", "azure", "--location", LOCATION, "--ssh-cidr", CIDR, "--zone", "x")
+    assert refused.returncode == 2 and "--zone: not options of --provider azure" in refused.stderr, refused.stderr
+    down = kiln("down", "cli", "--snapshot")
+    assert down.returncode == 0, down.stderr
+    assert "node 1's data disk kept as snapshot kiln-cli-data-1-" in down.stdout
+    assert leftovers(arm, "cli", snapshots=False) == []
