@@ -236,3 +236,53 @@ def test_the_cli_makes_lists_and_removes_an_azure_cluster(env, arm):
     assert down.returncode == 0, down.stderr
     assert "node 1's data disk kept as snapshot kiln-cli-data-1-" in down.stdout
     assert leftovers(arm, "cli", snapshots=False) == []
+
+
+def test_an_up_that_loses_a_race_for_the_name_leaves_the_winners_group(env, arm):
+    """Both `up`s looked before either made the group: the one whose PUT finds it there (200, not 201) stops
+    without undoing anything, since nothing there is its own (ARM has no create-only PUT for a group: the loser's
+    tags replace the winner's, and nothing else of it changes)."""
+    winner = {"location": LOCATION, "tags": {"kiln:cluster": "race", "kiln:owner": "first"}}
+    arm.client("resource").resource_groups.create_or_update("kiln-race", winner)
+    connected = cloud.connect()
+    groups = connected.resources.resource_groups
+
+    class LookedTooEarly:
+        def __getattr__(self, attribute):
+            if attribute == "check_existence":
+                return lambda name: False
+            if attribute == "list":
+                return lambda **kwargs: []
+            return getattr(groups, attribute)
+
+    connected.resources.resource_groups = LookedTooEarly()
+    network = arm.client("network")
+    network.network_security_groups.begin_create_or_update("kiln-race", "theirs", {"location": LOCATION}).result()
+    with pytest.raises(UsageError, match="resource group kiln-race was made meanwhile"):
+        cloud.up(request("race"), azure=connected, ssh_wait_s=0)
+    assert arm.client("resource").resource_groups.check_existence("kiln-race")
+    assert [g.name for g in network.network_security_groups.list("kiln-race")] == ["theirs"]
+
+
+def test_a_snapshot_that_fails_keeps_the_group_until_the_retry_completes_the_set(env, arm):
+    cloud.up(request("half", volume_gb=10), ssh_wait_s=0)
+    arm.fail("snapshots.createOrUpdate", code="OperationNotAllowed", status=409, on="operation", nth=2)
+    done = cloud.down_with_snapshots("half", ttl_days=3)
+    assert [s.index for s in done.snapshots] == [0] and [k[:2] for k in done.kept] == [("kiln-half-data-1", "1")]
+    group = arm.client("resource").resource_groups.get("kiln-half")
+    assert group.tags["kiln:expires"] == done.snapshots[0].tags["kiln:expires"]  # sweep keeps it with the disk
+    assert state.load_cluster("half") is not None  # so `kiln down half --snapshot` knows its provider
+    again = cloud.down_with_snapshots("half", ttl_days=3)
+    assert not again.kept and {s.taken_at for s in again.snapshots} == {done.snapshots[0].taken_at}
+    assert sorted(s.index for s in again.snapshots) == [0, 1]  # the set is whole: up restores both
+    assert leftovers(arm, "half", snapshots=False) == []
+
+
+def test_snapshots_of_another_location_are_not_restored(env, arm):
+    """A disk is copied from a snapshot of its own region only: a cluster made elsewhere starts empty."""
+    cloud.up(request("far", 1, volume_gb=10), ssh_wait_s=0)
+    cloud.down_with_snapshots("far")
+    assert [s.location for s in cloud.snapshot_records(cloud.connect(), "far")] == [LOCATION]
+    image = arm.add_image("kiln-images-west", "kiln-gpu-west", tags={"kiln:profile": "gpu"}, location="westus2")
+    made = cloud.up(request("far", 1, volume_gb=10, location="westus2", image_id=image), ssh_wait_s=0)
+    assert made["restore_note"] == "cluster far: no snapshot of its data volumes: each node gets an empty volume"

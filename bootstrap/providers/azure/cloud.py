@@ -16,6 +16,7 @@ import os
 import secrets
 import ssl
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ from bootstrap.providers.common import (
     SSH_WAIT_S,
     ClusterSummary,
     Rollback,
+    format_time,
     latest_snapshot_set,
     no_answer_error,
     parse_time,
@@ -162,6 +164,16 @@ def done(poller, timeout_s: float = OPERATION_TIMEOUT_S):
     return result
 
 
+def settle(pollers, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
+    """Wait for operations already started (their outcome does not matter here) before undoing what they make:
+    Resource Manager refuses to delete a group while a resource in it is still being made."""
+    for poller in pollers:
+        try:
+            poller.result(timeout=timeout_s)
+        except Exception:  # a failed operation made nothing; deleting the group removes what did get made
+            pass
+
+
 def tags_of(resource) -> dict[str, str]:
     return dict(getattr(resource, "tags", None) or {})
 
@@ -270,7 +282,8 @@ def forget_local(name: str) -> None:
 
 
 def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
-    """The host keys cloud-init printed to the VM's serial log (boot diagnostics: a SAS URL to the log)."""
+    """The host keys cloud-init printed to the VM's serial log (boot diagnostics: a SAS URL to the log); none yet
+    where the log is not there yet (a VM still booting)."""
     data = azure.compute.virtual_machines.retrieve_boot_diagnostics_data(group, vm,
                                                                         sas_uri_expiration_time_in_minutes=5)
     uri = data.serial_console_log_blob_uri
@@ -279,8 +292,13 @@ def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
     context = ssl.create_default_context(cafile=azure.ca_file) if azure.ca_file else ssl.create_default_context()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(
         context=context))
-    with opener.open(uri, timeout=CALL_TIMEOUT_S) as response:
-        return console_host_keys(response.read().decode(errors="replace"))
+    try:
+        with opener.open(uri, timeout=CALL_TIMEOUT_S) as response:
+            return console_host_keys(response.read().decode(errors="replace"))
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return []
+        raise AzureError(f"the serial log of {vm}: HTTP {error.code}") from None
 
 
 def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,
@@ -332,9 +350,11 @@ class Record:
     @classmethod
     def load(cls, cluster: str) -> Record | None:
         data = state.load_cloud_state(cluster, "azure")
-        if not data:
+        try:
+            return cls(**{**data, "vms": tuple(data["vms"]),
+                          "data_disks": tuple(data.get("data_disks", ()))}) if data else None
+        except (KeyError, TypeError):  # a file of another version: as if there were none
             return None
-        return cls(**{**data, "vms": tuple(data["vms"]), "data_disks": tuple(data.get("data_disks", ()))})
 
     def planned(self) -> plan.Request:
         return plan.Request(**{**self.request, "image_tags": tuple(tuple(p) for p in self.request["image_tags"])})
@@ -381,8 +401,8 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         raise UsageError(f"cluster name {request.name!r} is taken: resource group {group} exists in subscription "
                          f"{azure.subscription} (kiln down {request.name} --provider azure)")
     try:
-        restored = latest_snapshot_set(snapshot_records(azure, request.name), "Succeeded") \
-            if request.volume_gb else {}
+        restored = latest_snapshot_set([s for s in snapshot_records(azure, request.name)
+                                        if s.location == request.location], "Succeeded") if request.volume_gb else {}
     except Exception as error:
         raise AzureError(f"cluster.up {request.name}: could not look for snapshots of its data disks: "
                          f"{describe_error(error)}; nothing was created") from None
@@ -390,6 +410,12 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
     tags = plan.cluster_tags(request.name, azure.owner, now or datetime.now(UTC), request.ttl_hours)
     folder = state.cluster_dir(request.name)
     rollback = Rollback()
+    pollers: list = []  # every long-running operation this call started: waited for before anything is undone
+
+    def start(poller):
+        pollers.append(poller)
+        return poller
+
     step = "generate the cluster key"
     try:
         had_key = (folder / "id_ed25519").exists()
@@ -398,8 +424,12 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         (folder / "id_ed25519").chmod(0o600)
 
         step = "create the resource group"
+        status = azure.resources.resource_groups.create_or_update(
+            group, {"location": request.location, "tags": tags},
+            cls=lambda response, *_: response.http_response.status_code)
+        if status != 201:  # 200: it was there already, another `up` of this name made it: it is not ours to undo
+            raise UsageError(f"cluster name {request.name!r} is taken: resource group {group} was made meanwhile")
         rollback.push(f"delete the resource group {group}", lambda: delete_group(azure, group, timeout_s))
-        azure.resources.resource_groups.create_or_update(group, {"location": request.location, "tags": tags})
 
         step = "create the network security group"
         nsg = done(azure.network.network_security_groups.begin_create_or_update(
@@ -420,21 +450,21 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
             pollers = []
             for index in range(request.count):
                 snapshot = restored.get(index)
-                pollers.append(azure.compute.disks.begin_create_or_update(
+                pollers.append(start(azure.compute.disks.begin_create_or_update(
                     group, plan.disk_name(request.name, index), plan.disk_body(
                         request, index=index, tags=tags, snapshot_id=snapshot.id if snapshot else None,
-                        snapshot_gb=snapshot.size_gb if snapshot else 0)))
+                        snapshot_gb=snapshot.size_gb if snapshot else 0))))
                 disks.append(plan.disk_name(request.name, index))
             for poller in pollers:
                 done(poller, timeout_s)
 
         step = "create the VMs"
         names = [plan.vm_name(request.name, index) for index in range(request.count)]
-        pollers = [make_node(azure, request, group=group, index=index, name=name, image=image, public_key=public_key,
-                             tags=tags, subnet_id=subnet_id, placement_id=placement.id,
-                             data_disk=disks[index] if disks else None, timeout_s=timeout_s)
-                   for index, name in enumerate(names)]
-        for poller in pollers:
+        made = [start(make_node(azure, request, group=group, index=index, name=name, image=image,
+                                public_key=public_key, tags=tags, subnet_id=subnet_id, placement_id=placement.id,
+                                data_disk=disks[index] if disks else None, timeout_s=timeout_s))
+                for index, name in enumerate(names)]
+        for poller in made:
             done(poller, timeout_s)
         hosts = [Host(address_of(azure, group, name), user=request.user) for name in names]
         started = time.monotonic()
@@ -460,8 +490,11 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
                                                                                            strict=True)),
             provider="azure", node_type=request.vm_size))
     except BaseException as error:
+        settle(pollers, timeout_s)
         failures = rollback.run(describe_error)
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
+        if isinstance(error, UsageError) and not failures:
+            raise
         message = f"cluster.up {request.name}: could not {step}: {said}; "
         if failures:
             message += (f"rolling back left things behind (run kiln down {request.name} --provider azure): "
@@ -489,6 +522,9 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     old = next((i for i in record.instances if i.address == address), None)
     if old is None:
         raise UsageError(f"cluster {name} has no instance at {address}")
+    if old.id not in kept.vms or not (state.cluster_dir(name) / "id_ed25519.pub").exists():
+        raise UsageError(f"cluster {name}: its files disagree (azure.json does not name {old.id}, or its key is "
+                         f"gone); kiln down {name} removes it")
     index = list(kept.vms).index(old.id)
     azure = azure or connect(kept.subscription)
     request = kept.planned()
@@ -532,7 +568,7 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
         disk = kept.data_disks[index]
         try:
             vm = azure.compute.virtual_machines.get(kept.group, new_name)
-            body = vm.as_dict()
+            body = vm.as_dict(exclude_readonly=True)
             body["properties"]["storageProfile"]["dataDisks"] = [{
                 "lun": plan.DATA_LUN, "createOption": "Attach", "deleteOption": "Detach",
                 "managedDisk": {"id": azure.id(kept.group, "Microsoft.Compute/disks", disk)}}]
@@ -582,7 +618,7 @@ class Teardown:
 def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subscription: str | None = None,
                         azure: Azure | None = None, now: datetime | None = None,
                         timeout_s: float = OPERATION_TIMEOUT_S) -> Teardown:
-    """Delete the VMs (their shutdown unmounts the data disks), snapshot each data disk into kiln-snapshots-LOCATION,
+    """Delete the VMs (their shutdown unmounts the data disks), snapshot each data disk into kiln_snapshots_LOCATION,
     then delete the resource group. A disk whose snapshot fails keeps the group (named, with the set it missed),
     so a retry completes the set."""
     validate_name(name)
@@ -605,9 +641,17 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
             snapshot_group = plan.snapshot_group(data[0].location)
             azure.resources.resource_groups.create_or_update(snapshot_group, {
                 "location": data[0].location, "tags": {"kiln:purpose": "data snapshots"}})
+        # one set for every disk: the one a failed `down --snapshot` began (a retry completes it), else now's
+        taken = next((tags_of(d)[plan.TAG_SNAPSHOT_SET] for d in data if plan.TAG_SNAPSHOT_SET in tags_of(d)),
+                     format_time(moment))
+        have = {s.name: s for s in snapshot_records(azure, name) if s.state == "Succeeded"}
         for disk in data:
-            body = plan.snapshot_body(disk.id, disk.location, tags_of(disk), moment, ttl_days)
-            snap_name = plan.snapshot_name(disk.name, body["tags"][plan.TAG_SNAPSHOT_SET])
+            body = plan.snapshot_body(disk.id, disk.location, {**tags_of(disk), plan.TAG_SNAPSHOT_SET: taken},
+                                      moment, ttl_days)
+            snap_name = plan.snapshot_name(disk.name, taken)
+            if snap_name in have:  # taken by the try that failed for another disk
+                snapshots.append(have[snap_name])
+                continue
             try:
                 done(azure.compute.snapshots.begin_create_or_update(snapshot_group, snap_name, body), timeout_s)
                 snapshots += [s for s in snapshot_records(azure, name) if s.name == snap_name]
@@ -615,7 +659,9 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
                 kept.append((disk.name, tags_of(disk)[plan.TAG_DATA], describe_error(error)))
                 mark_missed_set(azure, group, disk, body["tags"], timeout_s)
         removed = []
-        if not kept:
+        if kept:  # the group stays for the disks kept: it expires with their snapshots, so sweep keeps it
+            keep_group_until(azure, group, body["tags"][plan.TAG_EXPIRES])
+        else:
             removed = [f"resource-group {group}"] if delete_group(azure, group, timeout_s) else []
     except Exception as error:
         raise AzureError(f"cluster.down {name}: {describe_error(error)}"
@@ -626,9 +672,15 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
     return Teardown(removed, snapshots, kept)
 
 
+def keep_group_until(azure: Azure, group: str, expires: str) -> None:
+    current = azure.resources.resource_groups.get(group)
+    azure.resources.resource_groups.create_or_update(group, {"location": current.location, "tags": {
+        **tags_of(current), plan.TAG_EXPIRES: expires}})
+
+
 def mark_missed_set(azure: Azure, group: str, disk, snapshot_tags: dict, timeout_s: float) -> None:
     """Tag a kept disk with the snapshot set it missed (a retry completes that set) and the snapshot's expiry."""
-    body = disk.as_dict()
+    body = disk.as_dict(exclude_readonly=True)
     body["tags"] = {**tags_of(disk), plan.TAG_SNAPSHOT_SET: snapshot_tags[plan.TAG_SNAPSHOT_SET],
                     plan.TAG_EXPIRES: snapshot_tags[plan.TAG_EXPIRES]}
     done(azure.compute.disks.begin_create_or_update(group, disk.name, body), timeout_s)

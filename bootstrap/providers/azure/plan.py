@@ -6,7 +6,7 @@ A cluster NAME is one resource group, kiln-NAME, so that `down` (deleting the gr
 virtual network with one subnet, a network security group (the subnet to itself, SSH from --ssh-cidr only), a
 proximity placement group, and per node a public address, a network interface and a VM (the cluster's own SSH
 key, password logins off, boot diagnostics on: its serial log shows the host keys), with a managed data disk
-where --volume asks. Snapshots of the data disks live outside it, in kiln-snapshots-LOCATION, so they outlive the
+where --volume asks. Snapshots of the data disks live outside it, in kiln_snapshots_LOCATION, so they outlive the
 cluster. Everything carries the tags kiln:cluster, kiln:owner and kiln:expires.
 """
 
@@ -51,8 +51,8 @@ SUGGESTED_VM_SIZES = {
     "Standard_NV36ads_A10_v5": "1 A10, 24 GB",
     "Standard_NC24ads_A100_v4": "1 A100, 80 GB",
     "Standard_NC40ads_H100_v5": "1 H100 NVL, 94 GB",
-    "Standard_ND96isr_H100_v5": "8 H100, 80 GB each, InfiniBand",
-    "Standard_ND96isr_H200_v5": "8 H200, 141 GB each, InfiniBand",
+    "Standard_ND96isr_H100_v5": "8 H100, 80 GB each",
+    "Standard_ND96isr_H200_v5": "8 H200, 141 GB each",
 }
 ADDRESS_SPACE = "10.42.0.0/16"
 SUBNET = "10.42.0.0/20"
@@ -125,7 +125,10 @@ def validate_request(name: str, count, vm_size: str | None, *, location: str | N
         raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
-    return Request(name, count, location, vm_size, validate_cidr(ssh_cidr), image_id, image_profile,
+    ssh_cidr = validate_cidr(ssh_cidr)
+    if ":" in ssh_cidr:
+        raise UsageError(f"--ssh-cidr {ssh_cidr}: kiln's Azure nodes have IPv4 addresses only; give an IPv4 range")
+    return Request(name, count, location, vm_size, ssh_cidr, image_id, image_profile,
                    parse_image_tags(image_tags), bool(spot), max_price, user, ttl_hours, validate_volume(volume_gb),
                    validate_idle_minutes(idle_minutes) or None)
 
@@ -139,7 +142,8 @@ def group_name(name: str) -> str:
 
 
 def snapshot_group(location: str) -> str:
-    return f"kiln-snapshots-{location}"
+    """Outside every cluster's group: no cluster name (letters, digits, '-') can make this one."""
+    return f"kiln_snapshots_{location}"
 
 
 def vm_name(name: str, index: int, suffix: str = "") -> str:
