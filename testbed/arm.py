@@ -70,9 +70,7 @@ import re
 import secrets
 import signal
 import socket
-import socketserver
 import ssl
-import subprocess
 import sys
 import tempfile
 import threading
@@ -82,7 +80,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
@@ -133,6 +131,7 @@ from testbed.arm_rules import (
     version_key,
     vm_size,
 )
+from testbed.guest import QuietServer, cloud_init_host_keys, make_host_keys
 
 GROUP = "Microsoft.Resources/resourceGroups"
 VM, DISK, SNAPSHOT = "Microsoft.Compute/virtualMachines", "Microsoft.Compute/disks", "Microsoft.Compute/snapshots"
@@ -156,27 +155,8 @@ SAFE = "'$"  # left unquoted in the query of a nextLink, as ARM writes them
 # -------------------------------------------------------------------------------------------------- guest side
 
 
-def make_host_keys() -> list[str]:
-    """Real SSH host keys, as an Ubuntu VM makes them at first boot: `<type> <base64>` lines (ed25519, ecdsa)."""
-    lines = []
-    with tempfile.TemporaryDirectory(prefix="arm-hostkeys-") as tmp:
-        for kind in ("ed25519", "ecdsa"):
-            key = Path(tmp) / f"ssh_host_{kind}_key"
-            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "", "-f", str(key)],
-                           check=True, timeout=30, stdin=subprocess.DEVNULL)
-            lines.append(" ".join(key.with_suffix(".pub").read_text().split()[:2]))
-    return lines
-
-
-def key_fingerprint(line: str) -> str:
-    """`SHA256:...` of a `<type> <base64>` key line, as ssh-keygen -l prints it."""
-    digest = hashlib.sha256(base64.b64decode(line.split()[1])).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
 def boot_log(host: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:
     """The serial console of an Ubuntu 24.04 Azure VM's boot: the kernel's part, then cloud-init's with its keys."""
-    stamp = when.strftime("%b %d %H:%M:%S")
     early = ("[    0.000000] Linux version 6.8.0-1027-azure (buildd@lcy02-amd64-044) (x86_64-linux-gnu-gcc-13) "
              "#32-Ubuntu SMP Tue Apr 22 18:27:34 UTC 2025\n"
              "[    0.000000] Command line: BOOT_IMAGE=/vmlinuz-6.8.0-1027-azure root=PARTUUID=5a1e2b4c-01 ro "
@@ -185,14 +165,7 @@ def boot_log(host: str, keys: list[str], boot: int, when: datetime) -> tuple[str
              "v4.1 08/23/2024\n[    0.000000] Hypervisor detected: Microsoft Hyper-V\n"
              f"[    3.412871] systemd[1]: Hostname set to <{host}>.\n"
              f"[    6.204417] cloud-init[716]: Cloud-init v. 24.4.1-0ubuntu0~24.04.3 running 'init' (boot {boot}).\n")
-    bits = {"ssh-ed25519": "ED25519", "ecdsa-sha2-nistp256": "ECDSA"}
-    ordered = sorted(keys)  # cloud-init reads /etc/ssh/ssh_host_*_key.pub in name order: ecdsa, ed25519
-    prints = [f"<14>{stamp} cloud-init: 256 {key_fingerprint(k)} root@{host} ({bits[k.split()[0]]})" for k in ordered]
-    rule = f"<14>{stamp} cloud-init: " + "#" * 61
-    late = "\n".join([rule, f"<14>{stamp} cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----", *prints,
-                      f"<14>{stamp} cloud-init: -----END SSH HOST KEY FINGERPRINTS-----", rule,
-                      "-----BEGIN SSH HOST KEY KEYS-----", *[f"{k} root@{host}" for k in ordered],
-                      "-----END SSH HOST KEY KEYS-----",
+    late = "\n".join([*cloud_init_host_keys(host, keys, when),
                       "[   12.902114] cloud-init[1021]: Cloud-init v. 24.4.1-0ubuntu0~24.04.3 finished. Datasource "
                       "DataSourceAzure [seed=/dev/sr0].", f"\nUbuntu 24.04.2 LTS {host} ttyS0\n\n{host} login: "])
     return early, late + "\n"
@@ -1769,18 +1742,14 @@ def make_tls(directory: Path, host: str = "127.0.0.1") -> tuple[str, str, str]:
     return str(files[0]), str(files[1]), str(files[2])
 
 
-class _Server(ThreadingHTTPServer):
-    """HTTPS: the TLS handshake in each connection's thread, and no reverse DNS lookup of the address at bind."""
+class _Server(QuietServer):
+    """HTTPS: the TLS handshake in each connection's thread."""
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type, context: ssl.SSLContext):
         self.context = context
         super().__init__(address, handler)
-
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
 
     def finish_request(self, request, client_address) -> None:
         request.settimeout(30)

@@ -47,10 +47,7 @@ import ipaddress
 import json
 import re
 import secrets
-import socketserver
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -58,13 +55,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 from google.protobuf.json_format import ParseError
+
+from testbed.guest import QuietServer, cloud_init_host_keys, make_host_keys
 
 API_ROOT = "https://www.googleapis.com/compute/v1/"
 ROOTS = (API_ROOT, "https://compute.googleapis.com/compute/v1/", "http://www.googleapis.com/compute/v1/")
@@ -318,39 +316,13 @@ def page(items: list, max_results: str, token: str) -> tuple[list, str]:
 # -------------------------------------------------------------------------------------------------- guest side
 
 
-def make_host_keys() -> list[str]:
-    """Real SSH host keys, as an Ubuntu VM makes them at first boot: `<type> <base64>` lines (ed25519, ecdsa)."""
-    lines = []
-    with tempfile.TemporaryDirectory(prefix="gce-hostkeys-") as tmp:
-        for kind in ("ed25519", "ecdsa"):
-            key = Path(tmp) / f"ssh_host_{kind}_key"
-            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "", "-f", str(key)],
-                           check=True, timeout=30, stdin=subprocess.DEVNULL)
-            lines.append(" ".join(key.with_suffix(".pub").read_text().split()[:2]))
-    return lines
-
-
-def key_fingerprint(line: str) -> str:
-    """`SHA256:...` of a `<type> <base64>` key line, as ssh-keygen -l prints it."""
-    digest = hashlib.sha256(base64.b64decode(line.split()[1])).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
 def boot_log(name: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:
     """Serial port 1 of an Ubuntu VM's boot: the kernel's part, then cloud-init's with its host key block."""
-    stamp = when.strftime("%b %d %H:%M:%S")
     early = (f"[    0.000000] Linux version 6.8.0-1015-gcp (buildd@lcy02-amd64-051) #17~22.04.1-Ubuntu SMP\n"
              f"[    0.000000] Command line: BOOT_IMAGE=/boot/vmlinuz-6.8.0-1015-gcp root=LABEL=cloudimg-rootfs ro "
              f"console=ttyS0\n[    2.104311] systemd[1]: Hostname set to <{name}>.\n"
              f"[    4.218000] cloud-init[512]: Cloud-init v. 24.1.3-0ubuntu1~22.04.5 running 'init' (boot {boot}).\n")
-    bits = {"ssh-ed25519": "ED25519", "ecdsa-sha2-nistp256": "ECDSA"}
-    ordered = sorted(keys)  # cloud-init reads /etc/ssh/ssh_host_*_key.pub in name order: ecdsa, ed25519
-    prints = [f"<14>{stamp} cloud-init: 256 {key_fingerprint(k)} root@{name} ({bits[k.split()[0]]})" for k in ordered]
-    rule = f"<14>{stamp} cloud-init: " + "#" * 61
-    late = "\n".join([rule, f"<14>{stamp} cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----", *prints,
-                      f"<14>{stamp} cloud-init: -----END SSH HOST KEY FINGERPRINTS-----", rule,
-                      "-----BEGIN SSH HOST KEY KEYS-----", *[f"{k} root@{name}" for k in ordered],
-                      "-----END SSH HOST KEY KEYS-----",
+    late = "\n".join([*cloud_init_host_keys(name, keys, when),
                       "[   11.902114] cloud-init[790]: Cloud-init v. 24.1.3-0ubuntu1~22.04.5 finished. Datasource "
                       "DataSourceGCELocal.", f"\nUbuntu 22.04.5 LTS {name} ttyS0\n\n{name} login: "]) + "\n"
     return early, late
@@ -436,7 +408,7 @@ class Gce:
         self._changed = threading.Condition(self._lock)
         self.add_network("default")
         self._routes = self._route_table()
-        self._server = _Server((host, port), _handler(self))
+        self._server = QuietServer((host, port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
 
@@ -1332,14 +1304,6 @@ class Gce:
 
 
 # ---------------------------------------------------------------------------------------------------------- HTTP
-
-
-class _Server(ThreadingHTTPServer):
-    """HTTPServer without its reverse DNS lookup of the bound address at start."""
-
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
 
 
 def _handler(gce: Gce) -> type[BaseHTTPRequestHandler]:

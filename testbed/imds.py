@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import socketserver
 import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from testbed.guest import QuietServer
 
 NOTICE_LEAD_SECONDS = 120
 GCE_PREEMPTED = {"gce": "preempted"}  # the notice file's text for a GCE preemption
@@ -50,15 +51,6 @@ def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECON
     return json.dumps({"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")})
 
 
-class _Server(ThreadingHTTPServer):
-    """HTTPServer without its reverse DNS lookup of the bound address at start (seconds where no resolver
-    answers, as inside a local cluster's node)."""
-
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-
 class Imds:
     def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0,
                  notice_file: Path | None = None):
@@ -70,7 +62,7 @@ class Imds:
         self.tokens: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
-        self._server = _Server((host, port), self._handler())
+        self._server = QuietServer((host, port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -1,13 +1,15 @@
 """What every cloud provider's plan checks and decides alike, without touching a cloud: the cluster's name, the
 operator's SSH range, TTLs, data volume sizes, SSH waits, the first-boot settings of the data volume, and which
-set of snapshots a cluster's volumes come back from. Pure, and unit-tested with each provider's plan; and the undo
-list every provider's `up` rolls back with."""
+set of snapshots a cluster's volumes come back from. Pure, and unit-tested with each provider's plan; and what every
+provider's cloud side does alike: the undo list `up` rolls back with, the poll for the host keys a cloud shows,
+and pinning them."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +49,34 @@ def validate_cidr(text: str | None) -> str:
         raise UsageError(f"--ssh-cidr {text!r} is too broad: at least /{MIN_PREFIX[network.version]} for "
                          f"IPv{network.version}; kiln never opens SSH to the whole Internet")
     return str(network)
+
+
+def validate_count(count) -> int:
+    """--count: a whole number, at least 1."""
+    try:
+        count = int(count)
+    except (TypeError, ValueError):
+        raise UsageError(f"--count {count!r} is not a whole number") from None
+    if count < 1:
+        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    return count
+
+
+def validate_user(user) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or ""):
+        raise UsageError(f"--user {user!r} is not a valid login name")
+    return user
+
+
+def validate_ttl(ttl_hours) -> float:
+    """--ttl-hours: more than 0 and at most MAX_TTL_HOURS."""
+    try:
+        ttl_hours = float(ttl_hours)
+    except (TypeError, ValueError):
+        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
+    if not 0 < ttl_hours <= MAX_TTL_HOURS:
+        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    return ttl_hours
 
 
 def validate_volume(size_gib) -> int | None:
@@ -169,6 +199,25 @@ class ClusterSummary:
         return self.expires is not None and self.expires <= now
 
 
+def summarize(resources: Iterable) -> list[ClusterSummary]:
+    """Resources grouped by cluster name; a cluster expires with its earliest expiry. A resource is any record
+    with `kind`, `label` (its id or name), `state`, `cluster`, `owner` and `expires`."""
+    groups: dict[str, list] = {}
+    for resource in resources:
+        groups.setdefault(resource.cluster, []).append(resource)
+    summaries = []
+    for name, members in sorted(groups.items()):
+        expiries = [r.expires for r in members if r.expires is not None]
+        owners = sorted({r.owner for r in members} - {""})
+        instances = tuple(sorted(f"{r.label} ({r.state})" for r in members if r.kind == "instance"))
+        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members)))
+    return summaries
+
+
+def expired_clusters(resources: Iterable, now: datetime) -> list[ClusterSummary]:
+    return [summary for summary in summarize(resources) if summary.expired(now)]
+
+
 class Rollback:
     """Undo actions, registered before each step so an interrupted call is undone too."""
 
@@ -188,3 +237,38 @@ class Rollback:
                 failures.append(f"{what}: {describe(error)}")
         return failures
 
+
+
+def poll_host_keys(look: Callable[[str], list[str]], names: Sequence[str], timeout_s: float,
+                   poll_s: float) -> dict[str, list[str]]:
+    """The host keys `look(name)` finds for each machine (as the cloud shows them), looked at again every poll_s
+    until every machine has them or timeout_s has passed (one look when it is 0); machines without keys are left
+    out: kiln does not trust them on first contact."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, list[str]] = {}
+    while True:
+        for name in names:
+            if name not in found:
+                keys = look(name)
+                if keys:
+                    found[name] = keys
+        if len(found) == len(names) or time.monotonic() + poll_s > deadline:
+            return found
+        time.sleep(poll_s)
+
+
+def pin_host_keys(cluster: str, names: Sequence[str], hosts: Sequence, found: dict[str, list[str]],
+                  shown: str) -> dict[str, str]:
+    """Write the cluster's known_hosts (the file Cluster.connect pins for `--cluster NAME`) from the keys the
+    machines `names` showed; per address, `shown` (where they came from) where pinned, "first-contact" where the
+    keys must be accepted on first use."""
+    from bootstrap import state
+    from kiln.hostkeys import known_hosts_lines
+
+    lines, states = [], {}
+    for name, host in zip(names, hosts, strict=True):
+        keys = found.get(name, [])
+        lines += known_hosts_lines([host.address], keys)
+        states[host.address] = shown if keys else "first-contact"
+    state.write_known_hosts(cluster, "".join(lines))
+    return states

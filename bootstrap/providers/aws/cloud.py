@@ -17,9 +17,8 @@ from bootstrap import mesh, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers.aws import plan
-from bootstrap.providers.common import Rollback
+from bootstrap.providers.common import Rollback, pin_host_keys, poll_host_keys
 from kiln.hostkeys import console_host_keys as console_host_keys_of
-from kiln.hostkeys import known_hosts_lines
 from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
@@ -320,7 +319,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
 
         step = "read the host keys from the consoles"
         found = console_host_keys(aws, instance_ids, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        host_keys = pin_host_keys(request.name, described, hosts, found)
+        host_keys = pin_host_keys(request.name, [i["InstanceId"] for i in described], hosts, found, "console")
 
         step = "write the cluster file"
         Record(aws.region, tuple(instance_ids), group_id, plan.resource_name(request.name),
@@ -448,31 +447,9 @@ def console_text(aws: Aws, instance_id: str) -> str:
 
 def console_host_keys(aws: Aws, instance_ids: Sequence[str], timeout_s: float,
                       poll_s: float = CONSOLE_POLL_S) -> dict[str, list[str]]:
-    """The host keys cloud-init printed to each instance's console, polled until every instance has them or
-    timeout_s has passed (one look when it is 0); instances without keys are left out."""
-    deadline = time.monotonic() + timeout_s
-    found: dict[str, list[str]] = {}
-    while True:
-        for instance_id in instance_ids:
-            if instance_id not in found:
-                keys = console_host_keys_of(console_text(aws, instance_id))
-                if keys:
-                    found[instance_id] = keys
-        if len(found) == len(instance_ids) or time.monotonic() + poll_s > deadline:
-            return found
-        time.sleep(poll_s)
-
-
-def pin_host_keys(cluster: str, instances: list[dict], hosts, found: dict[str, list[str]]) -> dict[str, str]:
-    """Write the cluster's known_hosts (the file Cluster.connect pins for `--cluster NAME`) from the console's
-    keys; per address, "console" where pinned, "first-contact" where the keys must be accepted on first use."""
-    lines, states = [], {}
-    for instance, host in zip(instances, hosts, strict=True):
-        keys = found.get(instance["InstanceId"], [])
-        lines += known_hosts_lines([host.address], keys)
-        states[host.address] = "console" if keys else "first-contact"
-    state.write_known_hosts(cluster, "".join(lines))
-    return states
+    """The host keys cloud-init printed to each instance's console (common.poll_host_keys)."""
+    return poll_host_keys(lambda instance_id: console_host_keys_of(console_text(aws, instance_id)), instance_ids,
+                          timeout_s, poll_s)
 
 
 def down(name: str, *, region: str | None = None, profile: str | None = None, aws: Aws | None = None,

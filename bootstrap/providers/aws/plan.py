@@ -27,6 +27,7 @@ from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as th
     SSH_WAIT_S,
     ClusterSummary,
     data_volume_file,
+    expired_clusters,
     first_boot_settings,
     format_time,
     latest_snapshot_set,
@@ -34,10 +35,14 @@ from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as th
     parse_image_tags,
     parse_time,
     restore_note,
+    summarize,
     validate_cidr,
+    validate_count,
     validate_name,
     validate_snapshot_ttl,
     validate_ssh_wait,
+    validate_ttl,
+    validate_user,
     validate_volume,
 )
 
@@ -118,12 +123,7 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
                      idle_minutes: float | None = None) -> Request:
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
     validate_name(name)
-    try:
-        count = int(count)
-    except (TypeError, ValueError):
-        raise UsageError(f"--count {count!r} is not a whole number") from None
-    if count < 1:
-        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    count = validate_count(count)
     if not isinstance(instance_type, str) or not INSTANCE_TYPE.fullmatch(instance_type):
         raise UsageError(f"--instance-type {instance_type!r} is not an EC2 instance type like "
                          f"{DEFAULT_INSTANCE_TYPE}")
@@ -140,14 +140,8 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
         except (TypeError, ValueError):
             raise UsageError(f"--max-price {max_price!r} is not a positive price in USD per hour") from None
         max_price = str(max_price)
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or ""):
-        raise UsageError(f"--user {user!r} is not a valid login name")
-    try:
-        ttl_hours = float(ttl_hours)
-    except (TypeError, ValueError):
-        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
-    if not 0 < ttl_hours <= MAX_TTL_HOURS:
-        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    validate_user(user)
+    ttl_hours = validate_ttl(ttl_hours)
     return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
                    user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib),
                    validate_idle_minutes(idle_minutes) or None)
@@ -263,6 +257,14 @@ class Resource:
     def expires(self) -> datetime | None:
         return parse_time(self.tags.get(TAG_EXPIRES, ""))
 
+    @property
+    def owner(self) -> str:
+        return self.tags.get(TAG_OWNER, "")
+
+    @property
+    def label(self) -> str:
+        return self.id
+
 
 # The order `down` removes things in: instances first (they hold the rest), then what they used.
 TEARDOWN_ORDER = ("instance", "volume", "security-group", "key-pair", "placement-group")
@@ -270,24 +272,6 @@ TEARDOWN_ORDER = ("instance", "volume", "security-group", "key-pair", "placement
 
 def teardown_order(resources: Sequence[Resource]) -> list[Resource]:
     return sorted(resources, key=lambda r: (TEARDOWN_ORDER.index(r.kind), r.id))
-
-
-def summarize(resources: Iterable[Resource]) -> list[ClusterSummary]:
-    """Resources grouped by cluster name; a cluster expires with its earliest expiry tag."""
-    groups: dict[str, list[Resource]] = {}
-    for resource in resources:
-        groups.setdefault(resource.cluster, []).append(resource)
-    summaries = []
-    for name, members in sorted(groups.items()):
-        expiries = [r.expires for r in members if r.expires is not None]
-        owners = sorted({r.tags.get(TAG_OWNER, "") for r in members} - {""})
-        instances = tuple(sorted(f"{r.id} ({r.state})" for r in members if r.kind == "instance"))
-        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members)))
-    return summaries
-
-
-def expired_clusters(resources: Iterable[Resource], now: datetime) -> list[ClusterSummary]:
-    return [summary for summary in summarize(resources) if summary.expired(now)]
 
 
 def hosts_from_instances(instances: Sequence[dict], user: str) -> list[Host]:

@@ -37,11 +37,13 @@ from bootstrap.providers.common import (
     latest_snapshot_set,
     no_answer_error,
     parse_time,
+    pin_host_keys,
+    poll_host_keys,
     restore_note,
     validate_name,
     validate_snapshot_ttl,
 )
-from kiln.hostkeys import console_host_keys, known_hosts_lines
+from kiln.hostkeys import console_host_keys
 from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AZURE_ENDPOINT"
@@ -303,30 +305,8 @@ def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
 
 def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,
               poll_s: float = HOST_KEYS_POLL_S) -> dict[str, list[str]]:
-    """Each VM's host keys from its serial log, polled until every VM shows them or timeout_s has passed (one look
-    when it is 0); VMs without keys are left out: kiln does not trust them on first contact."""
-    deadline = time.monotonic() + timeout_s
-    found: dict[str, list[str]] = {}
-    while True:
-        for name in names:
-            if name not in found:
-                keys = serial_host_keys(azure, group, name)
-                if keys:
-                    found[name] = keys
-        if len(found) == len(names) or time.monotonic() + poll_s > deadline:
-            return found
-        time.sleep(poll_s)
-
-
-def pin_host_keys(cluster: str, names: Sequence[str], hosts: Sequence[Host],
-                  found: dict[str, list[str]]) -> dict[str, str]:
-    lines, states = [], {}
-    for name, host in zip(names, hosts, strict=True):
-        keys = found.get(name, [])
-        lines += known_hosts_lines([host.address], keys)
-        states[host.address] = "shown" if keys else "first-contact"
-    state.write_known_hosts(cluster, "".join(lines))
-    return states
+    """Each VM's host keys from its serial log (common.poll_host_keys)."""
+    return poll_host_keys(lambda name: serial_host_keys(azure, group, name), names, timeout_s, poll_s)
 
 
 @dataclass(frozen=True)
@@ -478,7 +458,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
 
         step = "read the host keys from the serial logs"
         found = host_keys(azure, group, names, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        pinned = pin_host_keys(request.name, names, hosts, found)
+        pinned = pin_host_keys(request.name, names, hosts, found, "shown")
 
         step = "write the cluster file"
         Record(azure.subscription, group, image, tags, asdict(request), tuple(names), tuple(disks), subnet_id,

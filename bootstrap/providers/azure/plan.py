@@ -21,12 +21,13 @@ from datetime import datetime, timedelta
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.providers.common import (
-    MAX_TTL_HOURS,
     first_boot_settings,
     format_time,
     parse_image_tags,
     validate_cidr,
+    validate_count,
     validate_name,
+    validate_ttl,
     validate_volume,
 )
 
@@ -89,12 +90,7 @@ def validate_request(name: str, count, vm_size: str | None, *, location: str | N
                      idle_minutes: float | None = None) -> Request:
     """Check everything that can be checked without Azure; raise one UsageError line naming the bad input."""
     validate_name(name)
-    try:
-        count = int(count)
-    except (TypeError, ValueError):
-        raise UsageError(f"--count {count!r} is not a whole number") from None
-    if count < 1:
-        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    count = validate_count(count)
     if not location:
         raise UsageError("give --location (e.g. eastus), or set AZURE_LOCATION")
     if not LOCATION.fullmatch(location):
@@ -119,12 +115,7 @@ def validate_request(name: str, count, vm_size: str | None, *, location: str | N
             raise UsageError(f"--max-price {max_price!r} is not a positive price in USD per hour") from None
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or "") or user in ("root", "admin", "administrator"):
         raise UsageError(f"--user {user!r} is not a login name Azure takes")
-    try:
-        ttl_hours = float(ttl_hours)
-    except (TypeError, ValueError):
-        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
-    if not 0 < ttl_hours <= MAX_TTL_HOURS:
-        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    ttl_hours = validate_ttl(ttl_hours)
     ssh_cidr = validate_cidr(ssh_cidr)
     if ":" in ssh_cidr:
         raise UsageError(f"--ssh-cidr {ssh_cidr}: kiln's Azure nodes have IPv4 addresses only; give an IPv4 range")

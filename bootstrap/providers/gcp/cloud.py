@@ -32,12 +32,14 @@ from bootstrap.providers.common import (
     Rollback,
     latest_snapshot_set,
     no_answer_error,
+    pin_host_keys,
+    poll_host_keys,
     restore_note,
     validate_name,
     validate_snapshot_ttl,
 )
 from bootstrap.providers.gcp import plan
-from kiln.hostkeys import console_host_keys, known_hosts_lines
+from kiln.hostkeys import console_host_keys
 from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
@@ -289,20 +291,9 @@ def forget_local(name: str) -> None:
 
 def host_keys(gce: Gce, zone: str, names: Sequence[str], timeout_s: float,
               poll_s: float = HOST_KEYS_POLL_S) -> dict[str, list[str]]:
-    """The host keys each instance shows: the guest agent's guest attributes (hostkeys/), else the keys
-    cloud-init printed to its serial port; polled until every instance has them or timeout_s has passed (one
-    look when it is 0). Instances without keys are left out: kiln does not trust them on first contact."""
-    deadline = time.monotonic() + timeout_s
-    found: dict[str, list[str]] = {}
-    while True:
-        for name in names:
-            if name not in found:
-                keys = shown_host_keys(gce, zone, name)
-                if keys:
-                    found[name] = keys
-        if len(found) == len(names) or time.monotonic() + poll_s > deadline:
-            return found
-        time.sleep(poll_s)
+    """The host keys each instance shows: its guest attributes (hostkeys/), else the keys cloud-init printed to
+    its serial port (common.poll_host_keys)."""
+    return poll_host_keys(lambda name: shown_host_keys(gce, zone, name), names, timeout_s, poll_s)
 
 
 def shown_host_keys(gce: Gce, zone: str, name: str) -> list[str]:
@@ -318,19 +309,6 @@ def shown_host_keys(gce: Gce, zone: str, name: str) -> list[str]:
     serial = gce.instances.get_serial_port_output(request={"project": gce.project, "zone": zone, "instance": name,
                                                            "port": 1})
     return console_host_keys(serial.contents)
-
-
-def pin_host_keys(cluster: str, names: Sequence[str], hosts: Sequence[Host],
-                  found: dict[str, list[str]]) -> dict[str, str]:
-    """Write the cluster's known_hosts from the keys the instances showed; per address, "shown" where pinned,
-    "first-contact" where the keys must be accepted on first use."""
-    lines, states = [], {}
-    for name, host in zip(names, hosts, strict=True):
-        keys = found.get(name, [])
-        lines += known_hosts_lines([host.address], keys)
-        states[host.address] = "shown" if keys else "first-contact"
-    state.write_known_hosts(cluster, "".join(lines))
-    return states
 
 
 @dataclass(frozen=True)
@@ -459,7 +437,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
 
         step = "read the host keys the instances show"
         found = host_keys(gce, request.zone, names, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        pinned = pin_host_keys(request.name, names, hosts, found)
+        pinned = pin_host_keys(request.name, names, hosts, found, "shown")
 
         step = "write the cluster file"
         Record(gce.project, request.zone, image, labels, asdict(request), tuple(names), tuple(disks),

@@ -21,13 +21,16 @@ from datetime import UTC, datetime, timedelta
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers.common import (
-    MAX_TTL_HOURS,
-    ClusterSummary,
+from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summarize: the plan's, as callers use them)
+    expired_clusters,
     first_boot_settings,
     parse_image_tags,
+    summarize,
     validate_cidr,
+    validate_count,
     validate_name,
+    validate_ttl,
+    validate_user,
     validate_volume,
 )
 
@@ -118,12 +121,7 @@ def validate_request(name: str, count, machine_type: str | None, *, zone: str | 
                      idle_minutes: float | None = None) -> Request:
     """Check everything that can be checked without GCE; raise one UsageError line naming the bad input."""
     validate_name(name)
-    try:
-        count = int(count)
-    except (TypeError, ValueError):
-        raise UsageError(f"--count {count!r} is not a whole number") from None
-    if count < 1:
-        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+    count = validate_count(count)
     if not zone:
         raise UsageError("give --zone (e.g. us-central1-a), or set CLOUDSDK_COMPUTE_ZONE")
     if not ZONE.fullmatch(zone):
@@ -137,14 +135,8 @@ def validate_request(name: str, count, machine_type: str | None, *, zone: str | 
                          "(or .../images/family/FAMILY)")
     if source_image is None and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", image_profile or ""):
         raise UsageError(f"--image-profile {image_profile!r}: use lowercase letters, digits, '-' and '_'")
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or ""):
-        raise UsageError(f"--user {user!r} is not a valid login name")
-    try:
-        ttl_hours = float(ttl_hours)
-    except (TypeError, ValueError):
-        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
-    if not 0 < ttl_hours <= MAX_TTL_HOURS:
-        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
+    validate_user(user)
+    ttl_hours = validate_ttl(ttl_hours)
     labels = tuple((label_value(key), label_value(value)) for key, value in parse_image_tags(image_tags))
     return Request(name, count, zone, machine_type, validate_cidr(ssh_cidr), source_image, image_profile, labels,
                    bool(spot), user, ttl_hours, validate_volume(volume_gb), validate_idle_minutes(idle_minutes) or None)
@@ -332,6 +324,18 @@ class Resource:
     def cluster(self) -> str:
         return self.labels.get(LABEL_CLUSTER, "")
 
+    @property
+    def owner(self) -> str:
+        return self.labels.get(LABEL_OWNER, "")
+
+    @property
+    def expires(self) -> datetime | None:
+        return expiry(self.labels)
+
+    @property
+    def label(self) -> str:
+        return self.name
+
 
 # The order `down` removes things in: instances first (they hold the rest), then what they used.
 TEARDOWN_ORDER = ("instance", "disk", "firewall", "resource-policy")
@@ -339,24 +343,6 @@ TEARDOWN_ORDER = ("instance", "disk", "firewall", "resource-policy")
 
 def teardown_order(resources: Sequence[Resource]) -> list[Resource]:
     return sorted(resources, key=lambda r: (TEARDOWN_ORDER.index(r.kind), r.name))
-
-
-def summarize(resources: Iterable[Resource]) -> list[ClusterSummary]:
-    """Resources grouped by cluster name; a cluster expires with its earliest expiry label."""
-    groups: dict[str, list[Resource]] = {}
-    for resource in resources:
-        groups.setdefault(resource.cluster, []).append(resource)
-    summaries = []
-    for name, members in sorted(groups.items()):
-        expiries = [e for e in (expiry(r.labels) for r in members) if e is not None]
-        owners = sorted({r.labels.get(LABEL_OWNER, "") for r in members} - {""})
-        instances = tuple(sorted(f"{r.name} ({r.state})" for r in members if r.kind == "instance"))
-        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members)))
-    return summaries
-
-
-def expired_clusters(resources: Iterable[Resource], now: datetime) -> list[ClusterSummary]:
-    return [summary for summary in summarize(resources) if summary.expired(now)]
 
 
 def node_order(instances: Sequence[Mapping]) -> list[Mapping]:
