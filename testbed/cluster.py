@@ -101,20 +101,36 @@ def ns_id(path: str) -> tuple[int, int] | None:
 
 def kill_namespace_processes(netns: list[str], grace: float = 3.0, *, abrupt: bool = False) -> None:
     """SIGTERM every process in the namespaces, SIGKILL what is left after grace seconds (`abrupt`: SIGKILL at
-    once, as a machine that loses its power)."""
+    once, as a machine that loses its power). Each poll signals the processes forked since the last one (an sshd
+    that accepts a connection between the listing and its own kill leaves a child no single pass sees)."""
     steps = ((signal.SIGTERM, grace),) if not abrupt else ()
-    for sig, wait in (*steps, (signal.SIGKILL, 5.0)):
-        pids = namespace_pids(netns)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+    pids: list[int] = []
+    for sig, wait in (*steps, (signal.SIGKILL, 10.0)):
+        signalled: set[int] = set()
         deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
+        while (pids := namespace_pids(netns)) and time.monotonic() < deadline:
+            # a second SIGTERM may mean "now" to a program's handler: SIGTERM once each, SIGKILL every poll
+            for pid in pids if sig == signal.SIGKILL else set(pids) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            signalled.update(pids)
             time.sleep(0.1)
-            pids = namespace_pids(netns)
         if not pids:
             return
-    raise UsageError(f"processes survived SIGKILL in {netns[0]}...: {pids[:10]}")
+    raise UsageError(f"processes survived SIGKILL in {netns[0]}...: {describe_pids(pids[:10])}")
+
+
+def describe_pids(pids: list[int]) -> str:
+    """pid, state and name of each process, as /proc shows them (D: waits in the kernel, which no signal ends)."""
+    described = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()[0]
+        described.append(f"{pid} {state} {name}")
+    return ", ".join(described) or "gone as this was written"
 
 
 def teardown(name: str, timeout: float = 60) -> bool:

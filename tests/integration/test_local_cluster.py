@@ -213,6 +213,30 @@ def test_down_removes_everything_and_is_idempotent():
 
 
 @needs_namespaces
+def test_the_kill_reaches_processes_forked_while_it_runs():
+    """A namespace whose process forks without pause, children ignoring SIGTERM: one pass of kills races the
+    forks; the kill signals what each poll finds until nothing is left."""
+    netns = f"{SCRATCH}-n9"
+    subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=10)
+    subprocess.run(["ip", "netns", "add", netns], check=True, timeout=10)
+    forker = subprocess.Popen(["ip", "netns", "exec", netns, "bash", "-c",
+                               "trap '' TERM; while :; do (exec sleep 60) & done"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        inode = os.stat(f"/run/netns/{netns}")
+        while len(pids_in({(inode.st_dev, inode.st_ino)})) < 50:
+            assert forker.poll() is None, "the forking shell ended by itself"
+
+        cli.kill_namespace_processes([netns], grace=0.3)
+
+        assert pids_in({(inode.st_dev, inode.st_ino)}) == []
+    finally:
+        forker.kill()
+        forker.wait(timeout=10)
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=10)
+
+
+@needs_namespaces
 def test_down_works_without_the_state_directory():
     local_cluster("down", "--name", SCRATCH)
     try:
