@@ -3,7 +3,8 @@
 Each node runs an agent (node.py's `autostop` verb, detached) that powers the node off once no process of a kiln
 run has been on it for N minutes. The cluster's provider says what powering off means (Provider.shutdown): on AWS
 the instance shuts down and, launched with InstanceInitiatedShutdownBehavior=terminate, is terminated (its data
-volume stays); on a local cluster the node's processes are killed, as a machine that is switched off.
+volume stays); on Azure the VM deallocates itself as its own managed identity (a VM that only shut down would stay
+allocated and billed); on a local cluster the node's processes are killed, as a machine that is switched off.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from bootstrap.errors import UsageError
 
 MAX_IDLE_MINUTES = 7 * 24 * 60
 STATE_FILE = "~/kiln/autostop.json"
-SHUTDOWNS = ("system", "namespace")  # what node.py's agent does to power a node off (the provider says which)
+SHUTDOWNS = ("system", "namespace", "azure")  # what node.py's agent does to power a node off (the provider says which)
 
 
 def validate_idle_minutes(minutes) -> float | None:

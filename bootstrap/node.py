@@ -25,6 +25,10 @@ HOSTS_FILE = "/etc/hosts"
 DATA_VOLUME_SETTINGS = "/etc/kiln/data-volume.json"  # the image's kiln-data-volume reads it (kiln up --volume)
 CONTAINER_PREFIX = "kiln-"  # a run's container on this node: kiln-RUN_ID (bootstrap/container.py)
 LOCAL_NODE_MARK = "/etc/ssh/kiln-local-node"  # what testbed.cluster puts in its nodes' private /etc/ssh
+AZURE_METADATA = "http://169.254.169.254"  # an Azure VM's instance metadata service
+AZURE_MANAGER = "https://management.azure.com"  # Resource Manager
+AZURE_COMPUTE_API = "2026-04-01"  # virtualMachines' api-version, as the azure-mgmt-compute kiln pins sends it
+SHUTDOWNS = ("system", "namespace", "azure")
 
 
 def facts(ports, names, probe=None):
@@ -594,10 +598,11 @@ def started_at(pid):
 def autostop(idle_s, interval_s, shutdown, state_path):
     """Start this node's idle agent, detached, in place of the one before (idle_s 0: only stop that one). It
     powers the node off once no kiln run has had a process here for idle_s seconds (`shutdown`: "system" runs
-    shutdown; "namespace", on a local cluster's node, kills every process in the node's network namespace)."""
+    shutdown; "namespace", on a local cluster's node, kills every process in the node's network namespace; "azure"
+    deallocates this Azure VM, as its own managed identity)."""
 
-    if shutdown not in ("system", "namespace"):
-        raise ValueError(f"shutdown {shutdown!r}: system or namespace")
+    if shutdown not in SHUTDOWNS:
+        raise ValueError(f"shutdown {shutdown!r}: one of {', '.join(SHUTDOWNS)}")
     if shutdown == "namespace" and not os.path.exists(LOCAL_NODE_MARK):
         raise ValueError(f"shutdown namespace: no {LOCAL_NODE_MARK}; this is not a local cluster's node")
     os.makedirs(os.path.dirname(state_path), exist_ok=True)
@@ -684,6 +689,8 @@ def power_off(shutdown):
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"{' '.join(argv)}: {error}"
         return None if done.returncode == 0 else f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}"
+    if shutdown == "azure":
+        return deallocate_self()
     mine = os.readlink("/proc/self/ns/net")
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
@@ -693,6 +700,49 @@ def power_off(shutdown):
             except OSError:
                 continue
     return None
+
+
+def deallocate_self(metadata=AZURE_METADATA, manager=AZURE_MANAGER, cafile=None, timeout=30):
+    """Ask Resource Manager to deallocate this Azure VM (a VM that only shuts down stays allocated and billed), as
+    the VM's system-assigned identity, which kiln allowed to deallocate this VM alone; None once Resource Manager
+    took the request, or why it did not."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    local = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+
+    def ask(path):
+        with local.open(urllib.request.Request(metadata + path, headers={"Metadata": "true"}), timeout=timeout) as got:
+            return json.loads(got.read())
+
+    step = "read this VM's resource id from the metadata service"
+    try:
+        vm = ask("/metadata/instance/compute?api-version=2021-02-01")["resourceId"]
+        step = "get a token for its managed identity"
+        resource = urllib.parse.quote(manager.rstrip("/") + "/", safe="")
+        token = ask(f"/metadata/identity/oauth2/token?api-version=2018-02-01&resource={resource}")["access_token"]
+        step = f"deallocate {vm}"
+        request = urllib.request.Request(f"{manager.rstrip('/')}{vm}/deallocate?api-version={AZURE_COMPUTE_API}",
+                                         data=b"", method="POST", headers={"Authorization": f"Bearer {token}"})
+        context = ssl.create_default_context(cafile=cafile)
+        with urllib.request.build_opener(urllib.request.HTTPSHandler(context=context)).open(
+                request, timeout=timeout) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as error:
+        try:
+            said = json.loads(error.read() or b"{}")
+        except ValueError:
+            said = {}
+        detail = said.get("error") if isinstance(said.get("error"), dict) else said  # ARM's, or the metadata's
+        code = str(detail.get("code") or detail.get("error") or "")
+        message = str(detail.get("message") or detail.get("error_description") or "")
+        return f"could not {step}: HTTP {error.code} " + (f"{code}: {message}" if code and message else code or message)
+    except (OSError, ValueError, KeyError) as error:
+        return f"could not {step}: {type(error).__name__}: {error}"
+    return None if status in (200, 202) else f"could not {step}: HTTP {status}"
 
 
 def read_json(path):

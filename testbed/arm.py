@@ -14,8 +14,10 @@ filter, delete with everything in them); Microsoft.Network virtual networks and 
 groups, public IP addresses (Standard, static, from 203.0.113.0/24) and network interfaces; Microsoft.Compute virtual
 machines (create or update, get with the instance view, list, delete, power off, deallocate, start, boot diagnostics),
 disks, snapshots, proximity placement groups, managed images and gallery image versions (read; `add_image`,
-`add_gallery_image` make them); the operation status and result URLs the pollers follow; and the boot diagnostics
-blobs behind the SAS URLs it hands out.
+`add_gallery_image` make them); VMs' system-assigned identities and role assignments at any scope, checked on every
+call as RBAC checks them (testbed/arm_access.py; `identity_token(vm_id)` is what the VM's metadata service hands
+out, `denied(action)` refuses the operator an action); the operation status and result URLs the pollers follow;
+and the boot diagnostics blobs behind the SAS URLs it hands out.
 
 How it holds to the real API:
 - URLs, verbs, the api-version of each operation and the status codes each accepts are those of the SDKs' own
@@ -96,6 +98,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from testbed.arm_access import AUTHORIZATION_API, OPERATION_POLLS, Access, authorization_failed
+from testbed.arm_access import action_of as access_action
 from testbed.arm_rules import (
     COMPUTE_API,
     DISK_API,
@@ -239,6 +243,7 @@ class _Op:
     status: str = "InProgress"
     error: dict | None = None
     ended: str = ""
+    caller: str | None = None  # the principal that started it (None: the operator)
 
 
 class _Credential:
@@ -276,6 +281,8 @@ class Arm:
         self._next_public = 0
         self._lock = threading.RLock()
         self._fault_now: _Fault | None = None
+        self._access = Access(subscription)
+        self._caller: str | None = None  # the principal of the call being served; None: the operator
         self._tmp = tempfile.TemporaryDirectory(prefix="arm-standin-")
         self.ca_file, cert, key = make_tls(Path(self._tmp.name), host)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -303,6 +310,29 @@ class Arm:
         cls = classes[kind] if isinstance(kind, str) else kind
         return cls(credential or self.credential(), self.subscription, base_url=self.endpoint,
                    connection_verify=self.ca_file, polling_interval=max(self.op_delay / 3, 0.005))
+
+    def identity_token(self, vm_id: str) -> str | None:
+        """A token for the VM's system-assigned identity, as its metadata service hands it out (None: it has no
+        identity); ARM allows its calls what the principal's role assignments grant."""
+        with self._lock:
+            return self._access.token_for(vm_id)
+
+    @contextlib.contextmanager
+    def denied(self, action: str):
+        """Refuse the operator an action while in the block (403 AuthorizationFailed), as ARM refuses a
+        Contributor `Microsoft.Authorization/roleAssignments/write`."""
+        with self._lock:
+            self._access.denied.add(action)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._access.denied.discard(action)
+
+    def role_assignments(self) -> list[dict]:
+        """Every role assignment, as ARM shows it."""
+        with self._lock:
+            return copy.deepcopy(list(self._access.assignments.values()))
 
     def host_keys(self, resource_group: str, vm_name: str) -> list[str]:
         """The host keys the VM really has: `<type> <base64>` lines."""
@@ -486,9 +516,15 @@ class Arm:
                   ("GET", subnet, "subnets.get", NETWORK_API, self._subnet_get),
                   ("DELETE", subnet, "subnets.delete", NETWORK_API, self._subnet_delete, True),
                   ("GET", np + "/virtualNetworks/{n1}/subnets", "subnets.list", NETWORK_API, self._subnet_list)]
-        return [_Route(verb, re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", uri) + "/?", re.IGNORECASE), name,
-                       api, handler, bool(rest and rest[0]))
-                for verb, uri, name, api, handler, *rest in table]
+        routes = [_Route(verb, re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", uri) + "/?", re.IGNORECASE),
+                         name, api, handler, bool(rest and rest[0]))
+                  for verb, uri, name, api, handler, *rest in table]
+        assignment = re.compile(r"(?P<scope>/subscriptions/(?P<subscription>[^/]+)(?:/.+?)?)/providers/"
+                                r"Microsoft\.Authorization/roleAssignments/(?P<n1>[^/]+)/?", re.IGNORECASE)
+        return routes + [_Route(verb, assignment, f"roleAssignments.{name}", AUTHORIZATION_API, handler)
+                         for verb, name, handler in (("PUT", "create", self._assignment_put),
+                                                     ("GET", "get", self._assignment_get),
+                                                     ("DELETE", "delete", self._assignment_delete))]
 
     # -------------------------------------------------------------------------------------------- serving
 
@@ -502,13 +538,15 @@ class Arm:
             try:
                 self._settle()
                 if found is None or found[0].api:
-                    self._authenticate(headers.get("Authorization"))
+                    self._caller = self._authenticate(headers.get("Authorization"))
                 if found is None:
                     raise ArmError(501, "NotImplemented", f"The ARM stand-in does not serve {verb} {split.path}.")
                 route, match = found
                 params = {k: unquote(v) for k, v in match.groupdict().items()}
                 if route.api:
                     self._check_scope(route, params, query)
+                    if route.name not in OPERATION_POLLS:  # a poll is checked against who started it
+                        self._access.check(self._caller, route.name, verb, split.path)
                 try:
                     body = json.loads(raw) if raw.strip() else None
                 except ValueError as error:
@@ -524,15 +562,20 @@ class Arm:
             except Exception:  # a bug of the stand-in: say so, as ARM's 500 the client shows
                 return _Reply(500, {"error": {"code": "InternalServerError", "message": traceback.format_exc()}})
 
-    def _authenticate(self, header: str | None) -> None:
+    def _authenticate(self, header: str | None) -> str | None:
+        """The caller's principal (None: the operator); 401 for no token or one the stand-in did not give."""
         if not header:
             raise ArmError(401, "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing.")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ArmError(401, "AuthenticationFailed",
                            "Authentication failed. The 'Authorization' header is provided in an invalid format.")
-        if not secrets.compare_digest(token.strip(), self._token):
+        if secrets.compare_digest(token.strip(), self._token):
+            return None
+        principal = self._access.tokens.get(token.strip())
+        if principal is None:
             raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
+        return principal
 
     def _check_scope(self, route: _Route, params: dict[str, str], query: dict[str, str]) -> None:
         if params["subscription"] != self.subscription:
@@ -593,7 +636,7 @@ class Arm:
         """Start a long-running operation: InProgress now, done op_delay from now; then `finish` runs, or, where a
         fault fails it, `undo`."""
         op = _Op(str(uuid.uuid4()), provider, location, time.monotonic() + self.op_delay, self._now(), finish, undo,
-                 context or {}, self._fault_now)
+                 context or {}, self._fault_now, caller=self._caller)
         self._fault_now = None
         self._ops[op.name] = op
         return op
@@ -646,6 +689,8 @@ class Arm:
                 name = base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode().split("|")[-1]
         if name not in self._ops:
             raise ArmError(404, "NotFound", f"The operation '{request.params['operation']}' was not found.")
+        if self._caller not in (None, self._ops[name].caller):  # the operator reads every operation
+            raise authorization_failed(self._caller, access_action(request.op, "GET", request.path), request.path)
         return self._ops[name]
 
     def _op_poll(self, request: _Request) -> _Reply:
@@ -973,8 +1018,9 @@ class Arm:
 
         def finish() -> None:
             for key in [k for k in self._resources if self._in_group(k, name)]:
-                self._resources.pop(key)
+                self._access.forget(self._resources.pop(key)["id"])
                 self._guests.pop(key, None)
+            self._access.remove_under(group["id"])
             self._groups.pop(name.lower(), None)
 
         def undo() -> None:
@@ -1379,8 +1425,10 @@ class Arm:
             timeCreated=old["properties"]["timeCreated"] if old else self._now())
         if ppg:
             stored_props["proximityPlacementGroup"] = {"id": stored_ppg["id"]}
-        stored = self._tracked(rid, location, body["tags"], stored_props,
-                               **({"zones": body["zones"]} if body.get("zones") else {}))
+        identity = self._access.identity(str(rid), body.get("identity"), (old or {}).get("identity"))
+        extra = {"zones": body["zones"]} if body.get("zones") else {}
+        stored = self._tracked(rid, location, body["tags"], stored_props, **extra,
+                               **({"identity": identity} if identity else {}))
         for disk in made:
             self._resources[disk["id"].lower()] = disk
         if not old:
@@ -1396,6 +1444,9 @@ class Arm:
                 self._resources.pop(disk["id"].lower(), None)
             if not old:
                 self._guests.pop(rid.key, None)
+                self._access.forget(str(rid))
+            elif old.get("identity") != identity:
+                self._access.identity(str(rid), old.get("identity") or {"type": "None"}, old.get("identity"))
 
         context = {"size": size_name, "cores": size.vcpus, "family": size.family, "location": location}
         op, status = self._store(rid, stored, old, "compute", state="Updating" if old else "Creating",
@@ -1588,6 +1639,8 @@ class Arm:
         self._guests.pop(key, None)
         if vm is None:
             return
+        self._access.forget(vm["id"])
+        self._access.remove_under(vm["id"])
         storage = vm["properties"]["storageProfile"]
         for disk in [storage["osDisk"], *storage["dataDisks"]]:
             if disk.get("deleteOption") == "Delete":
@@ -1657,6 +1710,30 @@ class Arm:
         context = self._fault_context(vm)
         op = self._begin("compute", vm["location"], finish, undo, context)
         return _Reply(202, None, self._op_headers(op))
+
+    # -------------------------------------------------------------------------------------------- role assignments
+
+    def _scope_of(self, request: _Request) -> str:
+        """The scope of a role assignment call, which must exist (a subscription, a group or a resource)."""
+        scope = request.path[:request.path.lower().rindex("/providers/microsoft.authorization/")]
+        parts = scope.strip("/").split("/")
+        if len(parts) > 2:
+            self._group(parts[3])
+        if len(parts) > 4 and scope.lower() not in self._resources:
+            rid = parse_id(scope)
+            raise resource_not_found(rid.type if rid else scope, parts[-1], parts[3])
+        return scope
+
+    def _assignment_put(self, request: _Request) -> _Reply:
+        status, made = self._access.put(self._scope_of(request), request.params["n1"], request.body)
+        return _Reply(status, made)
+
+    def _assignment_get(self, request: _Request) -> _Reply:
+        return _Reply(200, self._access.get(self._scope_of(request), request.params["n1"]))
+
+    def _assignment_delete(self, request: _Request) -> _Reply:
+        gone = self._access.delete(self._scope_of(request), request.params["n1"])
+        return _Reply(200, gone) if gone else _Reply(204)
 
     def _vm_boot_diagnostics(self, request: _Request) -> _Reply:
         rid = self._existing(request)

@@ -11,7 +11,9 @@ Both clouds serve theirs at 169.254.169.254; this serves both there, and answers
   `instance/preempted` is FALSE until `preempt()`, then TRUE; `instance/id` and `instance/name` name it.
 - **Azure**: every request under `/metadata/` must carry `Metadata: true` and no `X-Forwarded-For` (400
   otherwise) and an `api-version`; `instance/compute/name?format=text` names the VM; `scheduledevents` lists no
-  event until `evict()`, then a `Preempt` event naming the VM, due 30 s later.
+  event until `evict()`, then a `Preempt` event naming the VM, due 30 s later; `instance/compute` describes the
+  VM (its `resourceId`: `azure_vm`); `identity/oauth2/token?resource=R` gives a token for the VM's managed identity
+  (from `azure_token`, which the ARM stand-in's `identity_token` serves), or 400 "Identity not found" without one.
 
     with Imds("i-0abc") as imds:      # serves on 127.0.0.1, a free port: imds.endpoint
         imds.interrupt("terminate")   # or imds.preempt(), as GCE; imds.evict(), as Azure
@@ -31,9 +33,11 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from testbed.guest import QuietServer
 
@@ -53,8 +57,11 @@ def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECON
 
 class Imds:
     def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0,
-                 notice_file: Path | None = None):
+                 notice_file: Path | None = None, azure_vm: str | None = None,
+                 azure_token: Callable[[], str | None] | None = None):
         self.instance_id = instance_id
+        self.azure_vm = azure_vm
+        self.azure_token = azure_token
         self.notice_file = notice_file
         self.notice: dict | None = None
         self.preempted = False
@@ -141,6 +148,14 @@ class Imds:
         self._read_notice_file()
         if route == "/metadata/instance/compute/name":
             return 200, self.instance_id
+        if route == "/metadata/instance/compute":
+            parts = (self.azure_vm or "").split("/")
+            return 200, json.dumps({"name": self.instance_id, "resourceId": self.azure_vm or "",
+                                    "subscriptionId": parts[2] if len(parts) > 2 else "",
+                                    "resourceGroupName": parts[4] if len(parts) > 4 else "",
+                                    "azEnvironment": "AzurePublicCloud", "osType": "Linux"})
+        if route == "/metadata/identity/oauth2/token":
+            return self._azure_token(query)
         if route == "/metadata/scheduledevents":
             events = []
             if self.evicted_at:
@@ -152,6 +167,19 @@ class Imds:
                                "Description": "Spot VM eviction", "DurationInSeconds": -1})
             return 200, json.dumps({"DocumentIncarnation": len(events), "Events": events})
         return 404, json.dumps({"error": "Not found"})
+
+    def _azure_token(self, query: str) -> tuple[int, str]:
+        resource = parse_qs(query).get("resource", [""])[0]
+        if not resource:
+            return 400, json.dumps({"error": "invalid_request", "error_description": "Required query variable "
+                                                                                    "'resource' is missing"})
+        token = self.azure_token() if self.azure_token else None
+        if token is None:
+            return 400, json.dumps({"error": "invalid_request", "error_description": "Identity not found"})
+        now = int(time.time())
+        return 200, json.dumps({"access_token": token, "client_id": "", "expires_in": "86399",
+                                "expires_on": str(now + 86399), "ext_expires_in": "86399", "not_before": str(now),
+                                "resource": resource, "token_type": "Bearer"})
 
     def _answer(self, method: str, path: str, headers) -> tuple[int, str]:
         with self._lock:

@@ -229,7 +229,8 @@ def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, code=N
                     "idle_minutes": "power each node off after N minutes without a kiln run (0: cancel)"})
 def autostop(c, cluster, idle_minutes, fanout=64, accept_new_host_keys=False):
     """Power a kiln-made cluster's nodes off once they sit idle (no kiln run) for N minutes: the agent on each
-    node shuts it down (AWS: the instance terminates; its data volume stays). 0 cancels."""
+    node shuts it down (AWS: the instance terminates, its data volume stays; Azure: the VM deallocates itself).
+    0 cancels."""
     arm(c, cluster, autostop_plan.validate_idle_minutes(idle_minutes), fanout=fanout,
         accept_new_host_keys=accept_new_host_keys)
 

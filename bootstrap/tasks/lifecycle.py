@@ -47,7 +47,8 @@ UP_HELP = {
     "volume": "give each node an encrypted data volume of SIZE_GB GiB, mounted at /data, restored from the "
               "cluster's newest snapshots (down --snapshot) where there are some",
     "idle_minutes": "power each node off after N minutes without a kiln run (see kiln autostop; AWS: the instance "
-                    "terminates, its data volume stays; GCP: the VM stops, its disks stay until kiln down)",
+                    "terminates, its data volume stays; GCP: the VM stops; Azure: the VM deallocates itself; their "
+                    "disks stay until kiln down)",
     "provider": "aws (default), gcp, azure, or local: nodes in network namespaces on this machine (root); "
                 "train --managed replaces lost nodes through it",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,11 +17,12 @@ pytestmark = pytest.mark.integration
 
 pytest.importorskip("azure.mgmt.compute")
 
-from bootstrap import state  # noqa: E402
+from bootstrap import node, state  # noqa: E402
 from bootstrap.errors import UsageError  # noqa: E402
 from bootstrap.providers import common  # noqa: E402
 from bootstrap.providers.azure import cloud, plan  # noqa: E402
 from testbed.arm import Arm  # noqa: E402
+from testbed.imds import Imds  # noqa: E402
 
 SUB = "00000000-0000-0000-0000-000000000000"
 LOCATION = "eastus"
@@ -286,3 +288,80 @@ def test_snapshots_of_another_location_are_not_restored(env, arm):
     image = arm.add_image("kiln-images-west", "kiln-gpu-west", tags={"kiln:profile": "gpu"}, location="westus2")
     made = cloud.up(request("far", 1, volume_gb=10, location="westus2", image_id=image), ssh_wait_s=0)
     assert made["restore_note"] == "cluster far: no snapshot of its data volumes: each node gets an empty volume"
+
+
+# ---------------------------------------------------------------------------------------------------- autostop
+
+def power_of(arm, group: str, vm: str) -> str:
+    view = arm.client("compute").virtual_machines.instance_view(group, vm)
+    return next(s.code for s in view.statuses if s.code.startswith("PowerState/"))
+
+
+def wait_for_power(arm, group: str, vm: str, wanted: str) -> str:
+    for _ in range(200):
+        seen = power_of(arm, group, vm)
+        if seen == wanted:
+            return seen
+        time.sleep(0.05)
+    return seen
+
+
+def test_autostop_lets_each_vm_deallocate_itself_and_nothing_else(env, arm):
+    cloud.up(request("idle", spot=True, volume_gb=10, idle_minutes=30), ssh_wait_s=0)
+    armed = cloud.arm_autostop("idle")
+    assert cloud.arm_autostop("idle") == armed  # again: the same identities, no second assignment
+    vms = vms_of(arm, "idle")
+    assert sorted(armed) == sorted(v.id for v in vms)
+    assert all(v.identity.type == "SystemAssigned" for v in vms)
+    assert len({v.identity.principal_id for v in vms}) == 2
+    assignments = arm.role_assignments()
+    assert sorted((a["properties"]["scope"], a["properties"]["principalId"]) for a in assignments) == sorted(
+        (v.id, v.identity.principal_id) for v in vms)
+    assert {a["properties"]["roleDefinitionId"].rsplit("/", 1)[-1] for a in assignments} == {plan.VM_CONTRIBUTOR}
+    first, second = vms
+
+    # node 0's agent deallocates its own VM, as its identity, through its metadata service
+    with Imds(first.name, azure_vm=first.id, azure_token=lambda: arm.identity_token(first.id)) as imds:
+        assert node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file) is None
+    assert wait_for_power(arm, "kiln-idle", first.name, "PowerState/deallocated") == "PowerState/deallocated"
+    assert power_of(arm, "kiln-idle", second.name) == "PowerState/running"
+    assert "disk kiln-idle-data-0" in leftovers(arm, "idle")  # its data stays
+
+    # node 0's identity may not deallocate node 1; a VM without an identity gets no token
+    with Imds(first.name, azure_vm=second.id, azure_token=lambda: arm.identity_token(first.id)) as imds:
+        refused = node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file)
+    assert refused.startswith(f"could not deallocate {second.id}: HTTP 403 AuthorizationFailed: ") and \
+        "'Microsoft.Compute/virtualMachines/deallocate/action'" in refused, refused
+    with Imds("elsewhere", azure_vm=second.id, azure_token=lambda: None) as imds:
+        assert node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file) == (
+            "could not get a token for its managed identity: HTTP 400 invalid_request: Identity not found")
+    assert power_of(arm, "kiln-idle", second.name) == "PowerState/running"
+
+    cloud.down("idle")
+    assert leftovers(arm, "idle") == [] and arm.role_assignments() == []
+
+
+def test_autostop_without_the_right_to_give_roles_is_one_clear_error(env, arm):
+    cloud.up(request("nope", count=1), ssh_wait_s=0)
+    with arm.denied("Microsoft.Authorization/roleAssignments/write"), \
+            pytest.raises(cloud.AzureError, match=r"cluster nope: autostop: could not let kiln-nope-0 deallocate "
+                                                  r"itself: AuthorizationFailed: .* \(giving a role needs Owner or "
+                                                  r"User Access Administrator on the cluster's resource group\)"):
+        cloud.arm_autostop("nope")
+    assert arm.role_assignments() == [] and not cloud.Record.load("nope").autostop
+    cloud.down("nope")
+
+
+def test_a_replacement_of_an_autostopping_node_may_deallocate_itself_too(env, arm):
+    cloud.up(request("again"), ssh_wait_s=0)
+    cloud.arm_autostop("again")
+    old = vms_of(arm, "again")[1]
+    cloud.replace("again", state.load_cluster("again").hosts[1].address, ssh_wait_s=0)
+    new = vms_of(arm, "again")[1]
+    assert new.name != old.name and new.identity.type == "SystemAssigned"
+    scopes = sorted(a["properties"]["scope"] for a in arm.role_assignments())
+    assert scopes == sorted([vms_of(arm, "again")[0].id, new.id])  # the old VM's went with it
+    with Imds(new.name, azure_vm=new.id, azure_token=lambda: arm.identity_token(new.id)) as imds:
+        assert node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file) is None
+    assert wait_for_power(arm, "kiln-again", new.name, "PowerState/deallocated") == "PowerState/deallocated"
+    cloud.down("again")

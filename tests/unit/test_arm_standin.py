@@ -12,13 +12,17 @@ from azure.core.exceptions import (
 )
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 from azure.core.rest import HttpRequest
+from azure.mgmt.authorization import AuthorizationManagementClient
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute import models as cm
 from azure.mgmt.network import NetworkManagementClient
 from azure.mgmt.resource.resources import ResourceManagementClient
 
+from bootstrap import node
 from kiln.hostkeys import console_host_keys
+from testbed import arm_access as access
 from testbed.arm import Arm
+from testbed.arm_rules import COMPUTE_API
 
 SUB, RG, LOCATION = "00000000-0000-0000-0000-000000000000", "kiln-rg", "eastus"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKd1mV0QuGx4cmPbgDF0ZNl6QbX3xk0BUnK4WG7ETvqT kiln"
@@ -526,3 +530,95 @@ def test_a_method_the_stand_in_does_not_serve_is_not_an_empty_success(arm, clien
     with pytest.raises(HttpResponseError) as caught:
         clients[2].virtual_machines.begin_restart(RG, "node-1").result()
     assert caught.value.status_code == 501 and code_of(caught.value) == "NotImplemented"
+
+
+# ---------------------------------------------------------------------------------------------- identities and roles
+
+VM_CONTRIBUTOR = f"/subscriptions/{SUB}/providers/Microsoft.Authorization/roleDefinitions/" \
+                 "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+ASSIGNMENT = "6f1c3a5e-2b4d-4c8e-9a0f-1e2d3c4b5a69"
+
+
+def authorization(arm: Arm, credential=None) -> AuthorizationManagementClient:
+    return AuthorizationManagementClient(credential or arm.credential(), SUB, base_url=arm.endpoint,
+                                         connection_verify=arm.ca_file)
+
+
+def with_identity(clients, arm: Arm, name: str, nic: str) -> cm.VirtualMachine:
+    body = vm_body(image_id(arm), nic)
+    body.identity = cm.VirtualMachineIdentity(type="SystemAssigned")
+    return clients[2].virtual_machines.begin_create_or_update(RG, name, body).result()
+
+
+def assign(arm: Arm, scope: str, principal: str, name: str = ASSIGNMENT, role: str = VM_CONTRIBUTOR):
+    return authorization(arm).role_assignments.create(scope, name, {"properties": {
+        "roleDefinitionId": role, "principalId": principal, "principalType": "ServicePrincipal"}})
+
+
+def test_a_vm_identity_is_allowed_what_its_role_grants_at_its_scope_and_nothing_else(arm, clients):
+    first, second = network(clients, nics=2)
+    vm = with_identity(clients, arm, "vm-1", first)
+    other = create_vm(clients, arm, "vm-2", second)
+    assert vm.identity.type == "SystemAssigned" and vm.identity.principal_id and vm.identity.tenant_id
+    assert other.identity is None and arm.identity_token(other.id) is None
+    made = assign(arm, vm.id, vm.identity.principal_id)
+    assert (made.scope, made.principal_id, made.role_definition_id) == (vm.id, vm.identity.principal_id,
+                                                                        VM_CONTRIBUTOR)
+    as_vm = arm.client("compute", credential=arm.credential(arm.identity_token(vm.id)))
+    assert as_vm.virtual_machines.get(RG, "vm-1").name == "vm-1"
+    as_vm.virtual_machines.begin_deallocate(RG, "vm-1").result()
+    with pytest.raises(HttpResponseError) as caught:
+        as_vm.virtual_machines.begin_deallocate(RG, "vm-2")
+    assert caught.value.status_code == 403 and code_of(caught.value) == "AuthorizationFailed"
+    assert "'Microsoft.Compute/virtualMachines/deallocate/action'" in caught.value.message
+    with pytest.raises(HttpResponseError) as caught:  # the network is outside its scope
+        arm.client("network", credential=as_vm._config.credential).network_interfaces.get(RG, "nic-0")
+    assert code_of(caught.value) == "AuthorizationFailed"
+
+
+def test_role_assignments_are_refused_as_arm_refuses_them(arm, clients):
+    [nic] = network(clients)
+    vm = with_identity(clients, arm, "vm-1", nic)
+    principal = vm.identity.principal_id
+    for name, role, who, code in (("not-a-guid", VM_CONTRIBUTOR, principal, "InvalidRoleAssignmentId"),
+                                  (ASSIGNMENT, VM_CONTRIBUTOR[:-1] + "0", principal, "RoleDefinitionDoesNotExist"),
+                                  (ASSIGNMENT, VM_CONTRIBUTOR, "2b9f0e4c-0000-4000-8000-000000000000",
+                                   "PrincipalNotFound")):
+        with pytest.raises(HttpResponseError) as caught:
+            assign(arm, vm.id, who, name, role)
+        assert (caught.value.status_code, code_of(caught.value)) == (400, code)
+    assign(arm, vm.id, principal)
+    with pytest.raises(ResourceExistsError) as caught:  # the same grant under another name
+        assign(arm, vm.id, principal, "0d6e6a0e-1111-4222-8333-444455556666")
+    assert code_of(caught.value) == "RoleAssignmentExists"
+    with arm.denied("Microsoft.Authorization/roleAssignments/write"), pytest.raises(HttpResponseError) as caught:
+        assign(arm, vm.id, principal, "0d6e6a0e-1111-4222-8333-444455556666")
+    assert (caught.value.status_code, code_of(caught.value)) == (403, "AuthorizationFailed")
+
+
+def test_an_identity_and_its_assignments_go_with_the_vm(arm, clients):
+    [nic] = network(clients)
+    vm = with_identity(clients, arm, "vm-1", nic)
+    assign(arm, vm.id, vm.identity.principal_id)
+    token = arm.identity_token(vm.id)
+    clients[2].virtual_machines.begin_delete(RG, "vm-1").result()
+    assert arm.role_assignments() == [] and arm.identity_token(vm.id) is None
+    with pytest.raises(ClientAuthenticationError):
+        arm.client("compute", credential=arm.credential(token)).virtual_machines.get(RG, "vm-1")
+
+
+def test_access_rules():
+    vms = ("Microsoft.Compute/virtualMachines/*",)
+    assert access.grants(vms, "microsoft.compute/virtualmachines/deallocate/action")
+    assert not access.grants(vms, "Microsoft.Compute/disks/delete")
+    assert access.grants(("*/read",), "Microsoft.Network/networkInterfaces/read")
+    assert access.within("/s/1/rg/g/vm/a", "/S/1/rg/g/vm/a/deallocate")
+    assert not access.within("/s/1/rg/g/vm/a", "/s/1/rg/g/vm/ab")
+    subnet = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Network/virtualNetworks/v/subnets/n"
+    assert access.action_of("x", "GET", subnet) == "Microsoft.Network/virtualNetworks/subnets/read"
+    assert access.action_of("virtualMachines.deallocate", "POST", "") == \
+        "Microsoft.Compute/virtualMachines/deallocate/action"
+
+
+def test_the_node_agent_asks_for_the_compute_api_version_the_stand_in_serves():
+    assert node.AZURE_COMPUTE_API == COMPUTE_API

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bootstrap import autostop, providers
+from bootstrap import autostop, node, providers
 from bootstrap.errors import UsageError
 from bootstrap.providers.aws import plan
 
@@ -33,7 +33,10 @@ def test_the_provider_says_what_powering_off_means():
     assert autostop.agent_args(30, aws) == ["1800", "30", "system", "~/kiln/autostop.json"]
     assert autostop.agent_args(0.25, local) == ["15", "2.5", "namespace", "~/kiln/autostop.json"]
     assert autostop.agent_args(0, aws) == ["0", "1", "system", "~/kiln/autostop.json"]
-    with pytest.raises(UsageError, match="power-off 'reboot': kiln's node agent knows system, namespace"):
+    assert autostop.agent_args(30, providers.named("azure").shutdown)[2] == "azure"  # deallocate, not shut down
+    assert autostop.agent_args(30, providers.named("gcp").shutdown)[2] == "system"
+    assert set(autostop.SHUTDOWNS) == set(node.SHUTDOWNS)  # what kiln asks for, the agent does
+    with pytest.raises(UsageError, match="power-off 'reboot': kiln's node agent knows system, namespace, azure"):
         autostop.agent_args(5, "reboot")
 
 

@@ -74,6 +74,26 @@ def test_a_vm_has_the_clusters_key_only_boot_diagnostics_and_spot_deleted_when_e
     assert "priority" not in plain and "customData" not in plain["osProfile"]
 
 
+def test_an_autostopping_vm_has_its_own_identity_allowed_to_deallocate_it_alone():
+    body = plan.vm_body(request(idle_minutes=30), index=0, image_id=IMAGE, public_key="k", tags={},
+                        interface_id="/nic", placement_id="/ppg", identity=True)
+    assert body["identity"] == {"type": "SystemAssigned"}
+    assert "identity" not in plan.vm_body(request(), index=0, image_id=IMAGE, public_key="k", tags={},
+                                          interface_id="/nic", placement_id="/ppg")
+    vm = f"/subscriptions/{SUB}/resourceGroups/kiln-c1/providers/Microsoft.Compute/virtualMachines/kiln-c1-0"
+    name, assignment = plan.self_deallocation(SUB, vm, "p-1")
+    assert assignment["properties"] == {
+        "roleDefinitionId": f"/subscriptions/{SUB}/providers/Microsoft.Authorization/roleDefinitions/"
+                            "9980e02c-c2be-4d73-94e8-173b1dc7cf3c",
+        "principalId": "p-1", "principalType": "ServicePrincipal",
+        "description": "kiln autostop: the VM may deallocate itself"}
+    assert plan.SUBSCRIPTION.fullmatch(name)  # a GUID, as ARM wants it
+    assert plan.self_deallocation(SUB, vm.upper(), "p-1")[0] == name  # arming again asks for the same one
+    assert plan.self_deallocation(SUB, vm, "p-2")[0] != name  # a new VM's identity gets its own
+    assert [plan.has_system_identity(t) for t in ("SystemAssigned", "SystemAssigned, UserAssigned", "UserAssigned",
+                                                  "None", None)] == [True, True, False, False, False]
+
+
 def test_a_disk_comes_back_from_a_snapshot_never_smaller_and_a_snapshot_keeps_the_node():
     body = plan.disk_body(request(volume_gb=10), index=1, tags={"kiln:cluster": "c1"}, snapshot_id="/snap",
                           snapshot_gb=50)

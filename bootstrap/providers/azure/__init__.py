@@ -1,8 +1,9 @@
 """The Azure provider: bootstrap.providers.azure.plan decides every request (pure); bootstrap.providers.azure.cloud
 makes the azure-mgmt calls. A cluster is one resource group (down deletes it whole). Host keys come from each VM's
 serial log (boot diagnostics); a Spot VM learns it is being evicted from Scheduled Events (a Preempt event, at
-least 30 s ahead). Autostop is refused for now: a VM that powers itself off on Azure stays allocated and billed
-until something deallocates it, which a node could do only with an identity kiln does not give it yet."""
+least 30 s ahead). Autostop deallocates: a VM that only powered itself off would stay allocated and billed, so each
+VM gets its own managed identity, allowed to deallocate that VM alone, and its idle agent asks Resource Manager to
+deallocate it (its disks stay, and bill, until kiln down)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bootstrap import state
-from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement
 from bootstrap.providers.azure import plan
@@ -33,7 +33,7 @@ class AzureRequest:
 class AzureProvider:
     kind = "azure"
     host_keys = "each VM's serial log (boot diagnostics)"
-    shutdown = "system"
+    shutdown = "azure"
     notice = Notice("azure", "Scheduled Events' Preempt event")
     up_options = frozenset({"instance_type", "spot", "max_price", "image_id", "image_profile", "image_tags",
                             "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"})
@@ -44,16 +44,13 @@ class AzureProvider:
         self.subscription, self.location = subscription, location
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> AzureRequest:
-        if idle_minutes:
-            raise UsageError("--idle-minutes: autostop is not offered on Azure yet (a VM that powers itself off "
-                             "stays allocated and billed); use --ttl-hours and kiln sweep, or kiln down")
         request = plan.validate_request(
             name, count, options.get("instance_type"), location=self.location or os.environ.get(LOCATION_ENV),
             ssh_cidr=options.get("ssh_cidr"), image_id=options.get("image_id"),
             image_profile=options.get("image_profile") or "gpu", image_tags=options.get("image_tags"),
             spot=bool(options.get("spot")), max_price=options.get("max_price"),
             user=options.get("user") or "azureuser", ttl_hours=options.get("ttl_hours", 24.0),
-            volume_gb=options.get("volume"))
+            volume_gb=options.get("volume"), idle_minutes=idle_minutes)
         return AzureRequest(request, validate_ssh_wait(options.get("ssh_wait", SSH_WAIT_S)))
 
     def plan(self, request: AzureRequest) -> list[str]:
@@ -84,6 +81,11 @@ class AzureProvider:
         wait = (f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait
                 else "(not for SSH: --ssh-wait 0)")
         lines.append(f"then wait for the VMs to run {wait}; pin the host keys their serial logs show")
+        if request.idle_minutes:
+            _, assignment = plan.self_deallocation(sub, f"<{vm} id>", f"<{vm} principal>")
+            lines.append(f"autostop: each VM gets identity {json.dumps(plan.SYSTEM_IDENTITY)} and, on its own scope, "
+                         f"roleAssignments <GUID> {json.dumps(assignment)}; its idle agent deallocates it after "
+                         f"{request.idle_minutes:g} minute(s) without a kiln run")
         return lines
 
     def up(self, request: AzureRequest) -> Made:
@@ -150,8 +152,9 @@ class AzureProvider:
         return Replacement(host, new, tuple(keys))
 
     def arm_autostop(self, cluster: str) -> None:
-        raise UsageError(f"cluster {cluster}: autostop is not offered on Azure yet (a VM that powers itself off "
-                         "stays allocated and billed); kiln down removes it")
+        from bootstrap.providers.azure import cloud
+
+        cloud.arm_autostop(cluster)
 
 
 def made_lines(made: dict) -> list[str]:

@@ -93,6 +93,8 @@ class Azure:
                 from azure.mgmt.compute import ComputeManagementClient as Client
             elif name == "network":
                 from azure.mgmt.network import NetworkManagementClient as Client
+            elif name == "authorization":
+                from azure.mgmt.authorization import AuthorizationManagementClient as Client
             else:
                 from azure.mgmt.resource.resources import ResourceManagementClient as Client
             # between polls of a long-running operation where ARM gives no Retry-After (a stand-in on loopback
@@ -116,6 +118,10 @@ class Azure:
     @property
     def resources(self):
         return self._client("resources")
+
+    @property
+    def authorization(self):
+        return self._client("authorization")
 
     def id(self, group: str, kind: str, name: str) -> str:
         return plan.resource_id(self.subscription, group, kind, name)
@@ -323,6 +329,7 @@ class Record:
     subnet_id: str = ""
     placement_id: str = ""
     host_keys: dict = field(default_factory=dict)
+    autostop: bool = False  # the VMs may deallocate themselves (a replacement gets the same)
 
     def save(self, cluster: str) -> None:
         state.save_cloud_state(cluster, asdict(self), "azure")
@@ -342,7 +349,7 @@ class Record:
 
 def make_node(azure: Azure, request: plan.Request, *, group: str, index: int, name: str, image: str,
               public_key: str, tags: dict, subnet_id: str, placement_id: str, data_disk: str | None,
-              timeout_s: float):
+              timeout_s: float, identity: bool = False):
     """Start making one node (its address, interface and VM): the VM's poller."""
     address = done(azure.network.public_ip_addresses.begin_create_or_update(
         group, f"{name}-ip", plan.public_address_body(request, tags)), timeout_s)
@@ -351,7 +358,8 @@ def make_node(azure: Azure, request: plan.Request, *, group: str, index: int, na
         timeout_s)
     body = plan.vm_body(request, index=index, image_id=image, public_key=public_key, tags=tags,
                         interface_id=interface.id, placement_id=placement_id,
-                        data_disk_id=azure.id(group, "Microsoft.Compute/disks", data_disk) if data_disk else None)
+                        data_disk_id=azure.id(group, "Microsoft.Compute/disks", data_disk) if data_disk else None,
+                        identity=identity)
     body["properties"]["osProfile"]["computerName"] = name
     return azure.compute.virtual_machines.begin_create_or_update(group, name, body)
 
@@ -512,9 +520,13 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     public_key = (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
     step = "create the VM"
     try:
-        done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
-                       public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
-                       placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s), timeout_s)
+        made = done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
+                              public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
+                              placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s,
+                              identity=kept.autostop), timeout_s)
+        if kept.autostop:
+            step = "let it deallocate itself (autostop)"
+            allow_self_deallocation(azure, made)
         host = Host(address_of(azure, kept.group, new_name), user=request.user)
         started = time.monotonic()
         step = "wait until SSH answers"
@@ -558,6 +570,46 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
                              f"disk {disk} could not be attached to it: {describe_error(error)} (the disk is kept in "
                              "the cluster's resource group)") from None
     return host, keys
+
+
+def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+    """Let each VM of the cluster deallocate itself when its idle agent says so: a system-assigned identity on
+    the VM, and the role Virtual Machine Contributor for it on that VM alone. Asking again changes nothing. The
+    VMs' ids."""
+    kept = Record.load(name)
+    if kept is None:
+        raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
+    azure = azure or connect(kept.subscription)
+    armed = []
+    for vm in kept.vms:
+        try:
+            machine = azure.compute.virtual_machines.get(kept.group, vm)
+            if not plan.has_system_identity(getattr(machine.identity, "type", None)):
+                body = machine.as_dict(exclude_readonly=True)
+                body["identity"] = {**(body.get("identity") or {}), "type": ", ".join(
+                    filter(None, ["SystemAssigned", getattr(machine.identity, "type", None)]))}
+                machine = done(azure.compute.virtual_machines.begin_create_or_update(kept.group, vm, body), timeout_s)
+            allow_self_deallocation(azure, machine)
+        except Exception as error:
+            hint = " (giving a role needs Owner or User Access Administrator on the cluster's resource group)" \
+                if getattr(getattr(error, "error", None), "code", None) == "AuthorizationFailed" else ""
+            raise AzureError(f"cluster {name}: autostop: could not let {vm} deallocate itself: "
+                             f"{describe_error(error)}{hint}") from None
+        armed.append(machine.id)
+    changed(kept, autostop=True).save(name)
+    return armed
+
+
+def allow_self_deallocation(azure: Azure, machine) -> None:
+    """Give the VM's own identity the right to deallocate that VM (an assignment already there is fine)."""
+    from azure.core.exceptions import HttpResponseError
+
+    assignment, body = plan.self_deallocation(azure.subscription, machine.id, machine.identity.principal_id)
+    try:
+        azure.authorization.role_assignments.create(machine.id, assignment, body)
+    except HttpResponseError as error:
+        if getattr(error.error, "code", None) != "RoleAssignmentExists":
+            raise
 
 
 def delete_node(azure: Azure, group: str, vm: str, timeout_s: float) -> None:

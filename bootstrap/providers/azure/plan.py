@@ -8,12 +8,17 @@ proximity placement group, and per node a public address, a network interface an
 key, password logins off, boot diagnostics on: its serial log shows the host keys), with a managed data disk
 where --volume asks. Snapshots of the data disks live outside it, in kiln_snapshots_LOCATION, so they outlive the
 cluster. Everything carries the tags kiln:cluster, kiln:owner and kiln:expires.
+
+Autostop: a VM that shuts itself down stays allocated and billed, so the node's idle agent deallocates its own VM
+through Resource Manager, as its system-assigned managed identity. That identity holds one role, the built-in
+Virtual Machine Contributor, at the scope of its own VM only: no other node, disk or network of the cluster.
 """
 
 from __future__ import annotations
 
 import base64
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,6 +65,7 @@ SUBNET = "10.42.0.0/20"
 OS_DISK_GB = 128
 DISK_SKU = "Premium_LRS"
 DATA_LUN = 0
+VM_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"  # built-in role "Virtual Machine Contributor"
 IMAGE_PLACEHOLDER = "<newest image tagged kiln:profile={profile}{more}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
 
@@ -201,7 +207,7 @@ def custom_data(request: Request) -> str | None:
 
 
 def vm_body(request: Request, *, index: int, image_id: str, public_key: str, tags: Mapping[str, str],
-            interface_id: str, placement_id: str, data_disk_id: str | None = None) -> dict:
+            interface_id: str, placement_id: str, data_disk_id: str | None = None, identity: bool = False) -> dict:
     """virtualMachines' create body for node `index`: password logins off, the cluster's key only; boot
     diagnostics on (its serial log shows the host keys); the OS disk and the interface go with the VM, a data
     disk stays (detached); Spot VMs are deleted when evicted (a deallocated one still bills for its disks)."""
@@ -227,7 +233,26 @@ def vm_body(request: Request, *, index: int, image_id: str, public_key: str, tag
     if request.spot:
         properties |= {"priority": "Spot", "evictionPolicy": "Delete",
                        "billingProfile": {"maxPrice": request.max_price if request.max_price else -1}}
-    return {"location": request.location, "tags": {**tags, TAG_NODE: str(index)}, "properties": properties}
+    body = {"location": request.location, "tags": {**tags, TAG_NODE: str(index)}, "properties": properties}
+    return {**body, "identity": SYSTEM_IDENTITY} if identity else body
+
+
+SYSTEM_IDENTITY = {"type": "SystemAssigned"}  # a VM's own managed identity: it goes when the VM goes
+
+
+def has_system_identity(identity_type: str | None) -> bool:
+    """Whether a VM's identity type ("SystemAssigned", "SystemAssigned, UserAssigned", None...) includes its own."""
+    return "systemassigned" in (identity_type or "").replace(" ", "").lower().split(",")
+
+
+def self_deallocation(subscription: str, vm_id: str, principal_id: str) -> tuple[str, dict]:
+    """The role assignment that lets a VM's identity deallocate that VM alone: its name (a GUID that one VM,
+    principal and role always give, so that arming twice asks for the same one) and body."""
+    role = f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{VM_CONTRIBUTOR}"
+    name = uuid.uuid5(uuid.NAMESPACE_URL, f"kiln-autostop:{vm_id.lower()}:{principal_id}:{VM_CONTRIBUTOR}")
+    return str(name), {"properties": {"roleDefinitionId": role, "principalId": principal_id,
+                                      "principalType": "ServicePrincipal",
+                                      "description": "kiln autostop: the VM may deallocate itself"}}
 
 
 def disk_body(request: Request, *, index: int, tags: Mapping[str, str], snapshot_id: str | None = None,
