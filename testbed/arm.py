@@ -12,7 +12,8 @@ options and nothing is patched:
 It serves one subscription in a few locations: resource groups (create, get, check existence, list with a tag
 filter, delete with everything in them); Microsoft.Network virtual networks and their subnets, network security
 groups, public IP addresses (Standard, static, from 203.0.113.0/24) and network interfaces; Microsoft.Compute virtual
-machines (create or update, get with the instance view, list, delete, power off, deallocate, start, boot diagnostics),
+machines (create or update, get with the instance view, list, delete, power off, deallocate, start, boot diagnostics;
+sizes offered per location, listed by Resource SKUs, `restrict_size` closing one to the subscription),
 disks, snapshots, proximity placement groups, managed images and gallery image versions (read; `add_image`,
 `add_gallery_image` make them); VMs' system-assigned identities and role assignments at any scope, checked on every
 call as RBAC checks them (testbed/arm_access.py; `identity_token(vm_id)` is what the VM's metadata service hands
@@ -107,8 +108,11 @@ from testbed.arm_rules import (
     IMAGE_DISK_GB,
     NETWORK_API,
     RESOURCES_API,
+    SKUS_API,
+    VM_SIZES,
     ArmError,
     ResourceId,
+    VmSize,
     address_space,
     check_group_name,
     check_location,
@@ -122,6 +126,7 @@ from testbed.arm_rules import (
     linux_os_profile,
     marketplace_version,
     next_private_address,
+    offered,
     page,
     parse_id,
     parse_tag_filter,
@@ -129,6 +134,7 @@ from testbed.arm_rules import (
     resource_not_found,
     schema_problem,
     security_rules,
+    sku_document,
     spot_settings,
     subnet_network,
     tags_match,
@@ -282,6 +288,7 @@ class Arm:
         self._lock = threading.RLock()
         self._fault_now: _Fault | None = None
         self._access = Access(subscription)
+        self._restricted: dict[tuple[str, str], str] = {}  # (size, location) -> the restriction's reason code
         self._caller: str | None = None  # the principal of the call being served; None: the operator
         self._tmp = tempfile.TemporaryDirectory(prefix="arm-standin-")
         self.ca_file, cert, key = make_tls(Path(self._tmp.name), host)
@@ -333,6 +340,12 @@ class Arm:
         """Every role assignment, as ARM shows it."""
         with self._lock:
             return copy.deepcopy(list(self._access.assignments.values()))
+
+    def restrict_size(self, size: str, location: str, reason: str = "NotAvailableForSubscription") -> None:
+        """Restrict a VM size in a location for this subscription, as Azure does for a size not open to it: the
+        SKU list shows the restriction, a VM of it there is 409 SkuNotAvailable."""
+        with self._lock:
+            self._restricted[(vm_size(size)[0], location)] = reason
 
     def host_keys(self, resource_group: str, vm_name: str) -> list[str]:
         """The host keys the VM really has: `<type> <base64>` lines."""
@@ -471,6 +484,7 @@ class Arm:
             ("GET", cp + "/virtualMachines", "virtualMachines.list", COMPUTE_API, self._list),
             ("GET", sub + "/providers/Microsoft.Compute/virtualMachines", "virtualMachines.listAll", COMPUTE_API,
              self._list),
+            ("GET", sub + "/providers/Microsoft.Compute/skus", "resourceSkus.list", SKUS_API, self._skus_list),
             ("PUT", cp + "/proximityPlacementGroups/{n1}", "proximityPlacementGroups.createOrUpdate", COMPUTE_API,
              self._ppg_put),
             ("GET", cp + "/proximityPlacementGroups/{n1}", "proximityPlacementGroups.get", COMPUTE_API, self._get),
@@ -1391,15 +1405,23 @@ class Arm:
     def _vm_put(self, request: _Request) -> _Reply:
         rid, body, old = self._put_prologue(request, compute_models.VirtualMachine)
         location, props = body["location"], body.get("properties") or {}
-        size_name, size = vm_size((props.get("hardwareProfile") or {}).get("vmSize"))
+        size_name, size = self._size_here((props.get("hardwareProfile") or {}).get("vmSize"), location)
         storage = props.get("storageProfile") or {}
         spot = spot_settings(props)
+        if spot["priority"] == "Spot" and not size.spot:
+            raise invalid_parameter(f"The VM size '{size_name}' cannot be used with priority 'Spot'.", "priority")
         if old:
             os_profile, image, os_disk = self._vm_unchanged(old, props, spot)
         else:
             os_profile = linux_os_profile(props.get("osProfile"), rid.name)
             image, image_gb = self._image_for(storage.get("imageReference"), location)
         nics = self._vm_nics(props, rid, location)
+        if not size.accelerated_networking and any(
+                self._resources[n["id"].lower()]["properties"].get("enableAcceleratedNetworking") for n in nics):
+            raise ArmError(400, "VMSizeIsNotPermittedToEnableAcceleratedNetworking",
+                           f"VM size {size_name} is not compatible with enabling Accelerated Networking on network "
+                           f"interface(s) on the VM. Compatible VM sizes: "
+                           f"{', '.join(n for n, v in VM_SIZES.items() if v.accelerated_networking)}.")
         ppg = id_of(props.get("proximityPlacementGroup"))
         if ppg:
             ppg_id = parse_id(ppg)
@@ -1648,6 +1670,33 @@ class Arm:
         for nic in vm["properties"]["networkProfile"]["networkInterfaces"]:
             if nic["properties"].get("deleteOption") == "Delete":
                 self._resources.pop(nic["id"].lower(), None)
+
+    def _size_here(self, name: object, location: str) -> tuple[str, VmSize]:
+        """A VM size offered in `location` and open to this subscription: 400 as vm_size where it is not offered,
+        409 SkuNotAvailable where it is restricted."""
+        size_name, size = vm_size(name)
+        if not offered(size, location):
+            raise invalid_parameter(f"The requested VM size {size_name} is not available in the current region. "
+                                    "Find out more on the available VM sizes in each region at "
+                                    "https://aka.ms/azure-regions.", "vmSize")
+        if (size_name, location) in self._restricted:
+            raise ArmError(409, "SkuNotAvailable",
+                           f"The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: "
+                           f"{size_name}' is currently not available in location '{location}'. Please try another "
+                           "size or deploy to a different location or different zone. See "
+                           "https://aka.ms/azureskunotavailable for details.")
+        return size_name, size
+
+    def _skus_list(self, request: _Request) -> _Reply:
+        wanted = request.query.get("$filter")
+        found = re.fullmatch(r"location eq '([^']*)'", wanted or "")
+        if wanted and not found:
+            raise ArmError(400, "InvalidFilterInQueryString", f"Invalid $filter '{wanted}': only location eq "
+                                                              "'<location>' is supported.")
+        places = [found[1]] if found else list(self.locations)
+        return self._paged(request, [sku_document(name, size, place, self._restricted.get((name, place), ""))
+                                     for place in places for name, size in VM_SIZES.items()
+                                     if offered(size, place) and place in self.locations])
 
     def _vm_get(self, request: _Request) -> _Reply:
         rid = self._existing(request)

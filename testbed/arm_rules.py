@@ -23,6 +23,7 @@ COMPUTE_API = "2026-04-01"  # virtualMachines, proximityPlacementGroups, images
 DISK_API = "2026-03-02"  # disks, snapshots
 GALLERY_API = "2026-03-03"  # galleries, their images and versions
 NETWORK_API = "2026-03-01"  # every Microsoft.Network type
+SKUS_API = "2021-07-01"  # resourceSkus
 
 PAGE_SIZE = 50
 MAX_TAGS, MAX_TAG_NAME, MAX_TAG_VALUE = 50, 512, 256
@@ -295,15 +296,42 @@ class VmSize:
     gpus: int = 0
     gpu: str = ""
     family: str = ""  # the quota family its cores count against
+    locations: tuple[str, ...] = ()  # where it is offered; () everywhere the stand-in serves
+    accelerated_networking: bool = True
+    premium_io: bool = True
+    spot: bool = True  # LowPriorityCapable
 
 
 VM_SIZES = {
+    "Standard_B2s": VmSize(2, 4, family="standardBSFamily", accelerated_networking=False, spot=False),
     "Standard_D4s_v5": VmSize(4, 16, family="standardDSv5Family"),
     "Standard_NC4as_T4_v3": VmSize(4, 28, 1, "NVIDIA Tesla T4", "standardNCASv3_T4Family"),
     "Standard_NC24ads_A100_v4": VmSize(24, 220, 1, "NVIDIA A100 80GB PCIe", "StandardNCADSA100v4Family"),
     "Standard_NC40ads_H100_v5": VmSize(40, 320, 1, "NVIDIA H100 NVL", "standardNCadsH100v5Family"),
     "Standard_ND96isr_H100_v5": VmSize(96, 1900, 8, "NVIDIA H100 80GB HBM3", "standardNDSH100v5Family"),
+    "Standard_NC6": VmSize(6, 56, 1, "NVIDIA Tesla K80", "standardNCFamily", locations=("southcentralus",),
+                           accelerated_networking=False),  # retired: offered nowhere the tests go
 }
+
+
+def sku_document(name: str, size: VmSize, location: str, restriction: str = "") -> dict:
+    """A VM size in one location as the Resource SKUs API lists it (capabilities are strings, as ARM writes them);
+    `restriction`: the reason code of a restriction on this subscription there."""
+    capabilities = {"vCPUs": size.vcpus, "MemoryGB": size.memory_gb, "GPUs": size.gpus,
+                    "AcceleratedNetworkingEnabled": size.accelerated_networking, "PremiumIO": size.premium_io,
+                    "LowPriorityCapable": size.spot, "HyperVGenerations": "V1,V2", "MaxDataDiskCount": 32}
+    document = {"resourceType": "virtualMachines", "name": name, "tier": "Standard", "size": name.split("_", 1)[1],
+                "family": size.family, "locations": [location],
+                "locationInfo": [{"location": location, "zones": ["1", "2", "3"], "zoneDetails": []}],
+                "capabilities": [{"name": k, "value": str(v)} for k, v in capabilities.items()], "restrictions": []}
+    if restriction:
+        document["restrictions"] = [{"type": "Location", "values": [location], "reasonCode": restriction,
+                                     "restrictionInfo": {"locations": [location]}}]
+    return document
+
+
+def offered(size: VmSize, location: str) -> bool:
+    return not size.locations or location in size.locations
 
 # The one marketplace image served: Canonical's Ubuntu 24.04 LTS (publisher, offer, sku), its versions oldest first.
 MARKETPLACE = ("canonical", "ubuntu-24_04-lts", "server")

@@ -365,3 +365,38 @@ def test_a_replacement_of_an_autostopping_node_may_deallocate_itself_too(env, ar
         assert node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file) is None
     assert wait_for_power(arm, "kiln-again", new.name, "PowerState/deallocated") == "PowerState/deallocated"
     cloud.down("again")
+
+
+# ---------------------------------------------------------------------------------------------------- VM sizes
+
+def test_a_size_the_location_does_not_offer_or_open_or_run_as_spot_is_refused_before_anything_is_made(env, arm):
+    arm.restrict_size("Standard_NC40ads_H100_v5", LOCATION)
+    before = len(arm.calls)
+    for changes, said in (
+            ({"vm_size": "Standard_NC6"}, "--instance-type Standard_NC6: not offered in eastus; GPU sizes open to "
+                                          "you there: Standard_NC24ads_A100_v4, Standard_NC4as_T4_v3, "
+                                          "Standard_ND96isr_H100_v5"),
+            ({"vm_size": "Standard_NC40ads_H100_v5"}, "--instance-type Standard_NC40ads_H100_v5: not open to this "
+                                                      "subscription in eastus (NotAvailableForSubscription); ask "
+                                                      "Azure for access, or try another --location"),
+            ({"vm_size": "Standard_B2s", "spot": True}, "--spot: Standard_B2s cannot run as a Spot VM")):
+        with pytest.raises(UsageError) as refused:
+            cloud.up(request("sized", 1, **changes), ssh_wait_s=0)
+        assert str(refused.value) == said
+    arm.fail("resourceSkus.list", code="AuthorizationFailed", status=403)
+    with pytest.raises(cloud.AzureError, match="^cluster.up sized: could not look up the VM sizes of eastus: "
+                                               "AuthorizationFailed: .*; nothing was created$"):
+        cloud.up(request("sized", 1), ssh_wait_s=0)
+    assert [verb for verb, _ in arm.calls[before:]] == ["GET"] * (len(arm.calls) - before)  # nothing was asked for
+    assert leftovers(arm, "sized") == [] and not (env / "kiln" / "clusters" / "sized").exists()
+
+
+def test_a_size_without_accelerated_networking_gets_interfaces_without_it(env, arm):
+    cloud.up(request("small", 1, vm_size="Standard_B2s"), ssh_wait_s=0)  # the stand-in refuses it on a B2s
+    nic = arm.client("network").network_interfaces.get("kiln-small", "kiln-small-0-nic")
+    assert nic.enable_accelerated_networking is False
+    cloud.replace("small", state.load_cluster("small").hosts[0].address, ssh_wait_s=0)
+    [vm] = vms_of(arm, "small")
+    replaced = arm.client("network").network_interfaces.get("kiln-small", f"{vm.name}-nic")
+    assert replaced.enable_accelerated_networking is False
+    cloud.down("small")

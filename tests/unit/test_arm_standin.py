@@ -622,3 +622,32 @@ def test_access_rules():
 
 def test_the_node_agent_asks_for_the_compute_api_version_the_stand_in_serves():
     assert node.AZURE_COMPUTE_API == COMPUTE_API
+
+
+def test_resource_skus_list_the_sizes_of_a_location_and_what_they_can_do(arm, clients):
+    arm.restrict_size("Standard_NC40ads_H100_v5", LOCATION)
+    listed = {s.name: s for s in clients[2].resource_skus.list(filter=f"location eq '{LOCATION}'")}
+    assert "Standard_NC6" not in listed and all(s.locations == [LOCATION] for s in listed.values())
+    capabilities = {c.name: c.value for c in listed["Standard_B2s"].capabilities}
+    assert (capabilities["AcceleratedNetworkingEnabled"], capabilities["LowPriorityCapable"]) == ("False", "False")
+    assert [r.reason_code for r in listed["Standard_NC40ads_H100_v5"].restrictions] == ["NotAvailableForSubscription"]
+    assert len(list(clients[2].resource_skus.list())) == len(listed) * len(arm.locations)
+    with pytest.raises(HttpResponseError) as caught:
+        list(clients[2].resource_skus.list(filter="name eq 'x'"))
+    assert code_of(caught.value) == "InvalidFilterInQueryString"
+
+
+def test_a_vm_of_a_size_it_cannot_be_is_refused_as_crp_refuses_it(arm, clients):
+    arm.restrict_size("Standard_NC40ads_H100_v5", LOCATION)
+    [nic] = network(clients)
+    accelerated = clients[1].network_interfaces.get(RG, "nic-0")
+    accelerated.enable_accelerated_networking = True
+    clients[1].network_interfaces.begin_create_or_update(RG, "nic-0", accelerated).result()
+    for size, spot, status, code in (("Standard_NC40ads_H100_v5", False, 409, "SkuNotAvailable"),
+                                     ("Standard_NC6", False, 400, "InvalidParameter"),
+                                     ("Standard_B2s", True, 400, "InvalidParameter"),
+                                     ("Standard_B2s", False, 400, "VMSizeIsNotPermittedToEnableAcceleratedNetworking")):
+        with pytest.raises(HttpResponseError) as caught:
+            create_vm(clients, arm, "vm-1", nic, size=size, spot=spot)
+        assert (caught.value.status_code, code_of(caught.value)) == (status, code), caught.value.message
+    assert list(clients[2].virtual_machines.list(RG)) == []

@@ -94,6 +94,38 @@ def test_an_autostopping_vm_has_its_own_identity_allowed_to_deallocate_it_alone(
                                                   "None", None)] == [True, True, False, False, False]
 
 
+def sku(name: str, location: str = "eastus", restriction: str = "", kind: str = "virtualMachines", **capabilities):
+    given = {"GPUs": "1", "AcceleratedNetworkingEnabled": "True", "PremiumIO": "True", "LowPriorityCapable": "True"}
+    return {"resourceType": kind, "name": name, "locations": [location],
+            "capabilities": [{"name": k, "value": v} for k, v in {**given, **capabilities}.items()],
+            "restrictions": [{"type": "Location", "values": [location], "reasonCode": restriction}]
+            if restriction else [{"type": "Zone", "values": [location], "reasonCode": "NotAvailableForSubscription"}]}
+
+
+def test_the_size_asked_for_must_be_offered_open_premium_and_spot_capable_where_asked():
+    sizes = plan.size_facts([
+        sku("Standard_NC24ads_A100_v4"), sku("Standard_NC40ads_H100_v5", restriction="NotAvailableForSubscription"),
+        sku("Standard_B2s", GPUs="0", AcceleratedNetworkingEnabled="False", LowPriorityCapable="False"),
+        sku("Standard_NC4as_T4_v3", location="westus2"), sku("Premium_LRS", kind="disks"),
+        sku("Standard_A1", PremiumIO="False", GPUs="0")], "eastus")
+    assert sorted(sizes) == ["Standard_A1", "Standard_B2s", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5"]
+    assert plan.check_size(request(), sizes) == plan.SizeFacts("Standard_NC24ads_A100_v4", 1, True, True, True)
+    assert plan.check_size(request(vm_size="Standard_B2S"), sizes).accelerated_networking is False
+    for changes, said in (
+            ({"vm_size": "Standard_NC4as_T4_v3"}, "--instance-type Standard_NC4as_T4_v3: not offered in eastus; GPU "
+                                                  "sizes open to you there: Standard_NC24ads_A100_v4"),
+            ({"vm_size": "Standard_NC40ads_H100_v5"}, "--instance-type Standard_NC40ads_H100_v5: not open to this "
+                                                      "subscription in eastus (NotAvailableForSubscription); ask "
+                                                      "Azure for access, or try another --location"),
+            ({"vm_size": "Standard_A1"}, "--instance-type Standard_A1: takes no Premium SSD disks, which kiln's are"),
+            ({"vm_size": "Standard_B2s", "spot": True}, "--spot: Standard_B2s cannot run as a Spot VM")):
+        with pytest.raises(UsageError) as refused:
+            plan.check_size(request(**changes), sizes)
+        assert str(refused.value) == said
+    body = plan.interface_body(request(), {}, subnet_id="/s", address_id="/a", accelerated=False)
+    assert body["properties"]["enableAcceleratedNetworking"] is False
+
+
 def test_a_disk_comes_back_from_a_snapshot_never_smaller_and_a_snapshot_keeps_the_node():
     body = plan.disk_body(request(volume_gb=10), index=1, tags={"kiln:cluster": "c1"}, snapshot_id="/snap",
                           snapshot_gb=50)

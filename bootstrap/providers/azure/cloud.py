@@ -213,6 +213,17 @@ def find_image(azure: Azure, request: plan.Request) -> str:
     return max(found, key=lambda image: (tags_of(image).get("kiln:built", ""), image.name)).id
 
 
+def find_size(azure: Azure, request: plan.Request) -> plan.SizeFacts:
+    """The asked-for VM size as the location offers it to this subscription (plan.check_size says no first)."""
+    try:
+        documents = [sku.as_dict() for sku in azure.compute.resource_skus.list(
+            filter=f"location eq '{request.location}'")]
+    except Exception as error:
+        raise AzureError(f"cluster.up {request.name}: could not look up the VM sizes of {request.location}: "
+                         f"{describe_error(error)}; nothing was created") from None
+    return plan.check_size(request, plan.size_facts(documents, request.location))
+
+
 @dataclass(frozen=True)
 class Resource:
     """One kiln-tagged resource group (a cluster) or snapshot in the subscription."""
@@ -330,6 +341,7 @@ class Record:
     placement_id: str = ""
     host_keys: dict = field(default_factory=dict)
     autostop: bool = False  # the VMs may deallocate themselves (a replacement gets the same)
+    accelerated_networking: bool = True  # the size has it: the interfaces are made with it
 
     def save(self, cluster: str) -> None:
         state.save_cloud_state(cluster, asdict(self), "azure")
@@ -349,12 +361,13 @@ class Record:
 
 def make_node(azure: Azure, request: plan.Request, *, group: str, index: int, name: str, image: str,
               public_key: str, tags: dict, subnet_id: str, placement_id: str, data_disk: str | None,
-              timeout_s: float, identity: bool = False):
+              timeout_s: float, identity: bool = False, accelerated: bool = True):
     """Start making one node (its address, interface and VM): the VM's poller."""
     address = done(azure.network.public_ip_addresses.begin_create_or_update(
         group, f"{name}-ip", plan.public_address_body(request, tags)), timeout_s)
     interface = done(azure.network.network_interfaces.begin_create_or_update(
-        group, f"{name}-nic", plan.interface_body(request, tags, subnet_id=subnet_id, address_id=address.id)),
+        group, f"{name}-nic", plan.interface_body(request, tags, subnet_id=subnet_id, address_id=address.id,
+                                                  accelerated=accelerated)),
         timeout_s)
     body = plan.vm_body(request, index=index, image_id=image, public_key=public_key, tags=tags,
                         interface_id=interface.id, placement_id=placement_id,
@@ -380,6 +393,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
     azure = azure or connect(subscription)
     group = plan.group_name(request.name)
     image = find_image(azure, request)
+    size = find_size(azure, request)
     try:
         taken = cluster_groups(azure, request.name) or azure.resources.resource_groups.check_existence(group)
     except Exception as error:
@@ -450,7 +464,8 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         names = [plan.vm_name(request.name, index) for index in range(request.count)]
         made = [start(make_node(azure, request, group=group, index=index, name=name, image=image,
                                 public_key=public_key, tags=tags, subnet_id=subnet_id, placement_id=placement.id,
-                                data_disk=disks[index] if disks else None, timeout_s=timeout_s))
+                                data_disk=disks[index] if disks else None, timeout_s=timeout_s,
+                                accelerated=size.accelerated_networking))
                 for index, name in enumerate(names)]
         for poller in made:
             done(poller, timeout_s)
@@ -470,7 +485,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
 
         step = "write the cluster file"
         Record(azure.subscription, group, image, tags, asdict(request), tuple(names), tuple(disks), subnet_id,
-               placement.id, pinned).save(request.name)
+               placement.id, pinned, accelerated_networking=size.accelerated_networking).save(request.name)
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=request.location, user=request.user,
@@ -523,7 +538,7 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
         made = done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
                               public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
                               placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s,
-                              identity=kept.autostop), timeout_s)
+                              identity=kept.autostop, accelerated=kept.accelerated_networking), timeout_s)
         if kept.autostop:
             step = "let it deallocate itself (autostop)"
             allow_self_deallocation(azure, made)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -191,12 +191,62 @@ def public_address_body(request: Request, tags: Mapping[str, str]) -> dict:
             "properties": {"publicIPAllocationMethod": "Static", "publicIPAddressVersion": "IPv4"}}
 
 
-def interface_body(request: Request, tags: Mapping[str, str], *, subnet_id: str, address_id: str) -> dict:
+def interface_body(request: Request, tags: Mapping[str, str], *, subnet_id: str, address_id: str,
+                   accelerated: bool = True) -> dict:
+    """A VM's interface: accelerated networking where its size has it (SR-IOV: what NCCL's TCP path wants)."""
     return {"location": request.location, "tags": dict(tags), "properties": {
-        "enableAcceleratedNetworking": True,
+        "enableAcceleratedNetworking": accelerated,
         "ipConfigurations": [{"name": "primary", "properties": {
             "subnet": {"id": subnet_id}, "publicIPAddress": {"id": address_id},
             "privateIPAllocationMethod": "Dynamic"}}]}}
+
+
+@dataclass(frozen=True)
+class SizeFacts:
+    """What kiln needs of a VM size in one location, as the Resource SKUs API lists it."""
+
+    name: str
+    gpus: int = 0
+    accelerated_networking: bool = False
+    premium_io: bool = False
+    spot: bool = False
+    restriction: str = ""  # the reason code of a restriction on this subscription in the location
+
+
+def size_facts(documents: Iterable[Mapping], location: str) -> dict[str, SizeFacts]:
+    """The VM sizes offered in `location`, by name, from ARM's resource SKU documents (every resource type)."""
+    found = {}
+    for sku in documents:
+        if sku.get("resourceType") != "virtualMachines" or location.lower() not in (
+                place.lower() for place in sku.get("locations") or ()):
+            continue
+        capability = {c.get("name"): str(c.get("value")) for c in sku.get("capabilities") or ()}
+        restricted = next((r.get("reasonCode") or "restricted" for r in sku.get("restrictions") or ()
+                           if r.get("type") == "Location" and location.lower() in
+                           (v.lower() for v in r.get("values") or ())), "")
+        gpus = capability.get("GPUs", "0")
+        found[sku["name"]] = SizeFacts(
+            sku["name"], int(gpus) if gpus.isdigit() else 0, capability.get("AcceleratedNetworkingEnabled") == "True",
+            capability.get("PremiumIO") == "True", capability.get("LowPriorityCapable") == "True", restricted)
+    return found
+
+
+def check_size(request: Request, sizes: Mapping[str, SizeFacts]) -> SizeFacts:
+    """The facts of the size asked for, once it is offered in the location, open to the subscription, takes
+    kiln's Premium SSD disks and, with --spot, runs as Spot; else one line saying which."""
+    facts = next((f for name, f in sizes.items() if name.lower() == request.vm_size.lower()), None)
+    if facts is None:
+        gpu = sorted(name for name, f in sizes.items() if f.gpus and not f.restriction)
+        raise UsageError(f"--instance-type {request.vm_size}: not offered in {request.location}"
+                         + (f"; GPU sizes open to you there: {', '.join(gpu)}" if gpu else ""))
+    if facts.restriction:
+        raise UsageError(f"--instance-type {facts.name}: not open to this subscription in {request.location} "
+                         f"({facts.restriction}); ask Azure for access, or try another --location")
+    if not facts.premium_io:
+        raise UsageError(f"--instance-type {facts.name}: takes no Premium SSD disks, which kiln's are")
+    if request.spot and not facts.spot:
+        raise UsageError(f"--spot: {facts.name} cannot run as a Spot VM")
+    return facts
 
 
 def custom_data(request: Request) -> str | None:
