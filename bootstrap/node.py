@@ -28,6 +28,7 @@ LOCAL_NODE_MARK = "/etc/ssh/kiln-local-node"  # what testbed.cluster puts in its
 AZURE_METADATA = "http://169.254.169.254"  # an Azure VM's instance metadata service
 AZURE_MANAGER = "https://management.azure.com"  # Resource Manager
 AZURE_COMPUTE_API = "2026-04-01"  # virtualMachines' api-version, as the azure-mgmt-compute kiln pins sends it
+POWER_OFF_RECHECK_S = 300  # a node still up this long after its power-off was taken tries again
 SHUTDOWNS = ("system", "namespace", "azure")
 
 
@@ -657,7 +658,8 @@ def end_agent(recorded, wait=5.0):
 
 def watch_idle(idle_s, interval_s, shutdown, state_path):
     """Look for kiln runs every interval_s; power off once none was seen for idle_s (a monotonic clock: a time
-    step does not count). A power-off that fails is logged and tried again at the next look."""
+    step does not count). A power-off that fails is logged and tried again at the next look; one that was taken but
+    left the node running (an Azure deallocation that failed later) is tried again POWER_OFF_RECHECK_S later."""
 
     me = {"pid": os.getpid(), "since": started_at(os.getpid()), "idle_s": idle_s, "shutdown": shutdown}
     last_busy, last_busy_at = time.monotonic(), time.time()
@@ -669,8 +671,14 @@ def watch_idle(idle_s, interval_s, shutdown, state_path):
         if time.monotonic() - last_busy >= idle_s:
             write_state(state_path, {**seen, "powering_off": time.time()})
             failure = power_off(shutdown)
-            if failure is None:
+            if failure is None and shutdown == "namespace":  # the node's processes are gone: so is it
                 return
+            if failure is None:
+                write_state(state_path, {**seen, "powered_off": time.time()})
+                time.sleep(POWER_OFF_RECHECK_S)
+                print(f"autostop: still running {POWER_OFF_RECHECK_S} s after the power-off was taken; trying again",
+                      flush=True)
+                continue
             print(f"autostop: could not power off: {failure}", flush=True)
             seen["error"] = failure
         write_state(state_path, seen)
@@ -721,28 +729,40 @@ def deallocate_self(metadata=AZURE_METADATA, manager=AZURE_MANAGER, cafile=None,
     step = "read this VM's resource id from the metadata service"
     try:
         vm = ask("/metadata/instance/compute?api-version=2021-02-01")["resourceId"]
+        if not str(vm).startswith("/subscriptions/"):
+            return f"could not {step}: the metadata service names {vm!r}, not a VM"
         step = "get a token for its managed identity"
         resource = urllib.parse.quote(manager.rstrip("/") + "/", safe="")
         token = ask(f"/metadata/identity/oauth2/token?api-version=2018-02-01&resource={resource}")["access_token"]
         step = f"deallocate {vm}"
         request = urllib.request.Request(f"{manager.rstrip('/')}{vm}/deallocate?api-version={AZURE_COMPUTE_API}",
-                                         data=b"", method="POST", headers={"Authorization": f"Bearer {token}"})
+                                         data=b"", method="POST", headers={"Authorization": f"Bearer {token}",
+                                                                           "Content-Type": "application/json"})
         context = ssl.create_default_context(cafile=cafile)
         with urllib.request.build_opener(urllib.request.HTTPSHandler(context=context)).open(
                 request, timeout=timeout) as answer:
             status = answer.status
     except urllib.error.HTTPError as error:
-        try:
-            said = json.loads(error.read() or b"{}")
-        except ValueError:
-            said = {}
-        detail = said.get("error") if isinstance(said.get("error"), dict) else said  # ARM's, or the metadata's
-        code = str(detail.get("code") or detail.get("error") or "")
-        message = str(detail.get("message") or detail.get("error_description") or "")
-        return f"could not {step}: HTTP {error.code} " + (f"{code}: {message}" if code and message else code or message)
-    except (OSError, ValueError, KeyError) as error:
-        return f"could not {step}: {type(error).__name__}: {error}"
+        return f"could not {step}: HTTP {error.code}" + said_by(error)
+    except Exception as error:  # whatever it is, the agent logs it and tries again at its next look
+        return f"could not {step}: {type(error).__name__}: {' '.join(str(error).split())}"
     return None if status in (200, 202) else f"could not {step}: HTTP {status}"
+
+
+def said_by(error):
+    """ARM's error code and message, or the metadata service's, from a failed call's body: " CODE: message"."""
+    import json
+
+    try:
+        said = json.loads(error.read() or b"{}")
+    except Exception:  # no body, a body cut short, or not JSON
+        return ""
+    said = said if isinstance(said, dict) else {}
+    detail = said.get("error") if isinstance(said.get("error"), dict) else said  # ARM's, or the metadata's
+    code = str(detail.get("code") or detail.get("error") or "")
+    message = " ".join(str(detail.get("message") or detail.get("error_description") or "").split())
+    text = f"{code}: {message}" if code and message else code or message
+    return f" {text}" if text else ""
 
 
 def read_json(path):

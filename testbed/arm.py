@@ -336,6 +336,12 @@ class Arm:
             with self._lock:
                 self._access.denied.discard(action)
 
+    def delay_principals(self, seconds: float) -> None:
+        """Keep each new identity's principal out of the directory this long (PrincipalNotFound), as Entra ID's
+        replication does."""
+        with self._lock:
+            self._access.principal_delay = seconds
+
     def role_assignments(self) -> list[dict]:
         """Every role assignment, as ARM shows it."""
         with self._lock:
@@ -1034,7 +1040,6 @@ class Arm:
             for key in [k for k in self._resources if self._in_group(k, name)]:
                 self._access.forget(self._resources.pop(key)["id"])
                 self._guests.pop(key, None)
-            self._access.remove_under(group["id"])
             self._groups.pop(name.lower(), None)
 
         def undo() -> None:
@@ -1662,7 +1667,6 @@ class Arm:
         if vm is None:
             return
         self._access.forget(vm["id"])
-        self._access.remove_under(vm["id"])
         storage = vm["properties"]["storageProfile"]
         for disk in [storage["osDisk"], *storage["dataDisks"]]:
             if disk.get("deleteOption") == "Delete":
@@ -1762,10 +1766,13 @@ class Arm:
 
     # -------------------------------------------------------------------------------------------- role assignments
 
-    def _scope_of(self, request: _Request) -> str:
-        """The scope of a role assignment call, which must exist (a subscription, a group or a resource)."""
+    def _scope_of(self, request: _Request, *, existing: bool = False) -> str:
+        """The scope of a role assignment call; for a new assignment it must exist (a subscription, a group or a
+        resource), while one whose scope was deleted can still be read and deleted."""
         scope = request.path[:request.path.lower().rindex("/providers/microsoft.authorization/")]
         parts = scope.strip("/").split("/")
+        if not existing:
+            return scope
         if len(parts) > 2:
             self._group(parts[3])
         if len(parts) > 4 and scope.lower() not in self._resources:
@@ -1774,7 +1781,7 @@ class Arm:
         return scope
 
     def _assignment_put(self, request: _Request) -> _Reply:
-        status, made = self._access.put(self._scope_of(request), request.params["n1"], request.body)
+        status, made = self._access.put(self._scope_of(request, existing=True), request.params["n1"], request.body)
         return _Reply(status, made)
 
     def _assignment_get(self, request: _Request) -> _Reply:

@@ -7,21 +7,24 @@ As Azure does it:
 - A role assignment (`Microsoft.Authorization/roleAssignments/{GUID}` under any scope, api-version 2022-04-01)
   grants a role definition's actions to a principal at a scope and every resource below it. ARM refuses a name
   that is not a GUID (InvalidRoleAssignmentId), a role it does not know (RoleDefinitionDoesNotExist), a principal
-  the directory does not have (PrincipalNotFound), and a second assignment of the same role to the same principal
-  at the same scope (RoleAssignmentExists); an assignment goes when its scope is deleted.
+  the directory does not have (PrincipalNotFound: a new identity's principal reaches the directory only
+  `principal_delay` seconds after it is made), and a second assignment of the same role to the same principal
+  at the same scope (RoleAssignmentExists). An assignment outlives its principal and its scope: deleting a VM or
+  a group leaves its assignments behind, granting nothing ("Identity not found" in the portal), until deleted.
 - A call made with a managed identity's token is allowed only what an assignment of that principal grants: the
   operation's action (`Microsoft.Compute/virtualMachines/deallocate/action`) matched against the role's actions
   (wildcards as Azure writes them), else 403 AuthorizationFailed; the status of an operation it started is its
   own to poll. The operator's token may do everything, except
   what a test refuses it (`deny`), as a Contributor who may not assign roles is refused.
 
-Only built-in roles kiln may use are known: Virtual Machine Contributor and Reader, with their published actions.
+Only the built-in roles below are known, with their published actions.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -38,6 +41,16 @@ ROLES = {
         "Microsoft.Compute/disks/write", "Microsoft.Compute/disks/read", "Microsoft.Compute/disks/delete",
         "Microsoft.Network/networkInterfaces/*", "Microsoft.Network/publicIPAddresses/read",
         "Microsoft.Resources/subscriptions/resourceGroups/read")),
+    "40c5ff49-9181-41f8-ae61-143b0e78555e": ("Desktop Virtualization Power On Off Contributor", (
+        "Microsoft.Compute/virtualMachines/start/action", "Microsoft.Compute/virtualMachines/read",
+        "Microsoft.Compute/virtualMachines/instanceView/read", "Microsoft.Compute/virtualMachines/deallocate/action",
+        "Microsoft.Compute/virtualMachines/restart/action", "Microsoft.Compute/virtualMachines/powerOff/action",
+        "Microsoft.Insights/eventtypes/values/read", "Microsoft.Authorization/*/read",
+        "Microsoft.Insights/alertRules/*", "Microsoft.Resources/deployments/*",
+        "Microsoft.Resources/subscriptions/resourceGroups/read",
+        "Microsoft.DesktopVirtualization/hostpools/read", "Microsoft.DesktopVirtualization/hostpools/write",
+        "Microsoft.DesktopVirtualization/hostpools/sessionhosts/read",
+        "Microsoft.DesktopVirtualization/hostpools/sessionhosts/write")),
     "acdd72a7-3385-48ef-bd42-f606fba81ae7": ("Reader", ("*/read",)),
 }
 ACTIONS = {  # the action an operation needs, where it is not the type's read, write or delete
@@ -104,6 +117,8 @@ class Access:
     tokens: dict[str, str] = field(default_factory=dict)  # token -> principal id
     assignments: dict[str, dict] = field(default_factory=dict)  # assignment id (lower case) -> as ARM shows it
     denied: set[str] = field(default_factory=set)  # actions refused to the operator
+    principal_delay: float = 0.0  # seconds before a new principal is in the directory
+    born: dict[str, float] = field(default_factory=dict)  # principal id -> when it was made (monotonic)
 
     # ---------------------------------------------------------------------------- identities
 
@@ -121,6 +136,7 @@ class Access:
                                                     "SystemAssigned or None.", "identity.type")
         principal = (kept or {}).get("principalId") or str(uuid.uuid4())
         self.principals[principal] = vm_id
+        self.born.setdefault(principal, time.monotonic())
         return {"type": "SystemAssigned", "principalId": principal, "tenantId": TENANT}
 
     def forget(self, vm_id: str) -> None:
@@ -128,6 +144,7 @@ class Access:
         gone = {p for p, vm in self.principals.items() if vm.lower() == vm_id.lower()}
         for principal in gone:
             self.principals.pop(principal)
+            self.born.pop(principal, None)
         for token in [t for t, p in self.tokens.items() if p in gone]:
             self.tokens.pop(token)
 
@@ -181,7 +198,7 @@ class Access:
             raise ArmError(400, "RoleDefinitionDoesNotExist", f"The specified role definition with ID "
                                                               f"'{props.get('roleDefinitionId')}' does not exist.")
         principal = str(props.get("principalId") or "")
-        if principal not in self.principals:
+        if principal not in self.principals or time.monotonic() - self.born[principal] < self.principal_delay:
             raise ArmError(400, "PrincipalNotFound", f"Principal {principal.replace('-', '')} does not exist in the "
                                                      f"directory {TENANT}. Check that you have the correct principal "
                                                      "ID.")
@@ -213,7 +230,3 @@ class Access:
     def delete(self, scope: str, name: str) -> dict | None:
         return self.assignments.pop(self.assignment_id(scope, name).lower(), None)
 
-    def remove_under(self, scope: str) -> None:
-        """A deleted scope takes its role assignments (and those below it) with it."""
-        for key in [k for k, a in self.assignments.items() if within(scope, a["properties"]["scope"])]:
-            self.assignments.pop(key)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from azure.core.exceptions import HttpResponseError
 
 pytestmark = pytest.mark.integration
 
@@ -308,6 +309,8 @@ def wait_for_power(arm, group: str, vm: str, wanted: str) -> str:
 
 def test_autostop_lets_each_vm_deallocate_itself_and_nothing_else(env, arm):
     cloud.up(request("idle", spot=True, volume_gb=10, idle_minutes=30), ssh_wait_s=0)
+    assert all(v.identity.type == "SystemAssigned" for v in vms_of(arm, "idle"))  # made with it
+    assert arm.role_assignments() == []  # given its role once the agents start (arm_autostop)
     armed = cloud.arm_autostop("idle")
     assert cloud.arm_autostop("idle") == armed  # again: the same identities, no second assignment
     vms = vms_of(arm, "idle")
@@ -317,7 +320,7 @@ def test_autostop_lets_each_vm_deallocate_itself_and_nothing_else(env, arm):
     assignments = arm.role_assignments()
     assert sorted((a["properties"]["scope"], a["properties"]["principalId"]) for a in assignments) == sorted(
         (v.id, v.identity.principal_id) for v in vms)
-    assert {a["properties"]["roleDefinitionId"].rsplit("/", 1)[-1] for a in assignments} == {plan.VM_CONTRIBUTOR}
+    assert {a["properties"]["roleDefinitionId"].rsplit("/", 1)[-1] for a in assignments} == {plan.POWER_ROLE}
     first, second = vms
 
     # node 0's agent deallocates its own VM, as its identity, through its metadata service
@@ -332,6 +335,10 @@ def test_autostop_lets_each_vm_deallocate_itself_and_nothing_else(env, arm):
         refused = node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file)
     assert refused.startswith(f"could not deallocate {second.id}: HTTP 403 AuthorizationFailed: ") and \
         "'Microsoft.Compute/virtualMachines/deallocate/action'" in refused, refused
+    as_first = arm.client("compute", credential=arm.credential(arm.identity_token(first.id)))
+    with pytest.raises(HttpResponseError) as caught:  # its role powers it on and off, no more
+        as_first.virtual_machines.begin_delete("kiln-idle", first.name)
+    assert "'Microsoft.Compute/virtualMachines/delete'" in caught.value.message
     with Imds("elsewhere", azure_vm=second.id, azure_token=lambda: None) as imds:
         assert node.deallocate_self(imds.endpoint, arm.endpoint, cafile=arm.ca_file) == (
             "could not get a token for its managed identity: HTTP 400 invalid_request: Identity not found")
@@ -350,6 +357,21 @@ def test_autostop_without_the_right_to_give_roles_is_one_clear_error(env, arm):
         cloud.arm_autostop("nope")
     assert arm.role_assignments() == [] and not cloud.Record.load("nope").autostop
     cloud.down("nope")
+
+
+def test_a_new_identity_is_waited_for_until_the_directory_has_it(env, arm):
+    arm.delay_principals(3)
+    try:
+        cloud.up(request("late", count=1, idle_minutes=5), ssh_wait_s=0)
+        with pytest.raises(cloud.AzureError, match="could not let kiln-late-0 deallocate itself: PrincipalNotFound"):
+            cloud.arm_autostop("late", principal_wait_s=0, principal_poll_s=0.1)
+        [vm] = vms_of(arm, "late")
+        assert cloud.arm_autostop("late", principal_wait_s=10, principal_poll_s=0.2) == [vm.id]
+        assert [a["properties"]["principalId"] for a in arm.role_assignments()] == [vm.identity.principal_id]
+    finally:
+        arm.delay_principals(0)
+    cloud.down("late")
+    assert arm.role_assignments() == []
 
 
 def test_a_replacement_of_an_autostopping_node_may_deallocate_itself_too(env, arm):

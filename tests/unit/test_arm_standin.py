@@ -596,15 +596,31 @@ def test_role_assignments_are_refused_as_arm_refuses_them(arm, clients):
     assert (caught.value.status_code, code_of(caught.value)) == (403, "AuthorizationFailed")
 
 
-def test_an_identity_and_its_assignments_go_with_the_vm(arm, clients):
+def test_an_identity_goes_with_its_vm_and_its_assignments_stay_until_deleted(arm, clients):
     [nic] = network(clients)
     vm = with_identity(clients, arm, "vm-1", nic)
     assign(arm, vm.id, vm.identity.principal_id)
     token = arm.identity_token(vm.id)
     clients[2].virtual_machines.begin_delete(RG, "vm-1").result()
-    assert arm.role_assignments() == [] and arm.identity_token(vm.id) is None
+    assert arm.identity_token(vm.id) is None
     with pytest.raises(ClientAuthenticationError):
         arm.client("compute", credential=arm.credential(token)).virtual_machines.get(RG, "vm-1")
+    clients[0].resource_groups.begin_delete(RG).result()
+    [left] = arm.role_assignments()  # granting nothing, until someone deletes it
+    assert left["properties"]["scope"] == vm.id
+    authorization(arm).role_assignments.delete(vm.id, ASSIGNMENT)
+    assert arm.role_assignments() == []
+
+
+def test_a_new_identity_is_not_in_the_directory_at_once(arm, clients):
+    [nic] = network(clients)
+    arm.delay_principals(30)
+    vm = with_identity(clients, arm, "vm-1", nic)
+    with pytest.raises(HttpResponseError) as caught:
+        assign(arm, vm.id, vm.identity.principal_id)
+    assert code_of(caught.value) == "PrincipalNotFound"
+    arm.delay_principals(0)
+    assert assign(arm, vm.id, vm.identity.principal_id).principal_id == vm.identity.principal_id
 
 
 def test_access_rules():

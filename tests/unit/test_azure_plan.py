@@ -84,7 +84,7 @@ def test_an_autostopping_vm_has_its_own_identity_allowed_to_deallocate_it_alone(
     name, assignment = plan.self_deallocation(SUB, vm, "p-1")
     assert assignment["properties"] == {
         "roleDefinitionId": f"/subscriptions/{SUB}/providers/Microsoft.Authorization/roleDefinitions/"
-                            "9980e02c-c2be-4d73-94e8-173b1dc7cf3c",
+                            "40c5ff49-9181-41f8-ae61-143b0e78555e",
         "principalId": "p-1", "principalType": "ServicePrincipal",
         "description": "kiln autostop: the VM may deallocate itself"}
     assert plan.SUBSCRIPTION.fullmatch(name)  # a GUID, as ARM wants it

@@ -4,9 +4,11 @@ lists are looked up without threads."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import urllib.error
 
 import pytest
 
@@ -79,3 +81,16 @@ def test_the_agents_json_says_what_it_cannot_write():
     with pytest.raises(TypeError, match="set is not JSON serializable"):
         node_side.dumps({1, 2})
     assert node_side.dumps(float("nan")) == "NaN" and json.loads(node_side.dumps([float("nan")]))[0] != 0
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"error": {"code": "AuthorizationFailed", "message": "The client\\n  may not."}}',
+     "could not go: HTTP 403 AuthorizationFailed: The client may not."),
+    (b'{"error": "invalid_request", "error_description": "Identity not found"}',
+     "could not go: HTTP 403 invalid_request: Identity not found"),
+    (b"null", "could not go: HTTP 403"), (b"[1]", "could not go: HTTP 403"), (b"<html>", "could not go: HTTP 403"),
+    (b"", "could not go: HTTP 403"),
+])
+def test_a_refused_azure_call_is_one_line_whatever_its_body(body, said):
+    refused = urllib.error.HTTPError("https://x", 403, "Forbidden", {}, io.BytesIO(body))
+    assert "could not go: HTTP 403" + node_side.said_by(refused) == said

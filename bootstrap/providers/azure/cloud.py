@@ -12,6 +12,7 @@ Every long-running call is waited on through the SDK's own poller, with a timeou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import ssl
@@ -53,6 +54,8 @@ SUBSCRIPTION_ENV = "AZURE_SUBSCRIPTION_ID"
 OPERATION_TIMEOUT_S = 900
 CALL_TIMEOUT_S = 60
 HOST_KEYS_POLL_S = 5
+PRINCIPAL_WAIT_S = 120  # how long a new identity may take to reach the directory (PrincipalNotFound until then)
+PRINCIPAL_POLL_S = 5
 
 
 class AzureError(KilnError):
@@ -283,10 +286,12 @@ class Snapshot:
 
 
 def delete_group(azure: Azure, group: str, timeout_s: float = OPERATION_TIMEOUT_S) -> bool:
-    """Delete a resource group and everything in it; False where it was not there."""
+    """Delete a resource group and everything in it (the role assignments of its VMs first); False where it was not
+    there."""
     try:
         if not azure.resources.resource_groups.check_existence(group):
             return False
+        forget_roles(azure, group)
         done(azure.resources.resource_groups.begin_delete(group), timeout_s)
         return True
     except Exception as error:
@@ -465,7 +470,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         made = [start(make_node(azure, request, group=group, index=index, name=name, image=image,
                                 public_key=public_key, tags=tags, subnet_id=subnet_id, placement_id=placement.id,
                                 data_disk=disks[index] if disks else None, timeout_s=timeout_s,
-                                accelerated=size.accelerated_networking))
+                                accelerated=size.accelerated_networking, identity=bool(request.idle_minutes)))
                 for index, name in enumerate(names)]
         for poller in made:
             done(poller, timeout_s)
@@ -587,10 +592,11 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     return host, keys
 
 
-def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OPERATION_TIMEOUT_S,
+                 principal_wait_s: float = PRINCIPAL_WAIT_S, principal_poll_s: float = PRINCIPAL_POLL_S) -> list[str]:
     """Let each VM of the cluster deallocate itself when its idle agent says so: a system-assigned identity on
-    the VM, and the role Virtual Machine Contributor for it on that VM alone. Asking again changes nothing. The
-    VMs' ids."""
+    the VM (`up --idle-minutes` made it with one), and the power role (plan.POWER_ROLE) for it on that VM alone.
+    Asking again changes nothing. The VMs' ids."""
     kept = Record.load(name)
     if kept is None:
         raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
@@ -599,15 +605,16 @@ def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OP
     for vm in kept.vms:
         try:
             machine = azure.compute.virtual_machines.get(kept.group, vm)
-            if not plan.has_system_identity(getattr(machine.identity, "type", None)):
+            kind = getattr(machine.identity, "type", None)
+            if not plan.has_system_identity(kind):
                 body = machine.as_dict(exclude_readonly=True)
                 body["identity"] = {**(body.get("identity") or {}), "type": ", ".join(
-                    filter(None, ["SystemAssigned", getattr(machine.identity, "type", None)]))}
+                    ["SystemAssigned", *([kind] if kind and kind != "None" else [])])}
                 machine = done(azure.compute.virtual_machines.begin_create_or_update(kept.group, vm, body), timeout_s)
-            allow_self_deallocation(azure, machine)
+            allow_self_deallocation(azure, machine, principal_wait_s, principal_poll_s)
         except Exception as error:
             hint = " (giving a role needs Owner or User Access Administrator on the cluster's resource group)" \
-                if getattr(getattr(error, "error", None), "code", None) == "AuthorizationFailed" else ""
+                if "roleAssignments/write" in describe_error(error) else ""
             raise AzureError(f"cluster {name}: autostop: could not let {vm} deallocate itself: "
                              f"{describe_error(error)}{hint}") from None
         armed.append(machine.id)
@@ -615,20 +622,50 @@ def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OP
     return armed
 
 
-def allow_self_deallocation(azure: Azure, machine) -> None:
-    """Give the VM's own identity the right to deallocate that VM (an assignment already there is fine)."""
+def allow_self_deallocation(azure: Azure, machine, wait_s: float = PRINCIPAL_WAIT_S,
+                            poll_s: float = PRINCIPAL_POLL_S) -> None:
+    """Give the VM's own identity the right to deallocate that VM (an assignment already there is fine). A new
+    identity reaches the directory a little after the VM has it: PrincipalNotFound is asked again, for wait_s."""
     from azure.core.exceptions import HttpResponseError
 
     assignment, body = plan.self_deallocation(azure.subscription, machine.id, machine.identity.principal_id)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            azure.authorization.role_assignments.create(machine.id, assignment, body)
+            return
+        except HttpResponseError as error:
+            code = getattr(error.error, "code", None)
+            if code == "RoleAssignmentExists":
+                return
+            if code != "PrincipalNotFound" or time.monotonic() + poll_s > deadline:
+                raise
+        time.sleep(poll_s)
+
+
+def forget_roles(azure: Azure, group: str) -> None:
+    """Delete the autostop role assignments of the group's VMs, which would outlive them (granting nothing, but
+    counted against the subscription's limit). Best effort: one left behind is harmless."""
     try:
-        azure.authorization.role_assignments.create(machine.id, assignment, body)
-    except HttpResponseError as error:
-        if getattr(error.error, "code", None) != "RoleAssignmentExists":
-            raise
+        machines = list(azure.compute.virtual_machines.list(group))
+    except Exception:
+        return
+    for machine in machines:
+        principal = getattr(machine.identity, "principal_id", None)
+        if principal:
+            with contextlib.suppress(Exception):
+                azure.authorization.role_assignments.delete(
+                    machine.id, plan.self_deallocation(azure.subscription, machine.id, principal)[0])
 
 
 def delete_node(azure: Azure, group: str, vm: str, timeout_s: float) -> None:
-    """Delete a VM (its OS disk, interface and, after it, its public address); one already gone is fine."""
+    """Delete a VM (its role assignment, OS disk, interface and, after it, its public address); one already gone
+    is fine."""
+    with contextlib.suppress(Exception):
+        machine = azure.compute.virtual_machines.get(group, vm)
+        if getattr(machine.identity, "principal_id", None):
+            azure.authorization.role_assignments.delete(machine.id, plan.self_deallocation(
+                azure.subscription, machine.id, machine.identity.principal_id)[0])
     for delete, target in ((azure.compute.virtual_machines.begin_delete, vm),
                            (azure.network.network_interfaces.begin_delete, f"{vm}-nic"),
                            (azure.network.public_ip_addresses.begin_delete, f"{vm}-ip")):

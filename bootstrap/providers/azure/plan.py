@@ -10,8 +10,9 @@ where --volume asks. Snapshots of the data disks live outside it, in kiln_snapsh
 cluster. Everything carries the tags kiln:cluster, kiln:owner and kiln:expires.
 
 Autostop: a VM that shuts itself down stays allocated and billed, so the node's idle agent deallocates its own VM
-through Resource Manager, as its system-assigned managed identity. That identity holds one role, the built-in
-Virtual Machine Contributor, at the scope of its own VM only: no other node, disk or network of the cluster.
+through Resource Manager, as its system-assigned managed identity. That identity holds one built-in role that
+can power a VM on and off and no more (POWER_ROLE), at the scope of its own VM only: no other node, disk or
+network of the cluster.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ SUBNET = "10.42.0.0/20"
 OS_DISK_GB = 128
 DISK_SKU = "Premium_LRS"
 DATA_LUN = 0
-VM_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"  # built-in role "Virtual Machine Contributor"
+# The narrowest built-in role that may deallocate a VM, "Desktop Virtualization Power On Off Contributor" (made for
+# Azure Virtual Desktop): at a VM's scope, read, start, restart, power off and deallocate it; not write or delete
+# it, run commands on it or add extensions (what "Virtual Machine Contributor" would allow whoever takes the token)
+POWER_ROLE = "40c5ff49-9181-41f8-ae61-143b0e78555e"
 IMAGE_PLACEHOLDER = "<newest image tagged kiln:profile={profile}{more}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
 
@@ -298,8 +302,8 @@ def has_system_identity(identity_type: str | None) -> bool:
 def self_deallocation(subscription: str, vm_id: str, principal_id: str) -> tuple[str, dict]:
     """The role assignment that lets a VM's identity deallocate that VM alone: its name (a GUID that one VM,
     principal and role always give, so that arming twice asks for the same one) and body."""
-    role = f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{VM_CONTRIBUTOR}"
-    name = uuid.uuid5(uuid.NAMESPACE_URL, f"kiln-autostop:{vm_id.lower()}:{principal_id}:{VM_CONTRIBUTOR}")
+    role = f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{POWER_ROLE}"
+    name = uuid.uuid5(uuid.NAMESPACE_URL, f"kiln-autostop:{vm_id.lower()}:{principal_id}:{POWER_ROLE}")
     return str(name), {"properties": {"roleDefinitionId": role, "principalId": principal_id,
                                       "principalType": "ServicePrincipal",
                                       "description": "kiln autostop: the VM may deallocate itself"}}
