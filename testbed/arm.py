@@ -55,7 +55,9 @@ are the closest known ones.
 Faults for tests: `fail("virtualMachines.createOrUpdate", code="AllocationFailed", status=200, on="operation")`,
 `evict(group, vm)`; `calls` lists (verb, path) as served.
 
-As a program (one module for the service, its pure rules in testbed/arm_rules.py):
+The service is this module (state, routes, serving, operations, resource groups, role assignments) with one mixin
+per resource provider (arm_network, arm_disks, arm_vms); its pure rules are in arm_rules, RBAC in arm_access,
+the shared records in arm_types, TLS and HTTP in arm_tls. As a program:
 
     python -m testbed.arm --port 8443 --location eastus --image images/kiln-gpu-1
 """
@@ -67,12 +69,10 @@ import base64
 import contextlib
 import copy
 import hashlib
-import ipaddress
 import json
 import re
 import secrets
 import signal
-import socket
 import ssl
 import sys
 import tempfile
@@ -81,26 +81,19 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from azure.core.credentials import AccessToken
 from azure.mgmt.compute import ComputeManagementClient
-from azure.mgmt.compute import models as compute_models
 from azure.mgmt.network import NetworkManagementClient
-from azure.mgmt.network import models as network_models
 from azure.mgmt.resource.resources import ResourceManagementClient
 from azure.mgmt.resource.resources import models as resource_models
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from testbed.arm_access import AUTHORIZATION_API, OPERATION_POLLS, Access, authorization_failed
 from testbed.arm_access import action_of as access_action
+from testbed.arm_disks import DiskHandlers
+from testbed.arm_network import NetworkHandlers
 from testbed.arm_rules import (
     COMPUTE_API,
     DISK_API,
@@ -109,163 +102,56 @@ from testbed.arm_rules import (
     NETWORK_API,
     RESOURCES_API,
     SKUS_API,
-    VM_SIZES,
     ArmError,
     ResourceId,
-    VmSize,
-    address_space,
     check_group_name,
     check_location,
     check_name,
     check_tags,
-    default_security_rules,
     fault_message,
     group_not_found,
     id_of,
     invalid_parameter,
-    linux_os_profile,
-    marketplace_version,
-    next_private_address,
-    offered,
     page,
     parse_id,
     parse_tag_filter,
     request_content,
     resource_not_found,
     schema_problem,
-    security_rules,
-    sku_document,
-    spot_settings,
-    subnet_network,
     tags_match,
-    version_key,
     vm_size,
 )
-from testbed.guest import QuietServer, cloud_init_host_keys, make_host_keys
-
-GROUP = "Microsoft.Resources/resourceGroups"
-VM, DISK, SNAPSHOT = "Microsoft.Compute/virtualMachines", "Microsoft.Compute/disks", "Microsoft.Compute/snapshots"
-PPG, IMAGE = "Microsoft.Compute/proximityPlacementGroups", "Microsoft.Compute/images"
-GALLERY = "Microsoft.Compute/galleries"
-GALLERY_IMAGE, GALLERY_VERSION = GALLERY + "/images", GALLERY + "/images/versions"
-VNET, NSG = "Microsoft.Network/virtualNetworks", "Microsoft.Network/networkSecurityGroups"
-SUBNET = VNET + "/subnets"
-PIP, NIC = "Microsoft.Network/publicIPAddresses", "Microsoft.Network/networkInterfaces"
-TYPES = {"virtualMachines": VM, "disks": DISK, "snapshots": SNAPSHOT, "proximityPlacementGroups": PPG,
-         "images": IMAGE, "galleries": GALLERY, "galleryImages": GALLERY_IMAGE, "galleryImageVersions": GALLERY_VERSION,
-         "virtualNetworks": VNET, "subnets": SUBNET, "networkSecurityGroups": NSG, "publicIPAddresses": PIP,
-         "networkInterfaces": NIC}
-PUBLIC_RANGE = ipaddress.ip_network("203.0.113.0/24")
-POWER_TEXT = {"starting": "VM starting", "running": "VM running", "stopping": "VM stopping", "stopped": "VM stopped",
-              "deallocating": "VM deallocating", "deallocated": "VM deallocated"}
-SAS_VERSION = "2022-11-02"
-SAFE = "'$"  # left unquoted in the query of a nextLink, as ARM writes them
-
-
-# -------------------------------------------------------------------------------------------------- guest side
-
-
-def boot_log(host: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:
-    """The serial console of an Ubuntu 24.04 Azure VM's boot: the kernel's part, then cloud-init's with its keys."""
-    early = ("[    0.000000] Linux version 6.8.0-1027-azure (buildd@lcy02-amd64-044) (x86_64-linux-gnu-gcc-13) "
-             "#32-Ubuntu SMP Tue Apr 22 18:27:34 UTC 2025\n"
-             "[    0.000000] Command line: BOOT_IMAGE=/vmlinuz-6.8.0-1027-azure root=PARTUUID=5a1e2b4c-01 ro "
-             "console=tty1 console=ttyS0 earlyprintk=ttyS0 panic=-1\n"
-             "[    0.000000] DMI: Microsoft Corporation Virtual Machine/Virtual Machine, BIOS Hyper-V UEFI Release "
-             "v4.1 08/23/2024\n[    0.000000] Hypervisor detected: Microsoft Hyper-V\n"
-             f"[    3.412871] systemd[1]: Hostname set to <{host}>.\n"
-             f"[    6.204417] cloud-init[716]: Cloud-init v. 24.4.1-0ubuntu0~24.04.3 running 'init' (boot {boot}).\n")
-    late = "\n".join([*cloud_init_host_keys(host, keys, when),
-                      "[   12.902114] cloud-init[1021]: Cloud-init v. 24.4.1-0ubuntu0~24.04.3 finished. Datasource "
-                      "DataSourceAzure [seed=/dev/sr0].", f"\nUbuntu 24.04.2 LTS {host} ttyS0\n\n{host} login: "])
-    return early, late + "\n"
-
-
-@dataclass
-class _Guest:
-    """What runs inside a VM: its host keys, its power state, its console, the SAS signatures of its blobs."""
-
-    keys: list[str]
-    host: str
-    power: str = "starting"
-    boots: list[tuple[str, str, float]] = field(default_factory=list)  # (kernel part, cloud-init part, ready at)
-    signatures: dict[str, float] = field(default_factory=dict)  # sig -> expiry (time.time())
-
-    def serial(self, now: float) -> str:
-        return "".join(early + (late if now >= ready else "") for early, late, ready in self.boots)
-
-
-# ---------------------------------------------------------------------------------------------- requests, operations
-
-
-@dataclass(frozen=True)
-class _Route:
-    verb: str
-    pattern: re.Pattern
-    name: str  # the operation, as fail() names it: "virtualMachines.createOrUpdate"
-    api: str | None  # the api-version it takes; None for the blob URLs
-    handler: Callable
-    lro: bool = False
-
-
-@dataclass(frozen=True)
-class _Request:
-    op: str
-    path: str
-    query: dict[str, str]
-    params: dict[str, str]
-    body: object
-
-
-@dataclass
-class _Reply:
-    status: int
-    body: object = None  # dict: JSON; str: text; bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    content_type: str = "application/json; charset=utf-8"
-
-
-@dataclass
-class _Fault:
-    operation: str
-    code: str
-    status: int
-    message: str | None
-    countdown: int
-    on: str
-
-
-@dataclass
-class _Op:
-    name: str
-    provider: str  # compute, disk, network, resources: which status URLs it has
-    location: str
-    due: float
-    started: str
-    finish: Callable[[], None] | None
-    undo: Callable[[], None] | None
-    context: dict
-    fault: _Fault | None = None
-    status: str = "InProgress"
-    error: dict | None = None
-    ended: str = ""
-    caller: str | None = None  # the principal that started it (None: the operator)
-
-
-class _Credential:
-    """A token credential as azure-core takes it: `get_token(*scopes)` gives an AccessToken."""
-
-    def __init__(self, token: str):
-        self._token = token
-
-    def get_token(self, *scopes: str, **kwargs) -> AccessToken:
-        return AccessToken(self._token, int(time.time()) + 3600)
-
+from testbed.arm_tls import TlsServer, handler_for, make_tls
+from testbed.arm_types import (
+    DISK,
+    GALLERY,
+    GALLERY_IMAGE,
+    GROUP,
+    IMAGE,
+    NIC,
+    NSG,
+    PIP,
+    PPG,
+    SAFE,
+    SAS_VERSION,
+    SNAPSHOT,
+    SUBNET,
+    TYPES,
+    VM,
+    VNET,
+    Credential,
+    Fault,
+    Op,
+    Reply,
+    Request,
+    Route,
+)
+from testbed.arm_vms import Guest, VmHandlers
 
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Arm:
+class Arm(NetworkHandlers, DiskHandlers, VmHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
 
     def __init__(self, subscription: str = "00000000-0000-0000-0000-000000000000",
@@ -281,12 +167,12 @@ class Arm:
         self._token = secrets.token_urlsafe(32)
         self._groups: dict[str, dict] = {}  # lower-case name -> resource group
         self._resources: dict[str, dict] = {}  # lower-case id -> resource, as ARM writes it
-        self._guests: dict[str, _Guest] = {}  # VM id (lower case) -> its guest
-        self._ops: dict[str, _Op] = {}
-        self._faults: list[_Fault] = []
+        self._guests: dict[str, Guest] = {}  # VM id (lower case) -> its guest
+        self._ops: dict[str, Op] = {}
+        self._faults: list[Fault] = []
         self._next_public = 0
         self._lock = threading.RLock()
-        self._fault_now: _Fault | None = None
+        self._fault_now: Fault | None = None
         self._access = Access(subscription)
         self._restricted: dict[tuple[str, str], str] = {}  # (size, location) -> the restriction's reason code
         self._caller: str | None = None  # the principal of the call being served; None: the operator
@@ -295,7 +181,7 @@ class Arm:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self._routes = self._route_table()
-        self._server = _Server((host, port), _handler(self), context)
+        self._server = TlsServer((host, port), handler_for(self), context)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
 
@@ -306,9 +192,9 @@ class Arm:
         host, port = self._server.server_address[:2]
         return f"https://{host}:{port}"
 
-    def credential(self, token: str | None = None) -> _Credential:
+    def credential(self, token: str | None = None) -> Credential:
         """A credential whose token the stand-in takes (or, given `token`, one it refuses)."""
-        return _Credential(token or self._token)
+        return Credential(token or self._token)
 
     def client(self, kind: str | type, credential: object | None = None):
         """A management client ("compute", "network", "resource", or the class) pointed here by its own options."""
@@ -413,7 +299,7 @@ class Arm:
         if on == "operation" and not routes[operation].lro:
             raise ValueError(f"{operation} answers at once, with no long-running operation")
         with self._lock:
-            self._faults.append(_Fault(operation, code, status, message, nth, on))
+            self._faults.append(Fault(operation, code, status, message, nth, on))
 
     def evict(self, resource_group: str, vm_name: str) -> None:
         """Evict a running Spot VM as Azure does: deallocated, or, with evictionPolicy Delete, deleted with what its
@@ -466,7 +352,7 @@ class Arm:
         return {"id": str(rid), "name": rid.name, "type": rid.type, "location": location, "tags": tags, **extra,
                 "properties": properties}
 
-    def _route_table(self) -> list[_Route]:
+    def _route_table(self) -> list[Route]:
         sub = "/subscriptions/{subscription}"
         rg = sub + "/resourcegroups/{group}"
         cp, np = rg + "/providers/Microsoft.Compute", rg + "/providers/Microsoft.Network"
@@ -536,19 +422,19 @@ class Arm:
                   ("GET", subnet, "subnets.get", NETWORK_API, self._subnet_get),
                   ("DELETE", subnet, "subnets.delete", NETWORK_API, self._subnet_delete, True),
                   ("GET", np + "/virtualNetworks/{n1}/subnets", "subnets.list", NETWORK_API, self._subnet_list)]
-        routes = [_Route(verb, re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", uri) + "/?", re.IGNORECASE),
+        routes = [Route(verb, re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", uri) + "/?", re.IGNORECASE),
                          name, api, handler, bool(rest and rest[0]))
                   for verb, uri, name, api, handler, *rest in table]
         assignment = re.compile(r"(?P<scope>/subscriptions/(?P<subscription>[^/]+)(?:/.+?)?)/providers/"
                                 r"Microsoft\.Authorization/roleAssignments/(?P<n1>[^/]+)/?", re.IGNORECASE)
-        return routes + [_Route(verb, assignment, f"roleAssignments.{name}", AUTHORIZATION_API, handler)
+        return routes + [Route(verb, assignment, f"roleAssignments.{name}", AUTHORIZATION_API, handler)
                          for verb, name, handler in (("PUT", "create", self._assignment_put),
                                                      ("GET", "get", self._assignment_get),
                                                      ("DELETE", "delete", self._assignment_delete))]
 
     # -------------------------------------------------------------------------------------------- serving
 
-    def _serve(self, verb: str, target: str, headers, raw: bytes) -> _Reply:
+    def _serve(self, verb: str, target: str, headers, raw: bytes) -> Reply:
         split = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         found = next(((route, match) for route in self._routes
@@ -571,16 +457,16 @@ class Arm:
                     body = json.loads(raw) if raw.strip() else None
                 except ValueError as error:
                     raise request_content(f"Unexpected character in the JSON content: {error}.") from None
-                return self._call(route, _Request(route.name, split.path, query, params, body))
+                return self._call(route, Request(route.name, split.path, query, params, body))
             except ArmError as error:
-                reply = _Reply(error.status, error.body())
+                reply = Reply(error.status, error.body())
                 if error.status == 401:
                     reply.headers["WWW-Authenticate"] = ('Bearer authorization_uri="https://login.microsoftonline.com'
                                                          '/common", error="invalid_token", error_description='
                                                          f'"{error.message}"')
                 return reply
             except Exception:  # a bug of the stand-in: say so, as ARM's 500 the client shows
-                return _Reply(500, {"error": {"code": "InternalServerError", "message": traceback.format_exc()}})
+                return Reply(500, {"error": {"code": "InternalServerError", "message": traceback.format_exc()}})
 
     def _authenticate(self, header: str | None) -> str | None:
         """The caller's principal (None: the operator); 401 for no token or one the stand-in did not give."""
@@ -597,7 +483,7 @@ class Arm:
             raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
         return principal
 
-    def _check_scope(self, route: _Route, params: dict[str, str], query: dict[str, str]) -> None:
+    def _check_scope(self, route: Route, params: dict[str, str], query: dict[str, str]) -> None:
         if params["subscription"] != self.subscription:
             raise ArmError(404, "SubscriptionNotFound", f"The subscription '{params['subscription']}' could not be "
                                                         "found.")
@@ -616,7 +502,7 @@ class Arm:
                        f"'{given}' for type '{kind}'. The supported api-versions are '{route.api}'. The supported "
                        f"locations are '{', '.join(self.locations)}'.")
 
-    def _call(self, route: _Route, request: _Request) -> _Reply:
+    def _call(self, route: Route, request: Request) -> Reply:
         fault = self._take_fault(route.name)
         if fault and fault.on == "call":
             context = self._fault_context(request.body)
@@ -628,7 +514,7 @@ class Arm:
         finally:
             self._fault_now = None
 
-    def _take_fault(self, operation: str) -> _Fault | None:
+    def _take_fault(self, operation: str) -> Fault | None:
         """The fault this call of `operation` meets, if any (nth counts the calls since the fault was set)."""
         mine = [fault for fault in self._faults if fault.operation == operation]
         for fault in mine:
@@ -652,16 +538,16 @@ class Arm:
     # -------------------------------------------------------------------------------------------- operations
 
     def _begin(self, provider: str, location: str, finish: Callable[[], None] | None = None,
-               undo: Callable[[], None] | None = None, context: dict | None = None) -> _Op:
+               undo: Callable[[], None] | None = None, context: dict | None = None) -> Op:
         """Start a long-running operation: InProgress now, done op_delay from now; then `finish` runs, or, where a
         fault fails it, `undo`."""
-        op = _Op(str(uuid.uuid4()), provider, location, time.monotonic() + self.op_delay, self._now(), finish, undo,
+        op = Op(str(uuid.uuid4()), provider, location, time.monotonic() + self.op_delay, self._now(), finish, undo,
                  context or {}, self._fault_now, caller=self._caller)
         self._fault_now = None
         self._ops[op.name] = op
         return op
 
-    def _urls(self, op: _Op) -> tuple[str, str]:
+    def _urls(self, op: Op) -> tuple[str, str]:
         """(Azure-AsyncOperation, Location) of an operation, as each provider writes them."""
         sub = f"{self.endpoint}/subscriptions/{self.subscription}"
         if op.provider == "network":
@@ -676,7 +562,7 @@ class Arm:
         base = f"{sub}/providers/Microsoft.Compute/locations/{op.location}/{kind}/{op.name}?p={uuid.uuid4()}"
         return f"{base}&api-version={api}", f"{base}&monitor=true&api-version={api}"
 
-    def _op_headers(self, op: _Op, *, status: bool = True, location: bool = True) -> dict[str, str]:
+    def _op_headers(self, op: Op, *, status: bool = True, location: bool = True) -> dict[str, str]:
         status_url, location_url = self._urls(op)
         return {**({"Azure-AsyncOperation": status_url} if status else {}),
                 **({"Location": location_url} if location else {}), "Retry-After": "0"}
@@ -688,7 +574,7 @@ class Arm:
             if op.status == "InProgress" and op.due <= now:
                 self._complete(op)
 
-    def _complete(self, op: _Op) -> None:
+    def _complete(self, op: Op) -> None:
         fault = op.fault
         if fault:
             if op.undo:
@@ -702,7 +588,7 @@ class Arm:
             op.status = "Succeeded"
         op.ended = self._now()
 
-    def _op_of(self, request: _Request) -> _Op:
+    def _op_of(self, request: Request) -> Op:
         name = request.params["operation"]
         if request.op == "operationResults.get":
             with contextlib.suppress(ValueError):
@@ -713,27 +599,27 @@ class Arm:
             raise authorization_failed(self._caller, access_action(request.op, "GET", request.path), request.path)
         return self._ops[name]
 
-    def _op_poll(self, request: _Request) -> _Reply:
+    def _op_poll(self, request: Request) -> Reply:
         """Compute and disk operations: the status, or, with monitor=true, the result (Location)."""
         return self._op_result(request) if request.query.get("monitor") == "true" else self._op_status(request)
 
-    def _op_status(self, request: _Request) -> _Reply:
+    def _op_status(self, request: Request) -> Reply:
         op = self._op_of(request)
         body = {"name": op.name, "status": op.status, "startTime": op.started}
         if op.status != "InProgress":
             body["endTime"] = op.ended
         if op.error:
             body["error"] = op.error
-        return _Reply(200, body, {"Retry-After": "0"} if op.status == "InProgress" else {})
+        return Reply(200, body, {"Retry-After": "0"} if op.status == "InProgress" else {})
 
-    def _op_result(self, request: _Request) -> _Reply:
+    def _op_result(self, request: Request) -> Reply:
         op = self._op_of(request)
         if op.status == "InProgress":
-            return _Reply(202, None, {"Location": self.endpoint + request.path + "?" + urlencode(request.query),
+            return Reply(202, None, {"Location": self.endpoint + request.path + "?" + urlencode(request.query),
                                       "Retry-After": "0"})
         if op.status == "Failed":
-            return _Reply(op.fault.status if op.fault.status >= 400 else 409, {"error": op.error})
-        return _Reply(200)
+            return Reply(op.fault.status if op.fault.status >= 400 else 409, {"error": op.error})
+        return Reply(200)
 
     # ------------------------------------------------------------------------------------------- common verbs
 
@@ -746,7 +632,7 @@ class Arm:
                                                              "deprovisioning state and cannot perform this operation.")
         return group
 
-    def _rid(self, request: _Request, type_name: str | None = None) -> ResourceId:
+    def _rid(self, request: Request, type_name: str | None = None) -> ResourceId:
         names = [request.params[k] for k in ("n1", "n2", "n3") if k in request.params]
         return self._id(request.params["group"], type_name or TYPES[request.op.split(".")[0]], *names)
 
@@ -756,20 +642,20 @@ class Arm:
         path = "/".join(f"{t}/{n}" for t, n in zip(rid.types, rid.names, strict=True))
         return resource_not_found(rid.namespace, path, rid.group)
 
-    def _existing(self, request: _Request) -> ResourceId:
+    def _existing(self, request: Request) -> ResourceId:
         self._group(request.params["group"])
         rid = self._rid(request)
         if rid.key not in self._resources:
             raise self._missing(rid)
         return rid
 
-    def _get(self, request: _Request) -> _Reply:
-        return _Reply(200, self._view(self._existing(request).key))
+    def _get(self, request: Request) -> Reply:
+        return Reply(200, self._view(self._existing(request).key))
 
     def _in_group(self, key: str, group: str) -> bool:
         return parse_id(key).group.lower() == group.lower()
 
-    def _list(self, request: _Request) -> _Reply:
+    def _list(self, request: Request) -> Reply:
         type_name = TYPES[request.op.split(".")[0]]
         if "$filter" in request.query:
             raise ArmError(400, "InvalidFilterInQueryString",
@@ -782,13 +668,13 @@ class Arm:
         expand = request.query.get("$expand") == "instanceView" or request.query.get("statusOnly") == "true"
         return self._paged(request, [self._view(k, expand=expand) for k in keys])
 
-    def _paged(self, request: _Request, items: list) -> _Reply:
+    def _paged(self, request: Request, items: list) -> Reply:
         chosen, following = page(items, request.query.get("$skiptoken", ""))
         body: dict = {"value": chosen}
         if following is not None:
             query = {k: v for k, v in request.query.items() if k != "$skiptoken"} | {"$skiptoken": following}
             body["nextLink"] = f"{self.endpoint}{request.path}?{urlencode(query, quote_via=quote, safe=SAFE)}"
-        return _Reply(200, body)
+        return Reply(200, body)
 
     def _parse(self, model: type, body: object) -> dict:
         """A request body as the SDK's model takes it, less its read-only members; 400 where the schema refuses."""
@@ -798,7 +684,7 @@ class Arm:
         encoder = sys.modules[model.__module__.rsplit(".", 2)[0] + "._utils.model_base"].SdkJSONEncoder
         return json.loads(json.dumps(model(body), cls=encoder, exclude_readonly=True))
 
-    def _put_prologue(self, request: _Request, model: type) -> tuple[ResourceId, dict, dict | None]:
+    def _put_prologue(self, request: Request, model: type) -> tuple[ResourceId, dict, dict | None]:
         """The id, body (location and tags checked) and former state of a tracked resource's PUT."""
         self._group(request.params["group"], live=True)
         rid = self._rid(request)
@@ -818,7 +704,7 @@ class Arm:
 
     def _store(self, rid: ResourceId, stored: dict, old: dict | None, provider: str, *, state: str,
                finish: Callable[[], None] | None = None, undo: Callable[[], None] | None = None,
-               context: dict | None = None) -> tuple[_Op, int]:
+               context: dict | None = None) -> tuple[Op, int]:
         """Store a resource being made or changed (provisioningState `state` until its operation is done): the
         operation, and the status the PUT answers."""
         stored["properties"]["provisioningState"] = state
@@ -841,12 +727,12 @@ class Arm:
 
         return self._begin(provider, stored["location"], done, undone, context), 200 if old else 201
 
-    def _delete(self, request: _Request) -> _Reply:
+    def _delete(self, request: Request) -> Reply:
         self._group(request.params["group"])
         rid = self._rid(request)
         stored = self._resources.get(rid.key)
         if stored is None:
-            return _Reply(204)
+            return Reply(204)
         self._check_deletable(rid)
         before = stored["properties"].get("provisioningState")
         stored["properties"]["provisioningState"] = "Deleting"
@@ -861,7 +747,7 @@ class Arm:
             stored["properties"]["provisioningState"] = before
 
         op = self._begin(self._provider(rid), stored["location"], finish, undo)
-        return _Reply(202, None, self._op_headers(op))
+        return Reply(202, None, self._op_headers(op))
 
     @staticmethod
     def _provider(rid: ResourceId) -> str:
@@ -994,7 +880,7 @@ class Arm:
 
     # -------------------------------------------------------------------------------------------- resource groups
 
-    def _groups_put(self, request: _Request) -> _Reply:
+    def _groups_put(self, request: Request) -> Reply:
         name = request.params["group"]
         check_group_name(name)
         body = self._parse(resource_models.ResourceGroup, request.body)
@@ -1005,22 +891,22 @@ class Arm:
             self._groups[name.lower()] = group = self._group_body(name, location, tags)
             if body.get("managedBy"):
                 group["managedBy"] = body["managedBy"]
-            return _Reply(201, group)
+            return Reply(201, group)
         self._group(name, live=True)
         if group["location"] != location:
             raise ArmError(409, "InvalidResourceGroupLocation",
                            f"Invalid resource group location '{location}'. The Resource group already exists in "
                            f"location '{group['location']}'.")
         group["tags"] = tags
-        return _Reply(200, group)
+        return Reply(200, group)
 
-    def _groups_get(self, request: _Request) -> _Reply:
-        return _Reply(200, self._group(request.params["group"]))
+    def _groups_get(self, request: Request) -> Reply:
+        return Reply(200, self._group(request.params["group"]))
 
-    def _groups_head(self, request: _Request) -> _Reply:
-        return _Reply(204 if request.params["group"].lower() in self._groups else 404)
+    def _groups_head(self, request: Request) -> Reply:
+        return Reply(204 if request.params["group"].lower() in self._groups else 404)
 
-    def _groups_list(self, request: _Request) -> _Reply:
+    def _groups_list(self, request: Request) -> Reply:
         wanted = parse_tag_filter(request.query.get("$filter", ""))
         groups = [g for _, g in sorted(self._groups.items()) if tags_match(g["tags"], wanted)]
         top = request.query.get("$top")
@@ -1030,7 +916,7 @@ class Arm:
             groups = groups[:int(top)]
         return self._paged(request, groups)
 
-    def _groups_delete(self, request: _Request) -> _Reply:
+    def _groups_delete(self, request: Request) -> Reply:
         group = self._group(request.params["group"])
         name = group["name"]
         before = group["properties"]["provisioningState"]
@@ -1046,727 +932,11 @@ class Arm:
             group["properties"]["provisioningState"] = before
 
         op = self._begin("resources", group["location"], finish, undo)
-        return _Reply(202, None, self._op_headers(op, status=False))
-
-    # -------------------------------------------------------------------------------------------- network
-
-    def _network_put(self, rid: ResourceId, stored: dict, old: dict | None) -> _Reply:
-        stored["properties"]["resourceGuid"] = (old or {}).get("properties", {}).get("resourceGuid") or \
-            str(uuid.uuid4())
-        stored["etag"] = f'W/"{uuid.uuid4()}"'
-        op, status = self._store(rid, stored, old, "network", state="Updating")  # NRP says Updating for a create too
-        return _Reply(status, self._view(rid.key), self._op_headers(op, location=False))
-
-    def _vnet_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, network_models.VirtualNetwork)
-        props = body.get("properties") or {}
-        space = address_space((props.get("addressSpace") or {}).get("addressPrefixes"), str(rid))
-        subnets, taken = [], []
-        for given in props.get("subnets") or []:
-            name = given.get("name") or ""
-            check_name(SUBNET, name)
-            if any(name.lower() == other.lower() for other, _ in taken):
-                raise ArmError(400, "InvalidRequestFormat", f"Subnet name {name} is used twice in {rid}.")
-            network = subnet_network(given, space, rid.name, taken)
-            taken.append((name, network))
-            subnets.append(self._subnet_body(rid.child("subnets", name), given, network, body["location"]))
-        for subnet in (old or {}).get("properties", {}).get("subnets", []):
-            kept = next((s for s in subnets if self._same(s["id"], subnet["id"])), None)
-            if kept is None:
-                self._check_subnet_unused(subnet)
-            elif kept["properties"]["addressPrefix"] != subnet["properties"]["addressPrefix"]:
-                self._check_subnet_unused(subnet, "InUseSubnetCannotBeUpdated")
-        stored = self._tracked(rid, body["location"], body["tags"], {
-            **props, "addressSpace": {"addressPrefixes": [str(n) for n in space]}, "subnets": subnets,
-            "virtualNetworkPeerings": props.get("virtualNetworkPeerings") or [],
-            "enableDdosProtection": bool(props.get("enableDdosProtection"))})
-        return self._network_put(rid, stored, old)
-
-    def _subnet_body(self, rid: ResourceId, given: dict, network, location: str) -> dict:
-        props = dict(given.get("properties") or {})
-        nsg = id_of(props.get("networkSecurityGroup"))
-        if nsg:
-            props["networkSecurityGroup"] = {"id": self._reference(nsg, NSG, rid, location)["id"]}
-        props.pop("addressPrefixes", None)
-        props.update(addressPrefix=str(network), provisioningState="Succeeded",
-                     privateEndpointNetworkPolicies=props.get("privateEndpointNetworkPolicies") or "Disabled",
-                     privateLinkServiceNetworkPolicies=props.get("privateLinkServiceNetworkPolicies") or "Enabled")
-        return {"name": rid.name, "id": str(rid), "etag": f'W/"{uuid.uuid4()}"', "type": SUBNET, "properties": props}
-
-    def _check_subnet_unused(self, subnet: dict, code: str = "InUseSubnetCannotBeDeleted") -> None:
-        users = self._ipconfigs(lambda c: self._same(id_of(c.get("subnet")), subnet["id"]))
-        if users:
-            verb = "deleted" if code.endswith("Deleted") else "updated"
-            raise ArmError(400, code, f"Subnet {subnet['name']} is in use by {users[0]} and cannot be {verb}. In "
-                                      "order to delete the subnet, delete all the resources within the subnet. See "
-                                      "aka.ms/deletesubnet.")
-
-    def _vnet_of(self, request: _Request) -> tuple[ResourceId, dict]:
-        self._group(request.params["group"])
-        vnet_id = self._id(request.params["group"], VNET, request.params["n1"])
-        if vnet_id.key not in self._resources:
-            raise self._missing(vnet_id)
-        return vnet_id, self._resources[vnet_id.key]
-
-    def _subnet_put(self, request: _Request) -> _Reply:
-        self._group(request.params["group"], live=True)
-        vnet_id, vnet = self._vnet_of(request)
-        rid = vnet_id.child("subnets", request.params["n2"])
-        check_name(SUBNET, rid.name)
-        given = {**self._parse(network_models.Subnet, request.body), "name": rid.name}
-        subnets = vnet["properties"]["subnets"]
-        old = next((s for s in subnets if self._same(s["id"], rid)), None)
-        space = [ipaddress.ip_network(p) for p in vnet["properties"]["addressSpace"]["addressPrefixes"]]
-        taken = [(s["name"], ipaddress.ip_network(s["properties"]["addressPrefix"])) for s in subnets if s is not old]
-        subnet = self._subnet_body(rid, given, subnet_network(given, space, vnet_id.name, taken), vnet["location"])
-        if old and old["properties"]["addressPrefix"] != subnet["properties"]["addressPrefix"]:
-            self._check_subnet_unused(old, "InUseSubnetCannotBeUpdated")
-        before = list(subnets)
-        vnet["properties"]["subnets"] = [s for s in subnets if s is not old] + [subnet]
-        subnet["properties"]["provisioningState"] = "Updating"
-
-        def undo() -> None:
-            vnet["properties"]["subnets"] = before
-
-        op = self._begin("network", vnet["location"], lambda: subnet["properties"].update(
-            provisioningState="Succeeded"), undo)
-        return _Reply(200 if old else 201, self._subnet_view(copy.deepcopy(subnet)),
-                      self._op_headers(op, location=False))
-
-    def _subnet_get(self, request: _Request) -> _Reply:
-        vnet_id, vnet = self._vnet_of(request)
-        rid = vnet_id.child("subnets", request.params["n2"])
-        subnet = next((s for s in vnet["properties"]["subnets"] if self._same(s["id"], rid)), None)
-        if subnet is None:
-            raise self._missing(rid)
-        return _Reply(200, self._subnet_view(copy.deepcopy(subnet)))
-
-    def _subnet_list(self, request: _Request) -> _Reply:
-        _, vnet = self._vnet_of(request)
-        return self._paged(request, [self._subnet_view(copy.deepcopy(s)) for s in vnet["properties"]["subnets"]])
-
-    def _subnet_delete(self, request: _Request) -> _Reply:
-        vnet_id, vnet = self._vnet_of(request)
-        rid = vnet_id.child("subnets", request.params["n2"])
-        subnet = next((s for s in vnet["properties"]["subnets"] if self._same(s["id"], rid)), None)
-        if subnet is None:
-            return _Reply(204)
-        self._check_subnet_unused(subnet)
-        subnet["properties"]["provisioningState"] = "Deleting"
-
-        def finish() -> None:
-            vnet["properties"]["subnets"] = [s for s in vnet["properties"]["subnets"] if s is not subnet]
-
-        op = self._begin("network", vnet["location"], finish,
-                         lambda: subnet["properties"].update(provisioningState="Succeeded"))
-        return _Reply(202, None, self._op_headers(op))
-
-    def _nsg_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, network_models.NetworkSecurityGroup)
-        props = body.get("properties") or {}
-        stored = self._tracked(rid, body["location"], body["tags"], {
-            **props, "securityRules": security_rules(props.get("securityRules"), str(rid)),
-            "defaultSecurityRules": default_security_rules(str(rid))})
-        return self._network_put(rid, stored, old)
-
-    def _pip_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, network_models.PublicIPAddress)
-        sku = body.get("sku") or {}
-        if (sku.get("name") or "Standard") != "Standard":
-            raise invalid_parameter(f"Public IP address {rid}: this stand-in serves the Standard SKU only (Basic SKU "
-                                    "public IP addresses were retired on 30 September 2025).", "sku")
-        props = body.get("properties") or {}
-        if (props.get("publicIPAllocationMethod") or "Static") != "Static":
-            raise ArmError(400, "StandardSkuPublicIPAddressesMustBeStatic",
-                           f"Standard sku publicIp {rid} must have AllocationMethod set to Static.")
-        if (props.get("publicIPAddressVersion") or "IPv4") != "IPv4":
-            raise invalid_parameter("This stand-in serves IPv4 public IP addresses only.", "publicIPAddressVersion")
-        address = (old or {}).get("properties", {}).get("ipAddress") or self._public_address()
-        stored = self._tracked(rid, body["location"], body["tags"], {
-            **props, "publicIPAllocationMethod": "Static", "publicIPAddressVersion": "IPv4", "ipAddress": address,
-            "idleTimeoutInMinutes": props.get("idleTimeoutInMinutes") or 4, "ipTags": props.get("ipTags") or [],
-            "ddosSettings": props.get("ddosSettings") or {"protectionMode": "VirtualNetworkInherited"}},
-            sku={"name": "Standard", "tier": sku.get("tier") or "Regional"},
-            **({"zones": body["zones"]} if body.get("zones") else {}))
-        return self._network_put(rid, stored, old)
-
-    def _public_address(self) -> str:
-        """The next free address of PUBLIC_RANGE, round robin (a deleted address is not handed out at once)."""
-        used = {p["properties"]["ipAddress"] for _, p in self._of_type(PIP)}
-        hosts = list(PUBLIC_RANGE.hosts())
-        for step in range(len(hosts)):
-            address = str(hosts[(self._next_public + step) % len(hosts)])
-            if address not in used:
-                self._next_public = (self._next_public + step + 1) % len(hosts)
-                return address
-        raise ArmError(409, "PublicIPCountLimitReached", "Cannot create more than 254 public IP addresses for this "
-                                                         "subscription in this region.")
-
-    def _nic_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, network_models.NetworkInterface)
-        location, props = body["location"], body.get("properties") or {}
-        configs = props.get("ipConfigurations") or []
-        if not configs:
-            raise ArmError(400, "InvalidRequestFormat", f"Network interface {rid} must have one or more IP "
-                                                        "configurations.")
-        if len(configs) > 1 and sum(bool((c.get("properties") or {}).get("primary")) for c in configs) != 1:
-            raise ArmError(400, "InvalidRequestFormat", f"Network interface {rid} must have exactly one primary IP "
-                                                        "configuration.")
-        nsg = id_of(props.get("networkSecurityGroup"))
-        others = [c for k, nic in self._of_type(NIC) if k != rid.key for c in nic["properties"]["ipConfigurations"]]
-        used = {c["properties"]["privateIPAddress"] for c in others}
-        former = {c["name"].lower(): c["properties"] for c in (old or {}).get("properties", {}).get(
-            "ipConfigurations", [])}
-        kept = []
-        for index, config in enumerate(configs):
-            name = config.get("name") or f"ipconfig{index + 1}"
-            if any(name.lower() == k["name"].lower() for k in kept):
-                raise ArmError(400, "InvalidRequestFormat", f"IP configuration name {name} is used twice in {rid}.")
-            given = config.get("properties") or {}
-            config_id = f"{rid}/ipConfigurations/{name}"
-            subnet = self._subnet_of(id_of(given.get("subnet")), rid, location)
-            network = ipaddress.ip_network(subnet["properties"]["addressPrefix"])
-            method = given.get("privateIPAllocationMethod") or "Dynamic"
-            before = former.get(name.lower(), {})
-            if method == "Static":
-                address = given.get("privateIPAddress") or ""
-                try:
-                    inside = ipaddress.ip_address(address) in network
-                except ValueError:
-                    inside = False
-                if not inside:
-                    raise ArmError(400, "PrivateIPAddressNotInSubnet",
-                                   f"IP configuration {config_id} is referencing private IP address {address} which "
-                                   f"does not belong to subnet {subnet['id']}.")
-                if address in used:
-                    raise ArmError(400, "PrivateIPAddressInUse",
-                                   f"IP configuration {config_id} is using the private IP address {address} which "
-                                   "is already allocated to another resource.")
-            elif self._same(id_of(before.get("subnet")), subnet["id"]):
-                address = before["privateIPAddress"]
-            else:
-                address = next_private_address(network, used)
-            used.add(address)
-            stored_config = {**given, "privateIPAddress": address, "privateIPAllocationMethod": method,
-                             "privateIPAddressVersion": "IPv4", "subnet": {"id": subnet["id"]},
-                             "primary": len(configs) == 1 or bool(given.get("primary")),
-                             "provisioningState": "Succeeded"}
-            public = id_of(given.get("publicIPAddress"))
-            if public:
-                stored_config["publicIPAddress"] = {"id": self._reference(public, PIP, rid, location)["id"]}
-                holder = next((c["id"] for c in others
-                               if self._same(id_of(c["properties"].get("publicIPAddress")), public)), None)
-                if holder:
-                    raise ArmError(400, "PublicIPAddressInUse",
-                                   f"Resource {public} is referenced by resource {holder}. A public IP address can "
-                                   "be associated with one IP configuration only.")
-            kept.append({"name": name, "id": config_id, "etag": f'W/"{uuid.uuid4()}"',
-                         "type": "Microsoft.Network/networkInterfaces/ipConfigurations", "properties": stored_config})
-        nic_props = {**props, "ipConfigurations": kept, "dnsSettings": props.get("dnsSettings") or {
-            "dnsServers": [], "appliedDnsServers": []}, "enableAcceleratedNetworking": bool(
-            props.get("enableAcceleratedNetworking")), "enableIPForwarding": bool(props.get("enableIPForwarding")),
-            "nicType": "Standard", "hostedWorkloads": [], "tapConfigurations": [], "disableTcpStateTracking": False,
-            "vnetEncryptionSupported": False, "auxiliaryMode": "None", "auxiliarySku": "None"}
-        if nsg:
-            nic_props["networkSecurityGroup"] = {"id": self._reference(nsg, NSG, rid, location)["id"]}
-        return self._network_put(rid, self._tracked(rid, location, body["tags"], nic_props), old)
-
-    # -------------------------------------------------------------------------------------------- disks
-
-    def _disk_body(self, rid: ResourceId, location: str, tags: dict, sku: str, size_gb: int, creation: dict,
-                   extra: dict | None = None) -> dict:
-        props = {**(extra or {}), "creationData": creation, "diskSizeGB": size_gb, "diskSizeBytes": size_gb * 2**30,
-                 "uniqueId": str(uuid.uuid4()), "timeCreated": self._now(), "provisioningState": "Succeeded",
-                 "encryption": {"type": "EncryptionAtRestWithPlatformKey"}, "networkAccessPolicy": "AllowAll",
-                 "publicNetworkAccess": "Enabled"}
-        if rid.type == DISK:
-            props.update(diskIOPSReadWrite=500, diskMBpsReadWrite=100)
-        tier = "Premium" if sku.startswith("Premium") else "Standard"
-        return self._tracked(rid, location, tags, props, sku={"name": sku, "tier": tier})
-
-    def _source(self, ref: str, types: tuple[str, ...], location: str) -> dict:
-        rid = parse_id(ref)
-        if not rid or rid.type not in types:
-            raise invalid_parameter(f"The value '{ref}' of parameter 'creationData.sourceResourceId' is not a "
-                                    f"{' or '.join(t.split('/')[-1][:-1] for t in types)} id.",
-                                    "creationData.sourceResourceId")
-        stored = self._resources.get(rid.key)
-        if stored is None:
-            raise self._missing(rid)
-        if stored["location"] != location:
-            raise invalid_parameter(f"The source {ref} is in location '{stored['location']}', not in '{location}'.",
-                                    "creationData.sourceResourceId")
-        return stored
-
-    def _disk_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, compute_models.Disk)
-        props = body.get("properties") or {}
-        creation = dict(props.get("creationData") or {})
-        option = creation.get("createOption")
-        size = props.get("diskSizeGB")
-        extra = {k: v for k, v in props.items() if k not in ("creationData", "diskSizeGB")}
-        if old:
-            former = old["properties"]["creationData"]
-            if option != former["createOption"] or (creation.get("sourceResourceId") or "").lower() != (
-                    former.get("sourceResourceId") or "").lower():
-                raise ArmError(409, "PropertyChangeNotAllowed", "Changing property 'creationData' is not allowed.",
-                               "creationData")
-            size = size or old["properties"]["diskSizeGB"]
-            if size != old["properties"]["diskSizeGB"] and self._disk_user(rid.key):
-                raise ArmError(409, "OperationNotAllowed", f"Disk {rid.name} is attached to VM "
-                                                           f"{self._disk_user(rid.key)}: it can be resized only when "
-                                                           "unattached or its VM is deallocated.")
-            if size < old["properties"]["diskSizeGB"]:
-                raise ArmError(400, "BadRequest", f"Disk {rid.name}: shrinking a disk is not supported.")
-            stored = copy.deepcopy(old)
-            stored.update(tags=body["tags"])
-            stored["properties"].update(diskSizeGB=size, diskSizeBytes=size * 2**30)
-        elif option == "Empty":
-            if not isinstance(size, int) or not 1 <= size <= 32767:
-                raise invalid_parameter("Required parameter 'diskSizeGB' is missing (null) or not between 1 and "
-                                        "32767.", "diskSizeGB")
-            stored = self._disk_body(rid, body["location"], body["tags"], self._sku(body), size, creation, extra)
-        elif option == "Copy":
-            source = self._source(creation.get("sourceResourceId"), (SNAPSHOT, DISK), body["location"])
-            size = size or source["properties"]["diskSizeGB"]
-            if size < source["properties"]["diskSizeGB"]:
-                raise invalid_parameter(f"The disk size {size} GB is smaller than the source's "
-                                        f"{source['properties']['diskSizeGB']} GB.", "diskSizeGB")
-            creation.update(sourceResourceId=source["id"], sourceUniqueId=source["properties"]["uniqueId"])
-            for key in ("osType", "hyperVGeneration"):
-                if key in source["properties"]:
-                    extra.setdefault(key, source["properties"][key])
-            stored = self._disk_body(rid, body["location"], body["tags"], self._sku(body), size, creation, extra)
-        else:
-            raise invalid_parameter(f"The value '{option}' of parameter 'creationData.createOption' is not served: "
-                                    "this stand-in makes disks Empty or as a Copy.", "creationData.createOption")
-        if body.get("zones"):
-            stored["zones"] = body["zones"]
-        op, _ = self._store(rid, stored, old, "disk", state="Updating")
-        return _Reply(202, self._view(rid.key), self._op_headers(op))  # DiskRP answers 202 to a PUT
-
-    @staticmethod
-    def _sku(body: dict) -> str:
-        sku = (body.get("sku") or {}).get("name") or "Standard_LRS"
-        known = ("Standard_LRS", "Premium_LRS", "StandardSSD_LRS", "UltraSSD_LRS", "Premium_ZRS", "StandardSSD_ZRS",
-                 "PremiumV2_LRS")
-        if sku not in known:
-            raise invalid_parameter(f"The value '{sku}' of parameter 'sku.name' is invalid. Allowed values are "
-                                    f"{', '.join(known)}.", "sku.name")
-        return sku
-
-    def _snapshot_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, compute_models.Snapshot)
-        props = body.get("properties") or {}
-        creation = dict(props.get("creationData") or {})
-        if old:
-            stored = copy.deepcopy(old)
-            stored["tags"] = body["tags"]
-        else:
-            if creation.get("createOption") != "Copy":
-                raise invalid_parameter(f"The value '{creation.get('createOption')}' of parameter "
-                                        "'creationData.createOption' is not served: this stand-in makes snapshots "
-                                        "as a Copy of a disk or snapshot.", "creationData.createOption")
-            source = self._source(creation.get("sourceResourceId"), (DISK, SNAPSHOT), body["location"])
-            creation.update(sourceResourceId=source["id"], sourceUniqueId=source["properties"]["uniqueId"])
-            extra = {k: v for k, v in props.items() if k not in ("creationData", "diskSizeGB")}
-            extra.setdefault("incremental", False)
-            for key in ("osType", "hyperVGeneration"):
-                if key in source["properties"]:
-                    extra.setdefault(key, source["properties"][key])
-            sku = (body.get("sku") or {}).get("name") or "Standard_LRS"
-            stored = self._disk_body(rid, body["location"], body["tags"], sku, source["properties"]["diskSizeGB"],
-                                     creation, extra)
-        op, _ = self._store(rid, stored, old, "disk", state="Updating")
-        return _Reply(202, self._view(rid.key), self._op_headers(op))
-
-    # -------------------------------------------------------------------------------------------- placement groups
-
-    def _ppg_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, compute_models.ProximityPlacementGroup)
-        props = body.get("properties") or {}
-        kind = props.get("proximityPlacementGroupType") or "Standard"
-        if kind not in ("Standard", "Ultra"):
-            raise invalid_parameter(f"The value '{kind}' of parameter 'proximityPlacementGroupType' is invalid.",
-                                    "proximityPlacementGroupType")
-        stored = self._tracked(rid, body["location"], body["tags"], {**props, "proximityPlacementGroupType": kind},
-                               **({"zones": body["zones"]} if body.get("zones") else {}))
-        self._resources[rid.key] = stored  # CRP makes placement groups at once; they carry no provisioningState
-        return _Reply(200 if old else 201, self._view(rid.key))
-
-    def _ppg_delete(self, request: _Request) -> _Reply:
-        self._group(request.params["group"])
-        rid = self._rid(request)
-        if rid.key in self._resources:
-            users = self._view(rid.key)["properties"]["virtualMachines"]
-            if users:
-                raise ArmError(409, "OperationNotAllowed", f"Proximity placement group {rid.name} cannot be deleted "
-                                                           f"while it is used by {users[0]['id']}.")
-            self._resources.pop(rid.key)
-        return _Reply(200)
-
-    # -------------------------------------------------------------------------------------------- virtual machines
-
-    def _vm_put(self, request: _Request) -> _Reply:
-        rid, body, old = self._put_prologue(request, compute_models.VirtualMachine)
-        location, props = body["location"], body.get("properties") or {}
-        size_name, size = self._size_here((props.get("hardwareProfile") or {}).get("vmSize"), location)
-        storage = props.get("storageProfile") or {}
-        spot = spot_settings(props)
-        if spot["priority"] == "Spot" and not size.spot:
-            raise invalid_parameter(f"The VM size '{size_name}' cannot be used with priority 'Spot'.", "priority")
-        if old:
-            os_profile, image, os_disk = self._vm_unchanged(old, props, spot)
-        else:
-            os_profile = linux_os_profile(props.get("osProfile"), rid.name)
-            image, image_gb = self._image_for(storage.get("imageReference"), location)
-        nics = self._vm_nics(props, rid, location)
-        if not size.accelerated_networking and any(
-                self._resources[n["id"].lower()]["properties"].get("enableAcceleratedNetworking") for n in nics):
-            raise ArmError(400, "VMSizeIsNotPermittedToEnableAcceleratedNetworking",
-                           f"VM size {size_name} is not compatible with enabling Accelerated Networking on network "
-                           f"interface(s) on the VM. Compatible VM sizes: "
-                           f"{', '.join(n for n, v in VM_SIZES.items() if v.accelerated_networking)}.")
-        ppg = id_of(props.get("proximityPlacementGroup"))
-        if ppg:
-            ppg_id = parse_id(ppg)
-            stored_ppg = self._resources.get(ppg_id.key) if ppg_id and ppg_id.type == PPG else None
-            if stored_ppg is None:
-                raise ArmError(404, "NotFound", f"The Resource '{ppg}' was not found.", "proximityPlacementGroup")
-            if stored_ppg["location"] != location:
-                raise invalid_parameter(f"Proximity placement group {ppg} is in location '{stored_ppg['location']}', "
-                                        f"not in the virtual machine's '{location}'.", "proximityPlacementGroup")
-        data_disks, new_disks = self._vm_data_disks(storage.get("dataDisks") or [], rid, location)
-        made = []
-        if not old:
-            os_disk, disk_body = self._vm_os_disk(storage.get("osDisk") or {}, rid, location, image, image_gb)
-            made.append(disk_body)
-        made += new_disks
-        stored_props = {k: v for k, v in props.items() if k not in ("userData", "evictionPolicy", "billingProfile")}
-        stored_props.update(
-            hardwareProfile={**(props.get("hardwareProfile") or {}), "vmSize": size_name},
-            storageProfile={**storage, "imageReference": image, "osDisk": os_disk, "dataDisks": data_disks,
-                            "diskControllerType": storage.get("diskControllerType") or "SCSI"},
-            osProfile=os_profile, networkProfile={"networkInterfaces": nics}, **spot,
-            vmId=old["properties"]["vmId"] if old else str(uuid.uuid4()),
-            timeCreated=old["properties"]["timeCreated"] if old else self._now())
-        if ppg:
-            stored_props["proximityPlacementGroup"] = {"id": stored_ppg["id"]}
-        identity = self._access.identity(str(rid), body.get("identity"), (old or {}).get("identity"))
-        extra = {"zones": body["zones"]} if body.get("zones") else {}
-        stored = self._tracked(rid, location, body["tags"], stored_props, **extra,
-                               **({"identity": identity} if identity else {}))
-        for disk in made:
-            self._resources[disk["id"].lower()] = disk
-        if not old:
-            self._guests[rid.key] = _Guest(make_host_keys(), os_profile["computerName"])
-
-        def finish() -> None:
-            guest = self._guests.get(rid.key)
-            if guest and guest.power == "starting":
-                self._boot(rid.key)
-
-        def undo() -> None:
-            for disk in made:
-                self._resources.pop(disk["id"].lower(), None)
-            if not old:
-                self._guests.pop(rid.key, None)
-                self._access.forget(str(rid))
-            elif old.get("identity") != identity:
-                self._access.identity(str(rid), old.get("identity") or {"type": "None"}, old.get("identity"))
-
-        context = {"size": size_name, "cores": size.vcpus, "family": size.family, "location": location}
-        op, status = self._store(rid, stored, old, "compute", state="Updating" if old else "Creating",
-                                 finish=finish, undo=undo, context=context)
-        return _Reply(status, self._view(rid.key), self._op_headers(op, location=False))
-
-    def _vm_unchanged(self, old: dict, props: dict, spot: dict) -> tuple[dict, dict, dict]:
-        """The parts an update keeps (osProfile, image, OS disk); 409 PropertyChangeNotAllowed where it changes
-        one that cannot change."""
-        kept = old["properties"]
-        given = props.get("osProfile") or {}
-        for name in ("computerName", "adminUsername"):
-            if given.get(name) and given[name] != kept["osProfile"][name]:
-                raise ArmError(409, "PropertyChangeNotAllowed", f"Changing property 'osProfile.{name}' is not "
-                                                                "allowed.", f"osProfile.{name}")
-        if spot["priority"] != kept["priority"]:
-            raise ArmError(409, "PropertyChangeNotAllowed", "Changing property 'priority' is not allowed.", "priority")
-        image = (props.get("storageProfile") or {}).get("imageReference")
-        if image and {k: str(v).lower() for k, v in image.items() if k != "exactVersion"} != {
-                k: str(v).lower() for k, v in kept["storageProfile"]["imageReference"].items() if k != "exactVersion"}:
-            raise ArmError(409, "PropertyChangeNotAllowed", "Changing property 'imageReference' is not allowed.",
-                           "imageReference")
-        os_disk = dict(kept["storageProfile"]["osDisk"])
-        delete_option = ((props.get("storageProfile") or {}).get("osDisk") or {}).get("deleteOption")
-        if delete_option:
-            os_disk["deleteOption"] = delete_option
-        return kept["osProfile"], kept["storageProfile"]["imageReference"], os_disk
-
-    def _image_for(self, ref: dict | None, location: str) -> tuple[dict, int]:
-        """The imageReference as CRP keeps it and the image's OS disk size; 404 as CRP answers for an image it
-        cannot find in the VM's location."""
-        if not ref:
-            raise invalid_parameter("Required parameter 'imageReference' is missing (null).", "imageReference")
-        if not ref.get("id"):
-            if ref.get("sharedGalleryImageId") or ref.get("communityGalleryImageId"):
-                raise invalid_parameter("This stand-in serves managed images, gallery images of this subscription "
-                                        "and Canonical's Ubuntu 24.04 only.", "imageReference")
-            exact = marketplace_version(ref)
-            reference = {k: ref[k] for k in ("publisher", "offer", "sku", "version")} | {"exactVersion": exact}
-            return reference, IMAGE_DISK_GB
-        rid = parse_id(ref["id"])
-        types = tuple(t.lower() for t in rid.types) if rid and rid.namespace.lower() == "microsoft.compute" else ()
-        if types == ("images",):
-            image = self._resources.get(rid.key)
-            if image is None or image["location"] != location:
-                raise ArmError(404, "NotFound", f"The Image '{ref['id']}' cannot be found in '{location}' region.",
-                               "imageReference")
-            return {"id": image["id"]}, image["properties"]["storageProfile"]["osDisk"]["diskSizeGB"]
-        if types in (("galleries", "images"), ("galleries", "images", "versions")):
-            version = self._gallery_version(rid, location)
-            return {"id": ref["id"]}, version["properties"]["storageProfile"]["osDiskImage"]["sizeInGB"]
-        raise invalid_parameter(f"The value '{ref['id']}' of parameter 'imageReference.id' is invalid.",
-                                "imageReference.id")
-
-    def _gallery_version(self, rid: ResourceId, location: str) -> dict:
-        """The gallery image version an image id names (a definition or `versions/latest`: its newest one not
-        excluded from latest), replicated to `location`; 404 GalleryImageNotFound otherwise."""
-        whole = len(rid.types) == 2 or rid.name.lower() == "latest"
-        definition = rid if len(rid.types) == 2 else rid.parent
-        versions = [v for k, v in self._of_type(GALLERY_VERSION) if parse_id(k).parent.key == definition.key
-                    and (not whole or not v["properties"]["publishingProfile"]["excludeFromLatest"])
-                    and (whole or k == rid.key)
-                    and location in {t["name"].replace(" ", "").lower()
-                                     for t in v["properties"]["publishingProfile"]["targetRegions"]}]
-        if not versions:
-            raise ArmError(404, "GalleryImageNotFound",
-                           f"The gallery image {rid} is not available in {location} region. Please contact image "
-                           "owner to replicate to this region, or change your requested region.", "imageReference")
-        return max(versions, key=lambda v: version_key(v["name"]))
-
-    def _vm_os_disk(self, given: dict, rid: ResourceId, location: str, image: dict,
-                    image_gb: int) -> tuple[dict, dict]:
-        """The OS disk entry of a new VM and the disk it makes from its image."""
-        if (given.get("createOption") or "FromImage") != "FromImage":
-            raise invalid_parameter("This stand-in makes OS disks FromImage only.", "osDisk.createOption")
-        name = given.get("name") or f"{rid.name}_OsDisk_1_{uuid.uuid4().hex}"
-        disk_id = self._id(rid.group, DISK, name)
-        if disk_id.key in self._resources:
-            raise ArmError(409, "ConflictingUserInput",
-                           f"A disk with name {name} already exists in Resource Group {rid.group.upper()}. 'Name' is "
-                           "an optional property for a disk and a unique name will be generated if not provided.",
-                           "/disks/" + name)
-        size = given.get("diskSizeGB") or image_gb
-        if size < image_gb:
-            raise invalid_parameter(f"The specified disk size {size} GB is smaller than the size of the "
-                                    f"corresponding disk in the VM image: {image_gb} GB.", "osDisk.diskSizeGB")
-        sku = (given.get("managedDisk") or {}).get("storageAccountType") or "Premium_LRS"
-        source = {"imageReference": {"id": image["id"]}} if "id" in image else {"imageReference": {
-            "id": f"/Subscriptions/{self.subscription}/Providers/Microsoft.Compute/Locations/{location}/Publishers/"
-                  f"{image['publisher']}/ArtifactTypes/VMImage/Offers/{image['offer']}/Skus/{image['sku']}/"
-                  f"Versions/{image['exactVersion']}"}}
-        disk = self._disk_body(disk_id, location, {}, sku, size, {"createOption": "FromImage", **source},
-                               {"osType": "Linux", "hyperVGeneration": "V2"})
-        entry = {"osType": "Linux", "name": name, "createOption": "FromImage",
-                 "caching": given.get("caching") or "ReadWrite", "writeAcceleratorEnabled": False,
-                 "managedDisk": {"storageAccountType": sku, "id": disk["id"]},
-                 "deleteOption": given.get("deleteOption") or "Detach", "diskSizeGB": size}
-        return entry, disk
-
-    def _vm_data_disks(self, given: list, rid: ResourceId, location: str) -> tuple[list, list]:
-        """The data disk entries of a VM and the new disks they make; 400/404/409 where CRP refuses one."""
-        entries, made, luns = [], [], set()
-        for disk in given:
-            lun = disk.get("lun")
-            if not isinstance(lun, int) or not 0 <= lun <= 63:
-                raise invalid_parameter(f"The value {lun} of parameter 'dataDisk.lun' is invalid: 0 to 63.",
-                                        "dataDisks.lun")
-            if lun in luns:
-                raise invalid_parameter(f"A disk at LUN {lun} already exists.", "dataDisks")
-            luns.add(lun)
-            ref = (disk.get("managedDisk") or {}).get("id")
-            option = disk.get("createOption")
-            entry = {"lun": lun, "caching": disk.get("caching") or "None", "writeAcceleratorEnabled": False,
-                     "deleteOption": disk.get("deleteOption") or "Detach", "toBeDetached": False}
-            if ref:
-                disk_id = parse_id(ref)
-                stored = self._resources.get(disk_id.key) if disk_id and disk_id.type == DISK else None
-                if stored is None:
-                    raise ArmError(404, "NotFound", f"Disk {disk_id.name if disk_id else ref} is not found.",
-                                   "dataDisks.managedDisk.id")
-                user = self._disk_user(disk_id.key)
-                if user and user.lower() != rid.key:
-                    raise ArmError(409, "OperationNotAllowed", f"Disk {stored['name']} is already attached to VM "
-                                                               f"{user}.", "dataDisks")
-                if stored["location"] != location:
-                    raise invalid_parameter(f"Disk {stored['id']} is in location '{stored['location']}'; it can be "
-                                            f"attached to a virtual machine in that location only, not in "
-                                            f"'{location}'.", "dataDisks")
-                entries.append({**entry, "name": stored["name"], "createOption": option or "Attach",
-                                "managedDisk": {"storageAccountType": stored["sku"]["name"], "id": stored["id"]},
-                                "diskSizeGB": stored["properties"]["diskSizeGB"]})
-            elif option == "Empty":
-                size = disk.get("diskSizeGB")
-                if not isinstance(size, int) or size < 1:
-                    raise invalid_parameter("Required parameter 'dataDisk.diskSizeGB' is missing (null).",
-                                            "dataDisks.diskSizeGB")
-                name = disk.get("name") or f"{rid.name}_disk{lun + 2}_{uuid.uuid4().hex}"
-                disk_id = self._id(rid.group, DISK, name)
-                if disk_id.key in self._resources or any(m["id"].lower() == disk_id.key for m in made):
-                    raise ArmError(409, "ConflictingUserInput", f"A disk with name {name} already exists in Resource "
-                                                                f"Group {rid.group.upper()}.", "/disks/" + name)
-                sku = (disk.get("managedDisk") or {}).get("storageAccountType") or "Premium_LRS"
-                made.append(self._disk_body(disk_id, location, {}, sku, size, {"createOption": "Empty"}))
-                entries.append({**entry, "name": name, "createOption": "Empty", "diskSizeGB": size,
-                                "managedDisk": {"storageAccountType": sku, "id": made[-1]["id"]}})
-            else:
-                raise invalid_parameter(f"The value '{option}' of parameter 'dataDisk.createOption' is not served: "
-                                        "Attach (with managedDisk.id) or Empty.", "dataDisks.createOption")
-        return entries, made
-
-    def _vm_nics(self, props: dict, rid: ResourceId, location: str) -> list[dict]:
-        network = props.get("networkProfile") or {}
-        if network.get("networkInterfaceConfigurations"):
-            raise invalid_parameter("This stand-in attaches existing network interfaces only.",
-                                    "networkProfile.networkInterfaceConfigurations")
-        refs = network.get("networkInterfaces") or []
-        if not refs:
-            raise invalid_parameter("Required parameter 'networkProfile' is missing (null).", "networkProfile")
-        entries = []
-        for ref in refs:
-            nic_id = parse_id(ref.get("id"))
-            nic = self._resources.get(nic_id.key) if nic_id and nic_id.type == NIC else None
-            if nic is None:
-                raise ArmError(404, "NotFound", f"Resource {ref.get('id')} not found.", "networkProfile")
-            if nic["location"] != location:
-                raise invalid_parameter(f"Network interface {nic['id']} is in location '{nic['location']}'; a "
-                                        f"virtual machine in '{location}' cannot use it.", "networkProfile")
-            user = self._nic_user(nic_id.key)
-            if user and user.lower() != rid.key:
-                raise ArmError(400, "NicInUse", f"Network Interface {nic['id']} is used by existing resource {user}. "
-                                                "A network interface can be attached to one virtual machine only.")
-            given = ref.get("properties") or {}
-            entries.append({"id": nic["id"], "properties": {
-                **given, "deleteOption": given.get("deleteOption") or "Detach"}})
-        if len(entries) > 1 and sum(bool(e["properties"].get("primary")) for e in entries) != 1:
-            raise invalid_parameter(f"Virtual machine {rid.name} must have one network interface set as the "
-                                    "primary.", "networkProfile.networkInterfaces")
-        return entries
-
-    def _boot(self, key: str) -> None:
-        """The VM boots: running, a new boot on its serial console."""
-        guest = self._guests[key]
-        guest.power = "running"
-        early, late = boot_log(guest.host, guest.keys, len(guest.boots), datetime.now(UTC))
-        guest.boots.append((early, late, time.monotonic() + self.boot_delay))
-
-    def _remove_vm(self, key: str) -> None:
-        """The VM goes, and with it the OS disk, data disks and NICs whose deleteOption says Delete."""
-        vm = self._resources.pop(key, None)
-        self._guests.pop(key, None)
-        if vm is None:
-            return
-        self._access.forget(vm["id"])
-        storage = vm["properties"]["storageProfile"]
-        for disk in [storage["osDisk"], *storage["dataDisks"]]:
-            if disk.get("deleteOption") == "Delete":
-                self._resources.pop(disk["managedDisk"]["id"].lower(), None)
-        for nic in vm["properties"]["networkProfile"]["networkInterfaces"]:
-            if nic["properties"].get("deleteOption") == "Delete":
-                self._resources.pop(nic["id"].lower(), None)
-
-    def _size_here(self, name: object, location: str) -> tuple[str, VmSize]:
-        """A VM size offered in `location` and open to this subscription: 400 as vm_size where it is not offered,
-        409 SkuNotAvailable where it is restricted."""
-        size_name, size = vm_size(name)
-        if not offered(size, location):
-            raise invalid_parameter(f"The requested VM size {size_name} is not available in the current region. "
-                                    "Find out more on the available VM sizes in each region at "
-                                    "https://aka.ms/azure-regions.", "vmSize")
-        if (size_name, location) in self._restricted:
-            raise ArmError(409, "SkuNotAvailable",
-                           f"The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: "
-                           f"{size_name}' is currently not available in location '{location}'. Please try another "
-                           "size or deploy to a different location or different zone. See "
-                           "https://aka.ms/azureskunotavailable for details.")
-        return size_name, size
-
-    def _skus_list(self, request: _Request) -> _Reply:
-        wanted = request.query.get("$filter")
-        found = re.fullmatch(r"location eq '([^']*)'", wanted or "")
-        if wanted and not found:
-            raise ArmError(400, "InvalidFilterInQueryString", f"Invalid $filter '{wanted}': only location eq "
-                                                              "'<location>' is supported.")
-        places = [found[1]] if found else list(self.locations)
-        return self._paged(request, [sku_document(name, size, place, self._restricted.get((name, place), ""))
-                                     for place in places for name, size in VM_SIZES.items()
-                                     if offered(size, place) and place in self.locations])
-
-    def _vm_get(self, request: _Request) -> _Reply:
-        rid = self._existing(request)
-        expand = request.query.get("$expand", "")
-        if expand not in ("", "instanceView", "userData", "resiliencyPolicy"):
-            raise invalid_parameter(f"The value '{expand}' of parameter '$expand' is invalid.", "$expand")
-        return _Reply(200, self._view(rid.key, expand=expand == "instanceView"))
-
-    def _vm_instance_view(self, request: _Request) -> _Reply:
-        return _Reply(200, self._instance_view(self._existing(request).key))
-
-    def _instance_view(self, key: str) -> dict:
-        vm, guest = self._resources[key], self._guests[key]
-        state = vm["properties"]["provisioningState"]
-        when = self._now()
-        statuses = [{"code": f"ProvisioningState/{state.lower()}", "level": "Info",
-                     "displayStatus": f"Provisioning {state.lower()}", "time": when},
-                    {"code": f"PowerState/{guest.power}", "level": "Info", "displayStatus": POWER_TEXT[guest.power]}]
-        storage = vm["properties"]["storageProfile"]
-        view = {"computerName": guest.host, "osName": "ubuntu", "osVersion": "24.04", "hyperVGeneration": "V2",
-                "disks": [{"name": d["name"], "statuses": [{"code": "ProvisioningState/succeeded", "level": "Info",
-                                                            "displayStatus": "Provisioning succeeded", "time": when}]}
-                          for d in [storage["osDisk"], *storage["dataDisks"]]],
-                "statuses": statuses}
-        if guest.power == "running":
-            view["vmAgent"] = {"vmAgentVersion": "2.13.1.1", "statuses": [{
-                "code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Ready",
-                "message": "Guest Agent is running", "time": when}]}
-        return view
-
-    def _vm_power(self, request: _Request) -> _Reply:
-        rid = self._existing(request)
-        vm, guest = self._resources[rid.key], self._guests[rid.key]
-        action = request.op.split(".")[1]
-        state = vm["properties"]["provisioningState"]
-        if state in ("Creating", "Deleting"):
-            raise ArmError(409, "OperationNotAllowed", f"Operation '{action}' is not allowed on VM '{rid.name}' since "
-                                                       f"the VM is being {state.lower()[:-3]}ed.")
-        target, passing = {"powerOff": ("stopped", "stopping"), "deallocate": ("deallocated", "deallocating"),
-                           "start": ("running", "starting")}[action]
-        before = guest.power
-        if before == "deallocated" and target == "stopped":
-            target = passing = before  # a deallocated VM stays deallocated
-        if before != target:
-            guest.power = passing
-        vm["properties"]["provisioningState"] = "Updating"
-
-        def finish() -> None:
-            if self._guests.get(rid.key) is guest and guest.power == passing:
-                if target == "running":
-                    self._boot(rid.key)
-                else:
-                    guest.power = target
-            vm["properties"]["provisioningState"] = "Succeeded"
-
-        def undo() -> None:
-            guest.power = before
-            vm["properties"]["provisioningState"] = state
-
-        context = self._fault_context(vm)
-        op = self._begin("compute", vm["location"], finish, undo, context)
-        return _Reply(202, None, self._op_headers(op))
+        return Reply(202, None, self._op_headers(op, status=False))
 
     # -------------------------------------------------------------------------------------------- role assignments
 
-    def _scope_of(self, request: _Request, *, existing: bool = False) -> str:
+    def _scope_of(self, request: Request, *, existing: bool = False) -> str:
         """The scope of a role assignment call; for a new assignment it must exist (a subscription, a group or a
         resource), while one whose scope was deleted can still be read and deleted."""
         scope = request.path[:request.path.lower().rindex("/providers/microsoft.authorization/")]
@@ -1780,18 +950,18 @@ class Arm:
             raise resource_not_found(rid.type if rid else scope, parts[-1], parts[3])
         return scope
 
-    def _assignment_put(self, request: _Request) -> _Reply:
+    def _assignment_put(self, request: Request) -> Reply:
         status, made = self._access.put(self._scope_of(request, existing=True), request.params["n1"], request.body)
-        return _Reply(status, made)
+        return Reply(status, made)
 
-    def _assignment_get(self, request: _Request) -> _Reply:
-        return _Reply(200, self._access.get(self._scope_of(request), request.params["n1"]))
+    def _assignment_get(self, request: Request) -> Reply:
+        return Reply(200, self._access.get(self._scope_of(request), request.params["n1"]))
 
-    def _assignment_delete(self, request: _Request) -> _Reply:
+    def _assignment_delete(self, request: Request) -> Reply:
         gone = self._access.delete(self._scope_of(request), request.params["n1"])
-        return _Reply(200, gone) if gone else _Reply(204)
+        return Reply(200, gone) if gone else Reply(204)
 
-    def _vm_boot_diagnostics(self, request: _Request) -> _Reply:
+    def _vm_boot_diagnostics(self, request: Request) -> Reply:
         rid = self._existing(request)
         vm, guest = self._resources[rid.key], self._guests[rid.key]
         diagnostics = (vm["properties"].get("diagnosticsProfile") or {}).get("bootDiagnostics") or {}
@@ -1808,126 +978,30 @@ class Arm:
         expiry = (datetime.now(UTC) + timedelta(minutes=int(minutes))).strftime("%Y-%m-%dT%H:%M:%SZ")
         query = urlencode({"sv": SAS_VERSION, "sr": "b", "se": expiry, "sp": "r", "sig": signature})
         base = f"{self.endpoint}/blobs/{quote(rid.name)}"
-        return _Reply(200, {"consoleScreenshotBlobUri": f"{base}/screenshot.bmp?{query}",
+        return Reply(200, {"consoleScreenshotBlobUri": f"{base}/screenshot.bmp?{query}",
                             "serialConsoleLogBlobUri": f"{base}/serial.log?{query}"})
 
-    def _blob_get(self, request: _Request) -> _Reply:
+    def _blob_get(self, request: Request) -> Reply:
         """A boot diagnostics blob, as Blob Storage answers a SAS URL (XML errors, no bearer token)."""
         signature = request.query.get("sig", "")
         guest = next((g for k, g in self._guests.items() if signature in g.signatures
                       and parse_id(k).name.lower() == request.params["n1"].lower()), None)
         if guest is None or guest.signatures[signature] < time.time() or request.query.get("sp") != "r":
-            return _Reply(403, "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>AuthenticationFailed</Code>"
+            return Reply(403, "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>AuthenticationFailed</Code>"
                                "<Message>Server failed to authenticate the request. Make sure the value of "
                                "Authorization header is formed correctly including the signature.</Message></Error>",
                           content_type="application/xml")
         headers = {"x-ms-blob-type": "BlockBlob", "x-ms-version": SAS_VERSION}
         if request.params["blob"] == "serial.log":
-            return _Reply(200, guest.serial(time.monotonic()), headers, "text/plain")
+            return Reply(200, guest.serial(time.monotonic()), headers, "text/plain")
         if request.params["blob"] == "screenshot.bmp":
             pixel = b"BM:\x00\x00\x00\x00\x00\x00\x006\x00\x00\x00(\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00" \
                     b"\x01\x00\x18\x00\x00\x00\x00\x00\x04\x00\x00\x00\x13\x0b\x00\x00\x13\x0b" + bytes(12)
-            return _Reply(200, pixel, headers, "image/bmp")
-        return _Reply(404, "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>BlobNotFound</Code><Message>The "
+            return Reply(200, pixel, headers, "image/bmp")
+        return Reply(404, "<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>BlobNotFound</Code><Message>The "
                            "specified blob does not exist.</Message></Error>", content_type="application/xml")
 
 
-# ---------------------------------------------------------------------------------------------------------- TLS, HTTP
-
-
-def make_tls(directory: Path, host: str = "127.0.0.1") -> tuple[str, str, str]:
-    """A throwaway CA and a server certificate it signs for `host` (and localhost): (CA file, cert file, key file)."""
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kiln ARM stand-in CA")])
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=5))
-          .not_valid_after(now + timedelta(days=7))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                       encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(ca_ski, critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    names: list[x509.GeneralName] = [x509.DNSName("localhost")]
-    with contextlib.suppress(ValueError):
-        names.insert(0, x509.IPAddress(ipaddress.ip_address(host)))
-    server = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-              .issuer_name(ca_name).public_key(server_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=7))
-              .add_extension(x509.SubjectAlternativeName(names), critical=False)
-              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-              .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                           data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                           crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-              .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-    files = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    files[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    files[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    files[2].write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()))
-    files[2].chmod(0o600)
-    return str(files[0]), str(files[1]), str(files[2])
-
-
-class _Server(QuietServer):
-    """HTTPS: the TLS handshake in each connection's thread."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type, context: ssl.SSLContext):
-        self.context = context
-        super().__init__(address, handler)
-
-    def finish_request(self, request, client_address) -> None:
-        request.settimeout(30)
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle wait between headers and body
-        try:
-            tls = self.context.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError):
-            return  # a client that does not trust the CA, or went away
-        try:
-            self.RequestHandlerClass(tls, client_address, self)
-        finally:
-            with contextlib.suppress(OSError):
-                tls.close()
-
-
-def _handler(arm: Arm) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = 30
-        wbufsize = 1 << 16  # headers and body leave in one write
-
-        def _reply(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            reply = arm._serve(self.command, self.path, self.headers, raw)
-            body = reply.body
-            data = (json.dumps(body).encode() if isinstance(body, dict) else body.encode() if isinstance(body, str)
-                    else body or b"")
-            self.send_response(reply.status)
-            if data:
-                self.send_header("Content-Type", reply.content_type)
-            for name, value in {"Cache-Control": "no-cache", "x-ms-request-id": str(uuid.uuid4()), **reply.headers
-                                }.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = do_HEAD = _reply
-
-        def log_message(self, *args) -> None:
-            pass
-
-    return Handler
 
 
 def main(argv: list[str] | None = None) -> int:
