@@ -559,8 +559,9 @@ def test_a_node_is_replaced_by_an_instance_launched_as_the_cluster_was(env, ec2,
     assert [i.id for i in saved.instances] == [first.id, new["InstanceId"]]
     assert [h.address for h in saved.hosts] == [first.address, host.address] and saved.provider == "aws"
     assert saved.instances[1].host_keys == "console"
-    assert json.loads((env / "kiln" / "clusters" / "swap" / "aws.json").read_text())["instances"] == [
-        first.id, new["InstanceId"]]
+    # the instances are the cluster file's alone: aws.json keeps how they are launched
+    kept = json.loads((env / "kiln" / "clusters" / "swap" / "aws.json").read_text())
+    assert {"instances", "host_keys"}.isdisjoint(kept)
     aws.down("swap")
     assert leftovers(ec2) == []
 

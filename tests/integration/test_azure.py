@@ -209,6 +209,18 @@ def test_a_node_is_replaced_by_a_vm_made_as_the_cluster_was(env, arm):
     assert [i.id for i in after.instances] == [first.name, new.name]
 
 
+def test_a_cluster_file_of_the_previous_version_still_serves_a_replacement(env, arm):
+    cloud.up(request("older", count=1), ssh_wait_s=0)
+    saved = state.load_cloud_state("older", "azure")
+    assert {"vms", "host_keys"}.isdisjoint(saved)  # the VMs are the cluster file's alone
+    record = state.load_cluster("older")
+    state.save_cloud_state("older", {**saved, "vms": [record.instances[0].id],
+                                     "host_keys": {record.hosts[0].address: "shown"}}, "azure")
+    host, _ = cloud.replace("older", record.hosts[0].address, ssh_wait_s=0)
+    assert state.load_cluster("older").hosts == (host,)
+    cloud.down("older")
+
+
 def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, arm):
     cloud.up(request("stay"), ssh_wait_s=0)
     record, before, keys = state.load_cluster("stay"), leftovers(arm, "stay"), pinned(env, "stay")

@@ -256,7 +256,7 @@ def test_a_snapshot_that_fails_keeps_its_disk_named(env, gce):
 
 def test_a_node_is_replaced_by_an_instance_made_as_the_cluster_was(env, gce):
     cloud.up(request("swap", spot=True, volume_gb=10), ssh_wait_s=0)
-    record = state.load_cluster("swap")
+    record, record_request = state.load_cluster("swap"), cloud.Record.load("swap").planned()
     old = instances_of(gce, "swap")[1]
     host, keys = cloud.replace("swap", record.hosts[1].address, ssh_wait_s=0)
     [first, new] = instances_of(gce, "swap")
@@ -268,9 +268,10 @@ def test_a_node_is_replaced_by_an_instance_made_as_the_cluster_was(env, gce):
     assert sorted(keys) == sorted(gce.host_keys(ZONE, new.name))
     after = state.load_cluster("swap")
     assert after.hosts[1] == host and after.hosts[0] == record.hosts[0]
-    assert [i.id for i in after.instances] == [first.name, new.name]
-    kept = cloud.Record.load("swap")  # what a later replacement is made from
-    assert kept.instances == (first.name, new.name) and kept.host_keys[host.address] == "shown"
+    assert [i.id for i in after.instances] == [first.name, new.name] and after.instances[1].host_keys == "shown"
+    # the instances are the cluster file's alone: gcp.json keeps how they are made
+    assert {"instances", "host_keys"}.isdisjoint(state.load_cloud_state("swap", "gcp"))
+    assert cloud.Record.load("swap").planned() == record_request
 
 
 def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, gce):

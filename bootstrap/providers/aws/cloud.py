@@ -37,16 +37,15 @@ class AwsError(KilnError):
 
 @dataclass(frozen=True)
 class Record:
-    """What kiln keeps of an AWS cluster it made (aws.json): enough to replace a node as it was launched."""
+    """What kiln keeps of an AWS cluster it made (aws.json): enough to replace a node as it was launched. The
+    instances, their order and their host keys are the cluster file's (state.ClusterRecord), written once there."""
 
     region: str
-    instances: tuple[str, ...]
     security_group: str
     key_pair: str
     placement_group: str
     ami: str
     tags: dict
-    host_keys: dict
     request: dict
     data_volumes: tuple[str, ...] = ()
     restored_from: str | None = None
@@ -59,9 +58,8 @@ class Record:
         data = state.load_cloud_state(cluster, "aws")
         if not data:
             return None
-        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}
-        return cls(**{"request": {}, **known, "instances": tuple(data.get("instances", ())),
-                      "data_volumes": tuple(data.get("data_volumes") or ())})
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}  # an older file's extra facts: left
+        return cls(**{"request": {}, **known, "data_volumes": tuple(data.get("data_volumes") or ())})
 
     def planned(self) -> plan.Request:
         tags = tuple(tuple(pair) for pair in self.request.get("image_tags", ()))
@@ -322,9 +320,8 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         host_keys = pin_host_keys(request.name, [i["InstanceId"] for i in described], hosts, found, "console")
 
         step = "write the cluster file"
-        Record(aws.region, tuple(instance_ids), group_id, plan.resource_name(request.name),
-               plan.resource_name(request.name), image, tags, host_keys, asdict(request), tuple(volumes),
-               note).save(request.name)
+        Record(aws.region, group_id, plan.resource_name(request.name), plan.resource_name(request.name), image, tags,
+               asdict(request), tuple(volumes), note).save(request.name)
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=aws.region, user=request.user,
@@ -411,8 +408,6 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
     instances = tuple(state.Instance(new_id, host.address, "console") if i is old else i for i in record.instances)
     hosts = tuple(host if h.address == address else h for h in record.hosts)
     state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    changed(cloud, instances=tuple(i.id for i in instances),
-            host_keys={i.address: i.host_keys for i in instances}).save(name)
     try:
         remove(aws, [plan.Resource("instance", old.id, {})], terminated_timeout_s)
     except Exception as error:

@@ -333,18 +333,17 @@ def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,
 
 @dataclass(frozen=True)
 class Record:
-    """What kiln keeps of an Azure cluster it made (azure.json): enough to replace a node as it was made."""
+    """What kiln keeps of an Azure cluster it made (azure.json): enough to replace a node as it was made. The VMs,
+    their order and their host keys are the cluster file's (state.ClusterRecord), written once there."""
 
     subscription: str
     group: str
     image: str
     tags: dict
     request: dict
-    vms: tuple[str, ...]
     data_disks: tuple[str, ...] = ()
     subnet_id: str = ""
     placement_id: str = ""
-    host_keys: dict = field(default_factory=dict)
     autostop: bool = False  # the VMs may deallocate themselves (a replacement gets the same)
     accelerated_networking: bool = True  # the size has it: the interfaces are made with it
 
@@ -354,10 +353,12 @@ class Record:
     @classmethod
     def load(cls, cluster: str) -> Record | None:
         data = state.load_cloud_state(cluster, "azure")
+        if not data:
+            return None
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}  # an older file's extra facts: left
         try:
-            return cls(**{**data, "vms": tuple(data["vms"]),
-                          "data_disks": tuple(data.get("data_disks", ()))}) if data else None
-        except (KeyError, TypeError):  # a file of another version: as if there were none
+            return cls(**{**known, "data_disks": tuple(data.get("data_disks", ()))})
+        except TypeError:  # a file of another version, lacking a fact: as if there were none
             return None
 
     def planned(self) -> plan.Request:
@@ -489,8 +490,8 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         pinned = pin_host_keys(request.name, names, hosts, found, "shown")
 
         step = "write the cluster file"
-        Record(azure.subscription, group, image, tags, asdict(request), tuple(names), tuple(disks), subnet_id,
-               placement.id, pinned, accelerated_networking=size.accelerated_networking).save(request.name)
+        Record(azure.subscription, group, image, tags, asdict(request), tuple(disks), subnet_id, placement.id,
+               accelerated_networking=size.accelerated_networking).save(request.name)
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=request.location, user=request.user,
@@ -530,10 +531,9 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     old = next((i for i in record.instances if i.address == address), None)
     if old is None:
         raise UsageError(f"cluster {name} has no instance at {address}")
-    if old.id not in kept.vms or not (state.cluster_dir(name) / "id_ed25519.pub").exists():
-        raise UsageError(f"cluster {name}: its files disagree (azure.json does not name {old.id}, or its key is "
-                         f"gone); kiln down {name} removes it")
-    index = list(kept.vms).index(old.id)
+    if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
+        raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
+    index = record.instances.index(old)
     azure = azure or connect(kept.subscription)
     request = kept.planned()
     new_name = plan.vm_name(name, index, suffix())
@@ -569,7 +569,6 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     instances = tuple(state.Instance(new_name, host.address, "shown") if i is old else i for i in record.instances)
     hosts = tuple(host if h.address == address else h for h in record.hosts)
     state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    changed(kept, vms=tuple(i.id for i in instances), host_keys={i.address: i.host_keys for i in instances}).save(name)
     try:
         delete_node(azure, kept.group, old.id, timeout_s)
     except Exception as error:
@@ -597,12 +596,12 @@ def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OP
     """Let each VM of the cluster deallocate itself when its idle agent says so: a system-assigned identity on
     the VM (`up --idle-minutes` made it with one), and the power role (plan.POWER_ROLE) for it on that VM alone.
     Asking again changes nothing. The VMs' ids."""
-    kept = Record.load(name)
-    if kept is None:
+    record, kept = state.load_cluster(name), Record.load(name)
+    if record is None or kept is None:
         raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
     azure = azure or connect(kept.subscription)
     armed = []
-    for vm in kept.vms:
+    for vm in (i.id for i in record.instances):
         try:
             machine = azure.compute.virtual_machines.get(kept.group, vm)
             kind = getattr(machine.identity, "type", None)

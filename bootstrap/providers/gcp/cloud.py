@@ -313,16 +313,15 @@ def shown_host_keys(gce: Gce, zone: str, name: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Record:
-    """What kiln keeps of a GCP cluster it made (gcp.json): enough to replace a node as it was made."""
+    """What kiln keeps of a GCP cluster it made (gcp.json): enough to replace a node as it was made. The
+    instances, their order and their host keys are the cluster file's (state.ClusterRecord), written once there."""
 
     project: str
     zone: str
     image: str
     labels: dict
     request: dict
-    instances: tuple[str, ...]
     data_disks: tuple[str, ...] = ()
-    host_keys: dict = field(default_factory=dict)
 
     def save(self, cluster: str) -> None:
         state.save_cloud_state(cluster, asdict(self), "gcp")
@@ -330,10 +329,12 @@ class Record:
     @classmethod
     def load(cls, cluster: str) -> Record | None:
         data = state.load_cloud_state(cluster, "gcp")
+        if not data:
+            return None
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}  # an older file's extra facts: left
         try:
-            return cls(**{**data, "instances": tuple(data["instances"]),
-                          "data_disks": tuple(data.get("data_disks", ()))}) if data else None
-        except (KeyError, TypeError):  # a file of another version: as if there were none
+            return cls(**{**known, "data_disks": tuple(data.get("data_disks", ()))})
+        except TypeError:  # a file of another version, lacking a fact: as if there were none
             return None
 
     def planned(self) -> plan.Request:
@@ -440,8 +441,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
         pinned = pin_host_keys(request.name, names, hosts, found, "shown")
 
         step = "write the cluster file"
-        Record(gce.project, request.zone, image, labels, asdict(request), tuple(names), tuple(disks),
-               pinned).save(request.name)
+        Record(gce.project, request.zone, image, labels, asdict(request), tuple(disks)).save(request.name)
         state.save_cluster(state.ClusterRecord(
             request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
             region=request.zone, user=request.user,
@@ -479,10 +479,9 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     old = next((i for i in record.instances if i.address == address), None)
     if old is None:
         raise UsageError(f"cluster {name} has no instance at {address}")
-    if old.id not in kept.instances or not (state.cluster_dir(name) / "id_ed25519.pub").exists():
-        raise UsageError(f"cluster {name}: its files disagree (gcp.json does not name {old.id}, or its key is "
-                         f"gone); kiln down {name} removes it")
-    index = list(kept.instances).index(old.id)
+    if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
+        raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
+    index = record.instances.index(old)
     gce = gce or connect(kept.project)
     request = kept.planned()
     body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key_of(name),
@@ -515,8 +514,6 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     instances = tuple(state.Instance(new_name, host.address, "shown") if i is old else i for i in record.instances)
     hosts = tuple(host if h.address == address else h for h in record.hosts)
     state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    changed(kept, instances=tuple(i.id for i in instances),
-            host_keys={i.address: i.host_keys for i in instances}).save(name)
     try:
         remove(gce, [plan.Resource("instance", old.id, kept.zone, {})], timeout_s)
     except Exception as error:
