@@ -5,8 +5,11 @@ resource group and every resource kind by tag, not with kiln's own code."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +25,7 @@ from bootstrap import node, state  # noqa: E402
 from bootstrap.errors import UsageError  # noqa: E402
 from bootstrap.providers import common  # noqa: E402
 from bootstrap.providers.azure import cloud, plan  # noqa: E402
+from bootstrap.ssh import NODE_SCRIPT  # noqa: E402
 from testbed.arm import Arm  # noqa: E402
 from testbed.imds import Imds  # noqa: E402
 
@@ -310,8 +314,8 @@ def power_of(arm, group: str, vm: str) -> str:
     return next(s.code for s in view.statuses if s.code.startswith("PowerState/"))
 
 
-def wait_for_power(arm, group: str, vm: str, wanted: str) -> str:
-    for _ in range(200):
+def wait_for_power(arm, group: str, vm: str, wanted: str, seconds: float = 10) -> str:
+    for _ in range(int(seconds / 0.05)):
         seen = power_of(arm, group, vm)
         if seen == wanted:
             return seen
@@ -358,6 +362,29 @@ def test_autostop_lets_each_vm_deallocate_itself_and_nothing_else(env, arm):
 
     cloud.down("idle")
     assert leftovers(arm, "idle") == [] and arm.role_assignments() == []
+
+
+def test_the_idle_agent_deallocates_its_own_vm_once_idle(env, arm, tmp_path):
+    """node.py's agent itself, detached as kiln starts it on a node, pointed at the stand-ins by its environment."""
+    cloud.up(request("agent", count=1, idle_minutes=1), ssh_wait_s=0)
+    cloud.arm_autostop("agent")
+    [vm] = vms_of(arm, "agent")
+    seen = tmp_path / "autostop.json"
+    with Imds(vm.name, azure_vm=vm.id, azure_token=lambda: arm.identity_token(vm.id)) as imds:
+        started = subprocess.run([sys.executable, "-S", "-c", NODE_SCRIPT, "autostop", "1", "0.2", "azure", str(seen)],
+                                 env={"PATH": os.environ["PATH"], "KILN_AZURE_METADATA": imds.endpoint,
+                                      "KILN_AZURE_ENDPOINT": arm.endpoint, "KILN_AZURE_CA_FILE": arm.ca_file},
+                                 input="", capture_output=True, text=True, timeout=60)
+        assert started.returncode == 0, started.stderr
+        agent = json.loads(started.stdout)["pid"]
+        try:
+            assert wait_for_power(arm, "kiln-agent", vm.name, "PowerState/deallocated", 60) == \
+                "PowerState/deallocated", (tmp_path / "autostop.log").read_text()
+            assert json.loads(seen.read_text())["shutdown"] == "azure"
+        finally:
+            os.kill(agent, signal.SIGTERM)
+    assert (tmp_path / "autostop.log").read_text() == ""  # nothing went wrong on the way
+    cloud.down("agent")
 
 
 def test_autostop_without_the_right_to_give_roles_is_one_clear_error(env, arm):
