@@ -33,7 +33,9 @@ How it holds to the real API:
 Faults for tests: `fail("instances.insert", reason="ZONE_RESOURCE_POOL_EXHAUSTED", code=503, on="operation")`,
 `preempt(zone, name)`; `calls` lists (method, path) as served.
 
-As a program (one module for the whole API surface, so it is longer than the house's ~400 lines):
+The service is this module (state, routes, serving, operations, the calls every resource shares) with a mixin for
+instances (gce_instances) and one for disks, snapshots, firewalls and policies (gce_resources); its pure rules are in
+gce_rules, the shared records in gce_types. As a program:
 
     python -m testbed.gce --port 8089 --zone us-central1-a --image kiln-gpu-1=kiln-gpu
 """
@@ -41,10 +43,6 @@ As a program (one module for the whole API surface, so it is longer than the hou
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
-import ipaddress
-import json
 import re
 import secrets
 import sys
@@ -52,7 +50,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -60,328 +57,36 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
-from google.protobuf.json_format import ParseError
 
-from testbed.guest import QuietServer, cloud_init_host_keys, make_host_keys
-
-API_ROOT = "https://www.googleapis.com/compute/v1/"
-ROOTS = (API_ROOT, "https://compute.googleapis.com/compute/v1/", "http://www.googleapis.com/compute/v1/")
-DONE = compute_v1.Operation.Status.DONE  # the one enum field kiln meets: compare with it, not with "DONE"
-WAIT_SECONDS = 2.0  # the real operations.wait waits up to 2 minutes
-NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
-LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
-METADATA_KEY_RE = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-INTERNAL_RANGE = ipaddress.ip_network("10.128.0.0/20")
-NAT_RANGE = ipaddress.ip_network("203.0.113.0/24")
-DISK_TYPES = {"pd-standard": 500, "pd-balanced": 100, "pd-ssd": 100}  # type -> default size (GB) of a blank disk
-TRUE_WORDS = {"1", "t", "true"}  # the guest agent reads booleans as Go's strconv.ParseBool does
-QUOTA_MESSAGE = "Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally."
-POOL_MESSAGE = ("The zone '{zone}' does not have enough resources available to fulfill the request. "
-                "Try a different zone, or try again later.")
-
-
-@dataclass(frozen=True)
-class MachineType:
-    vcpus: int
-    memory_mb: int
-    gpus: int = 0
-    accelerator: str = ""
-
-
-MACHINE_TYPES = {
-    "e2-standard-4": MachineType(4, 16384),
-    "n2-standard-8": MachineType(8, 32768),
-    "g2-standard-4": MachineType(4, 16384, 1, "nvidia-l4"),
-    "g2-standard-8": MachineType(8, 32768, 1, "nvidia-l4"),
-    "a2-highgpu-1g": MachineType(12, 87040, 1, "nvidia-tesla-a100"),
-    "a3-highgpu-8g": MachineType(208, 1916928, 8, "nvidia-h100-80gb"),
-}
-
-
-# ---------------------------------------------------------------------------------------------- errors, references
-
-
-class ApiError(Exception):
-    """An error the API answers: HTTP code, Google reason and message."""
-
-    def __init__(self, code: int, reason: str, message: str):
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-    def body(self) -> str:
-        return json.dumps({"error": {"code": self.code, "message": self.message, "errors": [
-            {"message": self.message, "domain": "global", "reason": self.reason}]}})
-
-
-def not_found(path: str) -> ApiError:
-    return ApiError(404, "notFound", f"The resource '{path}' was not found")
-
-
-def already_exists(path: str) -> ApiError:
-    return ApiError(409, "alreadyExists", f"The resource '{path}' already exists")
-
-
-def invalid(field_name: str, value: object, why: str) -> ApiError:
-    return ApiError(400, "invalid", f"Invalid value for field '{field_name}': '{value}'. {why}")
-
-
-def in_use(kind: str, path: str, user: str) -> ApiError:
-    return ApiError(400, "resourceInUseByAnotherResource",
-                    f"The {kind} resource '{path}' is already being used by '{user}'")
-
-
-def not_ready(path: str) -> ApiError:
-    return ApiError(400, "resourceNotReady", f"The resource '{path}' is not ready")
-
-
-def api_url(path: str) -> str:
-    return API_ROOT + path
-
-
-def ref_path(ref: str, project: str) -> str:
-    """A reference as the API takes it (full URL, `projects/P/...`, or `zones/...`, `regions/...`, `global/...`)
-    as a path `projects/P/...`; "" when it is none of these."""
-    for root in ROOTS:
-        if ref.startswith(root):
-            return ref[len(root):]
-    if ref.startswith("projects/"):
-        return ref
-    if ref.startswith(("zones/", "regions/", "global/")):
-        return f"projects/{project}/{ref}"
-    return ""
-
-
-def match_ref(ref: str, project: str, pattern: str) -> dict[str, str] | None:
-    """The parts of a reference of the shape `pattern` (`zones/{zone}/disks/{name}`), project included; None when
-    it has another shape."""
-    regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
-    found = re.fullmatch(f"projects/(?P<project>[^/]+)/{regex}", ref_path(ref, project))
-    return found.groupdict() if found else None
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
-
-
-def scope_of(path: str) -> tuple[str, str]:
-    """('zones', Z), ('regions', R) or ('global', '') of a resource path `projects/P/...`."""
-    parts = path.split("/")
-    return (parts[2], "") if parts[2] == "global" else (parts[2], parts[3])
-
-
-def valid_name(name: str) -> bool:
-    return bool(NAME_RE.fullmatch(name))
-
-
-def check_name(name: str, field_name: str = "resource.name") -> None:
-    if not valid_name(name):
-        raise invalid(field_name, name, f"Must be a match of regex '(?:{NAME_RE.pattern})'")
-
-
-def label_problem(labels: Mapping[str, str]) -> str | None:
-    """Why GCE refuses these labels, or None."""
-    if len(labels) > 64:
-        return f"Resources can have at most 64 labels, not {len(labels)}."
-    for key, value in labels.items():
-        if not LABEL_KEY_RE.fullmatch(key):
-            return (f"Label key '{key}' violates format constraints. The key must start with a lowercase character, "
-                    "can only contain lowercase letters, numeric characters, underscores and dashes. The key can be "
-                    "at most 63 characters long.")
-        if not LABEL_VALUE_RE.fullmatch(value):
-            return (f"Label value '{value}' violates format constraints. The value can only contain lowercase "
-                    "letters, numeric characters, underscores and dashes. The value can be at most 63 characters "
-                    "long.")
-    return None
-
-
-def check_labels(labels: Mapping[str, str], field_name: str = "labels") -> None:
-    problem = label_problem(labels)
-    if problem:
-        raise invalid(field_name, "", problem)
-
-
-def metadata_problem(items: Iterable[tuple[str, str]]) -> str | None:
-    """Why GCE refuses these metadata items, or None."""
-    seen: set[str] = set()
-    for key, _ in items:
-        if not METADATA_KEY_RE.fullmatch(key):
-            return f"Metadata key '{key}' must match [a-zA-Z0-9_-]{{1,128}}."
-        if key in seen:
-            return f"Duplicate metadata key '{key}'."
-        seen.add(key)
-    return None
-
-
-def fingerprint(*parts: object) -> str:
-    """An opaque fingerprint of the content, as GCE gives (8 bytes, base64)."""
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).digest()
-    return base64.b64encode(digest[:8]).decode()
-
-
-def scheduling_with_defaults(given: compute_v1.Scheduling, machine: MachineType) -> compute_v1.Scheduling:
-    """The scheduling GCE stores for a request's, with its defaults; ApiError where GCE refuses it."""
-    model = given.provisioning_model or "STANDARD"
-    if model not in ("STANDARD", "SPOT"):
-        raise invalid("resource.scheduling.provisioningModel", model, "Unknown provisioning model.")
-    spot = model == "SPOT"
-    action = given.instance_termination_action
-    if spot and action not in ("STOP", "DELETE"):
-        raise invalid("resource.scheduling.instanceTerminationAction", action,
-                      "Spot VMs must name an instance termination action, STOP or DELETE.")
-    if spot and "automatic_restart" in given and given.automatic_restart:
-        raise invalid("resource.scheduling.automaticRestart", "true", "Spot VMs cannot be automatically restarted.")
-    maintenance = given.on_host_maintenance or ("TERMINATE" if spot else "MIGRATE")
-    if maintenance not in ("MIGRATE", "TERMINATE"):
-        raise invalid("resource.scheduling.onHostMaintenance", maintenance, "Unknown maintenance policy.")
-    if maintenance == "MIGRATE" and spot:
-        raise invalid("resource.scheduling.onHostMaintenance", maintenance, "Spot VMs do not support live migration.")
-    if maintenance == "MIGRATE" and machine.gpus:
-        raise invalid("resource.scheduling.onHostMaintenance", maintenance,
-                      "Instances with guest accelerators do not support live migration.")
-    stored = compute_v1.Scheduling.deserialize(compute_v1.Scheduling.serialize(given))
-    stored.provisioning_model = model
-    stored.on_host_maintenance = maintenance
-    stored.automatic_restart = given.automatic_restart if "automatic_restart" in given else not spot
-    stored.preemptible = given.preemptible
-    return stored
-
-
-# -------------------------------------------------------------------------------------------- list filters, pages
-
-
-@dataclass(frozen=True)
-class Term:
-    """One filter expression: `name = "X"`, `labels.KEY = "V"` or (value None) `labels.KEY:*`."""
-
-    attribute: str
-    key: str
-    value: str | None
-
-
-FILTER_HELP = 'this stand-in knows only labels.KEY = "VALUE", labels.KEY:* and name = "X", joined by spaces or AND'
-_VALUE = r'(?:"(?P<{0}>[^"]*)"|(?P<{0}_bare>[^\s()"]+))'
-_TERM = re.compile(r"\s*(?P<open>\(?)\s*(?:labels\.(?P<key>[a-z][a-z0-9_-]*)\s*(?:(?P<has>:\s*\*)|=\s*"
-                   + _VALUE.format("lv") + r")|name\s*=\s*" + _VALUE.format("nv") + r")\s*(?P<close>\)?)")
-
-
-def parse_filter(text: str) -> tuple[Term, ...]:
-    """The terms of a list filter; ApiError (400) for any expression outside FILTER_HELP."""
-    terms: list[Term] = []
-    bare = 0  # terms without parentheses: the API takes several expressions only each in its own
-    position = 0
-    text = text.strip()
-    while position < len(text):
-        if terms:
-            position = re.compile(r"\s*(?:AND(?=[\s(]))?").match(text, position).end()
-        found = _TERM.match(text, position)
-        if not found or bool(found["open"]) != bool(found["close"]) or found.end() == position:
-            raise invalid("filter", text, f"Invalid list filter expression: {FILTER_HELP}.")
-        bare += not found["open"]
-        if found["key"]:
-            value = None if found["has"] else (found["lv"] if found["lv"] is not None else found["lv_bare"])
-            terms.append(Term("labels", found["key"], value))
-        else:
-            terms.append(Term("name", "", found["nv"] if found["nv"] is not None else found["nv_bare"]))
-        position = found.end()
-    if len(terms) > 1 and bare:
-        raise invalid("filter", text, "Invalid list filter expression: to filter on multiple expressions, provide "
-                                      "each separate expression within parentheses.")
-    return tuple(terms)
-
-
-def filter_matches(terms: Iterable[Term], name: str, labels: Mapping[str, str]) -> bool:
-    for term in terms:
-        if term.attribute == "name" and name != term.value:
-            return False
-        if term.attribute == "labels" and (term.key not in labels or term.value not in (None, labels[term.key])):
-            return False
-    return True
-
-
-def page(items: list, max_results: str, token: str) -> tuple[list, str]:
-    """One page of `items` and the token of the next ("" at the end), as maxResults and pageToken ask."""
-    size = int(max_results) if max_results.isdigit() else 500 if not max_results else -1
-    if not 0 <= size <= 500:
-        raise invalid("maxResults", max_results, "Must be between 0 and 500.")
-    size = size or 500
-    try:
-        start = int(base64.urlsafe_b64decode(token.encode()).decode()) if token else 0
-    except ValueError:
-        raise invalid("pageToken", token, "Invalid page token.") from None
-    end = start + size
-    return items[start:end], base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else ""
-
-
-# -------------------------------------------------------------------------------------------------- guest side
-
-
-def boot_log(name: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:
-    """Serial port 1 of an Ubuntu VM's boot: the kernel's part, then cloud-init's with its host key block."""
-    early = (f"[    0.000000] Linux version 6.8.0-1015-gcp (buildd@lcy02-amd64-051) #17~22.04.1-Ubuntu SMP\n"
-             f"[    0.000000] Command line: BOOT_IMAGE=/boot/vmlinuz-6.8.0-1015-gcp root=LABEL=cloudimg-rootfs ro "
-             f"console=ttyS0\n[    2.104311] systemd[1]: Hostname set to <{name}>.\n"
-             f"[    4.218000] cloud-init[512]: Cloud-init v. 24.1.3-0ubuntu1~22.04.5 running 'init' (boot {boot}).\n")
-    late = "\n".join([*cloud_init_host_keys(name, keys, when),
-                      "[   11.902114] cloud-init[790]: Cloud-init v. 24.1.3-0ubuntu1~22.04.5 finished. Datasource "
-                      "DataSourceGCELocal.", f"\nUbuntu 22.04.5 LTS {name} ttyS0\n\n{name} login: "]) + "\n"
-    return early, late
-
-
-@dataclass
-class _Guest:
-    """What runs inside an instance: its host keys, its console, when its last boot finished."""
-
-    keys: list[str]
-    static_nat: set[str] = field(default_factory=set)
-    boots: list[tuple[str, str, float]] = field(default_factory=list)  # (kernel part, cloud-init part, ready at)
-
-    def serial(self, now: float) -> str:
-        return "".join(early + (late if now >= ready else "") for early, late, ready in self.boots)
-
-    def booted(self, now: float) -> bool:
-        return bool(self.boots) and now >= self.boots[-1][2]
-
-
-@dataclass
-class _Op:
-    msg: compute_v1.Operation
-    due: float
-    finish: Callable[[], None] | None = None
-    undo: Callable[[], None] | None = None
-    fault: _Fault | None = None
-
-
-@dataclass
-class _Fault:
-    method: str
-    reason: str
-    code: int
-    message: str | None
-    countdown: int
-    on: str
-
-
-def _parse(kind: type, body: str):
-    """A request body as the library's message type; unknown fields and wrong types are the API's 400."""
-    try:
-        return kind.from_json(body or "{}", ignore_unknown_fields=False)
-    except ParseError as error:
-        found = re.search(r'has no field named "([^"]+)" at "([^"]+)"', str(error))
-        message = (f"Invalid JSON payload received. Unknown name \"{found[1]}\" at '{found[2]}': Cannot find field."
-                   if found else f"Invalid JSON payload received. {str(error).splitlines()[0]}")
-        raise ApiError(400, "invalid", message) from None
-
-
-def dump(msg) -> str:
-    """The JSON the API answers: enums by name, no empty lists or maps."""
-    return type(msg).to_json(msg, use_integers_for_enums=False, always_print_fields_with_no_presence=False)
-
+from testbed.gce_instances import InstanceHandlers
+from testbed.gce_resources import ResourceHandlers
+from testbed.gce_rules import (
+    DONE,
+    MACHINE_TYPES,
+    POOL_MESSAGE,
+    QUOTA_MESSAGE,
+    WAIT_SECONDS,
+    ApiError,
+    api_url,
+    check_labels,
+    check_name,
+    filter_matches,
+    fingerprint,
+    invalid,
+    not_found,
+    page,
+    parse_filter,
+    ref_path,
+    region_of,
+    scope_of,
+)
+from testbed.gce_types import Fault, Guest, Op, dump
+from testbed.guest import QuietServer
 
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Gce:
+class Gce(InstanceHandlers, ResourceHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
 
     def __init__(self, project: str = "kiln-test", zones: Iterable[str] = ("us-central1-a", "us-central1-b"),
@@ -398,9 +103,9 @@ class Gce:
         self.machine_types = {z: set(offered.get(z, MACHINE_TYPES)) & set(MACHINE_TYPES) for z in self.zones}
         self.calls: list[tuple[str, str]] = []
         self._resources: dict[str, object] = {}  # path projects/P/... -> message
-        self._guests: dict[str, _Guest] = {}  # instance path -> its guest
-        self._ops: dict[str, _Op] = {}  # operation path -> operation
-        self._faults: list[_Fault] = []
+        self._guests: dict[str, Guest] = {}  # instance path -> its guest
+        self._ops: dict[str, Op] = {}  # operation path -> operation
+        self._faults: list[Fault] = []
         self._request_ids: dict[tuple[str, str], str] = {}  # (method, requestId) -> operation path
         self._last_stamp = datetime.min.replace(tzinfo=UTC)
         self._next_nat = 0
@@ -472,7 +177,7 @@ class Gce:
         if on == "operation" and not self._mutating(method):
             raise ValueError(f"{method} answers no operation")
         with self._lock:
-            self._faults.append(_Fault(method, reason, code, message, nth, on))
+            self._faults.append(Fault(method, reason, code, message, nth, on))
 
     def preempt(self, zone: str, name: str) -> None:
         """Preempt a running SPOT instance as GCE does: TERMINATED, or deleted if its termination action says so;
@@ -615,7 +320,7 @@ class Gce:
         if "region" in params and params["region"] not in self.regions:
             raise invalid("region", params["region"], "Unknown region.")
 
-    def _take_fault(self, method: str) -> _Fault | None:
+    def _take_fault(self, method: str) -> Fault | None:
         """The fault this call of `method` meets, if any (nth counts the calls since the fault was set)."""
         mine = [fault for fault in self._faults if fault.method == method]
         for fault in mine:
@@ -663,7 +368,7 @@ class Gce:
             op.zone = api_url(f"projects/{self.project}/zones/{where}")
         elif scope == "regions":
             op.region = api_url(f"projects/{self.project}/regions/{where}")
-        self._ops[path] = _Op(op, time.monotonic() + self.op_delay, finish, undo)
+        self._ops[path] = Op(op, time.monotonic() + self.op_delay, finish, undo)
         self._resources[path] = op
         return op
 
@@ -674,7 +379,7 @@ class Gce:
             if op.msg.status != DONE and op.due <= now:
                 self._complete(op)
 
-    def _complete(self, op: _Op) -> None:
+    def _complete(self, op: Op) -> None:
         fault = op.fault
         if fault:
             if op.undo:
@@ -700,7 +405,7 @@ class Gce:
     def _operations_get(self, method, params, query, body):
         return self._op_of(params).msg
 
-    def _op_of(self, params: dict[str, str]) -> _Op:
+    def _op_of(self, params: dict[str, str]) -> Op:
         path = self._target(params, "operations")
         if path not in self._ops:
             raise not_found(path)
@@ -769,539 +474,6 @@ class Gce:
         resource.creation_timestamp = self._stamp()
         resource.self_link = api_url(path)
         return resource
-
-    # -------------------------------------------------------------------------------------------- instances
-
-    def _aggregated(self, method, params, query, body):
-        """instances, disks or resourcePolicies in every zone (region) of the project, by scope, as
-        aggregatedList answers: a scope with nothing on this page carries the NO_RESULTS_ON_PAGE warning."""
-        collection = method.split(".", 1)[0]
-        scope, scopes = ("regions", self.regions) if collection == "resourcePolicies" else ("zones", self.zones)
-        everything = [msg for path, msg in self._resources.items()
-                      if path.split("/")[2] == scope and path.split("/")[4] == collection]
-        items = sorted(self._filtered(everything, query), key=lambda m: (m.self_link, m.name))
-        chosen, token = page(items, query.get("maxResults", ""), query.get("pageToken", ""))
-        scoped_type, list_type, field_name, kind = {
-            "instances": (compute_v1.InstancesScopedList, compute_v1.InstanceAggregatedList, "instances",
-                          "compute#instanceAggregatedList"),
-            "disks": (compute_v1.DisksScopedList, compute_v1.DiskAggregatedList, "disks",
-                      "compute#diskAggregatedList"),
-            "resourcePolicies": (compute_v1.ResourcePoliciesScopedList, compute_v1.ResourcePolicyAggregatedList,
-                                 "resource_policies", "compute#resourcePolicyAggregatedList"),
-        }[collection]
-        scoped = {}
-        for where in scopes:
-            here = [m for m in chosen if f"/{scope}/{where}/" in m.self_link]
-            scoped[f"{scope}/{where}"] = scoped_type(**{field_name: here}) if here else scoped_type(
-                warning=compute_v1.Warning(
-                    code="NO_RESULTS_ON_PAGE",
-                    message=f"There are no results for scope '{scope}/{where}' on this page.",
-                    data=[compute_v1.Data(key="scope", value=f"{scope}/{where}")]))
-        parent = f"projects/{self.project}/aggregated/{collection}"
-        return list_type(kind=kind, id=parent, items=scoped, next_page_token=token, self_link=api_url(parent))
-
-    def _machine_type(self, ref: str, zone: str) -> tuple[str, MachineType]:
-        found = match_ref(ref, self.project, "zones/{zone}/machineTypes/{name}")
-        if not found or found["project"] != self.project or found["zone"] != zone \
-                or found["name"] not in self.machine_types[zone]:
-            name = found["name"] if found else ref
-            raise invalid("resource.machineType", ref, f"Machine type with name '{name}' does not exist in zone "
-                                                       f"'{zone}'.")
-        return found["name"], MACHINE_TYPES[found["name"]]
-
-    def _instances_insert(self, method, params, query, body):
-        zone = params["zone"]
-        inst = _parse(compute_v1.Instance, body)
-        check_name(inst.name)
-        path = self._path("zones", zone, "instances", inst.name)
-        if path in self._resources:
-            raise already_exists(path)
-        type_name, machine = self._machine_type(inst.machine_type, zone)
-        check_labels(inst.labels)
-        problem = metadata_problem((i.key, i.value) for i in inst.metadata.items)
-        if problem:
-            raise invalid("resource.metadata", "", problem)
-        scheduling = scheduling_with_defaults(inst.scheduling, machine)
-        accelerators = self._accelerators(inst, zone, machine)
-        policies = [self._policy_for(ref, zone, type_name, i) for i, ref in enumerate(inst.resource_policies)]
-        attached, new_disks = self._plan_disks(inst, zone)
-        nics, static_nat = self._plan_nics(inst.network_interfaces, region_of(zone))
-        keys = make_host_keys()
-
-        self._stamped(inst, "compute#instance", path)
-        inst.zone = api_url(f"projects/{self.project}/zones/{zone}")
-        inst.machine_type = api_url(f"projects/{self.project}/zones/{zone}/machineTypes/{type_name}")
-        inst.status = "PROVISIONING"
-        inst.scheduling = scheduling
-        inst.guest_accelerators = accelerators
-        inst.resource_policies = policies
-        inst.disks = attached
-        inst.network_interfaces = nics
-        inst.label_fingerprint = fingerprint(dict(inst.labels))
-        inst.metadata.kind = "compute#metadata"
-        inst.metadata.fingerprint = fingerprint([(i.key, i.value) for i in inst.metadata.items])
-        inst.tags.fingerprint = fingerprint(list(inst.tags.items))
-        inst.fingerprint = fingerprint(path, inst.id, inst.creation_timestamp)
-        inst.cpu_platform = "Intel Cascade Lake"
-        for disk in new_disks:
-            self._resources[ref_path(disk.self_link, self.project)] = disk
-        for att in attached:
-            disk = self._resources[ref_path(att.source, self.project)]
-            disk.users.append(inst.self_link)
-            disk.last_attach_timestamp = inst.creation_timestamp
-        self._guests[path] = _Guest(keys, static_nat)
-
-        def finish() -> None:
-            for disk in new_disks:
-                disk.status = "READY"
-            if path in self._guests:
-                self._running(path)
-
-        def undo() -> None:
-            self._remove_instance(path, delete_disks=False)
-            for disk in new_disks:
-                self._resources.pop(ref_path(disk.self_link, self.project), None)
-
-        self._resources[path] = inst
-        return self._operation("insert", path, inst.id, finish=finish, undo=undo)
-
-    def _accelerators(self, inst: compute_v1.Instance, zone: str, machine: MachineType) -> list:
-        wanted = [compute_v1.AcceleratorConfig(accelerator_type=api_url(
-            f"projects/{self.project}/zones/{zone}/acceleratorTypes/{machine.accelerator}"),
-            accelerator_count=machine.gpus)] if machine.gpus else []
-        given = [(a.accelerator_type.rsplit("/", 1)[-1], a.accelerator_count) for a in inst.guest_accelerators]
-        if given and given != [(machine.accelerator, machine.gpus)]:
-            raise invalid("resource.guestAccelerators", given, "The accelerators must match the machine type's.")
-        return wanted
-
-    def _policy_for(self, ref: str, zone: str, type_name: str, index: int) -> str:
-        field_name = f"resource.resourcePolicies[{index}]"
-        found = match_ref(ref, self.project, "regions/{region}/resourcePolicies/{name}")
-        if not found:
-            raise invalid(field_name, ref, "The URL is malformed.")
-        if found["region"] != region_of(zone):
-            raise invalid(field_name, ref, "Resource policy must be in the same region as the instance.")
-        path = ref_path(ref, self.project)
-        policy = self._existing(path)
-        if policy.group_placement_policy.collocation == "COLLOCATED" and type_name.startswith("e2-"):
-            raise invalid(field_name, ref, f"Compact placement is not supported for machine type {type_name}.")
-        return api_url(path)
-
-    def _disk_users(self, disk_url: str) -> list[tuple[str, str]]:
-        """(instance self link, mode) of every instance the disk is attached to."""
-        return [(inst.self_link, att.mode) for path, inst in self._resources.items() if path in self._guests
-                for att in inst.disks if att.source == disk_url]
-
-    def _plan_disks(self, inst: compute_v1.Instance, zone: str) -> tuple[list, list]:
-        """The instance's attached disks as GCE stores them, and the new disks to make; ApiError where refused."""
-        if not inst.disks:
-            raise invalid("resource.disks", "", "No disks are specified.")
-        if [d.boot for d in inst.disks].count(True) != 1 or not inst.disks[0].boot:
-            raise invalid("resource.disks", "", "Exactly one boot disk must be specified, first.")
-        attached, new = [], []
-        for i, given in enumerate(inst.disks):
-            field_name = f"resource.disks[{i}]"
-            if given.source:
-                disk = self._attachable(given, zone, field_name)
-            else:
-                params = given.initialize_params
-                name = params.disk_name or (inst.name if given.boot else f"{inst.name}-{i}")
-                path = self._path("zones", zone, "disks", name)
-                if path in self._resources or any(d.name == name for d in new):
-                    raise already_exists(path)
-                disk = self._build_disk(zone, name, params.disk_size_gb if "disk_size_gb" in params else 0,
-                                        params.disk_type, params.source_image, params.source_snapshot,
-                                        dict(params.labels), f"{field_name}.initializeParams")
-                new.append(disk)
-            attached.append(self._attached(given, disk, i))
-        return attached, new
-
-    def _attachable(self, given: compute_v1.AttachedDisk, zone: str, field_name: str) -> compute_v1.Disk:
-        """The existing disk an attachment names, if it may be attached in this mode; ApiError otherwise."""
-        found = match_ref(given.source, self.project, "zones/{zone}/disks/{name}")
-        if not found:
-            raise invalid(f"{field_name}.source", given.source, "The URL is malformed.")
-        path = ref_path(given.source, self.project)
-        disk = self._existing(path)
-        if found["zone"] != zone:
-            raise invalid(f"{field_name}.source", given.source, "The disk must be in the instance's zone.")
-        if disk.status != "READY":
-            raise not_ready(path)
-        users = self._disk_users(disk.self_link)
-        if users and ((given.mode or "READ_WRITE") == "READ_WRITE" or any(m == "READ_WRITE" for _, m in users)):
-            raise in_use("disk", path, ref_path(users[0][0], self.project))
-        return disk
-
-    @staticmethod
-    def _attached(given: compute_v1.AttachedDisk, disk: compute_v1.Disk, index: int) -> compute_v1.AttachedDisk:
-        return compute_v1.AttachedDisk(
-            kind="compute#attachedDisk", type_="PERSISTENT", mode=given.mode or "READ_WRITE", source=disk.self_link,
-            device_name=given.device_name or f"persistent-disk-{index}", index=index, boot=given.boot,
-            auto_delete=given.auto_delete, interface=given.interface or "SCSI", disk_size_gb=disk.size_gb)
-
-    def _instances_attach_disk(self, method, params, query, body):
-        path = self._target(params, "instances")
-        inst = self._existing(path)
-        given = _parse(compute_v1.AttachedDisk, body)
-        if given.boot or not given.source:
-            raise invalid("resource.source", given.source, "Only an existing, non-boot disk can be attached.")
-        disk = self._attachable(given, params["zone"], "resource")
-        device = given.device_name or f"persistent-disk-{len(inst.disks)}"
-        if any(att.device_name == device for att in inst.disks):
-            raise invalid("resource.deviceName", device, "The device name is already in use on the instance.")
-        inst.disks.append(self._attached(given, disk, len(inst.disks)))
-        disk.users.append(inst.self_link)
-        disk.last_attach_timestamp = self._stamp()
-
-        def undo() -> None:
-            inst.disks = [att for att in inst.disks if att.source != disk.self_link]
-            disk.users = [u for u in disk.users if u != inst.self_link]
-
-        return self._operation("attachDisk", path, inst.id, undo=undo)
-
-    def _plan_nics(self, given: list, region: str) -> tuple[list, set[str]]:
-        """The instance's network interfaces with their addresses, and the external addresses it asked for."""
-        if not given:
-            raise invalid("resource.networkInterfaces", "", "At least one network interface is required.")
-        used_ips = self._addresses("network_i_p")
-        used_nat = self._addresses("nat_i_p")
-        static: set[str] = set()
-        nics = []
-        for i, nic in enumerate(given):
-            field_name = f"resource.networkInterfaces[{i}]"
-            network_ref = nic.network or "global/networks/default"
-            if not match_ref(network_ref, self.project, "global/networks/{name}"):
-                raise invalid(f"{field_name}.network", network_ref, "The URL is malformed.")
-            network = self._existing(ref_path(network_ref, self.project))
-            subnet = api_url(f"projects/{self.project}/regions/{region}/subnetworks/{network.name}")
-            if nic.subnetwork:
-                found = match_ref(nic.subnetwork, self.project, "regions/{region}/subnetworks/{name}")
-                if not found or found["region"] != region:
-                    raise invalid(f"{field_name}.subnetwork", nic.subnetwork, "The subnetwork must be in the "
-                                                                              "instance's region.")
-                if api_url(ref_path(nic.subnetwork, self.project)) != subnet:
-                    raise not_found(ref_path(nic.subnetwork, self.project))
-            if nic.network_i_p:
-                if nic.network_i_p in used_ips or ipaddress.ip_address(nic.network_i_p) not in INTERNAL_RANGE:
-                    raise invalid(f"{field_name}.networkIP", nic.network_i_p, "IP address is in use or out of the "
-                                                                              "subnetwork's range.")
-                address = nic.network_i_p
-            else:
-                address = next(str(ip) for ip in list(INTERNAL_RANGE.hosts())[1:] if str(ip) not in used_ips)
-            used_ips.add(address)
-            configs = []
-            for config in nic.access_configs:
-                config.kind = "compute#accessConfig"
-                config.type_ = config.type_ or "ONE_TO_ONE_NAT"
-                config.name = config.name or "External NAT"
-                config.network_tier = config.network_tier or "PREMIUM"
-                if config.nat_i_p:
-                    static.add(config.nat_i_p)
-                elif config.type_ == "ONE_TO_ONE_NAT":
-                    config.nat_i_p = self._nat_address(used_nat)
-                used_nat.add(config.nat_i_p)
-                configs.append(config)
-            nics.append(compute_v1.NetworkInterface(
-                kind="compute#networkInterface", name=f"nic{i}", network=network.self_link, subnetwork=subnet,
-                network_i_p=address, access_configs=configs, stack_type="IPV4_ONLY", fingerprint=fingerprint(
-                    address, i)))
-        return nics, static
-
-    def _addresses(self, attribute: str) -> set[str]:
-        nics = [nic for path in self._guests for nic in self._resources[path].network_interfaces]
-        if attribute == "network_i_p":
-            return {nic.network_i_p for nic in nics}
-        return {c.nat_i_p for nic in nics for c in nic.access_configs if c.nat_i_p}
-
-    def _nat_address(self, used: set[str]) -> str:
-        """The next free ephemeral external address, round robin (a restarted instance gets another)."""
-        hosts = list(NAT_RANGE.hosts())
-        for step in range(len(hosts)):
-            address = str(hosts[(self._next_nat + step) % len(hosts)])
-            if address not in used:
-                self._next_nat = (self._next_nat + step + 1) % len(hosts)
-                return address
-        raise ApiError(403, "quotaExceeded", "Quota 'IN_USE_ADDRESSES' exceeded. Limit: 254.0 in region.")
-
-    def _running(self, path: str) -> None:
-        """The instance boots: RUNNING, external addresses, a new boot on its console."""
-        inst, guest = self._resources[path], self._guests[path]
-        used = self._addresses("nat_i_p")
-        for nic in inst.network_interfaces:
-            for config in nic.access_configs:
-                if config.type_ == "ONE_TO_ONE_NAT" and not config.nat_i_p:
-                    config.nat_i_p = self._nat_address(used)
-                    used.add(config.nat_i_p)
-        inst.status = "RUNNING"
-        inst.last_start_timestamp = self._stamp()
-        early, late = boot_log(inst.name, guest.keys, len(guest.boots), datetime.now(UTC))
-        guest.boots.append((early, late, time.monotonic() + self.boot_delay))
-
-    def _stopped(self, path: str) -> None:
-        """The instance stops: TERMINATED, its ephemeral external addresses released."""
-        inst, guest = self._resources[path], self._guests[path]
-        for nic in inst.network_interfaces:
-            for config in nic.access_configs:
-                if config.nat_i_p not in guest.static_nat:
-                    config.nat_i_p = ""
-        inst.status = "TERMINATED"
-        inst.last_stop_timestamp = self._stamp()
-
-    def _remove_instance(self, path: str, delete_disks: bool = True) -> None:
-        """The instance goes: disks it deletes with it go too, the others are detached."""
-        inst = self._resources.pop(path, None)
-        self._guests.pop(path, None)
-        for att in inst.disks if inst else ():
-            disk_path = ref_path(att.source, self.project)
-            disk = self._resources.get(disk_path)
-            if disk is None:
-                continue
-            if att.auto_delete and delete_disks:
-                del self._resources[disk_path]
-            else:
-                disk.users = [u for u in disk.users if u != inst.self_link]
-                disk.last_detach_timestamp = self._stamp()
-
-    def _instances_delete(self, method, params, query, body):
-        path = self._target(params, "instances")
-        inst = self._existing(path)
-        before = inst.status
-        inst.status = "STOPPING"
-        return self._operation("delete", path, inst.id, finish=lambda: self._remove_instance(path),
-                               undo=lambda: setattr(inst, "status", before))
-
-    def _instances_stop(self, method, params, query, body):
-        path = self._target(params, "instances")
-        inst = self._existing(path)
-        before = inst.status
-        if before != "TERMINATED":
-            inst.status = "STOPPING"
-
-        def finish() -> None:
-            if path in self._guests and inst.status != "TERMINATED":
-                self._stopped(path)
-
-        return self._operation("stop", path, inst.id, finish=finish, undo=lambda: setattr(inst, "status", before))
-
-    def _instances_start(self, method, params, query, body):
-        path = self._target(params, "instances")
-        inst = self._existing(path)
-        before = inst.status
-        if before == "TERMINATED":
-            inst.status = "STAGING"
-
-        def finish() -> None:
-            if path in self._guests and inst.status in ("TERMINATED", "STOPPING", "STAGING"):
-                self._running(path)
-
-        return self._operation("start", path, inst.id, finish=finish, undo=lambda: setattr(inst, "status", before))
-
-    def _set_labels(self, method, params, query, body):
-        """instances.setLabels and disks.setLabels: the labels replaced, if the fingerprint is the current one."""
-        collection = self._collection(method)
-        path = self._target(params, collection)
-        target = self._existing(path)
-        kind = compute_v1.InstancesSetLabelsRequest if collection == "instances" else compute_v1.ZoneSetLabelsRequest
-        request = _parse(kind, body)
-        check_labels(request.labels)
-        if request.label_fingerprint != target.label_fingerprint:
-            raise ApiError(412, "conditionNotMet", "Labels fingerprint either invalid or resource labels have changed")
-        before = dict(target.labels)
-        target.labels = dict(request.labels)
-        target.label_fingerprint = fingerprint(dict(request.labels), target.id, time.monotonic_ns())
-
-        def undo() -> None:
-            target.labels = before
-            target.label_fingerprint = fingerprint(before, target.id, time.monotonic_ns())
-
-        return self._operation("setLabels", path, target.id, undo=undo)
-
-    def _instances_serial(self, method, params, query, body):
-        path = self._target(params, "instances")
-        self._existing(path)
-        port = int(query.get("port") or 1)
-        if not 1 <= port <= 4:
-            raise invalid("port", port, "Must be between 1 and 4.")
-        contents = self._guests[path].serial(time.monotonic()) if port == 1 else ""
-        start = min(int(query.get("start") or 0), len(contents))
-        return compute_v1.SerialPortOutput(kind="compute#serialPortOutput", contents=contents[start:], start=start,
-                                           next_=len(contents), self_link=api_url(path) + f"/serialPort?port={port}")
-
-    def _instances_guest_attributes(self, method, params, query, body):
-        path = self._target(params, "instances")
-        inst = self._existing(path)
-        query_path = query.get("queryPath", "")
-        variable = query.get("variableKey", "")
-        flag = next((i.value for i in inst.metadata.items if i.key == "enable-guest-attributes"), "")
-        published = inst.status == "RUNNING" and flag.lower() in TRUE_WORDS and \
-            self._guests[path].booted(time.monotonic())
-        entries = {key.split()[0]: key.split()[1] for key in self._guests[path].keys} if published else {}
-        answer = compute_v1.GuestAttributes(kind="compute#guestAttributes",
-                                            self_link=api_url(path) + "/getGuestAttributes")
-        if query_path in ("hostkeys/", "hostkeys") and entries and not variable:
-            answer.query_path = query_path
-            answer.query_value = compute_v1.GuestAttributesValue(items=[
-                compute_v1.GuestAttributesEntry(namespace="hostkeys", key=k, value=v) for k, v in entries.items()])
-            return answer
-        if variable.startswith("hostkeys/") and variable.split("/", 1)[1] in entries:
-            answer.variable_key = variable
-            answer.variable_value = entries[variable.split("/", 1)[1]]
-            return answer
-        raise not_found(f"{path}/guestAttributes/{query_path or variable}")
-
-    # -------------------------------------------------------------------------------------------- disks, snapshots
-
-    def _build_disk(self, zone: str, name: str, size_gb: int, type_ref: str, image_ref: str, snapshot_ref: str,
-                    labels: dict[str, str], field_name: str) -> compute_v1.Disk:
-        """A new disk (CREATING) as GCE makes it for disks.insert or an instance's initializeParams."""
-        check_name(name, f"{field_name}.name")
-        check_labels(labels, f"{field_name}.labels")
-        type_ref = type_ref or f"zones/{zone}/diskTypes/pd-standard"
-        found = match_ref(type_ref, self.project, "zones/{zone}/diskTypes/{name}")
-        if not found or found["zone"] != zone or found["name"] not in DISK_TYPES:
-            raise invalid(f"{field_name}.diskType", type_ref, "Disk type does not exist in the disk's zone.")
-        path = self._path("zones", zone, "disks", name)
-        disk = self._stamped(compute_v1.Disk(name=name, labels=labels, status="CREATING"), "compute#disk", path)
-        disk.zone = api_url(f"projects/{self.project}/zones/{zone}")
-        disk.type_ = api_url(ref_path(type_ref, self.project))
-        disk.label_fingerprint = fingerprint(labels)
-        disk.physical_block_size_bytes = 4096
-        source_size, what = DISK_TYPES[found["name"]], ""
-        if image_ref:
-            image = self._image(image_ref, f"{field_name}.sourceImage")
-            disk.source_image, disk.source_image_id = image.self_link, str(image.id)
-            source_size, what = image.disk_size_gb, "image"
-        if snapshot_ref:
-            if not match_ref(snapshot_ref, self.project, "global/snapshots/{name}"):
-                raise invalid(f"{field_name}.sourceSnapshot", snapshot_ref, "The URL is malformed.")
-            snapshot = self._existing(ref_path(snapshot_ref, self.project))
-            if snapshot.status != "READY":
-                raise not_ready(ref_path(snapshot.self_link, self.project))
-            disk.source_snapshot, disk.source_snapshot_id = snapshot.self_link, str(snapshot.id)
-            source_size, what = snapshot.disk_size_gb, "snapshot"
-        if size_gb and what and size_gb < source_size:
-            raise invalid(f"{field_name}.diskSizeGb", size_gb,
-                          f"Requested disk size cannot be smaller than the {what} size ({source_size} GB).")
-        disk.size_gb = size_gb or source_size
-        return disk
-
-    def _image(self, ref: str, field_name: str) -> compute_v1.Image:
-        family = match_ref(ref, self.project, "global/images/family/{family}")
-        if family:
-            return self._newest(family["project"], family["family"])
-        if not match_ref(ref, self.project, "global/images/{name}"):
-            raise invalid(field_name, ref, "The URL is malformed.")
-        return self._existing(ref_path(ref, self.project))
-
-    def _newest(self, project: str, family: str) -> compute_v1.Image:
-        images = [m for p, m in self._resources.items() if p.startswith(f"projects/{project}/global/images/")
-                  and m.family == family and m.deprecated.state in ("", "ACTIVE")]
-        if not images:
-            raise not_found(f"projects/{project}/global/images/family/{family}")
-        return max(images, key=lambda m: datetime.fromisoformat(m.creation_timestamp))
-
-    def _images_from_family(self, method, params, query, body):
-        return self._newest(params["project"], params["family"])
-
-    def _disks_insert(self, method, params, query, body):
-        zone = params["zone"]
-        given = _parse(compute_v1.Disk, body)
-        check_name(given.name)
-        path = self._path("zones", zone, "disks", given.name)
-        if path in self._resources:
-            raise already_exists(path)
-        disk = self._build_disk(zone, given.name, given.size_gb, given.type_, given.source_image,
-                                given.source_snapshot, dict(given.labels), "resource")
-        disk.description = given.description
-        return self._insert(path, disk, finish=lambda: setattr(disk, "status", "READY"))
-
-    def _disks_delete(self, method, params, query, body):
-        path = self._target(params, "disks")
-        disk = self._existing(path)
-        users = self._disk_users(disk.self_link)
-        if users:
-            raise in_use("disk", path, ref_path(users[0][0], self.project))
-        return self._operation("delete", path, disk.id, finish=lambda: self._resources.pop(path, None))
-
-    def _snapshots_insert(self, method, params, query, body):
-        given = _parse(compute_v1.Snapshot, body)
-        check_name(given.name)
-        check_labels(given.labels)
-        path = self._path("global", "", "snapshots", given.name)
-        if path in self._resources:
-            raise already_exists(path)
-        if not match_ref(given.source_disk, self.project, "zones/{zone}/disks/{name}"):
-            raise invalid("resource.sourceDisk", given.source_disk, "The URL is malformed.")
-        disk = self._existing(ref_path(given.source_disk, self.project))
-        if disk.status != "READY":
-            raise not_ready(ref_path(disk.self_link, self.project))
-        snapshot = self._stamped(given, "compute#snapshot", path)
-        snapshot.status = "CREATING"
-        snapshot.source_disk, snapshot.source_disk_id = disk.self_link, str(disk.id)
-        snapshot.disk_size_gb = disk.size_gb
-        snapshot.storage_bytes = disk.size_gb * 2**27
-        snapshot.storage_locations = snapshot.storage_locations or ["us"]
-        snapshot.snapshot_type = snapshot.snapshot_type or "STANDARD"
-        snapshot.label_fingerprint = fingerprint(dict(snapshot.labels))
-        return self._insert(path, snapshot, finish=lambda: setattr(snapshot, "status", "READY"))
-
-    # -------------------------------------------------------------------------------------------- firewalls, policies
-
-    def _firewalls_insert(self, method, params, query, body):
-        rule = _parse(compute_v1.Firewall, body)
-        check_name(rule.name)
-        path = self._path("global", "", "firewalls", rule.name)
-        if path in self._resources:
-            raise already_exists(path)
-        network_ref = rule.network or "global/networks/default"
-        if not match_ref(network_ref, self.project, "global/networks/{name}"):
-            raise invalid("resource.network", network_ref, "The URL is malformed.")
-        network = self._existing(ref_path(network_ref, self.project))
-        for i, cidr in enumerate(rule.source_ranges):
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise invalid(f"resource.sourceRanges[{i}]", cidr, "Must be a valid IPV4 or IPV6 range.") from None
-        if bool(rule.allowed) == bool(rule.denied):
-            raise invalid("resource", "", "Exactly one of allowed or denied must be specified.")
-        for i, entry in enumerate([*rule.allowed, *rule.denied]):
-            if not (entry.I_p_protocol in ("tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all")
-                    or entry.I_p_protocol.isdigit()):
-                raise invalid(f"resource.allowed[{i}].IPProtocol", entry.I_p_protocol, "Unknown protocol.")
-            for port in entry.ports:
-                if not re.fullmatch(r"\d{1,5}(-\d{1,5})?", port) or max(map(int, port.split("-"))) > 65535:
-                    raise invalid(f"resource.allowed[{i}].ports", port, "Must be a port or a range of ports.")
-        self._stamped(rule, "compute#firewall", path)
-        rule.network = network.self_link
-        rule.direction = rule.direction or "INGRESS"
-        rule.priority = rule.priority if "priority" in rule else 1000
-        rule.disabled = rule.disabled
-        if rule.direction == "INGRESS" and not (rule.source_ranges or rule.source_tags or
-                                                rule.source_service_accounts):
-            rule.source_ranges = ["0.0.0.0/0"]
-        rule.log_config = compute_v1.FirewallLogConfig(enable=rule.log_config.enable)
-        return self._insert(path, rule)
-
-    def _policies_insert(self, method, params, query, body):
-        region = params["region"]
-        policy = _parse(compute_v1.ResourcePolicy, body)
-        check_name(policy.name)
-        path = self._path("regions", region, "resourcePolicies", policy.name)
-        if path in self._resources:
-            raise already_exists(path)
-        self._stamped(policy, "compute#resourcePolicy", path)
-        policy.region = api_url(f"projects/{self.project}/regions/{region}")
-        policy.status = "CREATING"
-        return self._insert(path, policy, finish=lambda: setattr(policy, "status", "READY"))
-
-    def _policies_delete(self, method, params, query, body):
-        path = self._target(params, "resourcePolicies")
-        policy = self._existing(path)
-        for inst_path in self._guests:
-            if policy.self_link in self._resources[inst_path].resource_policies:
-                raise in_use("resource_policy", path, inst_path)
-        return self._operation("delete", path, policy.id, finish=lambda: self._resources.pop(path, None))
-
 
 # ---------------------------------------------------------------------------------------------------------- HTTP
 
