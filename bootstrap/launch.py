@@ -472,6 +472,16 @@ class Verdict:
     failed: tuple[tuple[str, str, int | None], ...] = ()   # (host, task, exit code or None if lost)
 
 
+FINISH_GRACE_S = 300.0  # once a process that must finish has, how long the others may be quiet on their way out
+
+
+def exited_ok(plan: RunPlan, states: Mapping[int, Mapping[str, dict]]) -> set[str]:
+    """The run's processes that have exited 0 (pure): they are done, not stalled."""
+    return {launch.task for launch in plan.launches
+            if states.get(launch.host, {}).get(launch.task, {}).get("state") == "exited"
+            and states[launch.host][launch.task].get("code") == 0}
+
+
 def judge(plan: RunPlan, states: Mapping[int, Mapping[str, dict]]) -> Verdict:
     """Decide from per-host task states: failed if any process exited non-zero or vanished, or exited 0
     before the run was done where that is not its to do (RunPlan.may_finish); done once every finishing

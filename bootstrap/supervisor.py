@@ -229,7 +229,7 @@ class Supervisor:
             if verdict.done:
                 return verdict
             if self.stall_factor:
-                self.check_progress(steps, output)
+                self.check_progress(steps, output, launch.exited_ok(self.plan, states))
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
             time.sleep(self.interval)
@@ -253,23 +253,29 @@ class Supervisor:
         return sorted(names[host] for host, found in seen.items() if found["stopped"])
 
 
-    def check_progress(self, steps: launch.Progress, output: launch.Progress) -> None:
+    def check_progress(self, steps: launch.Progress, output: launch.Progress, done: set[str] = frozenset()) -> None:
         """Raise Stalled when some process's logged step stopped moving, or when a process that logs no
-        kiln metrics has printed nothing for `stall_minimum` seconds."""
+        kiln metrics has printed nothing for `stall_minimum` seconds. Processes that exited 0 (`done`) are not
+        stalled; once one that must finish has, the others get launch.FINISH_GRACE_S at least: a worker of
+        TensorFlow's MultiWorkerMirroredStrategy may wait a minute on the way out for the coordination service
+        of a chief that left first."""
+        minimum = max(self.stall_minimum, launch.FINISH_GRACE_S) if done & set(self.plan.finishing) \
+            else self.stall_minimum
         seen = self.progress()
         now = time.monotonic()
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
         steps.observe(now, {f"{task}@{names[host]}": row["step"]
                             for host, found in seen.items() for task, row in found["metrics"].items()})
         output.observe(now, launch.output_streams(self.plan, {names[host]: found for host, found in seen.items()}))
-        late, limit = steps.stalled(now, factor=self.stall_factor, minimum=self.stall_minimum)
-        quiet = output.silent(now, minimum=self.stall_minimum)
+        late, limit = steps.stalled(now, factor=self.stall_factor, minimum=minimum)
+        quiet = output.silent(now, minimum=minimum)
+        late, quiet = ([s for s in streams if s.split("@", 1)[0] not in done] for streams in (late, quiet))
         if late or quiet:
             frozen = [names[host] for host, found in seen.items() if found["stopped"]]
             hosts = launch.blame(late + quiet, frozen)
             detail = " (a process there is stopped)" if frozen else ""
             what = [f"no step progress for over {limit:.0f}s from {', '.join(late)}"] if late else []
-            what += [f"no output for over {self.stall_minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
+            what += [f"no output for over {minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
             raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
     def stop(self, skip: Sequence[Host] = (), patient: Mapping[Host, dict] = MappingProxyType({})) -> dict[str, str]:

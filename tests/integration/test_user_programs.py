@@ -127,6 +127,24 @@ def test_a_program_that_prints_nothing_is_stopped_by_the_watchdog_naming_its_hos
     assert run_processes("silent") == []
 
 
+SLOW_TO_LEAVE = """\
+import json, os, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+print("trained", flush=True)
+if task["index"] == 1:  # worker-1 (on node2) takes a while to leave, without a word, as a MultiWorkerMirroredStrategy
+    time.sleep(15)      # worker waits on the coordination service of a chief that left first
+"""
+
+
+def test_a_worker_quiet_on_its_way_out_after_the_others_finished_is_not_stalled(cluster, project):
+    (project / "slow_exit.py").write_text(SLOW_TO_LEAVE)
+    done = cluster.kiln("train", "--mode", "tf-config", "--run-id", "slow-exit", "--stall-minimum", "5", "--",
+                        "python", "slow_exit.py", cwd=project, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((cluster.runs / "slow-exit" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["durations"]["worker-1"] >= 15, summary
+
+
 def worker_pid(run_id: str, task: str) -> int | None:
     """The Python of the user's program running as `task` in this run."""
     for pid in run_processes(run_id):

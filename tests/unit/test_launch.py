@@ -10,6 +10,7 @@ from bootstrap.launch import (
     RunPlan,
     Verdict,
     describe_failure,
+    exited_ok,
     judge,
     launch_command,
     plan_horovod,
@@ -106,6 +107,8 @@ def test_judge_running_done_and_failed():
     assert judge(plan, killed) == Verdict(True, (("node3", "worker-2", 137),))
     lost = {**running, 1: {"worker-1": {"state": "lost"}}}
     assert judge(plan, lost) == Verdict(True, (("node2", "worker-1", None),))
+    assert exited_ok(plan, running) == set() and exited_ok(plan, done) == {"chief-0"}
+    assert exited_ok(plan, killed) == set()  # exited, but not well: that is judge's to say
 
 
 def test_with_parameter_servers_a_worker_that_ends_on_its_own_is_finished_not_failed():
