@@ -252,21 +252,25 @@ def verify_login(cluster: plan.Cluster, state: Path) -> None:
         raise KilnError(f"node1 reports hostname {out!r}, not node1")
 
 
-def lose_node(name: str, node: plan.Node, timeout: float = 30) -> None:
+def lose_node(name: str, node: plan.Node, timeout: float = 60) -> None:
     """Take a node away as a lost machine goes: its processes killed at once, its network and disk removed."""
     kill_namespace_processes([node.netns], abrupt=True)
-    run(["ip", "-force", "-batch", "-"], stdin=plan.teardown_batch([node.netns], [node.veth]), timeout=timeout,
-        check=False)
+    batch = plan.teardown_batch([node.netns], [node.veth])
+    run(["ip", "-force", "-batch", "-"], stdin=batch, timeout=timeout, check=False)
     engine = plan.node_engine(name, node)  # its disk is gone with it: the engine's images too
     shutil.rmtree(engine.data_root, ignore_errors=True)
     shutil.rmtree(engine.exec_root, ignore_errors=True)
     for left in (engine.pidfile, engine.socket):
         left.unlink(missing_ok=True)
     deadline = time.monotonic() + timeout
-    while node.netns in find_netns(name) or node.veth in find_links(name):
+    while left := [x for x in (node.netns,) if x in find_netns(name)] + [x for x in (node.veth,) if
+                                                                        x in find_links(name)]:
         if time.monotonic() > deadline:
-            raise KilnError(f"could not remove {node.netns} of cluster {name}")
-        time.sleep(0.2)
+            held = namespace_pids([node.netns])
+            raise KilnError(f"could not remove {' and '.join(left)} of cluster {name}: still there after "
+                            f"{timeout:g}s ({'held by ' + describe_pids(held) if held else 'no process in it'})")
+        time.sleep(0.5)  # the kernel frees a namespace's devices in its own time; ask again meanwhile
+        run(["ip", "-force", "-batch", "-"], stdin=batch, timeout=timeout, check=False)
     shutil.rmtree(plan.STATE_ROOT / name / node.name, ignore_errors=True)
 
 
