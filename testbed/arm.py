@@ -936,12 +936,12 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers):
 
     # -------------------------------------------------------------------------------------------- role assignments
 
-    def _scope_of(self, request: Request, *, existing: bool = False) -> str:
+    def _scope_of(self, request: Request, *, must_exist: bool = False) -> str:
         """The scope of a role assignment call; for a new assignment it must exist (a subscription, a group or a
         resource), while one whose scope was deleted can still be read and deleted."""
         scope = request.path[:request.path.lower().rindex("/providers/microsoft.authorization/")]
         parts = scope.strip("/").split("/")
-        if not existing:
+        if not must_exist:
             return scope
         if len(parts) > 2:
             self._group(parts[3])
@@ -951,7 +951,7 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers):
         return scope
 
     def _assignment_put(self, request: Request) -> Reply:
-        status, made = self._access.put(self._scope_of(request, existing=True), request.params["n1"], request.body)
+        status, made = self._access.put(self._scope_of(request, must_exist=True), request.params["n1"], request.body)
         return Reply(status, made)
 
     def _assignment_get(self, request: Request) -> Reply:

@@ -263,8 +263,7 @@ def lose_node(name: str, node: plan.Node, timeout: float = 60) -> None:
     for left in (engine.pidfile, engine.socket):
         left.unlink(missing_ok=True)
     deadline = time.monotonic() + timeout
-    while left := [x for x in (node.netns,) if x in find_netns(name)] + [x for x in (node.veth,) if
-                                                                        x in find_links(name)]:
+    while left := [x for x, found in ((node.netns, find_netns(name)), (node.veth, find_links(name))) if x in found]:
         if time.monotonic() > deadline:
             held = namespace_pids([node.netns])
             raise KilnError(f"could not remove {' and '.join(left)} of cluster {name}: still there after "

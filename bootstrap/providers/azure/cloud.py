@@ -642,29 +642,27 @@ def allow_self_deallocation(azure: Azure, machine, wait_s: float = PRINCIPAL_WAI
         time.sleep(poll_s)
 
 
+def forget_role(azure: Azure, machine) -> None:
+    """Delete the VM's autostop role assignment, which would outlive it (granting nothing, but counted against
+    the subscription's limit). Best effort: one left behind is harmless."""
+    principal = getattr(machine.identity, "principal_id", None)
+    if principal:
+        with contextlib.suppress(Exception):
+            azure.authorization.role_assignments.delete(machine.id, plan.assignment_name(machine.id, principal))
+
+
 def forget_roles(azure: Azure, group: str) -> None:
-    """Delete the autostop role assignments of the group's VMs, which would outlive them (granting nothing, but
-    counted against the subscription's limit). Best effort: one left behind is harmless."""
-    try:
-        machines = list(azure.compute.virtual_machines.list(group))
-    except Exception:
-        return
-    for machine in machines:
-        principal = getattr(machine.identity, "principal_id", None)
-        if principal:
-            with contextlib.suppress(Exception):
-                azure.authorization.role_assignments.delete(
-                    machine.id, plan.self_deallocation(azure.subscription, machine.id, principal)[0])
+    """forget_role for every VM of the group."""
+    with contextlib.suppress(Exception):
+        for machine in list(azure.compute.virtual_machines.list(group)):
+            forget_role(azure, machine)
 
 
 def delete_node(azure: Azure, group: str, vm: str, timeout_s: float) -> None:
     """Delete a VM (its role assignment, OS disk, interface and, after it, its public address); one already gone
     is fine."""
     with contextlib.suppress(Exception):
-        machine = azure.compute.virtual_machines.get(group, vm)
-        if getattr(machine.identity, "principal_id", None):
-            azure.authorization.role_assignments.delete(machine.id, plan.self_deallocation(
-                azure.subscription, machine.id, machine.identity.principal_id)[0])
+        forget_role(azure, azure.compute.virtual_machines.get(group, vm))
     for delete, target in ((azure.compute.virtual_machines.begin_delete, vm),
                            (azure.network.network_interfaces.begin_delete, f"{vm}-nic"),
                            (azure.network.public_ip_addresses.begin_delete, f"{vm}-ip")):

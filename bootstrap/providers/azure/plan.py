@@ -299,14 +299,18 @@ def has_system_identity(identity_type: str | None) -> bool:
     return "systemassigned" in (identity_type or "").replace(" ", "").lower().split(",")
 
 
+def assignment_name(vm_id: str, principal_id: str) -> str:
+    """The GUID naming a VM's autostop role assignment: one VM, principal and role always give the same."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kiln-autostop:{vm_id.lower()}:{principal_id}:{POWER_ROLE}"))
+
+
 def self_deallocation(subscription: str, vm_id: str, principal_id: str) -> tuple[str, dict]:
     """The role assignment that lets a VM's identity deallocate that VM alone: its name (a GUID that one VM,
     principal and role always give, so that arming twice asks for the same one) and body."""
     role = f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{POWER_ROLE}"
-    name = uuid.uuid5(uuid.NAMESPACE_URL, f"kiln-autostop:{vm_id.lower()}:{principal_id}:{POWER_ROLE}")
-    return str(name), {"properties": {"roleDefinitionId": role, "principalId": principal_id,
-                                      "principalType": "ServicePrincipal",
-                                      "description": "kiln autostop: the VM may deallocate itself"}}
+    return assignment_name(vm_id, principal_id), {"properties": {
+        "roleDefinitionId": role, "principalId": principal_id, "principalType": "ServicePrincipal",
+        "description": "kiln autostop: the VM may deallocate itself"}}
 
 
 def disk_body(request: Request, *, index: int, tags: Mapping[str, str], snapshot_id: str | None = None,
