@@ -111,11 +111,13 @@ class Cluster:
         return [entry.name for entry in saved]
 
     def preflight(self, ports: Sequence[int] = (), probes: int = 8, gpu_framework: str | None = None,
-                  frameworks: bool = True, deep: bool = False) -> tuple[str, bool]:
+                  frameworks: bool = True, deep: bool = False,
+                  required: Sequence[str] = ("tensorflow",)) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
         otherwise); `probes` nodes log in to the next one; with `gpu_framework`, the
         GPU health check too (with `deep`, DCGM's diagnostics as well); without `frameworks`, the nodes' own
-        TensorFlow and Horovod are not asked for (a run in a container image brings its own). (table, all passed)"""
+        frameworks (`required`: the run's, TensorFlow by default) are not asked for (a run in a container image
+        brings its own). (table, all passed)"""
         def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
             edges = preflight.ring_probes(len(self.hosts), probes) if names else []
             targets = {self.hosts[a]: names[b] for a, b in edges}
@@ -132,7 +134,7 @@ class Cluster:
             self.nodes = mesh.nodes_from_facts(facts)
         except KilnError as error:
             raise KilnError(f"preflight: {error}") from None
-        findings = preflight.check_nodes(self.nodes, ports=ports, required=("tensorflow",) if frameworks else (),
+        findings = preflight.check_nodes(self.nodes, ports=ports, required=tuple(required) if frameworks else (),
                                          compare_versions=frameworks)
         findings += preflight.check_probes(self.nodes)
         checks, summary = preflight.CHECKS, []

@@ -10,11 +10,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from bootstrap import commands, topology
+from bootstrap import node as node_side
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 
-MODES = ("horovod", "tf-config")
+MODES = ("horovod", "tf-config", "torchrun", "jax")
 HOROVOD_TASK = "horovodrun"
+TORCHRUN_TASK = "torchrun"  # one agent per node: torchrun-0 (the rendezvous' host), torchrun-1, ...
+JAX_TASK = "jax"  # one process per slot: jax-0 (the coordinator's), jax-1, ...
+FRAMEWORKS = {"torchrun": ("torch",), "jax": ("jax",)}  # else TensorFlow (the reference trainer's, Horovod's)
+ELASTIC_AGENT_RESTARTS = 100  # an elastic torchrun agent restarts its workers on every change of the nodes
 _HOROVOD_FAILED_RANK = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOTICE_INTERVAL = 2  # seconds between the watcher's looks at the metadata service (EC2 advises 5)
@@ -49,7 +54,12 @@ class RunPlan:
     checkpoint_dir: str = ""  # spread from the first node to the others before a restart
     watch_output: bool = False  # a user's program: silence counts as a stall (kiln's trainer logs its steps)
     placement: str = ""  # how many processes on which nodes, and why (topology.placement_note)
-    elastic: bool = False  # horovodrun's elastic mode: nodes but the first may go without ending the run
+    elastic: bool = False  # horovodrun's or torchrun's elastic mode: nodes but the first may go, the run goes on
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """What the nodes' Python must have for this run (preflight)."""
+        return FRAMEWORKS.get(self.mode, ("tensorflow",))
 
     def tasks_on(self, host: int) -> list[str]:
         return [launch.task for launch in self.launches if launch.host == host]
@@ -151,6 +161,7 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
         "KILN_MODEL_DIR": f"{run_dir}/model",
         "KILN_CHECKPOINT_DIR": checkpoint_dir(program, run_dir),
         "KILN_OUTPUT_DIR": f"{run_dir}/output",
+        "KILN_HEARTBEAT": f"{run_dir}/{node_side.HEARTBEAT}",
         "PYTHONPATH": paths.code if program.is_user else paths.lib,
         "PYTHONUNBUFFERED": "1",
         "TF_USE_LEGACY_KERAS": "1",
@@ -166,10 +177,13 @@ PLACEHOLDERS = {
     "tf-config": ("task", "task_type", "task_index", "chief_hosts", "worker_hosts", "ps_hosts", *PLACE_NAMES),
     "run": ("task", "shard_index", "shard_count", *PLACE_NAMES),
     "horovod": (),
+    "torchrun": ("coordinator", "gpus", "node_rank", "num_nodes"),
+    "jax": ("task", "coordinator", "process_id", "num_processes", *PLACE_NAMES),
 }
 _FROM_ENV = {"local_rank": "LOCAL_RANK", "local_size": "LOCAL_WORLD_SIZE", "gpus": "KILN_NUM_GPUS_PER_NODE",
              "node_rank": "KILN_NODE_RANK", "num_nodes": "KILN_NUM_NODES", "task": "KILN_TASK",
-             "shard_index": "KILN_SHARD_INDEX", "shard_count": "KILN_SHARD_COUNT"}
+             "shard_index": "KILN_SHARD_INDEX", "shard_count": "KILN_SHARD_COUNT",
+             "coordinator": "KILN_COORDINATOR", "process_id": "JAX_PROCESS_ID", "num_processes": "JAX_NUM_PROCESSES"}
 
 
 def check_placeholders(argv: Sequence[str], mode: str) -> None:
@@ -294,6 +308,120 @@ def plan_tf_config(run_id: str, topo: topology.Topology, *, python: str, paths: 
                    checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user)
 
 
+def torchrun_entry(program: Program, python: str) -> list[str]:
+    """What follows torchrun's own options: a Python script (or `-m module`) runs in torchrun's workers with
+    torchrun's Python, the nodes'; any other command with --no-python."""
+    argv = user_argv(program.argv, python)
+    if argv[0] != python:
+        return ["--no-python", *argv]
+    rest = argv[1:]
+    if rest[:1] == ["-m"] and len(rest) > 1:
+        return ["--module", *rest[1:]]
+    if not rest or rest[0].startswith("-"):
+        raise UsageError(f"{shlex.join(program.argv)}: torchrun runs a Python script or `python -m MODULE`; "
+                         "give Python's own options through the environment (PYTHONWARNINGS=..., PYTHONOPTIMIZE=1)")
+    return rest
+
+
+def nodes_range(elastic: tuple[int, int] | None, slots: Sequence[int]) -> str:
+    """torchrun's --nnodes: every node, or MIN:MAX nodes for an elastic run whose bounds count processes (as
+    horovodrun's do), each node giving its slots."""
+    if elastic is None:
+        return str(len(slots))
+    per_node = set(slots)
+    if len(per_node) != 1:
+        raise UsageError("an elastic torchrun run (--min-np) needs the same --slots on every node: its bounds "
+                         "count whole nodes")
+    size = per_node.pop()
+    low, high = elastic
+    if low % size or high % size:
+        raise UsageError(f"--min-np {low} / --max-np {high}: torchrun's elastic bounds count whole nodes of {size} "
+                         f"process(es): give multiples of {size}")
+    return f"{low // size}:{high // size}"
+
+
+def plan_torchrun(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
+                  program: Program, nic: str | None, port: int, gpus: Sequence[int] | None = None,
+                  elastic: tuple[int, int] | None = None) -> RunPlan:
+    """One torchrun agent per node (torchrun-N), each starting its node's slots of workers, all meeting in a c10d
+    rendezvous on the first node at `port` under the run's id: torchrun gives every worker RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR and the rest. Every agent tees its workers' output (prefixed with their rank) into its
+    own log and keeps each worker's files under ranks/NODE. Elastic (`elastic`: process bounds): --nnodes MIN:MAX,
+    and the agents restart their workers whenever a node goes or comes (kiln restarts a failed static run)."""
+    run_dir = paths.run(run_id)
+    counts = gpu_counts(gpus, len(names))
+    coordinator = f"{names[0]}:{port}"
+    if not program.is_user:
+        raise UsageError("--mode torchrun runs your PyTorch program: give it after --, e.g. kiln train --mode "
+                         "torchrun -- python train.py (kiln's reference trainer is TensorFlow)")
+    entry = torchrun_entry(program, python)
+    launches = []
+    for host, name in enumerate(names):
+        task = f"{TORCHRUN_TASK}-{host}"
+        argv = [python, "-m", "torch.distributed.run", "--nnodes", nodes_range(elastic, slots),
+                "--nproc-per-node", str(slots[host]), "--rdzv-backend", "c10d", "--rdzv-endpoint", coordinator,
+                "--rdzv-id", run_id, "--local-addr", name,
+                "--max-restarts", str(ELASTIC_AGENT_RESTARTS if elastic else 0),
+                "--log-dir", f"{run_dir}/ranks/{name}", "--tee", "3", *entry]
+        env = process_env(run_id, python, paths, program)
+        env.update({"KILN_TASK": task, "KILN_OUTPUT_DIR": f"{env['KILN_OUTPUT_DIR']}/{task}",
+                    "KILN_COORDINATOR": coordinator, "KILN_NUM_NODES": str(len(names)),
+                    "KILN_NODE_RANK": str(host), "KILN_NUM_GPUS_PER_NODE": str(counts[host]), **interface_env(nic)})
+        launches.append(Launch(host, task, fill_placeholders(argv, placeholder_values(env)), env,
+                               cwd=working_dir(program, paths)))
+    return RunPlan(run_id, "torchrun", tuple(names), tuple(launches), tuple(item.task for item in launches),
+                   ports=(port,), checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user,
+                   elastic=elastic is not None)
+
+
+def jax_env(*, coordinator: str, processes: int, process_id: int, local_rank: int, local_size: int,
+            gpus: int) -> dict[str, str]:
+    """What a JAX process is told of its place. JAX reads JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS itself;
+    the process count and id it takes only from a cluster it detects, so kiln gives them as Open MPI's mpirun does
+    (its OMPI_* variables, which jax.distributed reads), as JAX_NUM_PROCESSES / JAX_PROCESS_ID for programs that
+    read those, and as Keras 3's own (keras.distribution.initialize(), on the JAX backend). On a node with GPUs,
+    each process drives its share of them (JAX_LOCAL_DEVICE_IDS: all of them for one process per node;
+    CUDA_VISIBLE_DEVICES untouched, so NCCL sees every GPU)."""
+    env = {"JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": str(processes),
+           "JAX_PROCESS_ID": str(process_id), "KILN_COORDINATOR": coordinator,
+           "KERAS_BACKEND": "jax", "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
+           "KERAS_DISTRIBUTION_NUM_PROCESSES": str(processes),
+           "KERAS_DISTRIBUTION_PROCESS_ID": str(process_id),
+           "OMPI_MCA_orte_hnp_uri": f"0.0;tcp://{coordinator}", "OMPI_COMM_WORLD_SIZE": str(processes),
+           "OMPI_COMM_WORLD_RANK": str(process_id), "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+           "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)}
+    if gpus:  # else JAX, seeing Open MPI's local rank, would give a node's one process its first GPU alone
+        env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(gpu) for gpu in range(gpus) if gpu % local_size == local_rank)
+    return env
+
+
+def plan_jax(run_id: str, names: Sequence[str], slots: Sequence[int], *, python: str, paths: NodePaths,
+             program: Program, nic: str | None, port: int, gpus: Sequence[int] | None = None) -> RunPlan:
+    """One JAX process per slot (jax-N; one per node unless --slots: JAX drives every GPU of its node), process 0
+    on the first node holding the coordination service at `port`; each told its place (jax_env), so a program
+    that calls jax.distributed.initialize() with no arguments runs unchanged."""
+    if not program.is_user:
+        raise UsageError("--mode jax runs your JAX program: give it after --, e.g. kiln train --mode jax -- "
+                         "python train.py (kiln's reference trainer is TensorFlow)")
+    run_dir = paths.run(run_id)
+    counts = gpu_counts(gpus, len(names))
+    hosts = [host for host, count in enumerate(slots) for _ in range(count)]
+    coordinator = f"{names[0]}:{port}"
+    launches = []
+    for process_id, (host, (local, size)) in enumerate(zip(hosts, topology.local_ranks(hosts), strict=True)):
+        task = f"{JAX_TASK}-{process_id}"
+        env = process_env(run_id, python, paths, program)
+        env.update({"KILN_TASK": task, "KILN_OUTPUT_DIR": f"{env['KILN_OUTPUT_DIR']}/{task}", **interface_env(nic),
+                    **jax_env(coordinator=coordinator, processes=len(hosts), process_id=process_id,
+                              local_rank=local, local_size=size, gpus=counts[host])})
+        launches.append(Launch(host, task, tuple(user_argv(program.argv, python)), env,
+                               cwd=working_dir(program, paths)))
+    launches = [replace(item, argv=fill_placeholders(item.argv, placeholder_values(item.env)))
+                for item in placed(launches, len(names), counts)]
+    return RunPlan(run_id, "jax", tuple(names), tuple(launches), tuple(item.task for item in launches),
+                   ports=(port,), checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=True)
+
+
 def shard(items: Sequence[str], count: int) -> list[list[str]]:
     """`items` in `count` contiguous parts, in order, sizes differing by at most one: every item exactly once."""
     size, extra = divmod(len(items), count)
@@ -384,6 +512,13 @@ def plan_run(spec: RunSpec) -> RunPlan:
         elastic = elastic_range(spec.min_np, spec.max_np, sum(slots)) if spec.min_np else None
         plan = plan_horovod(spec.run_id, spec.names, slots, python=spec.python, paths=paths,
                             program=spec.program, nic=spec.nic, mpi=spec.mpi, gpus=spec.gpus, elastic=elastic)
+    elif spec.mode == "torchrun":
+        elastic = elastic_range(spec.min_np, spec.max_np, sum(slots)) if spec.min_np else None
+        plan = plan_torchrun(spec.run_id, spec.names, slots, python=spec.python, paths=paths, program=spec.program,
+                             nic=spec.nic, port=spec.base_port, gpus=spec.gpus, elastic=elastic)
+    elif spec.mode == "jax":
+        plan = plan_jax(spec.run_id, spec.names, slots, python=spec.python, paths=paths, program=spec.program,
+                        nic=spec.nic, port=spec.base_port, gpus=spec.gpus)
     else:
         topo = topology.plan_tf_config(list(spec.names), list(slots), ps=spec.ps, chief=spec.chief,
                                        evaluator=spec.evaluator, base_port=spec.base_port, no_chief=spec.no_chief)
@@ -591,82 +726,20 @@ def next_action(attempt: Attempt, *, lost: Sequence[str] = (), restarts_done: in
     return "restart" if should_restart(attempt, restarts_done, max_restarts) else "finish"
 
 
-@dataclass
-class Progress:
-    """When each process's logged step last moved, as seen from the operator."""
-
-    changes: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-
-    def observe(self, now: float, steps: Mapping[str, int]) -> None:
-        for stream, step in steps.items():
-            seen = self.changes.setdefault(stream, [])
-            if not seen or step > seen[-1][1]:
-                seen.append((now, step))
-
-    def stalled(self, now: float, *, factor: float, minimum: float) -> tuple[list[str], float]:
-        """Streams with no new step for `factor` times the median time between
-        their steps (and at least `minimum` seconds); (streams, limit used)."""
-        gaps = sorted(b[0] - a[0] for seen in self.changes.values() for a, b in zip(seen, seen[1:], strict=False))
-        if not gaps:
-            return [], minimum
-        limit = max(minimum, factor * gaps[len(gaps) // 2])
-        late = [stream for stream, seen in self.changes.items() if now - seen[-1][0] > limit]
-        return sorted(late), limit
-
-
-    def silent(self, now: float, *, minimum: float) -> list[str]:
-        """Streams that have not moved for over `minimum` seconds since they were first seen."""
-        return sorted(stream for stream, seen in self.changes.items() if now - seen[-1][0] > minimum)
-
-
-def output_streams(plan: RunPlan, found: Mapping[str, Mapping]) -> dict[str, int]:
-    """How much each process that logs no kiln metrics has printed, as `task@host` streams (pure). Only the
-    processes that must finish count (a parameter server waits in silence); a horovod rank counts on its own
-    host (horovodrun keeps every rank's output on the first node), horovodrun itself only with no rank files.
-    `found`: each node's progress answer, by node name."""
-    if not plan.watch_output:
-        return {}
-    logged = {task for answer in found.values() for task in answer["metrics"]}
-    streams = {}
-    for host, answer in found.items():
-        output = answer.get("output", {})
-        has_ranks = any(name.startswith("rank-") for name in output)
-        for name, size in output.items():
-            if name in logged or (name == HOROVOD_TASK and has_ranks):
-                continue
-            if name.startswith("rank-"):
-                rank = int(name[len("rank-"):])
-                where = plan.rank_hosts[rank] if rank < len(plan.rank_hosts) else host
-            elif name in plan.finishing:
-                where = host
-            else:
-                continue
-            streams[f"{name}@{where}"] = size
-    return streams
-
-
-def blame(stalled: list[str], stopped_hosts: list[str]) -> list[str]:
-    """The hosts to name for a stall: those with a stopped process, else those of
-    the stalled streams (`task@host`)."""
-    if stopped_hosts:
-        return sorted(set(stopped_hosts))
-    return sorted({stream.rsplit("@", 1)[1] for stream in stalled})
-
-
 def validate_mode(mode: str, *, ps: int, evaluator: bool, mpi: bool) -> None:
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "horovod" and (ps or evaluator):
+    if mode != "tf-config" and (ps or evaluator):
         raise UsageError("--ps and --evaluator belong to --mode tf-config")
-    if mode == "tf-config" and mpi:
+    if mode != "horovod" and mpi:
         raise UsageError("--mpi belongs to --mode horovod")
 
 
 def validate_elastic(mode: str, *, min_np: int, max_np: int, mpi: bool) -> None:
     if not (min_np or max_np):
         return
-    if mode != "horovod":
-        raise UsageError("--min-np and --max-np belong to --mode horovod (horovodrun's elastic mode)")
+    if mode not in ("horovod", "torchrun"):
+        raise UsageError("--min-np and --max-np belong to --mode horovod and --mode torchrun (their elastic modes)")
     if max_np and not min_np:
         raise UsageError("--max-np goes with --min-np: kiln train --min-np N [--max-np M]")
     if mpi:

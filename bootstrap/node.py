@@ -47,7 +47,7 @@ def facts(ports, names, probe=None):
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "ssh_connection": os.environ.get("SSH_CONNECTION", ""),
-        "packages": packages(("tensorflow", "tf-keras", "horovod")),
+        "packages": packages(("tensorflow", "tf-keras", "horovod", "torch", "jax", "keras")),
         "addresses": addresses(),
         "host_keys": host_keys(),
         "resolve": resolve_all([hostname, *names]),
@@ -495,7 +495,8 @@ def stop(run_id, grace):
 
 def progress(run_id, run_dir):
     """The last logged step of every metrics file here, how much each process has printed (its log; a
-    horovod rank's files), and this node's processes of the run that are stopped (state T: hung or frozen)."""
+    horovod rank's files), this node's processes of the run that are stopped (state T: hung or frozen), and the
+    signs of their work: their CPU seconds, whether a GPU is busy, when the run's heartbeat file was touched."""
     try:
         entries = os.listdir(run_dir)
     except OSError:
@@ -517,16 +518,43 @@ def progress(run_id, run_dir):
             folder = os.path.join(ranks, name)
             output["rank-" + name[len("rank."):]] = sum(file_size(os.path.join(folder, f))
                                                        for f in ("stdout", "stderr"))
-    stopped = []
+    stopped, ticks = [], 0
     for pid in run_processes(run_id):
         try:
             with open(f"/proc/{pid}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+                fields = handle.read().rsplit(")", 1)[1].split()
+            state, ticks = fields[0], ticks + int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, IndexError, ValueError):
             continue
         if state in ("T", "t"):
             stopped.append(pid)
-    return {"metrics": metrics, "output": output, "stopped": stopped}
+    activity = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu_busy(),
+                "beat": mtime(os.path.join(run_dir, HEARTBEAT))}
+    return {"metrics": metrics, "output": output, "stopped": stopped, "activity": activity}
+
+
+HEARTBEAT = "heartbeat"  # in the run folder: KILN_HEARTBEAT, a file a program may touch to say it is alive
+
+
+def mtime(path):
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def gpu_busy():
+    """Whether any NVIDIA GPU here is computing now (nvidia-smi's utilization); False without GPUs or an answer."""
+    import subprocess
+
+    if not os.path.exists("/dev/nvidiactl"):
+        return False
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(word.strip().isdigit() and int(word) > 0 for word in done.stdout.splitlines())
 
 
 def file_size(path):

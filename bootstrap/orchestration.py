@@ -93,7 +93,8 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     """Preflight, sync, the runtime made ready and checked, the program checked, the run recorded, every
     process started: (the run's record, its supervisor)."""
     with timeline.phase("preflight"):  # in a container image, the image's frameworks are checked instead
-        table, passed = group.preflight(ports=plan.ports, frameworks=runtime.needs_node_frameworks)
+        table, passed = group.preflight(ports=plan.ports, frameworks=runtime.needs_node_frameworks,
+                                        required=plan.frameworks)
     if not passed:
         print(table)
         raise KilnError("preflight failed (see the table above); nothing was started")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from bootstrap.mesh import Node
 
 CHECKS = ("reach", "hostname", "resolve", "versions", "ports", "mesh")
-VERSIONED = ("python", "tensorflow", "tf-keras", "horovod")
+VERSIONED = ("python", "tensorflow", "tf-keras", "horovod", "torch", "jax", "keras")
 
 
 @dataclass(frozen=True)

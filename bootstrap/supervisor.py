@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from bootstrap import commands, launch, plots, runs, state, topology
+from bootstrap import commands, launch, plots, runs, state, topology, watchdog
 from bootstrap.cluster import Cluster
 from bootstrap.container import HostRuntime, Runtime
 from bootstrap.errors import KilnError, RemoteError, RunFailed
@@ -71,12 +71,13 @@ def record_run(group: Cluster, plan: RunPlan, paths: NodePaths) -> RunRecord:
 
 
 class Supervisor:
-    """Everything kiln does to one run after its plan is made. With `stall_factor`,
-    a watchdog stops a run whose logged steps stop moving for that many times the
-    median time between steps (and at least `stall_minimum` seconds)."""
+    """Everything kiln does to one run after its plan is made. With `stall_factor`, a watchdog stops a run whose
+    logged steps stop moving for that many times the median time between steps (and at least `stall_minimum`
+    seconds, or watchdog.STEP_FLOOR_S); with `stall_minimum`, also one whose processes print nothing for that long
+    while their node shows no work (bootstrap/watchdog.py)."""
 
     def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 1.0,
-                 stall_factor: float = 0, stall_minimum: float = 60, timeline: Timeline | None = None,
+                 stall_factor: float = 0, stall_minimum: float = 0, timeline: Timeline | None = None,
                  notice_watch: float = 3600, notice_source: str = "any", runtime: Runtime | None = None):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
         self.runtime = runtime or HostRuntime()
@@ -214,7 +215,7 @@ class Supervisor:
 
     def watch(self, timeout: float) -> Verdict:
         deadline = time.monotonic() + timeout
-        steps, output = launch.Progress(), launch.Progress()
+        steps, output, activity = watchdog.Progress(), watchdog.Progress(), watchdog.Activity()
         while True:
             states, noticed = self.look()
             verdict = launch.judge(self.plan, states)
@@ -228,8 +229,8 @@ class Supervisor:
                 raise Interrupted(noticed)
             if verdict.done:
                 return verdict
-            if self.stall_factor:
-                self.check_progress(steps, output, launch.exited_ok(self.plan, states))
+            if self.stall_factor or self.stall_minimum:
+                self.check_progress(steps, output, activity, launch.exited_ok(self.plan, states))
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
             time.sleep(self.interval)
@@ -253,29 +254,36 @@ class Supervisor:
         return sorted(names[host] for host, found in seen.items() if found["stopped"])
 
 
-    def check_progress(self, steps: launch.Progress, output: launch.Progress, done: set[str] = frozenset()) -> None:
-        """Raise Stalled when some process's logged step stopped moving, or when a process that logs no
-        kiln metrics has printed nothing for `stall_minimum` seconds. Processes that exited 0 (`done`) are not
-        stalled; once one that must finish has, the others get launch.FINISH_GRACE_S at least: a worker of
-        TensorFlow's MultiWorkerMirroredStrategy may wait a minute on the way out for the coordination service
-        of a chief that left first."""
-        minimum = max(self.stall_minimum, launch.FINISH_GRACE_S) if done & set(self.plan.finishing) \
-            else self.stall_minimum
+    def check_progress(self, steps: watchdog.Progress, output: watchdog.Progress, activity: watchdog.Activity,
+                       done: set[str] = frozenset()) -> None:
+        """Raise Stalled when some process's logged step stopped moving (with `stall_factor`), or, when the
+        operator asked (`stall_minimum`), when a process that logs no kiln metrics has printed nothing for that long
+        and its node's processes show no work either (watchdog: CPU time, a GPU busy, the heartbeat file).
+        Processes that exited 0 (`done`) are not stalled; once one that must finish has, the others get
+        launch.FINISH_GRACE_S at least: a worker of TensorFlow's MultiWorkerMirroredStrategy may wait a minute on
+        the way out for the coordination service of a chief that left first."""
+        floor = self.stall_minimum or watchdog.STEP_FLOOR_S
+        minimum = max(floor, launch.FINISH_GRACE_S) if done & set(self.plan.finishing) else floor
         seen = self.progress()
         now = time.monotonic()
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
-        steps.observe(now, {f"{task}@{names[host]}": row["step"]
-                            for host, found in seen.items() for task, row in found["metrics"].items()})
-        output.observe(now, launch.output_streams(self.plan, {names[host]: found for host, found in seen.items()}))
-        late, limit = steps.stalled(now, factor=self.stall_factor, minimum=minimum)
-        quiet = output.silent(now, minimum=minimum)
+        late, limit, quiet = [], minimum, []
+        if self.stall_factor:
+            steps.observe(now, {f"{task}@{names[host]}": row["step"]
+                                for host, found in seen.items() for task, row in found["metrics"].items()})
+            late, limit = steps.stalled(now, factor=self.stall_factor, minimum=minimum)
+        if self.stall_minimum:
+            output.observe(now, watchdog.output_streams(self.plan, {names[host]: found
+                                                                    for host, found in seen.items()}))
+            for host, found in seen.items():
+                activity.observe(now, names[host], watchdog.Sign.from_answer(found.get("activity", {})))
+            quiet = watchdog.hung(output.silent(now, minimum=minimum), activity, now, minimum)
         late, quiet = ([s for s in streams if s.split("@", 1)[0] not in done] for streams in (late, quiet))
         if late or quiet:
             frozen = [names[host] for host, found in seen.items() if found["stopped"]]
-            hosts = launch.blame(late + quiet, frozen)
+            hosts = watchdog.blame(late + quiet, frozen)
             detail = " (a process there is stopped)" if frozen else ""
-            what = [f"no step progress for over {limit:.0f}s from {', '.join(late)}"] if late else []
-            what += [f"no output for over {minimum:.0f}s from {', '.join(quiet)}"] if quiet else []
+            what = watchdog.describe_stall(late, limit, quiet, minimum)
             raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
     def stop(self, skip: Sequence[Host] = (), patient: Mapping[Host, dict] = MappingProxyType({})) -> dict[str, str]:

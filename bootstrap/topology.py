@@ -131,14 +131,18 @@ def finishing_tasks(topology: Topology) -> list[Process]:
     return [p for p in topology.processes if p.role in ending]
 
 
+PER_NODE_MODES = ("tf-config", "jax")  # one process drives every GPU of its node
+
+
 def resolve_slots(mode: str, asked: Sequence[int | None], gpus: Sequence[int] | None) -> tuple[int, ...]:
-    """Processes per host: what was asked (--slots, a hostfile's slots=N), else one per GPU in horovod mode and
-    kiln run (one on a node without GPUs, and while the nodes' GPUs are not known: `gpus` None), one in tf-config
-    mode (MultiWorkerMirroredStrategy drives every GPU of its node from one process)."""
+    """Processes per host: what was asked (--slots, a hostfile's slots=N), else one per GPU in horovod and torchrun
+    modes and kiln run (one on a node without GPUs, and while the nodes' GPUs are not known: `gpus` None), one in
+    tf-config and jax modes (MultiWorkerMirroredStrategy, and JAX, drive every GPU of their node from one
+    process)."""
     counts = gpus if gpus is not None else [0] * len(asked)
     if len(counts) != len(asked):
         raise TopologyError("every host needs a GPU count")
-    per_gpu = mode != "tf-config"
+    per_gpu = mode not in PER_NODE_MODES
     return tuple(slots or (max(count, 1) if per_gpu else 1) for slots, count in zip(asked, counts, strict=True))
 
 
@@ -169,7 +173,7 @@ def placement_note(mode: str, names: Sequence[str], asked: Sequence[int | None],
     for (count, gpu_count, given), members in groups.items():
         where = ", ".join(members) if len(members) <= 4 else f"{members[0]} ... {members[-1]} ({len(members)} nodes)"
         has = "" if gpu_count is None else f", {gpu_count} GPU(s)" if gpu_count else ", no GPUs"
-        why = "as given" if given else "one per GPU" if mode != "tf-config" and gpu_count else ""
+        why = "as given" if given else "one per GPU" if mode not in PER_NODE_MODES and gpu_count else ""
         parts.append(f"{count} process(es) on {where}{has}{f' ({why})' if why else ''}")
     lines = ["placement: " + "; ".join(parts)]
     if len(groups) > 1:
@@ -177,7 +181,9 @@ def placement_note(mode: str, names: Sequence[str], asked: Sequence[int | None],
     if mode == "tf-config":
         lines.append("  tf-config: one worker per node unless --slots says otherwise; MultiWorkerMirroredStrategy "
                      "uses every GPU of its node")
-    if known and mode != "tf-config":
+    if mode == "jax":
+        lines.append("  jax: one process per node unless --slots says otherwise; it drives every GPU of its node")
+    if known and mode not in PER_NODE_MODES:
         lines.append(f"  {known}: where no slots were given, a node with GPUs gets one process per GPU")
     return "\n".join(lines)
 

@@ -173,8 +173,9 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
               + ", ".join(h.label for h in goal.hosts))
         return
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
+    # No framework is required here (a node may carry TensorFlow, PyTorch or JAX): the same versions everywhere are.
     table, passed = group.preflight(ports=wanted_ports, probes=int(probes),
-                                    gpu_framework=gpu_framework if gpu else None, deep=deep)
+                                    gpu_framework=gpu_framework if gpu else None, deep=deep, required=())
     print(table)
     if not passed:
         raise KilnError("preflight failed (see the table above)")
@@ -252,18 +253,22 @@ def arm(c, cluster: str, idle_minutes: float, *, fanout: int = 64, accept_new_ho
 
 TRAIN_HELP = {
     **HOST_HELP,
-    "mode": "horovod (one horovodrun over a hostfile) or tf-config (one process per role)",
+    "mode": "horovod (one horovodrun over a hostfile), tf-config (one process per role, each its TF_CONFIG), "
+            "torchrun (one torchrun per node, a c10d rendezvous on the first) or jax (one process per node, "
+            "jax.distributed told its coordinator, count and id)",
     "ps": "tf-config: number of parameter servers (adds a chief as coordinator)",
     "chief": "tf-config: add a chief to a multi-worker run",
-    "min_np": "horovod: run elastic (horovodrun --min-np): keep going on at least N processes when nodes go "
-              "(the program must use hvd.elastic, as Horovod's elastic examples do)",
+    "min_np": "horovod, torchrun: run elastic (horovodrun --min-np; torchrun --nnodes MIN:MAX in whole nodes): "
+              "keep going on at least N processes when nodes go (the program must be written for it: "
+              "hvd.elastic, or a torchrun program that resumes from its checkpoint)",
     "max_np": "with --min-np: at most M processes (default: every slot now)",
     "no_chief": "tf-config with --ps: no chief; the workers lead themselves (worker 0 first), as between-graph "
                 "programs are written; the run is done when every worker has exited 0",
     "evaluator": "tf-config: add an evaluator beside the chief; it evaluates the model the chief saves",
     "mpi": "horovod: run over MPI instead of Gloo",
     "nic": "the network interface the nodes use between them (default: found)",
-    "base_port": f"tf-config: first port for the processes on each host (default: from "
+    "base_port": f"tf-config: first port for the processes on each host; torchrun: the rendezvous port; jax: the "
+                 f"coordinator's port (default: from "
                  f"{topology.DEFAULT_BASE_PORT}, moved past the ports other runs hold on the hosts)",
     "args": "extra arguments for kiln's reference trainer, e.g. '--epochs 3 --batch-size 64' (with no command)",
     "code": "with a command: the project folder synced to the nodes and run from (default: the current folder)",
@@ -279,10 +284,11 @@ TRAIN_HELP = {
     "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
     "down_after": "remove the cluster (kiln up made it) once the run has ended and its folder is collected, "
                   "also when it failed",
-    "stall_factor": "stop a run whose steps stop moving for this many times the median time between logged "
-                    "steps (default 20; 0: no watchdog)",
-    "stall_minimum": "... and for at least this many seconds (default 60); a program that writes no kiln "
-                     "metrics is stalled when it prints nothing for this long",
+    "stall_factor": "stop a run whose logged steps (kiln metrics) stop moving for this many times the median "
+                    "time between them, and at least 60 s (default 20; 0: no watchdog)",
+    "stall_minimum": "also stop a run whose process prints nothing for this many seconds while its node shows no "
+                     "work (no CPU time, no GPU busy, no touch of KILN_HEARTBEAT); the floor of --stall-factor "
+                     "too (default 0: silence alone never stops a run)",
     "image": "run every process inside this container image, one container per node (pulled on every node, or "
              "shipped from this machine's Docker engine; the same image id everywhere); --python then names the "
              "image's Python (default: its python3)",
@@ -293,7 +299,7 @@ TRAIN_HELP = {
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None, min_np=0, max_np=0,
           base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
-          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=60.0, managed=False, max_recoveries=3,
+          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=0.0, managed=False, max_recoveries=3,
           down_after=False, image=None, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
@@ -309,12 +315,16 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     if int(min_np) and int(max_restarts):
         raise UsageError("an elastic run (--min-np) goes on without lost nodes instead of restarting: "
                          "--max-restarts does not go with it (--managed replaces lost nodes while it runs)")
+    if mode in ("torchrun", "jax") and not command:
+        raise UsageError(f"--mode {mode} runs your program: give it after --, e.g. kiln train --mode {mode} -- "
+                         "python train.py (kiln's reference trainer is TensorFlow: --mode horovod or tf-config)")
     if no_chief and not command:
         raise UsageError("--no-chief is for a between-graph program whose workers lead themselves (give it "
                          "after --); kiln's reference trainer needs its chief")
     if int(min_np) and not command:
         raise UsageError("--min-np runs a program written for elastic Horovod (hvd.elastic.run, as "
-                         "examples/horovod_elastic.py); kiln's reference trainer is not: give your command after --")
+                         "examples/horovod_elastic.py) or torchrun; kiln's reference trainer is not: give your "
+                         "command after --")
     if no_chief and not int(ps):
         raise UsageError("--no-chief goes with --ps: without parameter servers there is no chief to leave out")
     folder = project_folder(code, command)
@@ -374,7 +384,8 @@ RUN_TASK_HELP = {
     "detach": "start the processes and return; follow them with kiln status / kiln logs",
     "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
     "max_restarts": "when a process fails, start every process again up to N times",
-    "stall_minimum": "stop the run when a process prints nothing for this many seconds (default 0: never)",
+    "stall_minimum": "stop the run when a process prints nothing for this many seconds while its node shows no "
+                     "work (no CPU time, no GPU busy, no touch of KILN_HEARTBEAT) (default 0: never)",
     "image": TRAIN_HELP["image"],
 }
 

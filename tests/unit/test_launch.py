@@ -31,6 +31,7 @@ def test_process_env_puts_the_shim_first_and_tags_the_run():
         "KILN_MODEL_DIR": "/root/kiln/runs/r1/model",
         "KILN_CHECKPOINT_DIR": "/root/kiln/runs/r1/checkpoints",
         "KILN_OUTPUT_DIR": "/root/kiln/runs/r1/output",
+            "KILN_HEARTBEAT": "/root/kiln/runs/r1/heartbeat",
         "PYTHONPATH": "/root/kiln/lib",
         "PYTHONUNBUFFERED": "1",
         "TF_USE_LEGACY_KERAS": "1",
@@ -150,7 +151,7 @@ def test_failure_message_names_host_and_horovod_rank():
 
 
 def test_progress_flags_streams_past_the_stall_limit():
-    from bootstrap.launch import Progress, blame
+    from bootstrap.watchdog import Progress, blame
 
     progress = Progress()
     for t, step in ((0, 1), (1, 11), (2, 21), (3, 31)):
@@ -281,7 +282,7 @@ def test_the_program_check_runs_in_a_shell(tmp_path):
 
 
 def test_silent_processes_of_a_user_program_are_watched_by_their_output():
-    from bootstrap.launch import Progress, output_streams
+    from bootstrap.watchdog import Progress, output_streams
 
     topo = topology.plan_tf_config(NAMES, [1, 1, 1], ps=1)
     plan = plan_tf_config("u", topo, python=PY, paths=PATHS, program=Program(("ps.py",)))

@@ -45,7 +45,7 @@ def test_float_options_parse_as_numbers_and_refuse_words():
     parsed = Parser(contexts=[context]).parse_argv(["cluster.train", "--stall-factor", "2.5", "--max-restarts", "2"])
     args = parsed[0].args
     assert args["stall_factor"].value == 2.5 and args["max_restarts"].value == 2
-    assert args["stall_minimum"].value == 60.0 and isinstance(args["stall_minimum"].value, float)
+    assert args["stall_minimum"].value == 0.0 and isinstance(args["stall_minimum"].value, float)
     assert isinstance(args["max_restarts"].value, int)
     for argv, message in ((["--stall-factor", "fast"], "--stall-factor wants a number, not 'fast'"),
                           (["--timeout", "abc"], "--timeout wants a whole number, not 'abc'"),

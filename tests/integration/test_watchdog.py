@@ -1,0 +1,67 @@
+"""The watchdog on a real 3-node local cluster: a program busy and silent for minutes is never stopped by default,
+nor when --stall-minimum is given (its node's CPU time moves); one asleep forever is stopped when asked, named by
+its host. Three runs share the cluster side by side."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+from conftest import KILN, run_processes
+
+pytestmark = pytest.mark.integration
+CLUSTER_NAME = "kw"
+BUSY_SECONDS = 180  # three minutes without a word: three times the 60 s after which kiln once stopped a program
+
+BUSY = """\
+import os, time
+end = time.monotonic() + float(os.environ.get("BUSY_SECONDS", "180"))
+while time.monotonic() < end:  # computing, printing nothing (as an epoch of Keras fit(verbose=2) does)
+    sum(i * i for i in range(200000))
+print("done", flush=True)
+"""
+
+ASLEEP = """\
+import time
+print("started", flush=True)
+time.sleep(100000)  # blocked forever, without a word and without work
+"""
+
+
+def start(cluster, cwd, *args: str) -> subprocess.Popen:
+    argv = [str(KILN), "-S", cluster.ssh_config, "-H", "node1,node2,node3", *args]
+    return subprocess.Popen(argv, cwd=cwd, env={**cluster.env(), "BUSY_SECONDS": str(BUSY_SECONDS)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_busy_silent_programs_finish_and_a_hung_one_is_stopped_when_asked(cluster, tmp_path):
+    (tmp_path / "busy.py").write_text(BUSY)
+    (tmp_path / "asleep.py").write_text(ASLEEP)
+    runs = {
+        "busy-train": start(cluster, tmp_path, "train", "--mode", "tf-config", "--run-id", "busy-train", "--",
+                            "python", "busy.py"),
+        "busy-run": start(cluster, tmp_path, "run", "--run-id", "busy-run", "--", "python", "busy.py"),
+        "busy-watched": start(cluster, tmp_path, "run", "--run-id", "busy-watched", "--stall-minimum", "30", "--",
+                              "python", "busy.py"),
+        "asleep": start(cluster, tmp_path, "run", "--run-id", "asleep", "--stall-minimum", "20", "--",
+                        "python", "asleep.py"),
+    }
+    began = time.monotonic()
+    done = {run_id: (process.wait(timeout=900), *process.communicate()) for run_id, process in runs.items()}
+    for run_id in ("busy-train", "busy-run", "busy-watched"):
+        code, out, err = done[run_id]
+        assert code == 0, f"{run_id}: {out[-3000:]}{err[-3000:]}"
+        summary = json.loads((cluster.runs / run_id / "summary.json").read_text())
+        assert summary["status"] == "ok", summary
+    assert time.monotonic() - began >= BUSY_SECONDS  # they were silent that long, not cut short
+    code, out, err = done["asleep"]
+    assert code == 1, out + err
+    # named by host: whichever of the three went past the limit first (they began within a second of each other)
+    stalled = re.search(r"no output and no sign of work \(CPU time, a GPU busy, the heartbeat file\) for over 20s "
+                        r"from ((?:shard-\d@node\d(?:, )?)+); stalled: ((?:node\d(?:, )?)+)", err)
+    assert stalled, err
+    assert {s.split("@")[1] for s in stalled.group(1).split(", ")} == set(stalled.group(2).split(", ")), err
+    assert all(run_processes(run_id) == [] for run_id in runs)
