@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""usage: bench/throughput.py [--epochs E] [--nodes 1,2,3] [--image] [--against MATRIX-FILE]
+"""usage: bench/throughput.py [--epochs E] [--nodes 1,2,3] [--modes horovod,tf-config,torchrun] [--image]
+                            [--against MATRIX-FILE]
 
 Training throughput on a local cluster (synthetic data), 1, 2 and 3 nodes in each
 launch mode, as examples/s and as a ratio to one node, with kiln's fixed cost
 (`kiln train`'s wall time less the training itself, first logged step to last) and where it went (the phases
 of summary.json); then kiln's launcher overhead on the most nodes, for kiln's reference trainer and for a user's program
-(examples/keras_multiworker.py, examples/horovod_keras.py): the wall time of
+(examples/keras_multiworker.py, examples/horovod_keras.py, and examples/torch_ddp.py through torchrun with
+make setup's .venv-frameworks): the wall time of
 `kiln train` (mesh, check, sync, start, watch, collect) against the very processes
 kiln planned (same argv, environment and folder), started by hand over plain ssh
 and waited for. With --image, also the same user programs inside the container image `make image
@@ -41,7 +43,10 @@ KILN = Path(sys.executable).with_name("kiln")
 EXAMPLES = PROJECT / "examples"
 # In the order a run goes through them: kiln's steps up to the start, the nodes', then kiln's stop and collect.
 PHASES = (*OPERATOR_PHASES[:OPERATOR_PHASES.index("watch")], *NODE_PHASES, "stop", "collect")
-USER_PROGRAMS = {"tf-config": ("python", "keras_multiworker.py"), "horovod": ("python", "horovod_keras.py")}
+USER_PROGRAMS = {"tf-config": ("python", "keras_multiworker.py"), "horovod": ("python", "horovod_keras.py"),
+                 "torchrun": ("python", "torch_ddp.py")}
+TF_MODES = ("horovod", "tf-config")  # the reference trainer's (TensorFlow)
+FRAMEWORKS_PYTHON = PROJECT / ".venv-frameworks" / "bin" / "python"  # PyTorch and JAX (make setup)
 
 
 def local_cluster(*args: str) -> None:
@@ -87,12 +92,13 @@ def ssh(node: str, command: str) -> subprocess.CompletedProcess:
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
 
 
-def by_hand(nodes: int, mode: str, program: launch.Program) -> float:
+def by_hand(nodes: int, mode: str, program: launch.Program, python: str = sys.executable) -> float:
     """The processes `kiln train` would start (launch.plan_run), each started with plain ssh in the
     foreground from its folder with its environment, and waited for: no mesh, check, sync or watch."""
     root = ssh("node1", "echo $HOME").stdout.strip() + "/kiln"
     spec = launch.RunSpec(run_id=f"bench-by-hand-{time.time_ns()}", mode=mode, names=names(nodes),
-                          slots=(1,) * nodes, python=sys.executable, root=root, program=program, nic=NIC)
+                          slots=(1,) * nodes, python=python, root=root, program=program, nic=NIC,
+                          gpus=(0,) * nodes)
     plan = launch.plan_run(spec)
     run_dir = launch.NodePaths(root).run(spec.run_id)
 
@@ -151,9 +157,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--nodes", default="1,2,3")
+    parser.add_argument("--modes", default="horovod,tf-config,torchrun",
+                        help="launch modes to measure (torchrun: with make setup's .venv-frameworks)")
     parser.add_argument("--image", action="store_true", help="also measure runs in the container image")
     parser.add_argument("--against", default="", help="a matrix file: also run the first table on its environment")
     options = parser.parse_args()
+    modes = options.modes.split(",")
+    if unknown := set(modes) - set(USER_PROGRAMS):
+        parser.error(f"--modes: no such mode {', '.join(sorted(unknown))} (known: {', '.join(USER_PROGRAMS)})")
+    if "torchrun" in modes and not FRAMEWORKS_PYTHON.exists():
+        parser.error(f"--modes torchrun: {FRAMEWORKS_PYTHON} is missing (make setup makes it)")
+    tf_modes = [mode for mode in TF_MODES if mode in modes]
     tested = stacks(options.against)
     sizes = [int(n) for n in options.nodes.split(",")]
     most = max(sizes)
@@ -166,7 +180,7 @@ def main() -> int:
             print(f"{'tensorflow':<10} {'mode':<10} {'nodes':>5} {'examples/s':>11} {'vs 1 node':>9} {'run_s':>7} "
                   f"{'kiln_s':>7} {'fixed_s':>7}")
             overhead, phases, fixed, rates = [], [], {}, {}
-            for mode in ("horovod", "tf-config"):
+            for mode in tf_modes:
                 for version, python in tested:
                     base = None
                     for nodes in sizes:
@@ -180,7 +194,7 @@ def main() -> int:
                               f"{total:>7.1f} {fixed[version, mode, nodes]:>7.1f}", flush=True)
                         if python == sys.executable:
                             phases.append(phase_row("reference", mode, nodes, data["phase_seconds"]))
-            for version, _ in tested:
+            for version, _ in tested if len(tf_modes) == 2 else ():
                 print(f"TensorFlow {version}: horovod's fixed cost above tf-config's: " + ", ".join(
                     f"{n} node(s) {fixed[version, 'horovod', n] - fixed[version, 'tf-config', n]:+.1f}s"
                     for n in sizes), flush=True)
@@ -188,19 +202,22 @@ def main() -> int:
                 (new, _), (old, _) = tested
                 print(f"\nTensorFlow {new} against {old} (examples/s ratio; fixed cost difference, s)")
                 print(f"{'mode':<10} {'nodes':>5} {'rate_ratio':>10} {'fixed_diff_s':>12}")
-                for mode in ("horovod", "tf-config"):
+                for mode in tf_modes:
                     for n in sizes:
                         ratio = rates[new, mode, n] / rates[old, mode, n] if rates[old, mode, n] else 0.0
                         print(f"{mode:<10} {n:>5} {ratio:>10.2f} "
                               f"{fixed[new, mode, n] - fixed[old, mode, n]:>+12.1f}", flush=True)
 
-            for mode in ("horovod", "tf-config"):
+            for mode in modes:
                 ref = launch.Program(trainer_args=tuple(shlex.split(trainer_args)))
                 user = launch.Program(argv=(*USER_PROGRAMS[mode], "--epochs", str(options.epochs)))
-                for label, program in (("reference", ref), ("user", user)):
+                python = str(FRAMEWORKS_PYTHON) if mode == "torchrun" else sys.executable
+                programs = (("user", user),) if mode == "torchrun" else (("reference", ref), ("user", user))
+                for label, program in programs:
                     # kiln first: it meshes and syncs what the hand-started processes then find in place.
-                    data, total = kiln_train(most, mode, env, trainer_args=trainer_args, command=program.argv)
-                    hand = by_hand(most, mode, program)
+                    data, total = kiln_train(most, mode, env, trainer_args=trainer_args, command=program.argv,
+                                             python=python)
+                    hand = by_hand(most, mode, program, python)
                     overhead.append(f"{label:<10} {mode:<10} {hand:>9.1f} {total:>7.1f} {total - hand:>10.1f} "
                                     f"{total / hand:>6.2f}")
                     if label == "user":

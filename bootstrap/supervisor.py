@@ -162,6 +162,8 @@ class Supervisor:
         for host in hosts:
             self.gone.append(host)
             self.group.remote.reset([host])
+            gone = set(self.plan.tasks_on(self.group.hosts.index(host)))  # a torchrun agent that went with its node
+            self.plan = replace(self.plan, finishing=tuple(t for t in self.plan.finishing if t not in gone))
             print(f"{self.plan.names[self.group.hosts.index(host)]} ({host.label}) {why}: the elastic run goes on "
                   "without it", flush=True)
         if self.joiner:
@@ -202,11 +204,20 @@ class Supervisor:
               "discovery", flush=True)
 
     def announce(self, plan: RunPlan, fresh: list[Host]) -> None:
-        """Start the interruption watcher on the `fresh` nodes, then give the first node the plan's host discovery
-        script (replaced whole, in one rename: horovodrun runs it every second)."""
+        """Start the interruption watcher on the `fresh` nodes, then bring them into the run: a torchrun agent on
+        each (it joins the rendezvous; the agents running restart their workers with it), or, for horovodrun, the
+        first node's host discovery script (replaced whole, in one rename: horovodrun runs it every second)."""
         watcher = launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch,
                                          source=self.notice_source)
         self.group.remote.map_or_raise("watch", fresh, lambda h: self.group.remote.check(h, watcher, timeout=60))
+        if plan.mode == "torchrun":
+            def join(host: Host) -> None:
+                items = [item for item in plan.launches if item.host == self.group.hosts.index(host)]
+                self.group.remote.check(host, " && ".join(
+                    self.runtime.launch_command(item, self.paths, plan.run_id) for item in items), timeout=60)
+
+            self.group.remote.map_or_raise("join", fresh, join)
+            return
         first = self.group.hosts[0]
         for path, text in plan.launches[0].files.items():
             quoted = shlex.quote(path)

@@ -75,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
               "python", "keras_multiworker.py", "--epochs", str(options.epochs)], cwd=ROOT / "examples")
         data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
         rows.append({**runs.result_row(data), "mode": "your program (tf-config)"})
+        run_id = f"demo-{stamp}-torchrun"  # PyTorch DDP through torchrun, from make setup's .venv-frameworks
+        step("PyTorch DDP through torchrun: examples/torch_ddp.py",
+             [*kiln, "train", "--cluster", CLUSTER, "--mode", "torchrun", "--python",
+              str(ROOT / ".venv-frameworks" / "bin" / "python"), "--run-id", run_id, "--",
+              "python", "torch_ddp.py", "--epochs", str(options.epochs)], cwd=ROOT / "examples")
+        data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
+        rows.append({**runs.result_row(data), "mode": "torchrun (torch_ddp.py)"})
         step("the container image (make image PROVIDER=docker: reused while unchanged)",
              [sys.executable, "-m", "bake.image", "docker"], timeout=3600)
         local = container_image()
