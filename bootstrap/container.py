@@ -35,7 +35,8 @@ VERSIONS_CODE = (
     "    try:\n        return m.version(n)\n"
     "    except m.PackageNotFoundError:\n        return None\n"
     "print(json.dumps({'python': sys.version.split()[0], 'tensorflow': v('tensorflow'), "
-    "'horovod': v('horovod'), 'executable': sys.executable}))\n")
+    "'horovod': v('horovod'), 'torch': v('torch'), 'jax': v('jax'), 'executable': sys.executable}))\n")
+COMPARED = ("python", "tensorflow", "horovod", "torch", "jax")  # the same in every node's container
 MISSING = 3  # exit code of image_id_command where the node has no such image
 
 
@@ -159,10 +160,10 @@ def gpu_shortfall(expected: int, listed: str) -> str | None:
 
 
 def differing_versions(found: Mapping[str, Mapping[str, str | None]]) -> str | None:
-    """A message naming what differs between the nodes' containers (Python, TensorFlow, Horovod), or None."""
+    """A message naming what differs between the nodes' containers (Python and the frameworks), or None."""
     names = list(found)
     problems = []
-    for key in ("python", "tensorflow", "horovod"):
+    for key in COMPARED:
         values = {name: found[name].get(key) for name in names}
         if len(set(values.values())) > 1:
             problems.append(f"{key}: " + ", ".join(f"{name} {value}" for name, value in values.items()))

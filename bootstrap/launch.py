@@ -18,7 +18,7 @@ MODES = ("horovod", "tf-config", "torchrun", "jax")
 HOROVOD_TASK = "horovodrun"
 TORCHRUN_TASK = "torchrun"  # one agent per node: torchrun-0 (the rendezvous' host), torchrun-1, ...
 JAX_TASK = "jax"  # one process per slot: jax-0 (the coordinator's), jax-1, ...
-FRAMEWORKS = {"torchrun": ("torch",), "jax": ("jax",)}  # else TensorFlow (the reference trainer's, Horovod's)
+FRAMEWORKS = {"torchrun": ("torch",), "jax": ("jax",), "run": ()}  # else TensorFlow (the trainer's, Horovod's)
 ELASTIC_AGENT_RESTARTS = 100  # an elastic torchrun agent restarts its workers on every change of the nodes
 _HOROVOD_FAILED_RANK = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -67,8 +67,11 @@ class RunPlan:
     @property
     def may_finish(self) -> frozenset[str]:
         """Processes whose exit 0 before the run is done is theirs to make: with parameter servers, the workers
-        (a between-graph program's worker stops on its own once the global step is reached)."""
+        (a between-graph program's worker stops on its own once the global step is reached); in an elastic
+        torchrun run, every agent but the first."""
         tasks = [launch.task for launch in self.launches]
+        if self.mode == "torchrun" and self.elastic:  # the first agent, the rendezvous' host, ends the run
+            return frozenset(task for task in tasks if task != f"{TORCHRUN_TASK}-0")
         if self.mode != "tf-config" or not any(task.startswith("ps-") for task in tasks) or \
                 not any(task.startswith("chief-") for task in tasks):
             return frozenset()
@@ -367,11 +370,16 @@ def plan_torchrun(run_id: str, names: Sequence[str], slots: Sequence[int], *, py
         env.update({"KILN_TASK": task, "KILN_OUTPUT_DIR": f"{env['KILN_OUTPUT_DIR']}/{task}",
                     "KILN_COORDINATOR": coordinator, "KILN_NUM_NODES": str(len(names)),
                     "KILN_NODE_RANK": str(host), "KILN_NUM_GPUS_PER_NODE": str(counts[host]), **interface_env(nic)})
+        if elastic:  # a node that joins later waits forever for the first round's master address in a store the
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # agents share (torch 2.13): each round names its own
         launches.append(Launch(host, task, fill_placeholders(argv, placeholder_values(env)), env,
                                cwd=working_dir(program, paths)))
-    return RunPlan(run_id, "torchrun", tuple(names), tuple(launches), tuple(item.task for item in launches),
-                   ports=(port,), checkpoint_dir=checkpoint_dir(program, run_dir), watch_output=program.is_user,
-                   elastic=elastic is not None)
+    # An elastic run is done when the first agent (the rendezvous' host) is: an agent that joined as the training
+    # ended waits for peers that will not come (RunPlan.may_finish lets the others end early).
+    finishing = (launches[0].task,) if elastic else tuple(item.task for item in launches)
+    return RunPlan(run_id, "torchrun", tuple(names), tuple(launches), finishing, ports=(port,),
+                   checkpoint_dir=checkpoint_dir(program, run_dir), elastic=elastic is not None,
+                   watch_output=elastic is None)  # an elastic run's lost agents fall silent: no output watch
 
 
 def jax_env(*, coordinator: str, processes: int, process_id: int, local_rank: int, local_size: int,

@@ -179,3 +179,23 @@ def test_tensorflow_sees_every_gpu(host, facts, matrix_checks):
     code = "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
     seen = int(run_checked(host, venv_python(code)).stdout.split()[-1])
     assert seen == len(facts["gpus"]), f"TensorFlow sees {seen} GPUs, nvidia-smi {len(facts['gpus'])}"
+
+
+# Each framework asked how many GPUs it sees, in the host's Python (the image's venv, or --gpu-python).
+FRAMEWORK_GPUS = {
+    "tensorflow": "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))",
+    "torch": "import torch; print(torch.cuda.device_count())",
+    "jax": "import jax; print(len([d for d in jax.devices() if d.platform == 'gpu']))",
+}
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_GPUS))
+def test_every_framework_there_sees_every_gpu(host, facts, pytestconfig, framework):
+    """Whichever of TensorFlow, PyTorch and JAX the host's Python carries sees every GPU nvidia-smi lists (an
+    image may carry PyTorch and JAX beside TensorFlow; a node of any other make carries what it carries)."""
+    python = gpu_python(host, pytestconfig)
+    if host.run(f"{python} -c {shlex.quote(f'import {framework}')}").rc != 0:
+        pytest.skip(f"{framework} is not installed for {python}")
+    code = FRAMEWORK_GPUS[framework]
+    seen = int(run_checked(host, f"TF_CPP_MIN_LOG_LEVEL=3 {python} -c {shlex.quote(code)}").stdout.split()[-1])
+    assert seen == len(facts["gpus"]), f"{framework} sees {seen} GPUs, nvidia-smi {len(facts['gpus'])}"

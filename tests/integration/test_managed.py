@@ -258,6 +258,50 @@ def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(ma
     assert run_processes("elastic-join") == []
 
 
+def test_an_elastic_torchrun_run_goes_on_without_a_lost_node_and_its_replacement_joins(managed, tmp_path):
+    """Elastic torchrun with --managed: node3 is lost mid-run, the workers left fail and torchrun's agents gather
+    again (with 2 nodes at least), kiln replaces node3 and starts an agent there, which joins the rendezvous; the
+    workers start again at 3 from the newest checkpoint and the run finishes. The program trains until its world
+    has been formed again at 3 (torchrun waits a while for more nodes first: the replacement may be in at once)."""
+    frameworks = ROOT / ".venv-frameworks" / "bin" / "python"
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(PROGRAMS / "torch_regrow.py", project)
+    argv = [str(KILN), "train", "--cluster", NAME, "--mode", "torchrun", "--python", str(frameworks), "--min-np",
+            "2", "--managed", "--run-id", "torch-join", "--", "python", "torch_regrow.py", "--size", "3"]
+    env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
+    log = STATE / "node1" / "kiln" / "runs" / "torch-join" / "torchrun-0.log"
+    with subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as run:
+        try:
+            deadline = time.monotonic() + 240
+            while "epoch 3 on 3 ranks" not in (log.read_text(errors="replace") if log.exists() else ""):
+                assert run.poll() is None and time.monotonic() < deadline, "the run never got going on 3 ranks"
+                time.sleep(0.5)
+            lost = local_cluster("lose", "node3")
+            assert lost.returncode == 0, lost.stderr
+            out, err = run.communicate(timeout=600)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    assert run.returncode == 0, out[-4000:] + err[-4000:]
+    assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
+    assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out
+    [join] = managed.summary("torch-join")["restarts"]
+    assert join["kind"] == "join" and join["lost"] == ["node3"] and join["replaced"] == [{"old": "node3",
+                                                                                          "new": "node3"}]
+    text = log.read_text(errors="replace")
+    assert "sizes so far [3, " in text, text[-3000:]  # the workers started again after the loss
+    results = [json.loads(path.read_text())
+               for path in (managed.runs / "torch-join" / "hosts").glob("*/output/torchrun-*/rank-*.json")]
+    assert sorted(result["rank"] for result in results) == [0, 1, 2], results
+    assert all(result["size"] == 3 and result["sizes"][-1] == 3 and len(result["sizes"]) > 1
+               for result in results), results
+    # The replacement did work: its rank wrote its result on the new machine.
+    assert list((managed.runs / "torch-join" / "hosts" / "node3" / "output").glob("torchrun-*/rank-*.json"))
+    assert run_processes("torch-join") == []
+
+
 def test_elastic_options_are_refused_where_they_do_not_belong(managed, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "project", ignore=shutil.ignore_patterns("__pycache__"))
     for args, message in ((["--min-np", "2"], "--min-np runs a program written for elastic Horovod"),

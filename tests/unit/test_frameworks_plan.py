@@ -61,7 +61,10 @@ def test_elastic_torchrun_counts_whole_nodes_and_restarts_its_workers():
                          elastic=(2, 3))
     argv = plan.launches[0].argv
     assert argv[argv.index("--nnodes") + 1] == "2:3" and argv[argv.index("--max-restarts") + 1] == "100"
-    assert plan.elastic
+    assert plan.elastic and not plan.watch_output
+    assert plan.launches[2].env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # so a replacement can join
+    # the first agent holds the rendezvous and ends the run; the others may end before it (or join late)
+    assert plan.finishing == ("torchrun-0",) and plan.may_finish == {"torchrun-1", "torchrun-2"}
 
 
 def test_torchrun_placeholders_name_the_rendezvous():
@@ -110,3 +113,14 @@ def test_jax_placeholders_fill_the_process_place():
     program = Program(("python", "t.py", "--id", "{kiln:process_id}/{kiln:num_processes}@{kiln:coordinator}"))
     plan = plan_jax("j", NAMES[:2], [1, 1], python=PY, paths=PATHS, program=program, nic=None, port=9)
     assert plan.launches[1].argv[-1] == "1/2@node1:9"
+
+
+def test_each_mode_asks_the_nodes_for_its_own_framework():
+    from bootstrap.launch import plan_processes
+
+    run = plan_processes("r", NAMES, [None] * 3, python=PY, paths=PATHS, program=Program(("tool",)))
+    assert run.frameworks == ()  # kiln run: any command
+    jax = plan_jax("j", NAMES, [1, 1, 1], python=PY, paths=PATHS, program=Program(("a.py",)), nic=None, port=1)
+    assert jax.frameworks == ("jax",)
+    spec = RunSpec(run_id="h", mode="horovod", names=NAMES, slots=(1, 1, 1), python=PY, root="/root/kiln")
+    assert plan_run(spec).frameworks == ("tensorflow",)
