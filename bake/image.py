@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bake import base_image, container, container_base, provision
 from bake import plan as imagelib
-from bake.matrix import read_matrix, read_override
+from bake.matrix import labels, read_matrix, read_override
 from bake.packer import compat_tree, is_modern, parse_packer_version, pkrvars
 from bake.plan import Bake
 from bake.provision import VM_ADDRESS_OF_HOST
@@ -126,6 +126,9 @@ def reusable(output: Path, provider: str, registry: str) -> bool:
     return True
 
 
+WHEELHOUSE_LACKS = ("frameworks_torch_version", "frameworks_jax_version")  # scripts/wheelhouse builds neither
+
+
 def bake(args) -> Path:
     profile = imagelib.choose_profile(args.provider, args.profile)
     version = packer_version()
@@ -137,6 +140,11 @@ def bake(args) -> Path:
     base_matrix = read_matrix()
     chosen = read_override(matrix_file, base_matrix) if matrix_file else {}
     matrix = {**base_matrix, **chosen}
+    carried = [name for name in WHEELHOUSE_LACKS if matrix.get(name)]
+    if carried and args.provider in ("local", "docker"):
+        raise UsageError(f"MATRIX={matrix_file}: {', '.join(carried)} for PROVIDER={args.provider}: that bake installs "
+                         "from its wheelhouse, which does not carry PyTorch or JAX yet; bake them into a cloud image "
+                         "(PROVIDER=aws|gcp|azure), or use .venv-frameworks on the local cluster")
     extra, base, wheelhouse = local_inputs(matrix_file) if args.provider == "local" else ({}, None, None)
     if args.provider == "docker":
         extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix, matrix_file)
@@ -162,7 +170,7 @@ def bake(args) -> Path:
         templates = work / "packer"
         compat_tree(ROOT / "packer", templates)
     variables = {
-        "profile": profile, "fingerprint": fingerprint, "versions": matrix,
+        "profile": profile, "fingerprint": fingerprint, "versions": labels(matrix),
         "ansible_playbook_command": str(Path(sys.executable).with_name("ansible-playbook")),
         "ansible_directory": str(ROOT / "ansible"), "output_directory": str(work),
         "ansible_extra_vars": {"kiln_image_fingerprint": fingerprint, **chosen,

@@ -63,6 +63,12 @@ def read_matrix(path: Path = MATRIX, override: Path | str | None = None) -> dict
     return {**matrix, **(read_override(override, matrix) if override else {})}
 
 
+def labels(matrix: dict[str, str]) -> dict[str, str]:
+    """The entries an image is labelled with (Packer's `versions`): those with a version; an empty one (PyTorch or
+    JAX left out) is not in the image."""
+    return {name: version for name, version in matrix.items() if version}
+
+
 def pins(matrix: dict[str, str], pyproject: Path = PROJECT / "pyproject.toml") -> list[str]:
     """The pip pins of the image's Python environment (Horovod is built, not pinned here): the matrix's TensorFlow,
     tf-keras, numpy and TensorBoard, then, at pyproject.toml's pins, Horovod's runtime needs and scikit-learn (the

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from bake import packer as packer_compat
-from bake.matrix import read_matrix
+from bake.matrix import labels, read_matrix
 from kiln import proc
 from kiln.paths import PROJECT as ROOT
 
@@ -51,7 +51,7 @@ def dummy_values(work: Path, ansible_dir: Path) -> dict[str, object]:
     proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "packer-validate", "-f", str(key)], timeout=30)
     return {
         "fingerprint": "0123456789abcdef",
-        "versions": read_matrix(),
+        "versions": labels(read_matrix()),
         "ansible_playbook_command": ansible_playbook(),
         "ansible_directory": str(ansible_dir),
         "output_directory": str(work / "records"),

@@ -24,7 +24,8 @@ _HOROVOD_FAILED_RANK = re.compile(r"Terminating remaining workers after failure 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOTICE_INTERVAL = 2  # seconds between the watcher's looks at the metadata service (EC2 advises 5)
 PLACEMENT_SHOWN = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "KILN_NUM_GPUS_PER_NODE", "KILN_HOST_SLOTS", "KILN_HOST_GPUS",
-                   "NCCL_SOCKET_IFNAME")
+                   "NCCL_SOCKET_IFNAME", "KILN_COORDINATOR", "JAX_PROCESS_ID", "JAX_NUM_PROCESSES",
+                   "JAX_LOCAL_DEVICE_IDS")
 NOTICE_GRACE = 90  # seconds a run's processes get after a notice that does not say (EC2's: two minutes' notice)
 
 

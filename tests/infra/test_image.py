@@ -12,7 +12,9 @@ pytestmark = pytest.mark.image
 # How each matrix entry is read on the host, independently of the image's own manifest.
 PIP = {"tensorflow_version": "tensorflow", "tensorflow_tf_keras_version": "tf-keras",
        "tensorflow_numpy_version": "numpy", "tensorflow_tensorboard_version": "tensorboard",
-       "tensorflow_horovod_version": "horovod"}
+       "tensorflow_horovod_version": "horovod", "frameworks_torch_version": "torch", "frameworks_jax_version": "jax"}
+# Entries an image carries only where the matrix names a version (PyTorch, JAX), and how they compare.
+OPTIONAL = {"frameworks_torch_version", "frameworks_jax_version"}
 GPU_ONLY = {"nvidia_driver_version", "nvidia_driver_branch", "cuda_version", "cuda_cudnn_version",
             "cuda_nccl_version", "container_runtime_nvidia_toolkit_version", "cuda_dcgm_version"}
 MATRIX_KEYS = sorted(PIP) + ["mpi_openmpi_major", "nvidia_driver_version", "cuda_version", "cuda_cudnn_version",
@@ -32,7 +34,8 @@ def live_version(host, key: str, matrix: dict[str, str]) -> str | None:
     if key in PIP:
         code = f"import importlib.metadata as m; print(m.version({PIP[key]!r}))"
         result = host.run(venv_python(code))
-        return result.stdout.strip() if result.rc == 0 else None
+        # PyTorch's wheels carry their build (2.13.0+cpu): the matrix names the release
+        return result.stdout.strip().split("+")[0] if result.rc == 0 else None
     if key == "mpi_openmpi_major":
         version = deb_upstream_version(host, "openmpi-bin")
         return version.split(".")[0] if version else None
@@ -51,11 +54,15 @@ def live_version(host, key: str, matrix: dict[str, str]) -> str | None:
 def test_installed_version_matches_matrix_and_manifest(host, key, matrix, manifest):
     if key in GPU_ONLY and manifest.get("profile") != "gpu":
         pytest.skip(f"{key}: not part of the {manifest.get('profile')} profile")
+    if key in OPTIONAL and not matrix[key]:
+        pytest.skip(f"{key}: the matrix leaves it out of the image")
     installed = live_version(host, key, matrix)
     assert installed == matrix[key], f"{key}: the host has {installed or 'nothing'}, the matrix wants {matrix[key]}"
     recorded = manifest.get("installed", {}).get(key)
     if key == "mpi_openmpi_major" and recorded:
         recorded = recorded.split(".")[0]
+    if key in OPTIONAL and recorded:
+        recorded = recorded.split("+")[0]
     assert recorded == installed, f"{key}: the image's manifest says {recorded}, the host has {installed}"
 
 

@@ -214,17 +214,10 @@ def test_with_no_recovery_left_a_lost_node_fails_the_run_and_leaves_nothing_runn
     assert again.returncode == 0, again.stderr
 
 
-def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(managed, tmp_path):
-    """Elastic Horovod with --managed: node3 is lost mid-run, the ranks left go on at 2, kiln replaces node3 while
-    the job runs, horovodrun adds the new machine, and the run finishes at 3 ranks without a restart. The program
-    trains until its world has grown back (a fixed epoch count could end before the replacement joins)."""
-    project = tmp_path / "project"
-    project.mkdir()
-    shutil.copy(PROGRAMS / "elastic_regrow.py", project)
-    argv = [str(KILN), "train", "--cluster", NAME, "--min-np", "2", "--managed", "--run-id", "elastic-join",
-            "--stall-minimum", "300", "--", "python", "elastic_regrow.py", "--size", "3", "--after", "5"]
+def run_and_lose_node3(managed: Managed, argv: list[str], project: Path, log: Path):
+    """Start an elastic run (`argv`); once its first node's `log` says epoch 3 ran on 3 ranks, lose node3; wait
+    for the run's end: (the process, its stdout, its stderr, when node3 was lost)."""
     env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
-    log = STATE / "node1" / "kiln" / "runs" / "elastic-join" / "horovodrun.log"
     with subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as run:
         try:
@@ -239,6 +232,20 @@ def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(ma
         finally:
             if run.poll() is None:
                 run.kill()
+    return run, out, err, lost_at
+
+
+def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(managed, tmp_path):
+    """Elastic Horovod with --managed: node3 is lost mid-run, the ranks left go on at 2, kiln replaces node3 while
+    the job runs, horovodrun adds the new machine, and the run finishes at 3 ranks without a restart. The program
+    trains until its world has grown back (a fixed epoch count could end before the replacement joins)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(PROGRAMS / "elastic_regrow.py", project)
+    argv = [str(KILN), "train", "--cluster", NAME, "--min-np", "2", "--managed", "--run-id", "elastic-join",
+            "--stall-minimum", "300", "--", "python", "elastic_regrow.py", "--size", "3", "--after", "5"]
+    log = STATE / "node1" / "kiln" / "runs" / "elastic-join" / "horovodrun.log"
+    run, out, err, lost_at = run_and_lose_node3(managed, argv, project, log)
     assert run.returncode == 0, out[-4000:] + err[-4000:]
     assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
     assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out
@@ -269,21 +276,8 @@ def test_an_elastic_torchrun_run_goes_on_without_a_lost_node_and_its_replacement
     shutil.copy(PROGRAMS / "torch_regrow.py", project)
     argv = [str(KILN), "train", "--cluster", NAME, "--mode", "torchrun", "--python", str(frameworks), "--min-np",
             "2", "--managed", "--run-id", "torch-join", "--", "python", "torch_regrow.py", "--size", "3"]
-    env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
     log = STATE / "node1" / "kiln" / "runs" / "torch-join" / "torchrun-0.log"
-    with subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as run:
-        try:
-            deadline = time.monotonic() + 240
-            while "epoch 3 on 3 ranks" not in (log.read_text(errors="replace") if log.exists() else ""):
-                assert run.poll() is None and time.monotonic() < deadline, "the run never got going on 3 ranks"
-                time.sleep(0.5)
-            lost = local_cluster("lose", "node3")
-            assert lost.returncode == 0, lost.stderr
-            out, err = run.communicate(timeout=600)
-        finally:
-            if run.poll() is None:
-                run.kill()
+    run, out, err, _ = run_and_lose_node3(managed, argv, project, log)
     assert run.returncode == 0, out[-4000:] + err[-4000:]
     assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
     assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out

@@ -63,6 +63,17 @@ def test_matrix_python_pins_equal_pyproject(variable, package):
         f"versions.yml {variable}={MATRIX[variable]} but pyproject.toml pins {package}=={pyproject_pins()[package]}")
 
 
+def test_the_frameworks_matrix_file_names_the_frameworks_environments_versions():
+    """matrices/pytorch-jax.yml puts into an image the PyTorch and JAX that make setup's .venv-frameworks has
+    (pyproject.toml's `frameworks`; PyTorch's build label, +cpu, is the image profile's to choose)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = {name: version.split("+")[0] for name, version in (pin.split("==", 1) for pin in extras["frameworks"])}
+    chosen = yaml.safe_load((ROOT / "matrices" / "pytorch-jax.yml").read_text())
+    assert chosen == {"frameworks_torch_version": pins["torch"], "frameworks_jax_version": pins["jax"]}
+    assert pins["jaxlib"] == pins["jax"]
+    assert MATRIX["frameworks_torch_version"] == MATRIX["frameworks_jax_version"] == ""  # left out by default
+
+
 def test_every_matrix_entry_belongs_to_a_role():
     orphans = [name for name in MATRIX if not any(name.startswith(role + "_") for role in ROLE_NAMES)]
     assert not orphans, f"matrix entries no role owns (name them <role>_...): {orphans}"
@@ -127,3 +138,11 @@ def test_internal_role_imports_pass_every_required_option_and_no_unknown_one(imp
     assert required - set(passed) == set(), f"{importer} imports {role} without {sorted(required - set(passed))}"
     assert set(passed) - set(spec) == set(), f"{importer} passes {role} options it does not have: " \
                                              f"{sorted(set(passed) - set(spec))}"
+
+
+def test_an_image_is_labelled_with_the_entries_it_carries():
+    from bake.matrix import labels
+
+    assert labels({"tensorflow_version": "2.21.0", "frameworks_torch_version": ""}) == {
+        "tensorflow_version": "2.21.0"}
+    assert "frameworks_jax_version" not in labels(MATRIX) and labels(MATRIX)["tensorflow_version"]
