@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import ipaddress
 import subprocess
@@ -44,18 +45,20 @@ def validate_cluster_name(name: str) -> str:
 
 
 def ensure_cluster_key(cluster: str) -> tuple[str, str]:
-    """The cluster's own ed25519 key pair, made once; (private key text, public key line)."""
+    """The cluster's own ed25519 key pair, made once; (private key text, public key line). Runs started together
+    on the same hosts share it: the first makes it while the others wait on the folder's lock, then read it."""
     folder = cluster_dir(cluster)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = folder / "id_ed25519"
-    if not key.exists():
-        try:
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-{cluster}", "-f", str(key)],
-                           check=True, capture_output=True, timeout=30)
-        except (OSError, subprocess.SubprocessError) as error:
-            raise KilnError(f"could not generate the cluster key in {folder}: {error}") from None
-    public = (folder / "id_ed25519.pub").read_text().strip()
-    return key.read_text(), public
+    with open(folder / ".key.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not key.exists():
+            try:
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-{cluster}", "-f",
+                                str(key)], check=True, capture_output=True, timeout=30)
+            except (OSError, subprocess.SubprocessError) as error:
+                raise KilnError(f"could not generate the cluster key in {folder}: {error}") from None
+        return key.read_text(), (folder / "id_ed25519.pub").read_text().strip()
 
 
 def choose_address(facts: dict) -> tuple[str, str]:

@@ -166,3 +166,24 @@ def test_each_node_resolves_a_bounded_window_of_names():
     assert preflight.neighbours(3, 2) == [0, 1]
     assert preflight.neighbours(100, 97, size=4) == [98, 99, 0, 1]
     assert preflight.neighbours(1, 0) == []
+
+
+def test_runs_started_together_share_one_cluster_key(tmp_path):
+    """Four runs on the same hosts at once (kiln's integration test of busy programs did this): one key is made,
+    every run reads it whole, none fails on another's half-written files."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    home = tmp_path / "kiln-home"
+    code = ("import sys, time; from bootstrap.mesh import ensure_cluster_key\n"
+            "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))  # all at once\n"
+            "print(ensure_cluster_key('h-together')[1])")
+    at = str(time.time() + 2)
+    runs = [subprocess.Popen([sys.executable, "-c", code, at], env={**os.environ, "KILN_HOME": str(home)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+            for _ in range(8)]
+    answers = [run.communicate(timeout=60) for run in runs]
+    assert [run.returncode for run in runs] == [0] * 8, answers
+    assert len({out.strip() for out, _ in answers}) == 1 and answers[0][0].startswith("ssh-ed25519 "), answers
