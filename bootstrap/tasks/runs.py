@@ -29,7 +29,10 @@ def reopen(c, run_id: str | None, fanout: int = 64) -> tuple[state.RunRecord, Cl
 
 def plan_from_record(record: state.RunRecord) -> launch.RunPlan:
     launches = tuple(launch.Launch(t.host_index, t.task, (), {}) for t in record.tasks)
-    return launch.RunPlan(record.run_id, record.mode, record.names, launches, record.finishing, record.rank_hosts)
+    # an elastic torchrun run is done when its first agent is (its other agents may end before)
+    elastic = record.mode == "torchrun" and len(record.finishing) < len(record.tasks)
+    return launch.RunPlan(record.run_id, record.mode, record.names, launches, record.finishing, record.rank_hosts,
+                          elastic=elastic)
 
 
 RUN_HELP = {"run_id": "the run (default: the newest in runs/)"}

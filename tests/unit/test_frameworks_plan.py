@@ -124,3 +124,20 @@ def test_each_mode_asks_the_nodes_for_its_own_framework():
     assert jax.frameworks == ("jax",)
     spec = RunSpec(run_id="h", mode="horovod", names=NAMES, slots=(1, 1, 1), python=PY, root="/root/kiln")
     assert plan_run(spec).frameworks == ("tensorflow",)
+
+
+def test_a_reopened_elastic_torchrun_run_is_done_by_its_first_agent():
+    """kiln status judges a run from its record: an elastic torchrun run's other agents may end first."""
+    from bootstrap.hosts import Host
+    from bootstrap.launch import judge
+    from bootstrap.state import RunRecord, TaskRecord
+    from bootstrap.tasks.runs import plan_from_record
+
+    tasks = tuple(TaskRecord(f"node{i + 1}", i, f"torchrun-{i}") for i in range(3))
+    record = RunRecord("t", "torchrun", "c", PY, tuple(Host(n) for n in NAMES), NAMES, "/k", tasks, ("torchrun-0",))
+    states = {0: {"torchrun-0": {"state": "running"}}, 1: {"torchrun-1": {"state": "exited", "code": 0}},
+              2: {"torchrun-2": {"state": "running"}}}
+    assert judge(plan_from_record(record), states).failed == ()
+    static = RunRecord("t", "torchrun", "c", PY, tuple(Host(n) for n in NAMES), NAMES, "/k", tasks,
+                       tuple(t.task for t in tasks))
+    assert judge(plan_from_record(static), states).done is False
