@@ -414,6 +414,10 @@ def plan_jax(run_id: str, names: Sequence[str], slots: Sequence[int], *, python:
                          "python train.py (kiln's reference trainer is TensorFlow)")
     run_dir = paths.run(run_id)
     counts = gpu_counts(gpus, len(names))
+    for name, count, gpu_count in zip(names, slots, counts, strict=True):
+        if gpu_count and count > gpu_count:
+            raise UsageError(f"--slots {count} on {name}, which has {gpu_count} GPU(s): in jax mode each process "
+                             "drives its own GPUs; give at most one process per GPU")
     hosts = [host for host, count in enumerate(slots) for _ in range(count)]
     coordinator = f"{names[0]}:{port}"
     launches = []

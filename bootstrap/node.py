@@ -493,10 +493,11 @@ def stop(run_id, grace):
     return {"left": left, **({"container": failed} if failed else {})}
 
 
-def progress(run_id, run_dir):
+def progress(run_id, run_dir, signs=False):
     """The last logged step of every metrics file here, how much each process has printed (its log; a
     horovod rank's files), this node's processes of the run that are stopped (state T: hung or frozen), and the
-    signs of their work: their CPU seconds, whether a GPU is busy, when the run's heartbeat file was touched."""
+    signs of their work when asked (`signs`): their CPU seconds, whether a GPU is busy, when the run's heartbeat
+    file was touched."""
     try:
         entries = os.listdir(run_dir)
     except OSError:
@@ -528,9 +529,11 @@ def progress(run_id, run_dir):
             continue
         if state in ("T", "t"):
             stopped.append(pid)
-    activity = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu_busy(),
-                "beat": mtime(os.path.join(run_dir, HEARTBEAT))}
-    return {"metrics": metrics, "output": output, "stopped": stopped, "activity": activity}
+    found = {"metrics": metrics, "output": output, "stopped": stopped}
+    if signs:  # only for the silence watch (--stall-minimum): nvidia-smi is no cheap call
+        found["activity"] = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu_busy(),
+                             "beat": mtime(os.path.join(run_dir, HEARTBEAT))}
+    return found
 
 
 HEARTBEAT = "heartbeat"  # in the run folder: KILN_HEARTBEAT, a file a program may touch to say it is alive
@@ -833,7 +836,7 @@ def answer(verb, args, stdin):
     if verb == "status":
         return status(args[0], args[1:])
     if verb == "progress":
-        return progress(args[0], args[1])
+        return progress(args[0], args[1], signs=args[2:3] == ["signs"])
     if verb == "look":
         return look(args[0], args[1:])
     if verb == "autostop":

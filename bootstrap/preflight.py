@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from bootstrap.mesh import Node
 
 CHECKS = ("reach", "hostname", "resolve", "versions", "ports", "mesh")
-VERSIONED = ("python", "tensorflow", "tf-keras", "horovod", "torch", "jax", "keras")
+VERSIONED = ("python", "tensorflow", "tf-keras", "horovod")  # the same on every node, whatever the run
+FRAMEWORKS = ("torch", "jax", "keras")  # the same on every node where the run needs them
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,8 @@ class Finding:
 
 
 def versions_of(facts: dict) -> dict[str, str | None]:
-    return {"python": facts.get("python"), **{k: facts.get("packages", {}).get(k) for k in VERSIONED[1:]}}
+    return {"python": facts.get("python"),
+            **{k: facts.get("packages", {}).get(k) for k in (*VERSIONED[1:], *FRAMEWORKS)}}
 
 
 def check_nodes(nodes: Sequence[Node], *, ports: Sequence[int] = (), required: Sequence[str] = ("tensorflow",),
@@ -82,7 +84,7 @@ def _versions(nodes: Sequence[Node], required: Sequence[str]) -> list[Finding]:
     reference = versions_of(nodes[0].facts)
     for node in nodes[1:]:
         mine = versions_of(node.facts)
-        for key in VERSIONED:
+        for key in dict.fromkeys([*VERSIONED, *(package for package in required if package in FRAMEWORKS)]):
             if mine[key] != reference[key]:
                 found.append(Finding(node.host.label, "versions",
                                      f"{key} {mine[key] or 'missing'} differs from {reference[key] or 'missing'} "

@@ -207,9 +207,11 @@ class Supervisor:
         """Start the interruption watcher on the `fresh` nodes, then bring them into the run: a torchrun agent on
         each (it joins the rendezvous; the agents running restart their workers with it), or, for horovodrun, the
         first node's host discovery script (replaced whole, in one rename: horovodrun runs it every second)."""
-        watcher = launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch,
-                                         source=self.notice_source)
-        self.group.remote.map_or_raise("watch", fresh, lambda h: self.group.remote.check(h, watcher, timeout=60))
+        def watcher(host: Host) -> str:  # until its own processes exit (a torchrun agent), else the run's timeout
+            return launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch,
+                                          plan.tasks_on(self.group.hosts.index(host)), self.notice_source)
+
+        self.group.remote.map_or_raise("watch", fresh, lambda h: self.group.remote.check(h, watcher(h), timeout=60))
         if plan.mode == "torchrun":
             def join(host: Host) -> None:
                 items = [item for item in plan.launches if item.host == self.group.hosts.index(host)]
@@ -229,13 +231,16 @@ class Supervisor:
         steps, output, activity = watchdog.Progress(), watchdog.Progress(), watchdog.Activity()
         while True:
             states, noticed = self.look()
-            verdict = launch.judge(self.plan, states)
-            if verdict.done and not verdict.failed:
-                return verdict
             if noticed and self.plan.elastic:  # the run goes on without noticed nodes, but the first
                 first = self.group.hosts[0]
                 self.leave([host for host in noticed if host != first], "has a spot interruption notice")
                 noticed = {host: notice for host, notice in noticed.items() if host == first}
+                # a torchrun agent there exits 1 on the notice's SIGTERM: that node's going is not a failure
+                states = {index: found for index, found in states.items()
+                          if self.group.hosts[index] not in self.gone}
+            verdict = launch.judge(self.plan, states)
+            if verdict.done and not verdict.failed:
+                return verdict
             if noticed:  # before a failure: the notice's SIGTERM is what makes processes exit
                 raise Interrupted(noticed)
             if verdict.done:
@@ -246,11 +251,11 @@ class Supervisor:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
             time.sleep(self.interval)
 
-    def progress(self) -> dict[Host, dict]:
-        """Every host's last logged steps and stopped processes of this run."""
+    def progress(self, signs: bool = False) -> dict[Host, dict]:
+        """Every host's last logged steps and stopped processes of this run (with `signs`, its signs of work)."""
         remote, python = self.group.remote, self.group.python
         found, failures = remote.map(self.watched(), lambda h: remote.node(
-            h, python, "progress", self.plan.run_id, self.run_dir, timeout=30))
+            h, python, "progress", self.plan.run_id, self.run_dir, *(["signs"] if signs else []), timeout=30))
         if failures:
             self.let_go(failures)
         return found
@@ -275,9 +280,10 @@ class Supervisor:
         the way out for the coordination service of a chief that left first."""
         floor = self.stall_minimum or watchdog.STEP_FLOOR_S
         minimum = max(floor, launch.FINISH_GRACE_S) if done & set(self.plan.finishing) else floor
-        seen = self.progress()
+        seen = self.progress(signs=bool(self.stall_minimum))
         now = time.monotonic()
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
+        gone = {names[host] for host in self.gone}  # an elastic run's nodes that went: their streams stand still
         late, limit, quiet = [], minimum, []
         if self.stall_factor:
             steps.observe(now, {f"{task}@{names[host]}": row["step"]
@@ -289,7 +295,8 @@ class Supervisor:
             for host, found in seen.items():
                 activity.observe(now, names[host], watchdog.Sign.from_answer(found.get("activity", {})))
             quiet = watchdog.hung(output.silent(now, minimum=minimum), activity, now, minimum)
-        late, quiet = ([s for s in streams if s.split("@", 1)[0] not in done] for streams in (late, quiet))
+        late, quiet = ([s for s in streams if s.split("@", 1)[0] not in done and s.rsplit("@", 1)[1] not in gone]
+                       for streams in (late, quiet))
         if late or quiet:
             frozen = [names[host] for host, found in seen.items() if found["stopped"]]
             hosts = watchdog.blame(late + quiet, frozen)

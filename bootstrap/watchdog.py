@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from bootstrap import launch
 
 STEP_FLOOR_S = 60.0  # a late logged step is a stall only after this long at least (unless --stall-minimum)
-CPU_SIGN_S = 1.0  # CPU seconds a node's processes of the run must spend since the last sign to show work
+CPU_SIGN_RATE = 0.05  # the share of one core a node's processes of the run must use between two looks to show work
 SIGNS = ("CPU time", "a GPU busy", "the heartbeat file")  # what counts as work, as the messages say it
 
 
@@ -26,9 +26,11 @@ class Progress:
     changes: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
     def observe(self, now: float, steps: Mapping[str, int]) -> None:
+        """Note each stream's value; any change is a move (a step that goes back is a restart from a checkpoint,
+        as an elastic run's workers make after a node went or came)."""
         for stream, step in steps.items():
             seen = self.changes.setdefault(stream, [])
-            if not seen or step > seen[-1][1]:
+            if not seen or step != seen[-1][1]:
                 seen.append((now, step))
 
     def stalled(self, now: float, *, factor: float, minimum: float) -> tuple[list[str], float]:
@@ -62,20 +64,26 @@ class Sign:
 
 @dataclass
 class Activity:
-    """When each node last showed work: CPU_SIGN_S more CPU seconds than at its last sign, a GPU busy, or its
-    heartbeat file touched since. A node's first look counts as a sign (the watch begins there)."""
+    """When each node last showed work, from one look to the next: its run's processes using CPU_SIGN_RATE of a
+    core at least (a rate, so an idle helper thread's trickle never adds up to work; a process that ended takes
+    its CPU time out of the sum, which is then no sign either), a GPU busy, or its heartbeat file touched. A
+    node's first look counts as a sign (the watch begins there)."""
 
-    last: dict[str, tuple[float, Sign]] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)  # node -> when it last showed work
+    seen: dict[str, tuple[float, Sign]] = field(default_factory=dict)  # node -> its previous look
 
     def observe(self, now: float, node: str, sign: Sign) -> None:
-        before = self.last.get(node)
-        if before is None or sign.gpu_busy or sign.cpu >= before[1].cpu + CPU_SIGN_S or sign.beat > before[1].beat:
-            self.last[node] = (now, sign)
+        before, self.seen[node] = self.seen.get(node), (now, sign)
+        if before is None:
+            self.last[node] = now
+            return
+        elapsed, spent = now - before[0], sign.cpu - before[1].cpu
+        if sign.gpu_busy or sign.beat > before[1].beat or (elapsed > 0 and spent / elapsed >= CPU_SIGN_RATE):
+            self.last[node] = now
 
     def idle(self, now: float, node: str) -> float:
         """Seconds since `node` last showed work (0 for a node not seen yet)."""
-        before = self.last.get(node)
-        return now - before[0] if before else 0.0
+        return now - self.last[node] if node in self.last else 0.0
 
 
 def hung(quiet: Sequence[str], activity: Activity, now: float, minimum: float) -> list[str]:

@@ -141,3 +141,11 @@ def test_a_reopened_elastic_torchrun_run_is_done_by_its_first_agent():
     static = RunRecord("t", "torchrun", "c", PY, tuple(Host(n) for n in NAMES), NAMES, "/k", tasks,
                        tuple(t.task for t in tasks))
     assert judge(plan_from_record(static), states).done is False
+
+
+def test_jax_refuses_more_processes_than_a_node_has_gpus():
+    with pytest.raises(UsageError, match="--slots 4 on node2, which has 2 GPU"):
+        plan_jax("j", NAMES[:2], [2, 4], python=PY, paths=PATHS, program=Program(("a.py",)), nic=None, port=1,
+                 gpus=[2, 2])
+    assert len(plan_jax("j", NAMES[:2], [3, 3], python=PY, paths=PATHS, program=Program(("a.py",)), nic=None,
+                        port=1, gpus=[0, 0]).launches) == 6  # CPU nodes: as many as asked

@@ -187,3 +187,17 @@ def test_runs_started_together_share_one_cluster_key(tmp_path):
     answers = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0] * 8, answers
     assert len({out.strip() for out, _ in answers}) == 1 and answers[0][0].startswith("ssh-ed25519 "), answers
+
+
+def test_preflight_compares_pytorch_and_jax_only_where_the_run_needs_them():
+    nodes = three_nodes()
+    for node in nodes:
+        node.facts["resolve"].update({n.name: [n.address] for n in nodes})
+    nodes[0].facts["packages"]["torch"] = "2.13.0+cpu"  # node1 has PyTorch, the others not
+    assert preflight.check_nodes(nodes) == []  # a TensorFlow run does not care
+    assert preflight.check_nodes(nodes, required=("torch",)) == [
+        preflight.Finding("n2:2222", "versions", "torch is not installed for /v/bin/python"),
+        preflight.Finding("n3", "versions", "torch is not installed for /v/bin/python"),
+        preflight.Finding("n2:2222", "versions", "torch missing differs from 2.13.0+cpu on n1"),
+        preflight.Finding("n3", "versions", "torch missing differs from 2.13.0+cpu on n1"),
+    ]
