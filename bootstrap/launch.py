@@ -358,11 +358,11 @@ def plan_torchrun(run_id: str, names: Sequence[str], slots: Sequence[int], *, py
     if not program.is_user:
         raise UsageError("--mode torchrun runs your PyTorch program: give it after --, e.g. kiln train --mode "
                          "torchrun -- python train.py (kiln's reference trainer is TensorFlow)")
-    entry = torchrun_entry(program, python)
+    entry, nnodes = torchrun_entry(program, python), nodes_range(elastic, slots)
     launches = []
     for host, name in enumerate(names):
         task = f"{TORCHRUN_TASK}-{host}"
-        argv = [python, "-m", "torch.distributed.run", "--nnodes", nodes_range(elastic, slots),
+        argv = [python, "-m", "torch.distributed.run", "--nnodes", nnodes,
                 "--nproc-per-node", str(slots[host]), "--rdzv-backend", "c10d", "--rdzv-endpoint", coordinator,
                 "--rdzv-id", run_id, "--local-addr", name,
                 "--max-restarts", str(ELASTIC_AGENT_RESTARTS if elastic else 0),
@@ -521,12 +521,11 @@ def plan_run(spec: RunSpec) -> RunPlan:
     paths = NodePaths(spec.root)
     slots = topology.resolve_slots(spec.mode, spec.slots, spec.gpus)
     note = topology.placement_note(spec.mode, spec.names, spec.slots, slots, spec.gpus)
+    elastic = elastic_range(spec.min_np, spec.max_np, sum(slots)) if spec.min_np else None  # horovod, torchrun
     if spec.mode == "horovod":
-        elastic = elastic_range(spec.min_np, spec.max_np, sum(slots)) if spec.min_np else None
         plan = plan_horovod(spec.run_id, spec.names, slots, python=spec.python, paths=paths,
                             program=spec.program, nic=spec.nic, mpi=spec.mpi, gpus=spec.gpus, elastic=elastic)
     elif spec.mode == "torchrun":
-        elastic = elastic_range(spec.min_np, spec.max_np, sum(slots)) if spec.min_np else None
         plan = plan_torchrun(spec.run_id, spec.names, slots, python=spec.python, paths=paths, program=spec.program,
                              nic=spec.nic, port=spec.base_port, gpus=spec.gpus, elastic=elastic)
     elif spec.mode == "jax":

@@ -102,22 +102,19 @@ class Supervisor:
         run_dir = shlex.quote(self.run_dir)
         prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit {run_dir}/notice.json"
         self.group.remote.map_or_raise("prepare", self.group.hosts, lambda h: self.group.remote.check(h, prepare))
-        by_host: dict[int, list[launch.Launch]] = {}
-        for item in self.plan.launches:
-            by_host.setdefault(item.host, []).append(item)
-
-        def start(host: Host) -> None:
-            items = by_host.get(self.group.hosts.index(host), [])
-            watcher = launch.watcher_command(self.plan.run_id, self.group.python, self.paths, self.notice_watch,
-                                             [item.task for item in items], self.notice_source)
-            command = " && ".join([*(self.runtime.launch_command(item, self.paths, self.plan.run_id)
-                                     for item in items), watcher])
-            self.group.remote.check(host, command, timeout=60)
-
-        _, failures = self.group.remote.map(self.group.hosts, start)
+        _, failures = self.group.remote.map(self.group.hosts, lambda h: self.group.remote.check(
+            h, self.start_command(self.plan, h), timeout=60))
         if failures:
             self.stop()
             raise RemoteError("start", {h.label: r for h, r in failures.items()})
+
+    def start_command(self, plan: RunPlan, host: Host) -> str:
+        """The shell command that starts `host`'s processes of `plan` detached, then its interruption watcher (until
+        they have exited; a node with none of its own watches until the run's timeout)."""
+        items = [item for item in plan.launches if item.host == self.group.hosts.index(host)]
+        watcher = launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch,
+                                         [item.task for item in items], self.notice_source)
+        return " && ".join([*(self.runtime.launch_command(item, self.paths, plan.run_id) for item in items), watcher])
 
     def states(self) -> dict[int, dict[str, dict]]:
         """Each host's processes: running, exited (with the code) or lost."""
@@ -162,8 +159,6 @@ class Supervisor:
         for host in hosts:
             self.gone.append(host)
             self.group.remote.reset([host])
-            gone = set(self.plan.tasks_on(self.group.hosts.index(host)))  # a torchrun agent that went with its node
-            self.plan = replace(self.plan, finishing=tuple(t for t in self.plan.finishing if t not in gone))
             print(f"{self.plan.names[self.group.hosts.index(host)]} ({host.label}) {why}: the elastic run goes on "
                   "without it", flush=True)
         if self.joiner:
@@ -204,21 +199,12 @@ class Supervisor:
               "discovery", flush=True)
 
     def announce(self, plan: RunPlan, fresh: list[Host]) -> None:
-        """Start the interruption watcher on the `fresh` nodes, then bring them into the run: a torchrun agent on
-        each (it joins the rendezvous; the agents running restart their workers with it), or, for horovodrun, the
-        first node's host discovery script (replaced whole, in one rename: horovodrun runs it every second)."""
-        def watcher(host: Host) -> str:  # until its own processes exit (a torchrun agent), else the run's timeout
-            return launch.watcher_command(plan.run_id, self.group.python, self.paths, self.notice_watch,
-                                          plan.tasks_on(self.group.hosts.index(host)), self.notice_source)
-
-        self.group.remote.map_or_raise("watch", fresh, lambda h: self.group.remote.check(h, watcher(h), timeout=60))
+        """Start the `fresh` nodes' part of the run (a torchrun agent, which joins the rendezvous: the agents running
+        restart their workers with it) and their interruption watchers; for horovodrun, then give the first node the
+        plan's host discovery script (replaced whole, in one rename: horovodrun runs it every second)."""
+        self.group.remote.map_or_raise("join", fresh, lambda h: self.group.remote.check(
+            h, self.start_command(plan, h), timeout=60))
         if plan.mode == "torchrun":
-            def join(host: Host) -> None:
-                items = [item for item in plan.launches if item.host == self.group.hosts.index(host)]
-                self.group.remote.check(host, " && ".join(
-                    self.runtime.launch_command(item, self.paths, plan.run_id) for item in items), timeout=60)
-
-            self.group.remote.map_or_raise("join", fresh, join)
             return
         first = self.group.hosts[0]
         for path, text in plan.launches[0].files.items():
