@@ -21,7 +21,7 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
 CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "azure.json", "id_ed25519", "id_ed25519.pub",
-                 "known_hosts", "known_hosts.first-contact")
+                 "known_hosts", "known_hosts.first-contact", ".key.lock")
 
 
 # ---------------------------------------------------------------- files

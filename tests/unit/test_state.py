@@ -9,6 +9,7 @@ import pytest
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.mesh import ensure_cluster_key
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +32,7 @@ def test_a_cluster_record_round_trips_with_its_hosts_parsed():
 def test_forgetting_a_cluster_removes_its_files():
     state.save_cluster(state.ClusterRecord("gone", (Host("h1"),), "python3"))
     state.save_cloud_state("gone", {"region": "r"})
+    ensure_cluster_key("gone")
     assert state.has_cloud_state("gone")
     state.forget_cluster("gone")
     assert not state.cluster_dir("gone").exists()
