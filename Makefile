@@ -13,8 +13,11 @@ VARS ?=
 REGISTRY ?=
 # A matrix file (matrices/) whose entries replace the version matrix's for one bake, e.g. an older TensorFlow.
 MATRIX ?=
+# pytest-xdist workers: the integration modules run side by side, each whole in one worker (tests/integration's
+# conftest); the unit tests spread over the cores.
+WORKERS ?= 3
 
-.PHONY: help setup matrix-env demo test lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
+.PHONY: help setup matrix-env demo test test-fast lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -37,6 +40,14 @@ test: lint validate unit ## everything CI runs (.ci/run prints how long each sta
 	@# and the clusters' training waits on SSH and timers. Each stage's output comes whole when it ends.
 	$(MAKE) --no-print-directory -j2 --output-sync=target integration image-test
 
+test-fast: setup ## the inner loop (a few minutes): lint, unit, and the integration modules marked quick; says what it left out
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -n 2 tests/unit
+	$(PY) -m pytest -q -m "integration and quick" -n $(WORKERS) tests/integration
+	@echo "make test-fast left out: shellcheck and make validate (the bake's static checks), the integration modules" \
+	  "not marked quick (clusters training, the container bake, managed recovery: make integration), the local bake" \
+	  "(make image-test); make test runs them all"
+
 # With KILN_STAGE_LOG set (.ci/run sets it), each stage of make test notes when it began and ended.
 stage_begin = @[ -z "$(KILN_STAGE_LOG)" ] || echo "$@ begin $$(date +%s)" >>"$(KILN_STAGE_LOG)"
 stage_end = @[ -z "$(KILN_STAGE_LOG)" ] || echo "$@ end $$(date +%s)" >>"$(KILN_STAGE_LOG)"
@@ -53,12 +64,12 @@ lint: setup ## ruff over every Python file, shellcheck over every shell script
 
 unit: setup ## pure-code tests (seconds)
 	$(stage_begin)
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 tests/unit
 	$(stage_end)
 
-integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root)
+integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root); WORKERS=3 side by side
 	$(stage_begin)
-	$(PY) -m pytest -q -m integration --durations=15 tests/integration
+	$(PY) -m pytest -q -m integration -n $(WORKERS) --durations=20 tests/integration
 	$(stage_end)
 
 validate: setup ## static checks of the bake: packer fmt and validate (4 sources), ansible-lint, syntax, role specs

@@ -72,11 +72,14 @@ def stacks(against: str) -> list[tuple[str, str]]:
 
 
 def kiln_train(nodes: int, mode: str, env: dict, *, trainer_args: str = "", command: tuple[str, ...] = (),
-               image: str | None = None, python: str = sys.executable) -> tuple[dict, float]:
-    """One `kiln train`, timed from the operator's side; its summary.json."""
+               image: str | None = None, python: str | None = None) -> tuple[dict, float]:
+    """One `kiln train`, timed from the operator's side; its summary.json. `python`: the nodes' (bare: this
+    venv's; in an image: the image's own)."""
+    python = python or (None if image else sys.executable)
     run_id = f"bench-{mode}-{nodes}-{'user' if command else 'ref'}-{time.time_ns()}"
     argv = [str(KILN), "-S", str(SSH_CONFIG), "-H", ",".join(names(nodes)), "train", "--mode", mode,
-            "--nic", NIC, "--run-id", run_id, "--python", python, *(["--image", image] if image else [])]
+            "--nic", NIC, "--run-id", run_id, *(["--python", python] if python else []),
+            *(["--image", image] if image else [])]
     if command:
         argv += ["--code", str(EXAMPLES), "--", *command]
     else:
@@ -128,8 +131,8 @@ def image_rows(most: int, env: dict, epochs: int) -> list[str]:
     local = json.loads(records[-1].read_text())["image"]
     image = engines.push_to_cluster(CLUSTER, local)
     rows = []
-    for mode, program in USER_PROGRAMS.items():
-        command = (*program, "--epochs", str(epochs))
+    for mode in TF_MODES:  # the frameworks the container image holds
+        command = (*USER_PROGRAMS[mode], "--epochs", str(epochs))
         kiln_train(most, mode, env, command=command, image=image)  # the image onto the nodes, not timed here
         _, bare = kiln_train(most, mode, env, command=command)
         data, inside = kiln_train(most, mode, env, command=command, image=image)

@@ -346,7 +346,7 @@ class ContainerRuntime:
             made = remote.run(host, ["mkdir", "-p", *(source for source, options in binds if options == "rw")],
                               timeout=60)  # as the login user: docker would make them root's
             if made.code != 0:
-                raise HostFailure(f"mkdir: {made.stderr.strip()[-200:]}")
+                raise HostFailure(f"mkdir: {made.reason()}")
             remote.run(host, ["docker", "rm", "-f", name], timeout=60)
             result = remote.run(host, argv, timeout=120)
             if result.code != 0:
@@ -376,7 +376,7 @@ class ContainerRuntime:
             result = remote.run(host, ["docker", "exec", "-e", "TF_CPP_MIN_LOG_LEVEL=3",
                                        container_name(self.run_id), python, "-c", VERSIONS_CODE], timeout=120)
             if result.code != 0:
-                raise HostFailure(f"{python} in the container: {result.stderr.strip()[-200:]}")
+                raise HostFailure(f"{python} in the container: {result.reason()}")
             return json.loads(result.stdout.strip().splitlines()[-1])
 
         found = {self.name(h): v for h, v in remote.map_or_raise("container preflight", hosts, read).items()}

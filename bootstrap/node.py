@@ -727,7 +727,8 @@ def power_off(shutdown):
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"{' '.join(argv)}: {error}"
-        return None if done.returncode == 0 else f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}"
+        said = done.stderr.strip() or "no output"
+        return None if done.returncode == 0 else f"{' '.join(argv)}: exit {done.returncode}: {said}"
     if shutdown == "azure":  # the environment may point it elsewhere (the tests' stand-ins)
         return deallocate_self(os.environ.get("KILN_AZURE_METADATA") or AZURE_METADATA,
                                os.environ.get("KILN_AZURE_ENDPOINT") or AZURE_MANAGER,

@@ -89,7 +89,7 @@ def choose_runtime(group: Cluster, image: str | None, paths: launch.NodePaths, r
 def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, timeline: Timeline, runtime: Runtime, python: str | None,
                     stall_factor: float, stall_minimum: float, timeout: float,
-                    notice_source: str = "any") -> tuple[state.RunRecord, Supervisor]:
+                    notice_source: str = "any", watched: bool = True) -> tuple[state.RunRecord, Supervisor]:
     """Preflight, sync, the runtime made ready and checked, the program checked, the run recorded, every
     process started: (the run's record, its supervisor)."""
     with timeline.phase("preflight"):  # in a container image, the image's frameworks are checked instead
@@ -107,7 +107,7 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     if folder:
         group.check_program(runtime.wrap_check(launch.program_check(program, python or group.python, paths),
                                                plan.run_id))
-    record = record_run(group, plan, paths)
+    record = record_run(group, plan, paths, watched=watched)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
                             timeline=timeline, notice_watch=timeout, notice_source=notice_source, runtime=runtime)
     with timeline.phase("start"):
@@ -128,7 +128,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         record, supervisor = ready_and_start(group, plan, paths, program, folder, timeline=timeline,
                                              runtime=runtime, python=python, stall_factor=stall_factor,
                                              stall_minimum=stall_minimum, timeout=timeout,
-                                             notice_source=notice_source)
+                                             notice_source=notice_source, watched=not detach)
     except BaseException:
         group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))
         group.release_ports(plan.run_id, paths.root)

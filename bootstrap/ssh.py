@@ -64,6 +64,13 @@ class Result:
     stdout: str
     stderr: str
 
+    def reason(self) -> str:
+        """Why the call failed, in one line: its last words on stderr, else on stdout, else its exit status."""
+        for text in (self.stderr, self.stdout):
+            if lines := [line.strip() for line in text.splitlines() if line.strip()]:
+                return lines[-1][-200:]
+        return f"exit {self.code} with no output"
+
 
 def describe_failure(code: int, stderr: str) -> str:
     """A one-line reason for a failed ssh call."""

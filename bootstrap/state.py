@@ -228,6 +228,7 @@ class RunRecord:
     rank_hosts: tuple[str, ...] = ()
     ssh: SshSettings = SshSettings()
     started: float = field(default_factory=time.time)
+    watched: bool = True  # False: started with --detach (no watch writes its summary.json)
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -254,7 +255,7 @@ def run_from_json(data: dict, path: Path) -> RunRecord:
             hosts=tuple(host_from_json(h) for h in data["hosts"]), names=tuple(data["names"]), root=data["root"],
             tasks=tuple(TaskRecord(**t) for t in data["tasks"]), finishing=tuple(data["finishing"]),
             rank_hosts=tuple(data.get("rank_hosts", ())), ssh=SshSettings(**data.get("ssh", {})),
-            started=data.get("started", 0.0))
+            started=data.get("started", 0.0), watched=data.get("watched", True))
     except (KeyError, TypeError) as error:
         raise KilnError(f"{path} is not a kiln run record ({error})") from None
 

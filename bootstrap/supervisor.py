@@ -57,15 +57,16 @@ class Stalled(KilnError):
         self.hosts = hosts
 
 
-def record_run(group: Cluster, plan: RunPlan, paths: NodePaths) -> RunRecord:
-    """Save the run's plan (run.json) so status, logs and stop find its processes again; the record."""
+def record_run(group: Cluster, plan: RunPlan, paths: NodePaths, *, watched: bool = True) -> RunRecord:
+    """Save the run's plan (run.json) so status, logs and stop find its processes again; the record. `watched`:
+    whether kiln watches the run to its end (not with --detach)."""
     options = group.remote.options
     record = RunRecord(
         run_id=plan.run_id, mode=plan.mode, cluster=group.name, python=group.python, hosts=tuple(group.hosts),
         names=plan.names, root=paths.root,
         tasks=tuple(state.TaskRecord(plan.names[item.host], item.host, item.task) for item in plan.launches),
         finishing=plan.finishing, rank_hosts=plan.rank_hosts,
-        ssh=state.SshSettings(options.config_file, options.identity, options.connect_timeout))
+        ssh=state.SshSettings(options.config_file, options.identity, options.connect_timeout), watched=watched)
     state.save_run(record)
     return record
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -301,6 +302,14 @@ def preflight() -> None:
         raise UsageError(f"required tools missing: {', '.join(missing)}")
 
 
+@contextlib.contextmanager
+def network_lock():
+    """Held by one `up` at a time from choosing its subnet until its bridge holds it."""
+    with open(plan.STATE_ROOT / ".network.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: bool = False,
                  docker: bool = False) -> plan.Cluster:
     """Create a cluster of `count` nodes and wait until each one's sshd answers (with `metadata`, each with its
@@ -314,10 +323,12 @@ def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: 
     if docker:
         engines.check_tools()
     candidates = [plan.parse_subnet(subnet, count)] if subnet else plan.candidate_subnets(name)
-    cluster = plan.plan_cluster(name, count, plan.pick_subnet(candidates, used_networks()))
     plan.STATE_ROOT.mkdir(parents=True, exist_ok=True)
     state.mkdir(mode=0o700)  # atomic: a concurrent `up` of the same name stops here
     try:
+        with network_lock():  # a concurrent `up` of another name sees this one's subnet taken
+            cluster = plan.plan_cluster(name, count, plan.pick_subnet(candidates, used_networks()))
+            run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster), timeout=60 + count / 10)
         build(cluster, state, metadata=metadata, docker=docker)
     except BaseException as exc:
         try:
@@ -344,14 +355,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False, docker: bool = False) -> None:
-    """Make the operator key, the network and the nodes; wait for every sshd; log in once; with `docker`, start
-    the registry and every node's engine."""
+    """On the cluster's bridge: make the operator key and the nodes; wait for every sshd; log in once; with
+    `docker`, start the registry and every node's engine."""
     key = state / "operator_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
     for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755)):
         os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
     timeout = 60 + len(cluster.nodes) / 10
-    run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster), timeout=timeout)
     operator_pub = key.with_suffix(".pub").read_text()
     with ThreadPoolExecutor(WORKERS) as pool:
         boots = list(pool.map(lambda n: boot_node(cluster, n, state / n.name, operator_pub, docker=docker),

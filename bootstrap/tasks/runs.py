@@ -50,9 +50,37 @@ def status(c, run_id=None):
         print(f"{plan.names[item.host]:<20} {item.task:<12} {seen.get('state', '?')}{detail}")
     verdict = launch.judge(plan, states)
     logs = {task: tail_log(group, paths, plan, host, task) for host, task, code in verdict.failed if code}
-    summary = "failed: " + launch.describe_failure(plan, verdict, logs=logs) if verdict.failed else (
-        "done" if verdict.done else "running")
+    failure = launch.describe_failure(plan, verdict, logs=logs) if verdict.failed else None
+    if failure or verdict.done:
+        settle(record, group, paths, failure)
+    summary = f"failed: {failure}" if failure else "done" if verdict.done else "running"
     print(f"run {plan.run_id}: {runs.status_line(summary, state.load_summary(plan.run_id))}")
+
+
+def settle(record: state.RunRecord, group: Cluster, paths: launch.NodePaths, failure: str | None) -> None:
+    """A detached run seen ended gets, once, what a watched run gets at its end: its ports released, its nodes'
+    folders collected, and summary.json (its wall time up to its last process's exit). A watched run's watch
+    writes its own."""
+    if record.watched or state.load_summary(record.run_id) is not None:
+        return
+    folder = Supervisor(group, plan_from_record(record), paths).collect()
+    group.release_ports(record.run_id, paths.root)
+    ended = max((times.exited for times in runs.process_times(folder).values() if times.exited), default=None)
+    data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=folder,
+                        wall=(ended or time.time()) - record.started)
+    state.save_summary(record.run_id, data)
+
+
+def settle_if_ended(record: state.RunRecord, group: Cluster, paths: launch.NodePaths) -> bool:
+    """For logs, fetch and stop: settle a detached run that has ended, if no task has yet; whether it had ended."""
+    if record.watched or state.load_summary(record.run_id) is not None:
+        return False
+    plan = plan_from_record(record)
+    verdict = launch.judge(plan, Supervisor(group, plan, paths).states())
+    if not (verdict.done or verdict.failed):
+        return False
+    settle(record, group, paths, launch.describe_failure(plan, verdict) if verdict.failed else None)
+    return True
 
 
 def tail_log(group: Cluster, paths: launch.NodePaths, plan: launch.RunPlan, host: str, task: str) -> str:
@@ -70,6 +98,7 @@ def tail_log(group: Cluster, paths: launch.NodePaths, plan: launch.RunPlan, host
 def logs(c, run_id=None, host=None, follow=False, lines=50):
     """Print (or follow) the logs of a run's processes, per host."""
     record, group, paths = reopen(c, run_id)
+    settle_if_ended(record, group, paths)
     plan = plan_from_record(record)
     chosen = [i for i, name in enumerate(plan.names) if host in (None, name)]
     if not chosen:
@@ -103,6 +132,11 @@ def logs(c, run_id=None, host=None, follow=False, lines=50):
 def stop(c, run_id=None):
     """Stop every process of a run on every host and collect what it left."""
     record, group, paths = reopen(c, run_id)
+    if settle_if_ended(record, group, paths):
+        saved = state.load_summary(record.run_id) or {}
+        print(f"run {record.run_id} had already ended ({saved.get('status')}); nothing to stop; "
+              f"run folder: {state.run_folder(record.run_id)}")
+        return
     supervisor = Supervisor(group, plan_from_record(record), paths)
     left = supervisor.stop()
     group.release_ports(record.run_id, paths.root)
@@ -136,6 +170,7 @@ def fetch(c, path, run_id=None, host=None):
     chosen = [i for i, name in enumerate(record.names) if host in (None, name)]
     if not chosen:
         raise UsageError(f"no host {host!r} in run {record.run_id} (hosts: {', '.join(record.names)})")
+    settle_if_ended(record, group, paths)
     folder = state.run_folder(record.run_id)
     source = path if PurePosixPath(path).is_absolute() else f"{paths.run(record.run_id)}/{path}"
 

@@ -17,6 +17,36 @@ FAB = Path(sys.executable).with_name("fab")
 KILN = Path(sys.executable).with_name("kiln")
 
 
+# Modules that share a session fixture (the container bake, made once per pytest-xdist worker) run in one worker.
+SHARED_SESSION = {"test_containers.py": "container-bake", "test_bake_docker.py": "container-bake"}
+# The longest modules first (their time in a whole run, most first), so the workers end together; then the rest in
+# the order found.
+LONGEST_FIRST = ("test_bake_docker.py", "test_containers.py", "test_managed.py", "test_launcher.py", "test_aws.py",
+                 "test_trainer_resume.py", "test_nvidia_roles.py", "test_user_programs.py", "test_image_rootfs.py",
+                 "test_local_vm.py", "test_watchdog.py", "test_trainer_local.py", "test_frameworks.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's tests keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (make integration: -n), each module runs whole in one worker, its tests in order, beside
+    the other modules: its fixtures (a cluster, a moto server) are made once, and no two workers make the same
+    cluster. Modules sharing a session fixture (SHARED_SESSION) go to one worker together; modules are handed out
+    in the collection's order (LONGEST_FIRST), not xdist's most-tests-first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARED_SESSION.get(Path(module).name, module)
+
+    config.option.loadscopereorder = False
+    return ByModule(config, log)
+
+
 def can_make_namespaces() -> str | None:
     if os.geteuid() != 0:
         return "needs root for network namespaces"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from azure.core.exceptions import HttpResponseError
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
 pytest.importorskip("azure.mgmt.compute")
 

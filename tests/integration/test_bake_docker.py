@@ -14,7 +14,7 @@ import pytest
 from bake.matrix import read_matrix
 from kiln.paths import PROJECT as ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
 
 MATRIX = read_matrix()
 

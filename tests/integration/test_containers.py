@@ -28,7 +28,7 @@ from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.timeline import Timeline
 from testbed import engines
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
 NAME = "kc"
 NODES = ("node1", "node2", "node3")
 KILN_PYTHON = "/opt/kiln/venv/bin/python3"

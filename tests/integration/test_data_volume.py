@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
 MOUNTER = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "base" / "files" / "kiln-data-volume"
 SIZE = 32 * 2**20

@@ -11,7 +11,7 @@ import pytest
 
 from kiln.gpu import probe
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 SMALL = ["--copy-mib", "8", "--matmul-size", "128", "--check-size", "256", "--reps", "2"]
 
 

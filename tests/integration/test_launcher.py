@@ -306,6 +306,12 @@ def test_two_runs_started_together_on_the_same_hosts_both_finish(cluster):
     said = [process.communicate(timeout=300) for process in started]
     assert [process.returncode for process in started] == [0, 0], said
     assert any("trying from" in out for out, _ in said), said
+    held = cluster.ssh("node1", "cd ~/kiln/ports && grep -H . [0-9]*").stdout.split()  # until status sees the end
+    by_run: dict[str, set[str]] = {}
+    for line in held:
+        port, run_id = line.split(":")
+        by_run.setdefault(run_id, set()).add(port)
+    assert by_run.get("side-a") and by_run.get("side-b") and not by_run["side-a"] & by_run["side-b"], held
     deadline = time.monotonic() + 300
     lines = {}
     while time.monotonic() < deadline:
@@ -315,12 +321,14 @@ def test_two_runs_started_together_on_the_same_hosts_both_finish(cluster):
             break
         time.sleep(2)
     assert lines == {"side-a": "run side-a: done", "side-b": "run side-b: done"}, lines
-    held = cluster.ssh("node1", "cd ~/kiln/ports && grep -H . [0-9]*").stdout.split()
-    by_run: dict[str, set[str]] = {}
-    for line in held:
-        port, run_id = line.split(":")
-        by_run.setdefault(run_id, set()).add(port)
-    assert by_run.get("side-a") and by_run.get("side-b") and not by_run["side-a"] & by_run["side-b"], held
+    # the status that saw each detached run end settled it: summary.json written, its nodes' files collected, its
+    # ports given back
+    for run_id in ("side-a", "side-b"):
+        data = summary(cluster, run_id)
+        assert data["status"] == "ok" and data["exit_codes"]["node2"] == {"worker-1": 0}, data
+        assert 0 < data["wall_time"] < time.time() - json.loads((cluster.runs / run_id / "run.json").read_text())[
+            "started"], data
+    assert cluster.ssh("node1", "grep -l side- ~/kiln/ports/[0-9]* || true").stdout == ""
 
 
 def test_slots_place_several_ranks_per_host(cluster):

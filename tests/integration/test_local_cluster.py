@@ -14,7 +14,7 @@ import pytest
 from testbed import cluster as cli
 from testbed import netns as plan
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path("/run/kiln/local")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
 

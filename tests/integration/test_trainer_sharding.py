@@ -16,6 +16,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.quick,
     pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="horovod is not installed in this Python"),
 ]
 

@@ -5,7 +5,7 @@ from bootstrap import mesh, preflight
 from bootstrap import node as node_side
 from bootstrap.errors import KilnError
 from bootstrap.hosts import Host
-from bootstrap.ssh import describe_failure
+from bootstrap.ssh import Result, describe_failure
 
 
 def facts(hostname, address, *, resolve=None, tf="2.18.1", ports=None, connection=True):
@@ -144,6 +144,15 @@ def test_ssh_failures_become_one_readable_reason(stderr, reason):
 
 def test_other_failures_keep_the_last_line_and_code():
     assert describe_failure(3, "Traceback...\nValueError: boom\n") == "exit 3: ValueError: boom"
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "reason"), [
+    ("", "warning\nexec: python: not found\n\n", "exec: python: not found"),
+    ("OCI runtime exec failed: no such file\n", "", "OCI runtime exec failed: no such file"),
+    ("", " \n", "exit 126 with no output"),
+])
+def test_a_failed_call_always_says_why(stdout, stderr, reason):
+    assert Result(Host("h"), 126, stdout, stderr).reason() == reason
 
 
 def test_ring_probes_spread_evenly_and_cover_small_clusters():
