@@ -9,11 +9,14 @@ Records are frozen and hold parsed values (hosts as Host records), never strings
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +45,16 @@ def runs_root() -> Path:
 
 def run_folder(run_id: str) -> Path:
     return runs_root() / run_id
+
+
+@contextlib.contextmanager
+def run_lock(run_id: str) -> Iterator[None]:
+    """Held while one task ends a run's record (status settling a detached run, stop): never two at once."""
+    folder = run_folder(validate_run_id(run_id))
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def write_json(path: Path, data: dict | list) -> None:

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import PurePosixPath
 
-from bootstrap import commands, launch, runs, state
+from bootstrap import commands, launch, plots, runs, state
 from bootstrap.cluster import Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError, UsageError
@@ -49,37 +49,59 @@ def status(c, run_id=None):
         detail = f" (exit {seen['code']})" if seen.get("state") == "exited" else ""
         print(f"{plan.names[item.host]:<20} {item.task:<12} {seen.get('state', '?')}{detail}")
     verdict = launch.judge(plan, states)
-    logs = {task: tail_log(group, paths, plan, host, task) for host, task, code in verdict.failed if code}
-    failure = launch.describe_failure(plan, verdict, logs=logs) if verdict.failed else None
+    failure = failure_of(group, paths, plan, verdict)
     if failure or verdict.done:
         settle(record, group, paths, failure)
     summary = f"failed: {failure}" if failure else "done" if verdict.done else "running"
     print(f"run {plan.run_id}: {runs.status_line(summary, state.load_summary(plan.run_id))}")
 
 
+def failure_of(group: Cluster, paths: launch.NodePaths, plan: launch.RunPlan, verdict: launch.Verdict) -> str | None:
+    """What failed in the run, with the failed processes' last log lines (None: nothing failed)."""
+    if not verdict.failed:
+        return None
+    logs = {task: tail_log(group, paths, plan, host, task) for host, task, code in verdict.failed if code}
+    return launch.describe_failure(plan, verdict, logs=logs)
+
+
 def settle(record: state.RunRecord, group: Cluster, paths: launch.NodePaths, failure: str | None) -> None:
-    """A detached run seen ended gets, once, what a watched run gets at its end: its ports released, its nodes'
-    folders collected, and summary.json (its wall time up to its last process's exit). A watched run's watch
-    writes its own."""
-    if record.watched or state.load_summary(record.run_id) is not None:
+    """A detached run seen ended gets, once, what a watched run gets at its end: what is left of it stopped (a
+    parameter server, an elastic run's other agents), its nodes' folders collected, its ports released, and
+    summary.json (its wall time up to its last process's exit) with its plots. A watched run's watch writes its
+    own; `stop` holds the same lock, so the two never both write."""
+    if record.watched:
         return
-    folder = Supervisor(group, plan_from_record(record), paths).collect()
-    group.release_ports(record.run_id, paths.root)
-    ended = max((times.exited for times in runs.process_times(folder).values() if times.exited), default=None)
-    data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=folder,
-                        wall=(ended or time.time()) - record.started)
-    state.save_summary(record.run_id, data)
+    with state.run_lock(record.run_id):
+        if state.load_summary(record.run_id) is not None:
+            return
+        supervisor = Supervisor(group, plan_from_record(record), paths)
+        left = supervisor.stop()
+        folder = supervisor.collect()
+        group.release_ports(record.run_id, paths.root)
+        ended = max((times.exited for times in runs.process_times(folder).values() if times.exited), default=None)
+        if left:
+            failure = f"{failure + '; ' if failure else ''}could not stop: {', '.join(left)}"
+        data = runs.summary(record, status="failed" if failure else "ok", failure=failure, folder=folder,
+                            wall=max(0.0, (ended or time.time()) - record.started))
+        state.save_summary(record.run_id, data)
+        plots.draw(folder)
 
 
 def settle_if_ended(record: state.RunRecord, group: Cluster, paths: launch.NodePaths) -> bool:
-    """For logs, fetch and stop: settle a detached run that has ended, if no task has yet; whether it had ended."""
-    if record.watched or state.load_summary(record.run_id) is not None:
+    """For logs, fetch and stop: settle a detached run that has ended, if no task has yet; whether it has ended
+    and been settled (now or before). Best effort: a node that does not answer leaves it for later."""
+    if record.watched:
         return False
+    if state.load_summary(record.run_id) is not None:
+        return True
     plan = plan_from_record(record)
-    verdict = launch.judge(plan, Supervisor(group, plan, paths).states())
-    if not (verdict.done or verdict.failed):
+    try:
+        verdict = launch.judge(plan, Supervisor(group, plan, paths).states())
+        if not (verdict.done or verdict.failed):
+            return False
+        settle(record, group, paths, failure_of(group, paths, plan, verdict))
+    except KilnError:
         return False
-    settle(record, group, paths, launch.describe_failure(plan, verdict) if verdict.failed else None)
     return True
 
 
@@ -132,18 +154,22 @@ def logs(c, run_id=None, host=None, follow=False, lines=50):
 def stop(c, run_id=None):
     """Stop every process of a run on every host and collect what it left."""
     record, group, paths = reopen(c, run_id)
-    if settle_if_ended(record, group, paths):
-        saved = state.load_summary(record.run_id) or {}
-        print(f"run {record.run_id} had already ended ({saved.get('status')}); nothing to stop; "
-              f"run folder: {state.run_folder(record.run_id)}")
+    settle_if_ended(record, group, paths)  # a detached run that has ended is summed up as it ended, not as stopped
+    with state.run_lock(record.run_id):  # a status settling the run at this moment finishes first
+        ended = not record.watched and state.load_summary(record.run_id)
+        if not ended:
+            supervisor = Supervisor(group, plan_from_record(record), paths)
+            left = supervisor.stop()
+            group.release_ports(record.run_id, paths.root)
+            folder = supervisor.collect()
+            failure = "could not stop: " + ", ".join(left) if left else None
+            data = runs.summary(record, status="stopped", failure=failure, folder=folder,
+                                wall=time.time() - record.started)
+            state.save_summary(record.run_id, data)
+    if ended:  # a detached run that a status, logs or fetch saw end
+        print(f"run {record.run_id} had already ended ({ended['status']}); nothing to stop; run folder: "
+              f"{state.run_folder(record.run_id)}")
         return
-    supervisor = Supervisor(group, plan_from_record(record), paths)
-    left = supervisor.stop()
-    group.release_ports(record.run_id, paths.root)
-    folder = supervisor.collect()
-    failure = "could not stop: " + ", ".join(left) if left else None
-    data = runs.summary(record, status="stopped", failure=failure, folder=folder, wall=time.time() - record.started)
-    state.save_summary(record.run_id, data)
     print(f"stopped run {record.run_id}; run folder: {folder}")
     if left:
         raise RemoteError("stop", left)

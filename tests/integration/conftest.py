@@ -17,8 +17,10 @@ FAB = Path(sys.executable).with_name("fab")
 KILN = Path(sys.executable).with_name("kiln")
 
 
+HERE = Path(__file__).resolve().parent
 # Modules that share a session fixture (the container bake, made once per pytest-xdist worker) run in one worker.
-SHARED_SESSION = {"test_containers.py": "container-bake", "test_bake_docker.py": "container-bake"}
+SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
+                  "tests/integration/test_bake_docker.py": "container-bake"}
 # The longest modules first (their time in a whole run, most first), so the workers end together; then the rest in
 # the order found.
 LONGEST_FIRST = ("test_bake_docker.py", "test_containers.py", "test_managed.py", "test_launcher.py", "test_aws.py",
@@ -28,7 +30,8 @@ LONGEST_FIRST = ("test_bake_docker.py", "test_containers.py", "test_managed.py",
 
 def pytest_collection_modifyitems(items):
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's tests keep their order
+    # stable: a module's tests keep their order; other folders' tests (a whole `pytest`) come after these
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent == HERE else len(rank) + 1)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -36,12 +39,14 @@ def pytest_xdist_make_scheduler(config, log):
     the other modules: its fixtures (a cluster, a moto server) are made once, and no two workers make the same
     cluster. Modules sharing a session fixture (SHARED_SESSION) go to one worker together; modules are handed out
     in the collection's order (LONGEST_FIRST), not xdist's most-tests-first."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadfile"):  # -n alone is load; another was asked for
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return SHARED_SESSION.get(Path(module).name, module)
+            return SHARED_SESSION.get(module, module)
 
     config.option.loadscopereorder = False
     return ByModule(config, log)

@@ -19,7 +19,8 @@ VM = ["-m", "testbed.vm"]
 TOOLS = ("debootstrap", "mkfs.ext4", "qemu-img", "qemu-system-x86_64", "genisoimage", "ssh", "ssh-keygen")
 HOSTNAME = "kiln-test"
 
-# A cold base disk build (debootstrap) takes minutes; the boot under TCG about a minute.
+# A cold base disk build (debootstrap) takes minutes; the boot under TCG about a minute (alone; several beside the
+# other integration modules and the bake).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 
@@ -89,7 +90,7 @@ def vm(base_dir, tmp_path_factory):
     try:
         booted = run([sys.executable, *VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
                       "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--hostname", HOSTNAME,
-                      "--memory", "2048"], timeout=420)
+                      "--memory", "2048", "--timeout", "840"], timeout=900)  # TCG beside the other workers
         assert booted.returncode == 0, f"boot failed:\n{booted.stdout}\n{booted.stderr}"
         assert booted.stdout.strip() == f"ssh -F {state / 'ssh_config'} kiln-vm"
         yield Vm(state, json.loads((state / "vm.json").read_text()), base_dir)
