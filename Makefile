@@ -33,7 +33,7 @@ matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an ima
 	MATRIX=$(MATRIX) scripts/setup
 
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
-	$(PY) -m testbed.demo --nodes $(NODES)
+	$(PY) -m bootstrap.demo --nodes $(NODES)
 
 test: lint validate unit ## everything CI runs (.ci/run prints how long each stage took)
 	@# The two slow stages side by side: the bake's qemu leaves about a third of this machine's 2 cores idle,
@@ -104,5 +104,5 @@ bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throu
 	$(PY) bench/bake.py
 
 clean: ## remove local clusters, runs and the virtual environment
-	-$(PY) -m testbed.cluster down --name kiln
+	-$(PY) -m localcloud.cluster down --name kiln
 	rm -rf runs images .packer-compat $(VENV)

@@ -34,7 +34,7 @@ from bake.matrix import read_matrix, read_override
 from kiln import proc
 from kiln.errors import UsageError, run_main
 from kiln.paths import PROJECT as ROOT
-from testbed import vm
+from localcloud import vm
 
 IMAGES = Path(os.environ.get("KILN_IMAGES", ROOT / "images"))
 

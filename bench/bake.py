@@ -29,7 +29,7 @@ from bake import base_image
 from bake.provision import ANSIBLE, playbook, recap, served, wheelhouse
 from kiln.paths import PROJECT as ROOT
 from kiln.paths import cache_dir
-from testbed.vm import booted
+from localcloud.vm import booted
 
 STAMP = re.compile(r"^\[\s*([\d.]+)\]")
 

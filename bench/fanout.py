@@ -29,7 +29,7 @@ ACCEPTED = re.compile(r"Accepted publickey for \S+ from (\S+)")
 
 
 def local_cluster(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "testbed.cluster", *args, "--name", CLUSTER],
+    subprocess.run([sys.executable, "-m", "localcloud.cluster", *args, "--name", CLUSTER],
                    check=True, timeout=900, stdout=subprocess.DEVNULL)
 
 

@@ -38,7 +38,7 @@ from kiln.paths import PROJECT
 CLUSTER = "kbt"
 STATE = Path("/run/kiln/local") / CLUSTER
 SSH_CONFIG = STATE / "ssh_config"
-NIC = "eth0"  # every local node's interface (testbed.cluster)
+NIC = "eth0"  # every local node's interface (localcloud.cluster)
 KILN = Path(sys.executable).with_name("kiln")
 EXAMPLES = PROJECT / "examples"
 # In the order a run goes through them: kiln's steps up to the start, the nodes', then kiln's stop and collect.
@@ -50,7 +50,7 @@ FRAMEWORKS_PYTHON = PROJECT / ".venv-frameworks" / "bin" / "python"  # PyTorch a
 
 
 def local_cluster(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "testbed.cluster", *args, "--name", CLUSTER],
+    subprocess.run([sys.executable, "-m", "localcloud.cluster", *args, "--name", CLUSTER],
                    check=True, timeout=300, stdout=subprocess.DEVNULL)
 
 
@@ -123,7 +123,7 @@ def by_hand(nodes: int, mode: str, program: launch.Program, python: str = sys.ex
 def image_rows(most: int, env: dict, epochs: int) -> list[str]:
     """The user programs bare and in the container image (present on the nodes); then the image brought to the
     nodes: pulled from the cluster's registry, and shipped from this machine (docker save | ssh docker load)."""
-    from testbed import engines
+    from localcloud import engines
 
     subprocess.run([sys.executable, "-m", "bake.image", "docker"], check=True, timeout=3600, cwd=PROJECT,
                    stdout=subprocess.DEVNULL)

@@ -24,7 +24,7 @@ except ImportError:  # an interpreter without CPython's C module
 HOSTS_FILE = "/etc/hosts"
 DATA_VOLUME_SETTINGS = "/etc/kiln/data-volume.json"  # the image's kiln-data-volume reads it (kiln up --volume)
 CONTAINER_PREFIX = "kiln-"  # a run's container on this node: kiln-RUN_ID (bootstrap/container.py)
-LOCAL_NODE_MARK = "/etc/ssh/kiln-local-node"  # what testbed.cluster puts in its nodes' private /etc/ssh
+LOCAL_NODE_MARK = "/etc/ssh/kiln-local-node"  # what localcloud.cluster puts in its nodes' private /etc/ssh
 AZURE_METADATA = "http://169.254.169.254"  # an Azure VM's instance metadata service
 AZURE_MANAGER = "https://management.azure.com"  # Resource Manager
 AZURE_COMPUTE_API = "2026-04-01"  # virtualMachines' api-version, as the azure-mgmt-compute kiln pins sends it

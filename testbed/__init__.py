@@ -1,3 +1,3 @@
-"""Local test infrastructure that stands in for cloud machines: clusters of sshd nodes in network namespaces
-(testbed.cluster, planned by testbed.netns) and qemu VMs booted like cloud instances (testbed.vm, testbed.vmspec).
-"""
+"""Stand-ins only the tests use, for the cloud APIs that have no emulator: Compute Engine (testbed.gce) and Azure
+Resource Manager (testbed.arm), each serving the published API over HTTP(S) with its faults. They build on the local
+cloud (localcloud/: host keys, quiet servers); nothing outside the tests imports them."""

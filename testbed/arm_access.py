@@ -3,7 +3,7 @@ metadata service gives them, role assignments, and the check Azure RBAC makes on
 
 As Azure does it:
 - A VM whose `identity.type` is SystemAssigned has a service principal (principalId, tenantId) for as long as it
-  has that identity; a token for it comes from the VM's metadata service (testbed.imds asks `token_for`).
+  has that identity; a token for it comes from the VM's metadata service (localcloud.imds asks `token_for`).
 - A role assignment (`Microsoft.Authorization/roleAssignments/{GUID}` under any scope, api-version 2022-04-01)
   grants a role definition's actions to a principal at a scope and every resource below it. ARM refuses a name
   that is not a GUID (InvalidRoleAssignmentId), a role it does not know (RoleDefinitionDoesNotExist), a principal

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from testbed.guest import QuietServer
+from localcloud.guest import QuietServer
 
 if TYPE_CHECKING:
     from testbed.arm import Arm

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from azure.mgmt.compute import models as compute_models
 
+from localcloud.guest import cloud_init_host_keys, make_host_keys
 from testbed.arm_rules import (
     IMAGE_DISK_GB,
     VM_SIZES,
@@ -30,7 +31,6 @@ from testbed.arm_rules import (
     vm_size,
 )
 from testbed.arm_types import DISK, GALLERY_VERSION, NIC, POWER_TEXT, PPG, Reply, Request
-from testbed.guest import cloud_init_host_keys, make_host_keys
 
 
 def boot_log(host: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:

@@ -58,6 +58,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
+from localcloud.guest import QuietServer
 from testbed.gce_instances import InstanceHandlers
 from testbed.gce_resources import ResourceHandlers
 from testbed.gce_rules import (
@@ -81,7 +82,6 @@ from testbed.gce_rules import (
     scope_of,
 )
 from testbed.gce_types import Fault, Guest, Op, dump
-from testbed.guest import QuietServer
 
 # ------------------------------------------------------------------------------------------------------ service
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from google.cloud import compute_v1
 
+from localcloud.guest import make_host_keys
 from testbed.gce_rules import (
     INTERNAL_RANGE,
     MACHINE_TYPES,
@@ -33,7 +34,6 @@ from testbed.gce_rules import (
     scheduling_with_defaults,
 )
 from testbed.gce_types import Guest, boot_log, parse_body
-from testbed.guest import make_host_keys
 
 
 class InstanceHandlers:

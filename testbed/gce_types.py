@@ -11,8 +11,8 @@ from datetime import datetime
 from google.cloud import compute_v1
 from google.protobuf.json_format import ParseError
 
+from localcloud.guest import cloud_init_host_keys
 from testbed.gce_rules import ApiError
-from testbed.guest import cloud_init_host_keys
 
 
 def boot_log(name: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:

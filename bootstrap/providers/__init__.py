@@ -8,7 +8,7 @@ come from (never first contact), how a node learns it is being preempted and how
 power-off means there. `kiln up --provider KIND` picks one, the cluster file remembers it, and the tasks call it
 without knowing which it is.
 
-local: the network-namespace cluster of testbed.cluster on this machine (root), whose nodes can be lost and
+local: the network-namespace cluster of localcloud.cluster on this machine (root), whose nodes can be lost and
 replaced by fresh ones with new host keys. aws: EC2 through boto3 (bootstrap.providers.aws). gcp: Compute Engine
 through google-cloud-compute (bootstrap.providers.gcp). azure: Resource Manager through the azure-mgmt clients
 (bootstrap.providers.azure).

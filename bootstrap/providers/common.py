@@ -150,7 +150,7 @@ def first_boot_settings(size_gib: int, user: str) -> str:
 
 
 def data_volume_file(size_gib: int, user: str) -> dict:
-    """cloud-init's write_files entry for the data volume's settings (local VMs take it too: testbed.vm)."""
+    """cloud-init's write_files entry for the data volume's settings (local VMs take it too: localcloud.vm)."""
     settings = {"label": DATA_LABEL, "mount": DATA_MOUNT, "owner": user, "size_bytes": size_gib * 2**30}
     return {"path": DATA_SETTINGS, "permissions": "0644", "owner": "root:root",
             "content": json.dumps(settings, sort_keys=True) + "\n"}

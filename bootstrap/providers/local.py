@@ -1,8 +1,9 @@
-"""The local provider: a cluster of sshd nodes in network namespaces on this machine (testbed.cluster, as root),
+"""The local provider: a cluster of sshd nodes in network namespaces on this machine (localcloud.cluster, as root),
 whose nodes can be lost and replaced by fresh ones with new host keys; kiln's tests and `make demo` run on it.
-Host keys come from the key files the testbed wrote for each node; a node's stand-in metadata service
-(testbed.imds) posts EC2-style spot notices and GCE-style preemptions; autostop's power-off kills a node's processes.
-The testbed is imported here alone, once this provider is chosen (bootstrap.providers.KINDS imports it then)."""
+Host keys come from the key files the local cloud wrote for each node; a node's stand-in metadata service
+(localcloud.imds) posts EC2-style spot notices and GCE-style preemptions; autostop's power-off kills a node's
+processes. The local cloud (localcloud/) is imported here alone, once this provider is chosen (bootstrap.providers.KINDS
+imports it then)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement
 from kiln.hostkeys import public_key
-from testbed import cluster as local
-from testbed import netns
+from localcloud import cluster as local
+from localcloud import netns
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class LocalRequest:
 
 class LocalProvider:
     kind = "local"
-    host_keys = "the key files testbed.cluster writes for each node"
+    host_keys = "the key files localcloud.cluster writes for each node"
     shutdown = "namespace"
     notice = Notice("any", "EC2's spot/instance-action or GCE's instance/preempted, from the node's stand-in "
                     "metadata service")
@@ -49,7 +50,7 @@ class LocalProvider:
     def plan(self, request: LocalRequest) -> list[str]:
         engines = ", each with its own Docker engine, and a registry" if request.docker else ""
         return [f"cluster {request.name}: {request.count} node(s) in network namespaces on this machine{engines}; "
-                f"their host keys pinned from the files the testbed writes"]
+                f"their host keys pinned from the files the local cloud writes"]
 
     def up(self, request: LocalRequest, python: str = sys.executable) -> Made:
         """Start the nodes (they share this machine's Python) and write the cluster file."""

@@ -18,7 +18,7 @@ import pytest
 from bake.provision import ANSIBLE, playbook, recap, served, wheelhouse  # noqa: F401 (the tests' helpers)
 from kiln.paths import PROJECT as ROOT
 from kiln.paths import cache_dir
-from testbed.vm import booted
+from localcloud.vm import booted
 
 SCRIPTS = ROOT / "scripts"
 

@@ -44,7 +44,7 @@ def test_an_unchanged_fingerprint_reuses_the_image(baked_image, images_dir):
 
 def test_the_suite_passes_on_the_booted_image(baked_vm):
     """On the VM the next test provisions again (one boot under TCG, not two); it runs first, so the suite sees
-    the image as it booted. `make verify` boots its own VM the same way (testbed.vm.booted)."""
+    the image as it booted. `make verify` boots its own VM the same way (localcloud.vm.booted)."""
     ssh_config, _ = baked_vm
     result = run([sys.executable, "-m", "bake.verify", "--hosts", "ssh://kiln-vm", "--ssh-config", str(ssh_config),
                   "--", "-m", "image or gpu", "-rfEs"], timeout=1800)

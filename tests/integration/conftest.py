@@ -118,7 +118,7 @@ class LocalCluster:
 @pytest.fixture(scope="session")
 def container_registry(tmp_path_factory):
     """A real registry (Debian's docker-registry) on loopback for the session: its address."""
-    from testbed.registry import serving
+    from localcloud.registry import serving
     with serving(tmp_path_factory.mktemp("registry")) as address:
         yield address
 
@@ -149,7 +149,7 @@ def container_bake(container_images, container_registry):
 
 
 def local_cluster_command(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.cluster", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "localcloud.cluster", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -26,8 +26,8 @@ from bootstrap.errors import UsageError  # noqa: E402
 from bootstrap.providers import common  # noqa: E402
 from bootstrap.providers.azure import cloud, plan  # noqa: E402
 from bootstrap.ssh import NODE_SCRIPT  # noqa: E402
+from localcloud.imds import Imds  # noqa: E402
 from testbed.arm import Arm  # noqa: E402
-from testbed.imds import Imds  # noqa: E402
 
 SUB = "00000000-0000-0000-0000-000000000000"
 LOCATION = "eastus"

@@ -26,7 +26,7 @@ from bootstrap.hosts import parse_host_list
 from bootstrap.mesh import default_cluster_name
 from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.timeline import Timeline
-from testbed import engines
+from localcloud import engines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
 NAME = "kc"

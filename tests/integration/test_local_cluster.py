@@ -1,4 +1,4 @@
-"""testbed.cluster (scripts/local-cluster): real namespaces, bridges and sshds, always torn down."""
+"""localcloud.cluster (scripts/local-cluster): real namespaces, bridges and sshds, always torn down."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cluster as cli
-from testbed import netns as plan
+from localcloud import cluster as cli
+from localcloud import netns as plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
@@ -40,7 +40,7 @@ needs_namespaces = pytest.mark.skipif(bool(NAMESPACES_UNAVAILABLE), reason=str(N
 
 
 def local_cluster(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.cluster", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "localcloud.cluster", *args], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 

@@ -13,7 +13,7 @@ from test_local_cluster import local_cluster, needs_namespaces, ssh
 
 from bake import container_base
 from kiln.paths import cache_dir
-from testbed import netns as plan
+from localcloud import netns as plan
 
 pytestmark = [pytest.mark.integration, needs_namespaces]
 

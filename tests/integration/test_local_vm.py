@@ -1,4 +1,4 @@
-"""The local VM path: bake.base_image makes (or reuses) the Debian 12 base disk, testbed.vm boots it under qemu
+"""The local VM path: bake.base_image makes (or reuses) the Debian 12 base disk, localcloud.vm boots it under qemu
 (TCG, snapshot mode) like a cloud instance, and SSH to it checks the host key it printed on its console."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = ["-m", "bake.base_image"]
-VM = ["-m", "testbed.vm"]
+VM = ["-m", "localcloud.vm"]
 TOOLS = ("debootstrap", "mkfs.ext4", "qemu-img", "qemu-system-x86_64", "genisoimage", "ssh", "ssh-keygen")
 HOSTNAME = "kiln-test"
 

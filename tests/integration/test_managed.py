@@ -1,5 +1,5 @@
 """Managed runs on the local provider: `kiln up --provider local` makes a 3-node cluster whose nodes can be lost
-(testbed.cluster `lose`: processes killed at once, network and disk gone) and replaced by fresh machines with new
+(localcloud.cluster `lose`: processes killed at once, network and disk gone) and replaced by fresh machines with new
 host keys; `kiln train --managed` replaces a lost node and finishes the run from the last checkpoint."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from conftest import KILN, ROOT, can_make_namespaces, run_processes
 
 from bootstrap.shim import interruption
-from testbed import netns
+from localcloud import netns
 
 pytestmark = pytest.mark.integration
 NAME = "km"
@@ -40,12 +40,12 @@ class Managed:
 
 def remove_local(name: str) -> None:
     """Whatever a test left of a local cluster, gone (its namespaces, nodes and state)."""
-    subprocess.run([sys.executable, "-m", "testbed.cluster", "down", "--name", name], capture_output=True,
+    subprocess.run([sys.executable, "-m", "localcloud.cluster", "down", "--name", name], capture_output=True,
                    timeout=120)
 
 
 def local_cluster(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.cluster", *args, "--name", NAME], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "localcloud.cluster", *args, "--name", NAME], capture_output=True,
                           text=True, timeout=120)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from bootstrap.shim import interruption
 from bootstrap.shim.interruption import GceMetadata, Metadata, MetadataError, parse_notice
-from testbed.imds import Imds
+from localcloud.imds import Imds
 
 EC2 = {"source": "ec2", "grace_s": 90}
 

@@ -1,4 +1,4 @@
-"""testbed.netns: a local cluster's names, addresses and file texts (exact output, no root needed)."""
+"""localcloud.netns: a local cluster's names, addresses and file texts (exact output, no root needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import UsageError
-from testbed import netns as plan
+from localcloud import netns as plan
 
 
 def test_plan_names_and_addresses_follow_the_convention():

@@ -88,7 +88,7 @@ def test_the_dry_run_of_each_provider_says_what_up_would_make():
     local = providers.named("local")
     assert local.plan(local.request("lc", 2, {"docker": True}, None)) == [
         "cluster lc: 2 node(s) in network namespaces on this machine, each with its own Docker engine, and a "
-        "registry; their host keys pinned from the files the testbed writes"]
+        "registry; their host keys pinned from the files the local cloud writes"]
     aws = providers.named("aws")
     lines = aws.plan(aws.request("ac", 2, {"ssh_cidr": "203.0.113.7/32", "ttl_hours": 24.0, "ssh_wait": 300},
                                  None))

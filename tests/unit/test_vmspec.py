@@ -1,4 +1,4 @@
-"""testbed.vmspec: a local VM's qemu argv, NoCloud seed and ssh config (exact output, no qemu needed)."""
+"""localcloud.vmspec: a local VM's qemu argv, NoCloud seed and ssh config (exact output, no qemu needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import UsageError
-from testbed.vmspec import VmSpec, check_hostname, qemu_argv, seed_meta_data, seed_user_data, ssh_config_text
+from localcloud.vmspec import VmSpec, check_hostname, qemu_argv, seed_meta_data, seed_user_data, ssh_config_text
 
 
 def spec(**overrides) -> VmSpec:

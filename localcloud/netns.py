@@ -1,6 +1,6 @@
 """A local cluster's plan: names, addresses, and the text of every file and batch it writes (pure).
 
-Nothing here touches the system; testbed.cluster does the I/O.
+Nothing here touches the system; localcloud.cluster does the I/O.
 """
 from __future__ import annotations
 
@@ -162,8 +162,8 @@ def node_batch(cluster: Cluster, node: Node) -> str:
 
 
 def metadata_argv(python: str, node: Node, node_dir: Path, instance_id: str) -> list[str]:
-    """argv that serves a stand-in metadata service (testbed.imds) at the clouds' address inside the node's network."""
-    return ["ip", "netns", "exec", node.netns, python, "-m", "testbed.imds", "--host", METADATA_ADDRESS,
+    """argv that serves a stand-in metadata service (localcloud.imds) at the clouds' address in the node's network."""
+    return ["ip", "netns", "exec", node.netns, python, "-m", "localcloud.imds", "--host", METADATA_ADDRESS,
             "--port", "80", "--instance-id", instance_id, "--notice-file", str(node_dir / "notice.json"),
             "--ready-file", str(node_dir / "imds.ready")]
 

@@ -1,6 +1,6 @@
 """A local VM's plan: the qemu argv, the NoCloud seed and the ssh config (pure).
 
-Nothing here touches the system; testbed.vm does the I/O.
+Nothing here touches the system; localcloud.vm does the I/O.
 """
 from __future__ import annotations
 

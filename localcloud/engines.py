@@ -1,7 +1,7 @@
 """Docker engines for a local cluster (local-cluster up --docker): one dockerd per node, inside the node's
 namespaces, and the cluster's registry, reached by the nodes on the bridge and by this machine on loopback (two
 registry processes sharing one store: this machine's engine pushes over plain HTTP to loopback only). The plan
-(paths, argv) is testbed.netns's; this module starts, waits for and removes them (I/O)."""
+(paths, argv) is localcloud.netns's; this module starts, waits for and removes them (I/O)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from kiln import proc
 from kiln.errors import KilnError
-from testbed import netns as plan
-from testbed import registry
+from localcloud import netns as plan
+from localcloud import registry
 
 DOCKER_TOOLS = ("dockerd", "docker", "nsenter", registry.BINARY)
 

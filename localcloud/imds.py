@@ -19,10 +19,10 @@ Both clouds serve theirs at 169.254.169.254; this serves both there, and answers
         imds.interrupt("terminate")   # or imds.preempt(), as GCE; imds.evict(), as Azure
 
 As a program it serves a local cluster's node at the clouds' own address inside the node's network namespace
-(testbed.cluster starts it), and posts the notice written to --notice-file (`local-cluster interrupt NODE
+(localcloud.cluster starts it), and posts the notice written to --notice-file (`local-cluster interrupt NODE
 [--cloud gce|azure]`): an EC2 instance-action document, `{"gce": "preempted"}` or `{"azure": "preempt"}`.
 
-    python -m testbed.imds --host 169.254.169.254 --port 80 --instance-id node2 --notice-file F
+    python -m localcloud.imds --host 169.254.169.254 --port 80 --instance-id node2 --notice-file F
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from testbed.guest import QuietServer
+from localcloud.guest import QuietServer
 
 NOTICE_LEAD_SECONDS = 120
 GCE_PREEMPTED = {"gce": "preempted"}  # the notice file's text for a GCE preemption

@@ -20,7 +20,7 @@ from pathlib import Path
 from bake.image import IMAGES
 from bootstrap import runs, state
 from kiln.paths import PROJECT as ROOT
-from testbed import engines
+from localcloud import engines
 
 CLUSTER = "kiln"
 STATE = Path("/run/kiln/local") / CLUSTER
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="leave the cluster up afterwards")
     options = parser.parse_args(argv)
-    local_cluster = [sys.executable, "-m", "testbed.cluster"]
+    local_cluster = [sys.executable, "-m", "localcloud.cluster"]
     kiln = [str(Path(sys.executable).with_name("kiln")), "-S", str(STATE / "ssh_config"),
             "-H", ",".join(f"node{i}" for i in range(1, options.nodes + 1))]
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -1,7 +1,7 @@
 """A real container registry on this machine (Debian's docker-registry: distribution 2.8), standing in for a
 team's registry: `make image PROVIDER=docker REGISTRY=...` pushes to it and local cluster nodes pull from it.
 
-usage: python -m testbed.registry ROOT [--address 127.0.0.1:0]   # serves until interrupted
+usage: python -m localcloud.registry ROOT [--address 127.0.0.1:0]   # serves until interrupted
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def serving(root: Path, host: str = "127.0.0.1", port: int = 0, timeout: float =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.registry", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m localcloud.registry", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="folder for the registry's data, settings and log")
     parser.add_argument("--address", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: a free one)")
     args = parser.parse_args(argv)

@@ -31,8 +31,8 @@ from bootstrap.providers.aws import plan
 from kiln import proc, sshwait
 from kiln.errors import KilnError, UsageError, run_main
 from kiln.hostkeys import console_host_keys, known_hosts_lines
-from testbed import vmspec as vmlib
-from testbed.vmspec import VmSpec
+from localcloud import vmspec as vmlib
+from localcloud.vmspec import VmSpec
 
 TOOLS = ("qemu-system-x86_64", "genisoimage", "ssh", "ssh-keygen")
 
@@ -255,7 +255,7 @@ def booted(image: Path, state: Path, hostname: str, *, timeout: float = 900,
     ssh_config (host kiln-vm, host key pinned); always stop it. The boot may take `timeout` less a minute (qemu
     under TCG on a busy machine: cloud-init alone can take minutes)."""
     record = json.loads((image / "image.json").read_text())
-    vm = [sys.executable, "-m", "testbed.vm"]
+    vm = [sys.executable, "-m", "localcloud.vm"]
     try:
         proc.run([*vm, "boot", "--snapshot", "--state", str(state), "--hostname", hostname,
                   "--timeout", f"{max(60.0, timeout - 60):g}",

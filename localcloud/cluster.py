@@ -13,7 +13,7 @@ node{i}, private bind mounts over /etc/ssh, /etc/hosts, /root/.ssh and /root/kil
 The operator reaches nodes with a per-cluster key and pinned host keys: `ssh -F STATE/ssh_config node2 hostname`.
 State: /run/kiln/local/NAME/. `down` finds everything by name, so it also works after a crash or without the
 state directory. With `up --metadata`, every node has its own stand-in metadata service of EC2, GCE and Azure (IMDSv2,
-testbed.imds) at 169.254.169.254 inside its network, where `interrupt` posts a spot interruption notice.
+localcloud.imds) at 169.254.169.254 inside its network, where `interrupt` posts a spot interruption notice.
 With `up --docker`, every node has its own Docker engine (dockerd in the node's namespaces, images under
 /var/lib/kiln-local/NAME/NODE; sessions get DOCKER_HOST pointing at it) and the cluster has a registry, at
 GATEWAY:5000 for the nodes and on a loopback port for this machine's engine to push to (status --json names
@@ -47,9 +47,9 @@ from kiln.errors import KilnError, UsageError, run_main
 from kiln.hostkeys import without_hosts
 from kiln.paths import PROJECT
 from kiln.sshwait import probe_ssh, wait_for_ssh
-from testbed import engines
-from testbed import netns as plan  # the pure half: names, addresses, file texts
-from testbed.imds import AZURE_EVICTED, GCE_PREEMPTED, notice_text
+from localcloud import engines
+from localcloud import netns as plan  # the pure half: names, addresses, file texts
+from localcloud.imds import AZURE_EVICTED, GCE_PREEMPTED, notice_text
 
 TOOLS = ("ip", "unshare", "mount", "ssh", "ssh-keygen", plan.SSHD)
 WORKERS = min(32, 4 * (os.cpu_count() or 1))  # bound for fan-outs that spawn processes

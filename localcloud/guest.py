@@ -1,4 +1,4 @@
-"""What the cloud stand-ins (testbed.gce, testbed.arm, testbed.imds) share: a machine's real SSH host keys and the
+"""What the cloud stand-ins (testbed.gce, testbed.arm, localcloud.imds) share: a machine's real SSH host keys and the
 block in which cloud-init prints them to the serial console at boot, and an HTTP server that skips the reverse
 DNS lookup of its address at bind (seconds where no resolver answers, as inside a local cluster's node)."""
 
