@@ -101,7 +101,7 @@ matrix-check: setup ## is the version matrix current? each pin's newest release 
 bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput, the local bake
 	$(PY) bench/fanout.py
 	$(PY) bench/throughput.py
-	$(PY) bench/bake.py
+	$(PY) bench/local_bake.py
 
 clean: ## remove local clusters, runs and the virtual environment
 	-$(PY) -m localcloud.cluster down --name kiln

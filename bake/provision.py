@@ -1,5 +1,5 @@
 """Provisioning a running machine with the bake's playbooks, outside Packer: a local VM over its own ssh
-config (tests, bench/bake.py), and reading the PLAY RECAP of the run."""
+config (tests, bench/local_bake.py), and reading the PLAY RECAP of the run."""
 
 from __future__ import annotations
 

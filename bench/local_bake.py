@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""usage: bench/bake.py [--image DIR]
+"""usage: bench/local_bake.py [--image DIR]
 
 The local bake, measured in one run (qemu under TCG on this machine):
   bake_s            `scripts/image local --force`: base disk boot, the cpu profile, cleanup, shutdown
@@ -58,7 +58,7 @@ def first_provisioning(log: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="bench/bake.py")
+    parser = argparse.ArgumentParser(prog="bench/local_bake.py")
     parser.add_argument("--image", type=Path, help="measure on this baked local image instead of baking one")
     args = parser.parse_args()
     wheels = wheelhouse()
