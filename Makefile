@@ -13,9 +13,10 @@ VARS ?=
 REGISTRY ?=
 # A matrix file (matrices/) whose entries replace the version matrix's for one bake, e.g. an older TensorFlow.
 MATRIX ?=
-# pytest-xdist workers: the integration modules run side by side, each whole in one worker (tests/integration's
-# conftest); the unit tests spread over the cores.
-WORKERS ?= 3
+# pytest-xdist workers for the integration modules (each module whole in one worker: tests/integration's conftest).
+# 0 runs them one after another: on a 2-core machine the suite is bound by CPU (TensorFlow's start-up and training,
+# Ansible, qemu), and 3 workers beside image-test's qemu took longer than none. WORKERS=3 where cores are many.
+WORKERS ?= 0
 
 .PHONY: help setup matrix-env demo test test-fast lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
 
@@ -43,7 +44,7 @@ test: lint validate unit ## everything CI runs (.ci/run prints how long each sta
 test-fast: setup ## the inner loop (a few minutes): lint, unit, and the integration modules marked quick; says what it left out
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 tests/unit
-	$(PY) -m pytest -q -m "integration and quick" -n $(WORKERS) tests/integration
+	$(PY) -m pytest -q -m "integration and quick" -n 3 tests/integration
 	@echo "make test-fast left out: shellcheck and make validate (the bake's static checks), the integration modules" \
 	  "not marked quick (clusters training, the container bake, managed recovery: make integration), the local bake" \
 	  "(make image-test); make test runs them all"
@@ -67,7 +68,7 @@ unit: setup ## pure-code tests (seconds)
 	$(PY) -m pytest -q -n 2 tests/unit
 	$(stage_end)
 
-integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root); WORKERS=3 side by side
+integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root); WORKERS=N modules side by side
 	$(stage_begin)
 	$(PY) -m pytest -q -m integration -n $(WORKERS) --durations=20 tests/integration
 	$(stage_end)

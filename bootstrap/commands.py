@@ -154,6 +154,9 @@ def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, ex
 ELASTIC_COOLDOWN = (5, 300)  # seconds: horovodrun --blacklist-cooldown-range
 
 
+GLOO_TIMEOUT_S = 300  # horovodrun --gloo-timeout-seconds
+
+
 def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str, entry: Sequence[str],
                     nic: str | None, mpi: bool = False, output_dir: str | None = None,
                     start_timeout: int = 60, elastic: tuple[int, int] | None = None) -> list[str]:
@@ -166,6 +169,9 @@ def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str,
         "--blacklist-cooldown-range", *map(str, ELASTIC_COOLDOWN)]
     argv = [*horovodrun, "-np", str(processes), *hosts, "--mpi" if mpi else "--gloo",
             "--start-timeout", str(start_timeout)]
+    if not mpi:  # Gloo's rendezvous waits 30 s by default for every rank's key: a rank still importing TensorFlow
+        # on a busy or cold node (tens of seconds) failed the run, or an elastic run's re-forming; torchrun waits 900 s
+        argv += ["--gloo-timeout-seconds", str(GLOO_TIMEOUT_S)]
     if nic:
         argv += ["--network-interfaces", nic]
     if output_dir:

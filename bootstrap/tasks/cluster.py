@@ -180,7 +180,6 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
     if not passed:
         raise KilnError("preflight failed (see the table above)")
     if collective or (gpu and len(goal.hosts) > 1):
-        group.apply_mesh()  # the measuring processes reach each other by name, as a run's do
         check_collective(group, nic, record=state.load_cluster(goal.name), asked=collective)
 
 

@@ -94,6 +94,7 @@ def test_check_collective_measures_all_reduce_across_the_nodes(cluster):
 def test_check_collective_names_the_node_behind_a_slow_link(cluster):
     """node3's link throttled on this machine's side of its veth (tc's token bucket): the pairs with node3 slow
     down and node3 alone is named."""
+    assert cluster.fab("cluster.mesh", hosts=HOSTS).returncode == 0  # as a user checks a meshed cluster (alone too)
     veth = cluster.nodes[2]["veth"]
     subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "400mbit", "burst", "64kb",
                     "latency", "400ms"], check=True, timeout=30)
