@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         step(f"a local cluster of {options.nodes} nodes", [*local_cluster, "up", str(options.nodes), "--name", CLUSTER,
                                                           "--docker"])
-        step("the SSH mesh", [*kiln, "mesh", "--cluster", CLUSTER])
+        # --python: the cluster's Python is this venv's, whatever an earlier demo's torchrun row left in its record
+        step("the SSH mesh", [*kiln, "mesh", "--cluster", CLUSTER, "--python", sys.executable])
         step("preflight", [*kiln, "check", "--cluster", CLUSTER])
         rows = []
         for index, (label, args) in enumerate(modes):
