@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 from dataclasses import replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from bootstrap import commands, launch, plots, runs, state
 from bootstrap.cluster import Cluster
@@ -74,10 +74,7 @@ def settle(record: state.RunRecord, group: Cluster, paths: launch.NodePaths, fai
     with state.run_lock(record.run_id):
         if state.load_summary(record.run_id) is not None:
             return
-        supervisor = Supervisor(group, plan_from_record(record), paths)
-        left = supervisor.stop()
-        folder = supervisor.collect()
-        group.release_ports(record.run_id, paths.root)
+        left, folder = wind_up(record, group, paths)
         ended = max((times.exited for times in runs.process_times(folder).values() if times.exited), default=None)
         if left:
             failure = f"{failure + '; ' if failure else ''}could not stop: {', '.join(left)}"
@@ -85,6 +82,16 @@ def settle(record: state.RunRecord, group: Cluster, paths: launch.NodePaths, fai
                             wall=max(0.0, (ended or time.time()) - record.started))
         state.save_summary(record.run_id, data)
         plots.draw(folder)
+
+
+def wind_up(record: state.RunRecord, group: Cluster, paths: launch.NodePaths) -> tuple[dict[str, str], Path]:
+    """Stop what is left of a run, collect its nodes' folders and give back its ports: (what could not be
+    stopped, the run folder)."""
+    supervisor = Supervisor(group, plan_from_record(record), paths)
+    left = supervisor.stop()
+    folder = supervisor.collect()
+    group.release_ports(record.run_id, paths.root)
+    return left, folder
 
 
 def settle_if_ended(record: state.RunRecord, group: Cluster, paths: launch.NodePaths) -> bool:
@@ -157,19 +164,14 @@ def stop(c, run_id=None):
     settle_if_ended(record, group, paths)  # a detached run that has ended is summed up as it ended, not as stopped
     with state.run_lock(record.run_id):  # a status settling the run at this moment finishes first
         ended = not record.watched and state.load_summary(record.run_id)
-        if not ended:
-            supervisor = Supervisor(group, plan_from_record(record), paths)
-            left = supervisor.stop()
-            group.release_ports(record.run_id, paths.root)
-            folder = supervisor.collect()
-            failure = "could not stop: " + ", ".join(left) if left else None
-            data = runs.summary(record, status="stopped", failure=failure, folder=folder,
-                                wall=time.time() - record.started)
-            state.save_summary(record.run_id, data)
-    if ended:  # a detached run that a status, logs or fetch saw end
-        print(f"run {record.run_id} had already ended ({ended['status']}); nothing to stop; run folder: "
-              f"{state.run_folder(record.run_id)}")
-        return
+        if ended:  # a detached run that a status, logs or fetch saw end
+            print(f"run {record.run_id} had already ended ({ended['status']}); nothing to stop; run folder: "
+                  f"{state.run_folder(record.run_id)}")
+            return
+        left, folder = wind_up(record, group, paths)
+        failure = "could not stop: " + ", ".join(left) if left else None
+        state.save_summary(record.run_id, runs.summary(record, status="stopped", failure=failure, folder=folder,
+                                                       wall=time.time() - record.started))
     print(f"stopped run {record.run_id}; run folder: {folder}")
     if left:
         raise RemoteError("stop", left)
