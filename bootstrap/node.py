@@ -289,8 +289,10 @@ def write_if_changed(path, text, mode=0o600):
                 return False
     except FileNotFoundError:
         pass
+    import _thread
+
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.kiln-tmp"
+    tmp = f"{path}.kiln-tmp-{os.getpid()}-{_thread.get_ident()}"  # writers side by side never share one
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
@@ -328,19 +330,35 @@ def mesh(payload, parts):
     changed = []
     if "ssh" in parts:
         changed += mesh_ssh(payload)
-    if "hosts" in parts:
-        entries = [tuple(entry) for entry in payload["hosts"]]
-        with open(HOSTS_FILE) as handle:
-            current = handle.read()
-        wanted = hosts_text(current, f"kiln {payload['cluster']}", entries)
-        if wanted != current:
-            with open(HOSTS_FILE, "w") as handle:  # in place: /etc/hosts may be a bind mount
-                handle.write(wanted)
-            changed.append(HOSTS_FILE)
+    if "hosts" in parts and mesh_hosts(payload["cluster"], [tuple(entry) for entry in payload["hosts"]]):
+        changed.append(HOSTS_FILE)
     return {"changed": changed}
 
 
+def mesh_hosts(cluster, entries, path=HOSTS_FILE):
+    """The cluster's names in /etc/hosts; True if it changed. Edited in place (it may be a bind mount) under a
+    lock on the file itself, so clusters meshed side by side over the same node each keep their block, and a
+    name lookup meanwhile never reads it empty."""
+    import fcntl
+
+    with open(path, "r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        current = handle.read()
+        wanted = hosts_text(current, f"kiln {cluster}", entries)
+        if wanted == current:
+            return False
+        handle.seek(0)
+        handle.write(wanted)
+        handle.truncate()
+        return True
+
+
 def mesh_ssh(payload):
+    """The cluster's key, known_hosts and ssh config under ~/.ssh/kiln/CLUSTER, included from ~/.ssh/config, and
+    its key authorized. ~/.ssh/config and authorized_keys are shared by every cluster on the node: they are read
+    and rewritten under a lock, so meshes of clusters side by side (runs on overlapping hosts) lose nothing."""
+    import fcntl
+
     cluster = payload["cluster"]
     ssh_dir = os.path.expanduser("~/.ssh")
     os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
@@ -348,6 +366,13 @@ def mesh_ssh(payload):
     for folder in (os.path.dirname(base), base):
         os.makedirs(folder, mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)
+    with open(os.path.join(os.path.dirname(base), ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return install_ssh(payload, ssh_dir, base)
+
+
+def install_ssh(payload, ssh_dir, base):
+    cluster = payload["cluster"]
     changed = []
     files = {
         "id_ed25519": payload["private_key"],

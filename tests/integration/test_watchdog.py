@@ -63,6 +63,6 @@ def test_busy_silent_programs_finish_and_a_hung_one_is_stopped_when_asked(cluste
     # named by host: whichever of the three went past the limit first (they began within a second of each other)
     stalled = re.search(r"no output and no sign of work \(CPU time, a GPU busy, the heartbeat file\) for over 20s "
                         r"from ((?:shard-\d@node\d(?:, )?)+); stalled: ((?:node\d(?:, )?)+)", err)
-    assert stalled, err
+    assert stalled, out[-3000:] + err
     assert {s.split("@")[1] for s in stalled.group(1).split(", ")} == set(stalled.group(2).split(", ")), err
     assert all(run_processes(run_id) == [] for run_id in runs)

@@ -210,3 +210,37 @@ def test_preflight_compares_pytorch_and_jax_only_where_the_run_needs_them():
         preflight.Finding("n2:2222", "versions", "torch missing differs from 2.13.0+cpu on n1"),
         preflight.Finding("n3", "versions", "torch missing differs from 2.13.0+cpu on n1"),
     ]
+
+
+def test_clusters_meshed_side_by_side_on_one_node_keep_each_others_keys_and_names(tmp_path):
+    """Runs on overlapping hosts are clusters of their own, meshed at once on the same node (the watchdog's
+    integration test lost one's Include, key or names this way, and its preflight failed): the shared
+    ~/.ssh/config, authorized_keys and /etc/hosts end with every cluster's entries."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    code = ("import sys, time; from bootstrap import node\n"
+            "i = int(sys.argv[2]); name = f'c{i}'\n"
+            "payload = {'cluster': name, 'private_key': 'key', 'public_key': f'ssh-ed25519 KEY{i} {name}',\n"
+            "           'known_hosts': '', 'ssh_config': '', 'hosts': [[f'10.9.0.{i}', f'n{i}']]}\n"
+            "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))  # all at once\n"
+            "node.mesh_ssh(payload)\n"
+            f"node.mesh_hosts(name, [(f'10.9.0.{{i}}', f'n{{i}}')], path={str(hosts)!r})\n")
+    at = str(time.time() + 2)
+    runs = [subprocess.Popen([sys.executable, "-c", code, at, str(i)], env={**os.environ, "HOME": str(tmp_path)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+            for i in range(8)]
+    answers = [run.communicate(timeout=60) for run in runs]
+    assert [run.returncode for run in runs] == [0] * 8, answers
+    config = (tmp_path / ".ssh" / "config").read_text()
+    authorized = (tmp_path / ".ssh" / "authorized_keys").read_text()
+    names = hosts.read_text()
+    for i in range(8):
+        assert f"Include {tmp_path}/.ssh/kiln/c{i}/config" in config, config
+        assert f"KEY{i}" in authorized, authorized
+        assert f"10.9.0.{i} n{i}" in names, names
+    assert "127.0.0.1 localhost" in names
