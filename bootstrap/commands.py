@@ -154,7 +154,11 @@ def trainer_argv(python: str, strategy: str, *, run_dir: str, model_dir: str, ex
 ELASTIC_COOLDOWN = (5, 300)  # seconds: horovodrun --blacklist-cooldown-range
 
 
-GLOO_TIMEOUT_S = 300  # horovodrun --gloo-timeout-seconds
+# horovodrun --gloo-timeout-seconds. Gloo's 30 s default failed the run, or an elastic run's re-forming, when a rank
+# was still importing TensorFlow on a busy or cold node (tens of seconds). It also bounds how long the ranks of a
+# collective wait on a peer that vanished without closing its connections (a lost node): an elastic run goes on
+# without that node only after it, so it stays short (300 s held an elastic run 5 minutes at each lost node).
+GLOO_TIMEOUT_S = 60
 
 
 def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str, entry: Sequence[str],
@@ -169,8 +173,7 @@ def horovodrun_argv(horovodrun: Sequence[str], *, processes: int, hostfile: str,
         "--blacklist-cooldown-range", *map(str, ELASTIC_COOLDOWN)]
     argv = [*horovodrun, "-np", str(processes), *hosts, "--mpi" if mpi else "--gloo",
             "--start-timeout", str(start_timeout)]
-    if not mpi:  # Gloo's rendezvous waits 30 s by default for every rank's key: a rank still importing TensorFlow
-        # on a busy or cold node (tens of seconds) failed the run, or an elastic run's re-forming; torchrun waits 900 s
+    if not mpi:
         argv += ["--gloo-timeout-seconds", str(GLOO_TIMEOUT_S)]
     if nic:
         argv += ["--network-interfaces", nic]

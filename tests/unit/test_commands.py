@@ -61,7 +61,7 @@ def test_horovodrun_argv_is_exact():
     assert horovodrun_argv(["/v/bin/horovodrun"], processes=3, hostfile="/r/hostfile", entry=entry, nic="eth0",
                            output_dir="/r/ranks") == [
         "/v/bin/horovodrun", "-np", "3", "--hostfile", "/r/hostfile", "--gloo", "--start-timeout", "60",
-        "--gloo-timeout-seconds", "300",
+        "--gloo-timeout-seconds", "60",
         "--network-interfaces", "eth0", "--output-filename", "/r/ranks",
         "/v/bin/python", "-m", "trainer", "--strategy", "horovod", "--run-dir", "/r", "--model-dir", "/r/model",
         "--epochs", "2",

@@ -37,7 +37,7 @@ def test_elastic_horovodrun_asks_the_discovery_script_and_lets_a_lost_host_back_
                            elastic=(2, 3))
     assert argv == ["hr", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", "sh /r/discover",
                     "--blacklist-cooldown-range", *map(str, ELASTIC_COOLDOWN), "--gloo", "--start-timeout", "60",
-                    "--gloo-timeout-seconds", "300",
+                    "--gloo-timeout-seconds", "60",
                     "--network-interfaces", "eth0", "x"]
     low, high = ELASTIC_COOLDOWN
     assert 1 <= low <= high <= 3600  # horovodrun refuses a range outside 1 s to 1 h

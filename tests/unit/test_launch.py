@@ -52,7 +52,7 @@ def test_horovod_plan_is_one_horovodrun_on_the_first_node():
     assert plan == RunPlan("r1", "horovod", NAMES, (Launch(
         0, "horovodrun",
         (PY, "/root/kiln/lib/shim/horovodrun.py", "-np", "3", "--hostfile", f"{run}/hostfile", "--gloo",
-         "--start-timeout", "60", "--gloo-timeout-seconds", "300",
+         "--start-timeout", "60", "--gloo-timeout-seconds", "60",
          "--network-interfaces", "eth0", "--output-filename", f"{run}/ranks", "/root/kiln/lib/shim/kiln-rank",
          PY, "-m", "trainer", "--strategy", "horovod", "--run-dir", run, "--model-dir", f"{run}/model",
          "--epochs", "2"),

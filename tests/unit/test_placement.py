@@ -169,6 +169,6 @@ def test_the_all_reduce_check_runs_one_horovodrun_through_kilns_shims():
     hosts = f"{ROOTDIR}/checks/allreduce-t1.hosts"
     assert command.startswith(f"mkdir -p {ROOTDIR}/checks && printf %s 'node1 slots=8\nnode2 slots=4\n' > {hosts}")
     assert (f"{PY} {ROOTDIR}/lib/shim/horovodrun.py -np 12 --hostfile {hosts} --gloo --start-timeout 60 "
-            f"--gloo-timeout-seconds 300 --network-interfaces ens5 {PY} {ROOTDIR}/lib/allreduce.py "
+            f"--gloo-timeout-seconds 60 --network-interfaces ens5 {PY} {ROOTDIR}/lib/allreduce.py "
             "--horovod") in command
     assert f"PATH={ROOTDIR}/lib/shim:/v/bin:" in command and f"rm -f {hosts}" in command
