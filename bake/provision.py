@@ -41,8 +41,11 @@ def served(folder: Path) -> Iterator[int]:
 
 def playbook(ssh_config: Path, play: Path, *extra: str, host: str = "kiln-vm",
              timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook (this virtual environment's) against one host over its own ssh config."""
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "ANSIBLE_SSH_ARGS": f"-F {ssh_config}"}
+    """ansible-playbook (this virtual environment's) against one host over its own ssh config, every task over
+    one shared connection (Ansible's own default, which setting its ssh arguments would drop): a handshake with a
+    VM under TCG costs seconds, and a playbook makes one per task."""
+    ssh_args = f"-F {ssh_config} -o ControlMaster=auto -o ControlPersist=60s"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "ANSIBLE_SSH_ARGS": ssh_args}
     argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", f"{host},", *extra, str(play)]
     return proc.run(argv, timeout=timeout, check=False, env=env, cwd=PROJECT)
 
