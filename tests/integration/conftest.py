@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.paths import cache_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 FAB = Path(sys.executable).with_name("fab")
 KILN = Path(sys.executable).with_name("kiln")
@@ -125,27 +127,53 @@ def container_registry(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def container_images(tmp_path_factory) -> Path:
-    """A fresh images folder: the container bake is made for real, never reused from the cache."""
-    return tmp_path_factory.mktemp("images")
+    """The container bake's images folder, kept in the cache as image-test keeps the local image: a run whose bake
+    inputs (the fingerprint: roles, the matrix, the base image, the wheelhouse) are those of the image there uses
+    that image, as `make image PROVIDER=docker` reuses an unchanged one; any change bakes again, for real.
+    KILN_IMAGE_TEST_FRESH=1 bakes in a fresh folder whatever is kept."""
+    if os.environ.get("KILN_IMAGE_TEST_FRESH"):
+        return tmp_path_factory.mktemp("images")
+    kept = cache_dir() / "container-test"
+    kept.mkdir(parents=True, exist_ok=True)
+    return kept
 
 
 @pytest.fixture(scope="session")
 def container_bake(container_images, container_registry):
-    """`make image PROVIDER=docker REGISTRY=...` baked once for the session into a fresh images folder (its tests
-    and the container runs share it): (its folder, image.json). The image leaves the engine afterwards (some GB)."""
+    """`make image PROVIDER=docker REGISTRY=...` once for the session (its tests and the container runs share it):
+    (its folder, image.json). One image is kept in the engine (some GB): those of other inputs leave it, and a
+    fresh folder's leaves it afterwards; the session registry's tag always does."""
     if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
         pytest.fail("no Docker engine answers on this machine (make setup starts one: scripts/docker-engine)")
     made = subprocess.run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry],
                           capture_output=True, text=True, timeout=3600, cwd=ROOT,
                           env={**os.environ, "KILN_IMAGES": str(container_images)})
     assert made.returncode == 0, f"the container bake failed:\n{made.stdout[-8000:]}\n{made.stderr[-3000:]}"
-    found = list(container_images.glob("docker-cpu-*/image.json"))
-    assert len(found) == 1, f"expected one container image record in {container_images}, found {found}"
-    record = json.loads(found[0].read_text())
-    yield found[0].parent, record
+    folder = Path(made.stdout.strip().splitlines()[-1].rsplit(": ", 1)[-1])
+    assert (folder / "image.json").is_file(), f"bake.image named no image: {made.stdout[-2000:]}"
+    for other in container_images.glob("docker-cpu-*/image.json"):  # baked from other inputs
+        if other.parent != folder:
+            subprocess.run(["docker", "rmi", json.loads(other.read_text()).get("image", "")], capture_output=True,
+                           timeout=300)
+            shutil.rmtree(other.parent, ignore_errors=True)
+    record = json.loads((folder / "image.json").read_text())
+    reused = "up to date" in made.stdout
+    SAID.append(f"container bake: {'reused the image baked from these very inputs,' if reused else 'baked'} "
+                f"{folder.name}{' (KILN_IMAGE_TEST_FRESH=1 bakes anyway)' if reused else ''}")
+    yield folder, record
     pushed = record.get("pushed", "").split("@")[0]
+    kept = [] if os.environ.get("KILN_IMAGE_TEST_FRESH") else [record["image"]]
     for name in (record["image"], *([f"{pushed}:cpu-{record['fingerprint']}"] if pushed else [])):
-        subprocess.run(["docker", "rmi", name], capture_output=True, timeout=300)
+        if name not in kept:
+            subprocess.run(["docker", "rmi", name], capture_output=True, timeout=300)
+
+
+SAID: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in SAID:
+        terminalreporter.write_line(line)
 
 
 def local_cluster_command(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
