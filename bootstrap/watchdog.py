@@ -24,10 +24,13 @@ class Progress:
     """When each stream's value (a logged step, or how much it printed) last moved, as seen from the operator."""
 
     changes: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    began: float | None = None  # the first look
 
     def observe(self, now: float, steps: Mapping[str, int]) -> None:
         """Note each stream's value; any change is a move (a step that goes back is a restart from a checkpoint,
         as an elastic run's workers make after a node went or came)."""
+        if self.began is None:
+            self.began = now
         for stream, step in steps.items():
             seen = self.changes.setdefault(stream, [])
             if not seen or step != seen[-1][1]:
@@ -35,8 +38,13 @@ class Progress:
 
     def stalled(self, now: float, *, factor: float, minimum: float) -> tuple[list[str], float]:
         """Streams with no new step for `factor` times the median time between
-        their steps (and at least `minimum` seconds); (streams, limit used)."""
+        their steps (and at least `minimum` seconds); (streams, limit used). Until some stream has moved twice,
+        the time each took from the first look to its first step stands in (start-up included, so the limit is
+        longer, never shorter): a process frozen after its first few steps, all logged between two looks, is
+        still found."""
         gaps = sorted(b[0] - a[0] for seen in self.changes.values() for a, b in zip(seen, seen[1:], strict=False))
+        if not gaps and self.began is not None:
+            gaps = sorted(seen[0][0] - self.began for seen in self.changes.values() if seen[0][0] > self.began)
         if not gaps:
             return [], minimum
         limit = max(minimum, factor * gaps[len(gaps) // 2])

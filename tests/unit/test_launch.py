@@ -165,6 +165,22 @@ def test_progress_flags_streams_past_the_stall_limit():
     assert Progress().stalled(100, factor=3, minimum=1) == ([], 1)
 
 
+def test_a_process_frozen_after_steps_seen_in_one_look_is_still_found():
+    """Its first steps all came between two looks (the launcher's frozen rank-1 test: steps 1-5 in 0.2 s), so no
+    stream ever moved twice: the time to its first step (start-up included) stands in for its pace."""
+    from bootstrap.watchdog import Progress
+
+    progress = Progress()
+    progress.observe(0, {})  # the watch begins: TensorFlow is still importing
+    progress.observe(15, {"rank-0@node1": 5, "rank-1@node2": 5})  # steps 1-5 since the last look, then frozen
+    assert progress.stalled(60, factor=5, minimum=5) == ([], 75)
+    assert progress.stalled(91, factor=5, minimum=5) == (["rank-0@node1", "rank-1@node2"], 75)
+    assert progress.stalled(91, factor=5, minimum=120) == ([], 120)
+    present = Progress()  # steps there at the first look: nothing to measure a pace by yet
+    present.observe(0, {"rank-0@node1": 5})
+    assert present.stalled(1000, factor=5, minimum=5) == ([], 5)
+
+
 def test_failed_hosts_blame_the_rank_horovod_names():
     from bootstrap.launch import failed_hosts
 
