@@ -118,10 +118,25 @@ class LocalCluster:
 
 
 @pytest.fixture(scope="session")
-def container_registry(tmp_path_factory):
-    """A real registry (Debian's docker-registry) on loopback for the session: its address."""
+def container_registry(tmp_path_factory, container_images):
+    """A real registry (Debian's docker-registry) on loopback for the session: its address. Beside a kept container
+    bake its data is kept too (container-test/registry), so the kept image is not pushed again (some GB,
+    compressed) every session, only checked there; it starts empty whenever the kept image is not the one it was
+    started beside, so it holds the blobs of one bake, not of every bake."""
     from localcloud.registry import serving
-    with serving(tmp_path_factory.mktemp("registry")) as address:
+
+    root = tmp_path_factory.mktemp("registry")
+    if not os.environ.get("KILN_IMAGE_TEST_FRESH"):
+        root = container_images / "registry"
+        kept = "\n".join(sorted(p.parent.name for p in container_images.glob("docker-cpu-*/image.json")))
+        beside = root / "kept-image"
+        if not beside.is_file() or beside.read_text() != kept:
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            beside.write_text(kept)
+        for old in root.glob("config-*"):  # an earlier session's settings and log, by its port
+            old.unlink()
+    with serving(root) as address:
         yield address
 
 
