@@ -17,6 +17,8 @@ from kiln.paths import cache_dir
 ROOT = Path(__file__).resolve().parents[2]
 FAB = Path(sys.executable).with_name("fab")
 KILN = Path(sys.executable).with_name("kiln")
+# Bake the container image in a fresh folder, with a fresh registry, whatever the cache keeps (as image-test does).
+FRESH = bool(os.environ.get("KILN_IMAGE_TEST_FRESH"))
 
 
 HERE = Path(__file__).resolve().parent
@@ -125,8 +127,9 @@ def container_registry(tmp_path_factory, container_images):
     started beside, so it holds the blobs of one bake, not of every bake."""
     from localcloud.registry import serving
 
-    root = tmp_path_factory.mktemp("registry")
-    if not os.environ.get("KILN_IMAGE_TEST_FRESH"):
+    if FRESH:
+        root = tmp_path_factory.mktemp("registry")
+    else:
         root = container_images / "registry"
         kept = "\n".join(sorted(p.parent.name for p in container_images.glob("docker-cpu-*/image.json")))
         beside = root / "kept-image"
@@ -146,7 +149,7 @@ def container_images(tmp_path_factory) -> Path:
     inputs (the fingerprint: roles, the matrix, the base image, the wheelhouse) are those of the image there uses
     that image, as `make image PROVIDER=docker` reuses an unchanged one; any change bakes again, for real.
     KILN_IMAGE_TEST_FRESH=1 bakes in a fresh folder whatever is kept."""
-    if os.environ.get("KILN_IMAGE_TEST_FRESH"):
+    if FRESH:
         return tmp_path_factory.mktemp("images")
     kept = cache_dir() / "container-test"
     kept.mkdir(parents=True, exist_ok=True)
@@ -177,7 +180,7 @@ def container_bake(container_images, container_registry):
                 f"{folder.name}{' (KILN_IMAGE_TEST_FRESH=1 bakes anyway)' if reused else ''}")
     yield folder, record
     pushed = record.get("pushed", "").split("@")[0]
-    kept = [] if os.environ.get("KILN_IMAGE_TEST_FRESH") else [record["image"]]
+    kept = [] if FRESH else [record["image"]]
     for name in (record["image"], *([f"{pushed}:cpu-{record['fingerprint']}"] if pushed else [])):
         if name not in kept:
             subprocess.run(["docker", "rmi", name], capture_output=True, timeout=300)
