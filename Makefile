@@ -13,12 +13,15 @@ VARS ?=
 REGISTRY ?=
 # A matrix file (matrices/) whose entries replace the version matrix's for one bake, e.g. an older TensorFlow.
 MATRIX ?=
-# pytest-xdist workers for the integration modules (each module whole in one worker: tests/integration's conftest).
-# 0 runs them one after another: on a 2-core machine the suite is bound by CPU (TensorFlow's start-up and training,
-# Ansible, qemu), and 3 workers beside image-test's qemu took longer than none. WORKERS=3 where cores are many.
+# pytest-xdist workers for make integration (each module whole in one worker: tests/integration's conftest); 0 runs
+# the modules one after another.
 WORKERS ?= 0
+# pytest-xdist workers for make suites (make test): the integration modules and the local bake's tests in one pool,
+# the longest first. Two on a 2-core machine: each worker waits about a tenth of its time (SSH, timers, start-up), so
+# two keep both cores busy where three made every test slower.
+POOL ?= 2
 
-.PHONY: help setup matrix-env demo test test-fast lint unit integration validate image verify image-test image-test-gpu matrix-check bench clean
+.PHONY: help setup matrix-env demo test test-fast lint unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -36,10 +39,7 @@ matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an ima
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) -m bootstrap.demo --nodes $(NODES)
 
-test: lint validate unit ## everything CI runs (.ci/run prints how long each stage took)
-	@# The two slow stages side by side: the bake's qemu leaves about a third of this machine's 2 cores idle,
-	@# and the clusters' training waits on SSH and timers. Each stage's output comes whole when it ends.
-	$(MAKE) --no-print-directory -j2 --output-sync=target integration image-test
+test: lint validate unit suites ## everything CI runs (.ci/run prints how long each stage took)
 
 test-fast: setup ## the inner loop (a few minutes): lint, unit, and the integration modules marked quick; says what it left out
 	$(VENV)/bin/ruff check .
@@ -91,6 +91,12 @@ verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boot
 image-test: setup ## bake the local image for real (qemu, TCG; kept in the cache, baked again when its inputs change), boot it, run the suite and a container, re-run the playbook (slow)
 	$(stage_begin)
 	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py
+	$(stage_end)
+
+suites: setup ## make integration and make image-test in one pool of POOL workers, the longest module first (make test)
+	$(stage_begin)
+	$(PY) -m pytest -q -m "integration or image_bake" -n $(POOL) --durations=20 tests/image/test_bake_local.py \
+		tests/integration
 	$(stage_end)
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)

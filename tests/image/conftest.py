@@ -68,6 +68,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(line)
 
 
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: the controller prints what it said
+        session.config.workeroutput["said-image"] = SAID
+
+
+def pytest_testnodedown(node, error):
+    SAID.extend(getattr(node, "workeroutput", {}).get("said-image", []))
+
+
 @pytest.fixture(scope="session")
 def baked_vm(baked_image, tmp_path_factory):
     """The baked image booted once on a throwaway overlay for the tests that provision it again, with the

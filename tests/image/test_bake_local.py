@@ -11,11 +11,13 @@ import sys
 import time
 
 import pytest
-from conftest import ANSIBLE, playbook, recap, run
 
 from bake.matrix import read_matrix
 
-pytestmark = pytest.mark.image_bake
+from .conftest import ANSIBLE, playbook, recap, run
+
+# The bake (a fixture of the first test) takes up to 5400 s when the image must be baked again under TCG.
+pytestmark = [pytest.mark.image_bake, pytest.mark.timeout(5400)]
 
 MATRIX = read_matrix()
 

@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ANSIBLE, ROOT, playbook, recap, run, served
 
 from kiln.paths import cache_dir
 
-pytestmark = pytest.mark.image_bake
+from .conftest import ANSIBLE, ROOT, playbook, recap, run, served
+
+pytestmark = [pytest.mark.image_bake, pytest.mark.timeout(7200)]
 STANDIN = cache_dir() / "nvidia-standin"
 
 

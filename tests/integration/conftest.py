@@ -22,20 +22,29 @@ FRESH = bool(os.environ.get("KILN_IMAGE_TEST_FRESH"))
 
 
 HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
 # Modules that share a session fixture (the container bake, made once per pytest-xdist worker) run in one worker.
 SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
                   "tests/integration/test_bake_docker.py": "container-bake"}
 # The longest modules first (their time in a whole run, most first), so the workers end together; then the rest in
-# the order found.
-LONGEST_FIRST = ("test_bake_docker.py", "test_containers.py", "test_managed.py", "test_launcher.py", "test_aws.py",
-                 "test_trainer_resume.py", "test_nvidia_roles.py", "test_user_programs.py", "test_image_rootfs.py",
-                 "test_local_vm.py", "test_watchdog.py", "test_trainer_local.py", "test_frameworks.py")
+# the order found. make test runs the local bake's tests (tests/image, about 1000 s with the image kept, 2500 s and
+# more baking it) in the same pool, first: one worker boots and provisions the VM while the other runs clusters.
+LONGEST_FIRST = ("image/test_bake_local.py", "integration/test_bake_docker.py", "integration/test_containers.py",
+                 "integration/test_managed.py", "integration/test_launcher.py", "integration/test_aws.py",
+                 "integration/test_trainer_resume.py", "integration/test_nvidia_roles.py",
+                 "integration/test_user_programs.py", "integration/test_image_rootfs.py",
+                 "integration/test_local_vm.py", "integration/test_watchdog.py", "integration/test_trainer_local.py",
+                 "integration/test_frameworks.py")
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    # stable: a module's tests keep their order; other folders' tests (a whole `pytest`) come after these
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent == HERE else len(rank) + 1)
+
+    def place(item) -> int:  # stable: a module's tests keep their order; the modules not named come after, as found
+        path = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else None
+        return rank.get(path, len(rank))
+
+    items.sort(key=place)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -192,6 +201,15 @@ SAID: list[str] = []
 def pytest_terminal_summary(terminalreporter):
     for line in SAID:
         terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: the controller prints what it said
+        session.config.workeroutput["said-integration"] = SAID
+
+
+def pytest_testnodedown(node, error):
+    SAID.extend(getattr(node, "workeroutput", {}).get("said-integration", []))
 
 
 def local_cluster_command(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

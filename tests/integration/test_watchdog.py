@@ -18,10 +18,13 @@ BUSY_SECONDS = 180  # three minutes without a word: three times the 60 s after w
 
 BUSY = """\
 import os, time
-end = time.monotonic() + float(os.environ.get("BUSY_SECONDS", "180"))
+began = time.monotonic()
+end = began + float(os.environ.get("BUSY_SECONDS", "180"))
 while time.monotonic() < end:  # computing, printing nothing (as an epoch of Keras fit(verbose=2) does)
-    sum(i * i for i in range(100000))  # about a fifth of a core: busy, and light on a 2-core machine
-    time.sleep(0.04)
+    if time.process_time() < 0.1 * (time.monotonic() - began):  # a tenth of a core, however busy the machine:
+        sum(i * i for i in range(10000))  # twice kiln's CPU_SIGN_RATE, and light on a 2-core machine
+    else:
+        time.sleep(0.02)
 print("done", flush=True)
 """
 
