@@ -93,10 +93,14 @@ image-test: setup ## bake the local image for real (qemu, TCG; kept in the cache
 	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py
 	$(stage_end)
 
-suites: setup ## make integration and make image-test in one pool of POOL workers, the longest module first (make test)
+# make suites shuffles each module's tests (tests/integration/conftest.py) with a seed that changes whenever the tests
+# do (their tree's hash): KILN_TEST_SHUFFLE=SEED gives an order again, KILN_TEST_SHUFFLE= the written one.
+SHUFFLE_SEED := $(shell git rev-parse --short=12 HEAD:tests 2>/dev/null || echo $$RANDOM)
+
+suites: setup ## make integration and make image-test in one pool of POOL workers, the longest module first, shuffled (make test)
 	$(stage_begin)
-	$(PY) -m pytest -q -m "integration or image_bake" -n $(POOL) --durations=20 tests/image/test_bake_local.py \
-		tests/integration
+	KILN_TEST_SHUFFLE=$${KILN_TEST_SHUFFLE-$(SHUFFLE_SEED)} $(PY) -m pytest -q -m "integration or image_bake" \
+		-n $(POOL) --durations=20 tests/image/test_bake_local.py tests/integration
 	$(stage_end)
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)

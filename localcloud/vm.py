@@ -249,16 +249,16 @@ def status(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def booted(image: Path, state: Path, hostname: str, *, timeout: float = 900,
-           data_gib: int | None = None) -> Iterator[Path]:
+           data_gib: int | None = None, cpus: int = 2) -> Iterator[Path]:
     """Boot a local image folder (its image.json names disk, kernel and initrd) on a throwaway overlay, as its own
-    process (with a blank data volume of data_gib GiB and its settings, as kiln up --volume); yield the VM's
-    ssh_config (host kiln-vm, host key pinned); always stop it. The boot may take `timeout` less a minute (qemu
-    under TCG on a busy machine: cloud-init alone can take minutes)."""
+    process with `cpus` virtual CPUs (and a blank data volume of data_gib GiB and its settings, as kiln up --volume);
+    yield the VM's ssh_config (host kiln-vm, host key pinned); always stop it. The boot may take `timeout` less a
+    minute (qemu under TCG on a busy machine: cloud-init alone can take minutes)."""
     record = json.loads((image / "image.json").read_text())
     vm = [sys.executable, "-m", "localcloud.vm"]
     try:
         proc.run([*vm, "boot", "--snapshot", "--state", str(state), "--hostname", hostname,
-                  "--timeout", f"{max(60.0, timeout - 60):g}",
+                  "--timeout", f"{max(60.0, timeout - 60):g}", "--cpus", str(cpus),
                   "--disk", str(image / record["disk"]), "--kernel", str(image / record["kernel"]),
                   "--initrd", str(image / record["initrd"]), *(["--data-gib", str(data_gib)] if data_gib else [])],
                  timeout=timeout, tail_lines=40)

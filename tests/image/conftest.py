@@ -83,5 +83,8 @@ def baked_vm(baked_image, tmp_path_factory):
     wheelhouse served to it and a blank data volume attached (as kiln up --volume gives a node): yields
     (ssh_config, wheelhouse port)."""
     state = tmp_path_factory.mktemp("baked-vm")
-    with booted(baked_image, state / "vm", "kiln-again", data_gib=1) as ssh_config, served(wheelhouse()) as port:
+    # One virtual CPU: make test runs this beside a worker of cluster tests on 2 cores, where a second vCPU thread
+    # only waits its turn (a guest's vCPU held off the host's cores spins its peers on kernel locks, under TCG)
+    with booted(baked_image, state / "vm", "kiln-again", data_gib=1, cpus=1) as ssh_config, \
+            served(wheelhouse()) as port:
         yield ssh_config, port

@@ -71,10 +71,30 @@ def test_manifest_matrix_is_this_matrix(manifest, matrix):
     assert not differ, f"the image was baked from another matrix (manifest, this checkout): {differ}"
 
 
-def test_tensorflow_and_tf_keras_import(host, matrix):
-    code = "import tensorflow as tf, tf_keras; print(tf.__version__, tf_keras.__version__)"
-    result = run_checked(host, venv_python(code))
-    assert result.stdout.split()[-2:] == [matrix["tensorflow_version"], matrix["tensorflow_tf_keras_version"]]
+@pytest.fixture(scope="module")
+def frameworks(host) -> dict:
+    """TensorFlow's and tf-keras's versions and Horovod's build flags, read in one process: each import of
+    TensorFlow takes a minute on an emulated VM, and horovodrun --check-build imports it once per question. An
+    import that fails is recorded with its error, so only the tests that need it fail."""
+    code = """import json
+facts = {}
+try:
+    import tensorflow as tf, tf_keras
+    facts["versions"] = [tf.__version__, tf_keras.__version__]
+except Exception as error:
+    facts["versions_error"] = repr(error)
+try:
+    import horovod.tensorflow as hvd
+    facts["horovod"] = {"Gloo": bool(hvd.gloo_built()), "MPI": bool(hvd.mpi_built()), "NCCL": bool(hvd.nccl_built())}
+except Exception as error:
+    facts["horovod_error"] = repr(error)
+print(json.dumps(facts))"""
+    return json.loads(run_checked(host, venv_python(code)).stdout.strip().splitlines()[-1])
+
+
+def test_tensorflow_and_tf_keras_import(frameworks, matrix):
+    assert "versions" in frameworks, f"TensorFlow or tf-keras does not import: {frameworks.get('versions_error')}"
+    assert frameworks["versions"] == [matrix["tensorflow_version"], matrix["tensorflow_tf_keras_version"]]
 
 
 def test_the_reference_trainer_finds_its_dataset(host):
@@ -84,13 +104,9 @@ def test_the_reference_trainer_finds_its_dataset(host):
 
 
 @pytest.fixture(scope="module")
-def horovod_build(host) -> dict[str, bool]:
-    """Horovod's build flags, read in one process (horovodrun --check-build imports TensorFlow once per question:
-    minutes on an emulated VM)."""
-    code = ("import json, horovod.tensorflow as hvd; print(json.dumps({'Gloo': hvd.gloo_built(), "
-            "'MPI': hvd.mpi_built(), 'NCCL': hvd.nccl_built()}))")
-    return {name: bool(built) for name, built in
-            json.loads(run_checked(host, venv_python(code)).stdout.strip().splitlines()[-1]).items()}
+def horovod_build(frameworks) -> dict[str, bool]:
+    assert "horovod" in frameworks, f"horovod.tensorflow does not import: {frameworks.get('horovod_error')}"
+    return frameworks["horovod"]
 
 
 @pytest.mark.parametrize("feature", ["Gloo", "MPI"])

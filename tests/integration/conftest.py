@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -37,14 +38,38 @@ LONGEST_FIRST = ("image/test_bake_local.py", "integration/test_bake_docker.py", 
                  "integration/test_frameworks.py")
 
 
+# With KILN_TEST_SHUFFLE=SEED (make suites draws one), each module's tests run in an order drawn from the seed, and
+# so do the modules LONGEST_FIRST does not place (all of them with no pool): a test that passes only after another
+# fails there. The header gives the seed, which gives the same order again. A module whose tests must run as written
+# says why with the in_written_order marker.
+SHUFFLE = os.environ.get("KILN_TEST_SHUFFLE", "")
+
+
+def pytest_report_header(config):
+    if SHUFFLE:
+        return f"kiln: tests shuffled with KILN_TEST_SHUFFLE={SHUFFLE} (run again with it for the same order)"
+    return None
+
+
+def tests_path(item) -> str:
+    return item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else str(item.path)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-
-    def place(item) -> int:  # stable: a module's tests keep their order; the modules not named come after, as found
-        path = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else None
-        return rank.get(path, len(rank))
-
-    items.sort(key=place)
+    modules: dict[str, list] = {}
+    for item in items:  # a module's tests stay together, whatever the order
+        modules.setdefault(tests_path(item), []).append(item)
+    order = sorted(modules, key=lambda path: rank.get(path, len(rank)))  # stable: the rest as found
+    if SHUFFLE:
+        placed = [] if not os.environ.get("PYTEST_XDIST_WORKER") else [path for path in order if path in rank]
+        rest = [path for path in order if path not in placed]
+        random.Random(SHUFFLE).shuffle(rest)
+        order = placed + rest
+        for path in order:
+            if not any(item.get_closest_marker("in_written_order") for item in modules[path]):
+                random.Random(f"{SHUFFLE}:{path}").shuffle(modules[path])
+    items[:] = [item for path in order for item in modules[path]]
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -90,7 +90,8 @@ def vm(base_dir, tmp_path_factory):
     try:
         booted = run([sys.executable, *VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
                       "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--hostname", HOSTNAME,
-                      "--memory", "2048", "--timeout", "840"], timeout=900)  # TCG beside the other workers
+                      "--memory", "2048", "--cpus", "1", "--timeout", "840"],
+                     timeout=900)  # TCG beside the other workers, on one vCPU as the image tests' VM (its conftest)
         assert booted.returncode == 0, f"boot failed:\n{booted.stdout}\n{booted.stderr}"
         assert booted.stdout.strip() == f"ssh -F {state / 'ssh_config'} kiln-vm"
         yield Vm(state, json.loads((state / "vm.json").read_text()), base_dir)
