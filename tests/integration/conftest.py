@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +40,10 @@ LONGEST_FIRST = ("image/test_bake_local.py", "integration/test_bake_docker.py", 
                  "integration/test_frameworks.py")
 
 
-# With KILN_TEST_SHUFFLE=SEED (make suites draws one), each module's tests run in an order drawn from the seed, and
-# so do the modules LONGEST_FIRST does not place (all of them with no pool): a test that passes only after another
-# fails there. The header gives the seed, which gives the same order again. A module whose tests must run as written
-# says why with the in_written_order marker.
+# With KILN_TEST_SHUFFLE=SEED (make suites gives its SHUFFLE_SEED), each module's tests run in an order drawn from
+# the seed, and so do the modules LONGEST_FIRST does not place (all of them with no pool): a test that passes only
+# after another fails there. The header gives the seed, which gives the same order again. A module whose tests must
+# run as written says why with the in_written_order marker.
 SHUFFLE = os.environ.get("KILN_TEST_SHUFFLE", "")
 
 
@@ -143,14 +145,26 @@ class LocalCluster:
     def node_dir(self, node: str) -> Path:
         return self.state / node
 
-    def rekey(self, node: str) -> None:
-        """Give `node` new host keys (its sshd reads them at each connection): a changed machine."""
+    @contextlib.contextmanager
+    def rekeyed(self, node: str) -> Iterator[None]:
+        """`node` with new host keys (its sshd reads them at each connection): a changed machine; its own keys
+        are back afterwards, so the tests after it find the machine the cluster pinned."""
         keys = self.node_dir(node) / "etc-ssh"
-        for key in keys.glob("ssh_host_*_key*"):
-            key.unlink()
-        for kind in ("ed25519", "ecdsa"):
-            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
-                           check=True, timeout=30)
+        kept = {key.name: (key.read_bytes(), key.stat().st_mode) for key in keys.glob("ssh_host_*_key*")}
+        try:
+            for name in kept:
+                (keys / name).unlink()
+            for kind in ("ed25519", "ecdsa"):
+                subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(keys / f"ssh_host_{kind}_key")],
+                               check=True, timeout=30)
+            yield
+        finally:
+            for key in keys.glob("ssh_host_*_key*"):
+                key.unlink()
+            for name, (content, mode) in kept.items():  # made with its mode: sshd refuses a private key others read
+                descriptor = os.open(keys / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode & 0o777)
+                with os.fdopen(descriptor, "wb") as out:
+                    out.write(content)
 
 
 @pytest.fixture(scope="session")

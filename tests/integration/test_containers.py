@@ -28,7 +28,9 @@ from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.timeline import Timeline
 from localcloud import engines
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600),  # the first test waits for the container bake
+              pytest.mark.in_written_order("node2 is replaced, then its engine is stopped, on the cluster the "
+                                           "module shares: the tests after each are written for it")]
 NAME = "kc"
 NODES = ("node1", "node2", "node3")
 KILN_PYTHON = "/opt/kiln/venv/bin/python3"
@@ -316,8 +318,8 @@ def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
 
 def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, project, monkeypatch):
     """Re-key node3 behind kiln's back once its container runs: horovodrun in node1's container reaches node3
-    through the shim's ssh, checked against the cluster's pins, and fails; nothing is left. Runs last (node3
-    keeps its new key), on node1 and node3 (node2 was replaced and its engine stopped above)."""
+    through the shim's ssh, checked against the cluster's pins, and fails; nothing is left (node3 gets its own keys
+    back afterwards). On node1 and node3 (node2 was replaced and its engine stopped above)."""
     hosts = parse_host_list("node1,node3")
     for key in ("KILN_HOME", "KILN_RUNS"):  # the supervisor below writes the run where the cluster's kiln does
         monkeypatch.setenv(key, cluster.env()[key])
@@ -331,17 +333,17 @@ def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, proj
     group.sync(str(project), paths.code)
     runtime = ContainerRuntime(group, cluster.image, paths, "crekeyed")
     runtime.prepare(hosts, Timeline())
-    cluster.rekey("node3")
-    plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1],
-                               python=runtime.python_path(hosts[0]), paths=paths,
-                               program=launch.Program(("python", "horovod_keras.py")), nic="eth0")
-    supervisor = Supervisor(group, plan, paths, runtime=runtime)
-    record = record_run(group, plan, paths)
-    supervisor.start()
-    with pytest.raises(RunFailed, match="crekeyed failed"):
-        supervisor.run(record, timeout=180)
-    log = (cluster.runs / "crekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
-    assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log, log[-2000:]
-    assert run_processes("crekeyed") == []
-    no_containers(cluster, ("node1",))
-    group.remote.disconnect(hosts)
+    with cluster.rekeyed("node3"):
+        plan = launch.plan_horovod("crekeyed", [n.name for n in group.nodes], [1, 1],
+                                   python=runtime.python_path(hosts[0]), paths=paths,
+                                   program=launch.Program(("python", "horovod_keras.py")), nic="eth0")
+        supervisor = Supervisor(group, plan, paths, runtime=runtime)
+        record = record_run(group, plan, paths)
+        supervisor.start()
+        with pytest.raises(RunFailed, match="crekeyed failed"):
+            supervisor.run(record, timeout=180)
+        log = (cluster.runs / "crekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
+        assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log, log[-2000:]
+        assert run_processes("crekeyed") == []
+        no_containers(cluster, ("node1",))
+        group.remote.disconnect(hosts)

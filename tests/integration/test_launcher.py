@@ -390,8 +390,8 @@ def test_unknown_host_keys_are_refused_unless_trusted_on_first_use(cluster, tmp_
 
 
 def test_changed_host_key_is_refused_everywhere(cluster, monkeypatch):
-    """Re-key node3 behind kiln's back: the operator, the other nodes and horovodrun all refuse it.
-    Runs last in this module: node3 keeps its new key."""
+    """Re-key node3 behind kiln's back: the operator, the other nodes and horovodrun all refuse it (node3 gets
+    its own keys back afterwards)."""
     hosts = parse_host_list(HOSTS)
     options = SshOptions(config_file=cluster.ssh_config)
     name = default_cluster_name(hosts, cluster.ssh_config)
@@ -402,23 +402,23 @@ def test_changed_host_key_is_refused_everywhere(cluster, monkeypatch):
                             fanout=8, timeout=60)
     group.require_facts("connect")
     group.apply_mesh()
-    cluster.rekey("node3")
-    hop = cluster.ssh("node2", "ssh node3 hostname")
-    assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
+    with cluster.rekeyed("node3"):
+        hop = cluster.ssh("node2", "ssh node3 hostname")
+        assert hop.returncode != 0 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in hop.stderr
 
-    paths = launch.NodePaths(group.remote_root(hosts[0]))
-    group.sync_lib(paths.lib)
-    plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
-                               paths=paths, program=launch.Program(trainer_args=("--epochs", "1")), nic="eth0")
-    record = record_run(group, plan, paths)
-    supervisor = Supervisor(group, plan, paths)
-    supervisor.start()
-    with pytest.raises(RunFailed, match="rekeyed failed"):
-        supervisor.run(record, timeout=120)
-    log = (cluster.runs / "rekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
-    assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log
-    assert run_processes("rekeyed") == []
-    group.remote.disconnect(hosts)
-    done = cluster.fab("cluster.check", hosts=HOSTS)
-    assert done.returncode != 0
-    assert "node3: reach: host key verification failed" in done.stdout, done.stdout
+        paths = launch.NodePaths(group.remote_root(hosts[0]))
+        group.sync_lib(paths.lib)
+        plan = launch.plan_horovod("rekeyed", [n.name for n in group.nodes], [1, 1, 1], python=group.python,
+                                   paths=paths, program=launch.Program(trainer_args=("--epochs", "1")), nic="eth0")
+        record = record_run(group, plan, paths)
+        supervisor = Supervisor(group, plan, paths)
+        supervisor.start()
+        with pytest.raises(RunFailed, match="rekeyed failed"):
+            supervisor.run(record, timeout=120)
+        log = (cluster.runs / "rekeyed" / "hosts" / "node1" / "horovodrun.log").read_text()
+        assert "Host key verification failed" in log or "HOST IDENTIFICATION HAS CHANGED" in log
+        assert run_processes("rekeyed") == []
+        group.remote.disconnect(hosts)
+        done = cluster.fab("cluster.check", hosts=HOSTS)
+        assert done.returncode != 0
+        assert "node3: reach: host key verification failed" in done.stdout, done.stdout

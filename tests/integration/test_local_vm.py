@@ -21,7 +21,9 @@ HOSTNAME = "kiln-test"
 
 # A cold base disk build (debootstrap) takes minutes; the boot under TCG about a minute (alone; several beside the
 # other integration modules and the bake).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400),
+              pytest.mark.in_written_order("one boot under TCG serves the module's tests, and the stop test, "
+                                           "written after those that log in, powers that VM off")]
 
 
 def run(argv: list[str], timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
