@@ -17,7 +17,6 @@ from bake.matrix import read_matrix
 from .conftest import ANSIBLE, playbook, recap, run
 
 # The bake (a fixture of the first test) takes up to 5400 s when the image must be baked again under TCG.
-# In written order: the suite sees the VM as it booted, before the second provisioning runs on it (one boot under TCG).
 pytestmark = [pytest.mark.image_bake, pytest.mark.timeout(5400),
               pytest.mark.in_written_order("the suite runs on the VM as booted, before it is provisioned again")]
 

@@ -24,8 +24,7 @@ KILN = Path(sys.executable).with_name("kiln")
 FRESH = bool(os.environ.get("KILN_IMAGE_TEST_FRESH"))
 
 
-HERE = Path(__file__).resolve().parent
-TESTS = HERE.parent
+TESTS = Path(__file__).resolve().parents[1]
 # Modules that share a session fixture (the container bake, made once per pytest-xdist worker) run in one worker.
 SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
                   "tests/integration/test_bake_docker.py": "container-bake"}
@@ -64,7 +63,8 @@ def pytest_collection_modifyitems(items):
         modules.setdefault(tests_path(item), []).append(item)
     order = sorted(modules, key=lambda path: rank.get(path, len(rank)))  # stable: the rest as found
     if SHUFFLE:
-        placed = [] if not os.environ.get("PYTEST_XDIST_WORKER") else [path for path in order if path in rank]
+        pooled = bool(os.environ.get("PYTEST_XDIST_WORKER"))  # the pool hands out the LONGEST_FIRST modules first
+        placed = [path for path in order if pooled and path in rank]
         rest = [path for path in order if path not in placed]
         random.Random(SHUFFLE).shuffle(rest)
         order = placed + rest

@@ -12,17 +12,20 @@ import time
 import pytest
 from conftest import KILN, run_processes
 
+from bootstrap.watchdog import CPU_SIGN_RATE
+
 pytestmark = pytest.mark.integration
 CLUSTER_NAME = "kw"
 BUSY_SECONDS = 180  # three minutes without a word: three times the 60 s after which kiln once stopped a program
 
-BUSY = """\
+BUSY = f"""\
 import os, time
+SHARE = {2 * CPU_SIGN_RATE}  # twice what kiln's watchdog counts as work, and light on a 2-core machine
 began = time.monotonic()
 end = began + float(os.environ.get("BUSY_SECONDS", "180"))
 while time.monotonic() < end:  # computing, printing nothing (as an epoch of Keras fit(verbose=2) does)
-    if time.process_time() < 0.1 * (time.monotonic() - began):  # a tenth of a core, however busy the machine:
-        sum(i * i for i in range(10000))  # twice kiln's CPU_SIGN_RATE, and light on a 2-core machine
+    if time.process_time() < SHARE * (time.monotonic() - began):  # that share of a core, however busy the machine
+        sum(i * i for i in range(10000))
     else:
         time.sleep(0.02)
 print("done", flush=True)
