@@ -42,7 +42,9 @@ LONGEST_FIRST = ("image/test_bake_local.py", "integration/test_bake_docker.py", 
 # With KILN_TEST_SHUFFLE=SEED (make suites gives its SHUFFLE_SEED), each module's tests run in an order drawn from
 # the seed, and so do the modules LONGEST_FIRST does not place (all of them with no pool): a test that passes only
 # after another fails there. The header gives the seed, which gives the same order again. A module whose tests must
-# run as written says why with the in_written_order marker.
+# run as written says why with the in_written_order marker; a test that ends what the module's tests share (powers
+# off their VM, replaces a node of their cluster) says so with after_the_rest: such tests run after the module's
+# others, in the order written.
 SHUFFLE = os.environ.get("KILN_TEST_SHUFFLE", "")
 
 
@@ -70,8 +72,16 @@ def pytest_collection_modifyitems(items):
         order = placed + rest
         for path in order:
             if not any(item.get_closest_marker("in_written_order") for item in modules[path]):
-                random.Random(f"{SHUFFLE}:{path}").shuffle(modules[path])
+                modules[path] = shuffled(modules[path], f"{SHUFFLE}:{path}")
     items[:] = [item for path in order for item in modules[path]]
+
+
+def shuffled(tests: list, seed: str) -> list:
+    """A module's tests in an order drawn from the seed, those marked after_the_rest last, as written."""
+    last = [item for item in tests if item.get_closest_marker("after_the_rest")]
+    drawn = [item for item in tests if item not in last]
+    random.Random(seed).shuffle(drawn)
+    return drawn + last
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -28,9 +28,7 @@ from bootstrap.supervisor import Supervisor, record_run
 from bootstrap.timeline import Timeline
 from localcloud import engines
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600),  # the first test waits for the container bake
-              pytest.mark.in_written_order("node2 is replaced, then its engine is stopped, on the cluster the "
-                                           "module shares: the tests after each are written for it")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
 NAME = "kc"
 NODES = ("node1", "node2", "node3")
 KILN_PYTHON = "/opt/kiln/venv/bin/python3"
@@ -248,8 +246,8 @@ def test_a_node_whose_image_differs_is_refused_before_anything_starts(cluster, p
         assert "nothing was started" in done.stderr
         assert run_processes("codd") == []
         no_containers(cluster)
-    finally:
-        cluster.ssh("node3", f"docker rmi {cluster.image}")
+    finally:  # node3 as it was: neither the moved tag nor the base (a later test ships it to every node)
+        cluster.ssh("node3", f"docker rmi {cluster.image} {base}")
 
 
 def test_a_missing_image_is_refused_naming_the_nodes_and_the_reference(cluster, project):
@@ -269,6 +267,8 @@ def test_a_bad_image_reference_is_bad_input(cluster, project):
     assert done.returncode == 2 and "--image 'bad ref'" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.after_the_rest("node2 is replaced: the cluster's ssh config, which the other tests use, pins the "
+                             "machine it replaces")
 def test_a_lost_node_is_replaced_and_the_run_finishes_in_the_image(cluster, project):
     """--managed with --image: node2 is lost mid-run (local-cluster lose); its replacement, a fresh machine with an
     empty engine, pulls the same image, gets the run's container, and the run finishes from the last checkpoint.
@@ -301,6 +301,7 @@ def test_a_lost_node_is_replaced_and_the_run_finishes_in_the_image(cluster, proj
     no_containers(cluster)
 
 
+@pytest.mark.after_the_rest("node2's engine stays stopped")
 def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
     """node2's engine stays stopped after this test."""
     pidfile = Path(f"/run/kiln-docker/{NAME}-n2.pid")
@@ -319,7 +320,7 @@ def test_a_node_without_a_working_docker_is_refused_naming_it(cluster, project):
 def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, project, monkeypatch):
     """Re-key node3 behind kiln's back once its container runs: horovodrun in node1's container reaches node3
     through the shim's ssh, checked against the cluster's pins, and fails; nothing is left (node3 gets its own keys
-    back afterwards). On node1 and node3 (node2 was replaced and its engine stopped above)."""
+    back afterwards). On node1 and node3: node2 may have been replaced and its engine stopped already."""
     hosts = parse_host_list("node1,node3")
     for key in ("KILN_HOME", "KILN_RUNS"):  # the supervisor below writes the run where the cluster's kiln does
         monkeypatch.setenv(key, cluster.env()[key])

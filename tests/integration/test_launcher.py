@@ -20,9 +20,7 @@ from bootstrap.hosts import parse_host_list
 from bootstrap.mesh import default_cluster_name
 from bootstrap.supervisor import Supervisor, record_run
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.in_written_order("its first tests find the cluster not yet meshed and kiln's one cluster "
-                                           "key: the tests after them mesh it and make other clusters")]
+pytestmark = [pytest.mark.integration]
 CLUSTER_NAME = "kt"
 HOSTS = "node1,node2,node3"
 SHORT = "--epochs 2 --log-every 5"
@@ -32,10 +30,18 @@ def summary(cluster, run_id: str) -> dict:
     return json.loads((cluster.runs / run_id / "summary.json").read_text())
 
 
+def meshed(cluster) -> None:
+    """The module's nodes meshed as the unnamed cluster of HOSTS (as a user checks a meshed cluster), whatever the
+    tests before did: mesh changes nothing where it is done."""
+    cluster.fab("cluster.mesh", hosts=HOSTS, check=True)
+
+
 def test_mesh_lets_every_node_reach_every_other_by_name(cluster):
-    first = cluster.fab("cluster.mesh", hosts=HOSTS, check=True)
-    assert first.stdout.count("changed") == 3
-    again = cluster.fab("cluster.mesh", hosts=HOSTS, check=True)
+    """A cluster of its own name (its own key, its own ssh config on each node): it meshes from nothing, whatever
+    the module's other tests meshed before it."""
+    first = cluster.fab("cluster.mesh", "--cluster", "kt-mesh", hosts=HOSTS, check=True)
+    assert first.stdout.count("changed") == 3, first.stdout
+    again = cluster.fab("cluster.mesh", "--cluster", "kt-mesh", hosts=HOSTS, check=True)
     assert again.stdout.count("ok (nothing to change)") == 3, again.stdout
     hop = cluster.ssh("node2", "ssh node3 hostname")
     assert hop.returncode == 0, hop.stderr
@@ -47,8 +53,10 @@ def test_mesh_lets_every_node_reach_every_other_by_name(cluster):
 
 
 def test_cluster_key_is_the_clusters_own(cluster):
-    keys = list(cluster.kiln_home.glob("clusters/*/id_ed25519.pub"))
-    assert len(keys) == 1
+    meshed(cluster)
+    name = default_cluster_name(parse_host_list(HOSTS), cluster.ssh_config)
+    keys = list((cluster.kiln_home / "clusters" / name).glob("id_*.pub"))
+    assert len(keys) == 1, keys
     public = keys[0].read_text().split()[1]
     authorized = cluster.ssh("node3", "cat ~/.ssh/authorized_keys").stdout
     assert public in authorized
@@ -57,6 +65,7 @@ def test_cluster_key_is_the_clusters_own(cluster):
 
 
 def test_check_passes_and_shows_a_table(cluster):
+    meshed(cluster)
     done = cluster.fab("cluster.check", "--ports", "23456", hosts=HOSTS)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -65,6 +74,7 @@ def test_check_passes_and_shows_a_table(cluster):
 
 
 def test_check_gpu_fails_on_nodes_without_a_gpu_naming_each(cluster):
+    meshed(cluster)
     done = cluster.fab("cluster.check", "--gpu", hosts=HOSTS)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -81,6 +91,7 @@ def test_check_gpu_fails_on_nodes_without_a_gpu_naming_each(cluster):
 def test_check_collective_measures_all_reduce_across_the_nodes(cluster):
     """A real horovodrun of kiln.gpu.allreduce over the mesh (Gloo on these CPU nodes): all three at once, then
     each ring pair side by side."""
+    meshed(cluster)
     done = cluster.fab("cluster.check", "--collective", hosts=HOSTS, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line.strip() for line in done.stdout.splitlines()]
@@ -96,7 +107,7 @@ def test_check_collective_measures_all_reduce_across_the_nodes(cluster):
 def test_check_collective_names_the_node_behind_a_slow_link(cluster):
     """node3's link throttled on this machine's side of its veth (tc's token bucket): the pairs with node3 slow
     down and node3 alone is named."""
-    assert cluster.fab("cluster.mesh", hosts=HOSTS).returncode == 0  # as a user checks a meshed cluster (alone too)
+    meshed(cluster)
     veth = cluster.nodes[2]["veth"]
     subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "400mbit", "burst", "64kb",
                     "latency", "400ms"], check=True, timeout=30)

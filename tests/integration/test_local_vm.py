@@ -21,9 +21,7 @@ HOSTNAME = "kiln-test"
 
 # A cold base disk build (debootstrap) takes minutes; the boot under TCG about a minute (alone; several beside the
 # other integration modules and the bake).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400),
-              pytest.mark.in_written_order("one boot under TCG serves the module's tests, and the stop test, "
-                                           "written after those that log in, powers that VM off")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 
 def run(argv: list[str], timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
@@ -178,6 +176,7 @@ def test_boot_timeout_names_the_console_and_kills_qemu(base_dir, tmp_path):
     assert not qemus_of(state), "qemu was left running after a failed boot"
 
 
+@pytest.mark.after_the_rest("one boot under TCG serves the module's tests, and this powers that VM off")
 def test_stop_powers_off_and_is_idempotent(vm):
     pid = vm.record["pid"]
     first = run([sys.executable, *VM, "stop", "--state", vm.state, "--timeout", "60"], timeout=180)
