@@ -1,7 +1,12 @@
 """The image suite against a real captured image: a Debian 12 root filesystem baked natively with the
 same playbooks Packer runs (Ansible's chroot connection), then cleaned. The suite passes on it, and
 each mutation (a leftover authorized_keys, a wrong TensorFlow, no host-key regeneration) makes it
-fail with a message that names the problem."""
+fail with a message that names the problem.
+
+The captured root filesystem is kept in the cache (rootfs-test/, one, as a tar) by its bake's inputs, the rule
+the local and container bakes' tests follow: a run whose inputs (roles, the matrix, the base tree, the
+wheelhouse, scripts/bake-rootfs) are those of the kept one unpacks it; any change bakes again, for real, and
+KILN_IMAGE_TEST_FRESH=1 always does."""
 
 from __future__ import annotations
 
@@ -12,14 +17,27 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FRESH, SAID
 
-from bake import base_image, provision
+from bake import base_image, plan, provision
 from kiln.paths import cache_dir
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
+XATTRS = ("--xattrs", "--xattrs-include=*")  # file capabilities kept, as an image keeps them
+
+
+def bake(rootfs: Path, base: Path, wheelhouse: Path) -> None:
+    """The base tree unpacked into `rootfs`, baked and cleaned there."""
+    subprocess.run(["tar", "-xf", str(base / "rootfs.tar"), "-C", str(rootfs)], check=True, timeout=600)
+    with provision.served(wheelhouse) as port:
+        done = subprocess.run(
+            [str(SCRIPTS / "bake-rootfs"), str(rootfs), "--cleanup", "--",
+             "-e", f"tensorflow_wheelhouse_url=http://127.0.0.1:{port}/"],
+            capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert done.returncode == 0, f"the rootfs bake failed:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +46,27 @@ def captured_rootfs(tmp_path_factory):
         pytest.skip("needs root (chroot, bind mounts)")
     base = base_image.ensure(cache_dir())
     wheelhouse = provision.wheelhouse()
+    inputs = {"base": base.name, "wheelhouse": wheelhouse.name,
+              "bake-rootfs": (SCRIPTS / "bake-rootfs").read_text()}
+    kept = cache_dir() / "rootfs-test" / f"captured-{plan.fingerprint(ROOT, 'rootfs', 'cpu', inputs)}.tar"
     rootfs = tmp_path_factory.mktemp("captured") / "rootfs"
     rootfs.mkdir()
-    subprocess.run(["tar", "-xf", str(base / "rootfs.tar"), "-C", str(rootfs)], check=True, timeout=600)
     try:
-        with provision.served(wheelhouse) as port:
-            bake = subprocess.run(
-                [str(SCRIPTS / "bake-rootfs"), str(rootfs), "--cleanup", "--",
-                 "-e", f"tensorflow_wheelhouse_url=http://127.0.0.1:{port}/"],
-                capture_output=True, text=True, timeout=1800, cwd=ROOT)
-        assert bake.returncode == 0, f"the rootfs bake failed:\n{bake.stdout[-6000:]}\n{bake.stderr[-3000:]}"
+        if kept.is_file() and not FRESH:
+            subprocess.run(["tar", "-xf", str(kept), *XATTRS, "-C", str(rootfs)], check=True, timeout=600)
+            SAID.append(f"captured rootfs: reused the tree baked from these very inputs, {kept.name} "
+                        "(KILN_IMAGE_TEST_FRESH=1 bakes anyway)")
+        else:
+            bake(rootfs, base, wheelhouse)
+            SAID.append(f"captured rootfs: baked {kept.name}")
+            if not FRESH:  # kept before any test changes it; one kept: those of other inputs go
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                for other in kept.parent.glob("captured-*.tar*"):
+                    other.unlink()
+                partial = kept.with_suffix(".tar.partial")
+                subprocess.run(["tar", "-cf", str(partial), *XATTRS, "--one-file-system", "-C", str(rootfs), "."],
+                               check=True, timeout=600)
+                partial.rename(kept)
         yield rootfs
     finally:
         subprocess.run(["umount", "-R", "-l", str(rootfs / "proc"), str(rootfs / "sys"), str(rootfs / "dev")],
