@@ -110,21 +110,36 @@ def rsync_ssh_command(host: Host, options: SshOptions) -> str:
     return shlex.join(["ssh", *ssh_option_args(options), *host_args(host)])
 
 
+def one_writer_rsync_path(dest_dir: str, wait: int) -> str:
+    """The node's side of a mirror into `dest_dir`, run while it holds the folder's lock (`<dest_dir>.lock`,
+    waiting at most `wait` seconds for it): two runs that sync into one folder at once take turns, where each
+    one's --delete would remove the other's files in flight (rsync exit 23)."""
+    folder = dest_dir.rstrip("/")
+    parent = folder.rpartition("/")[0] or "."
+    waited = (f"flock -w {wait} -E 75 {shlex.quote(folder + '.lock')} \"$@\"; code=$?; [ $code -ne 75 ] || "
+              f"echo {shlex.quote(f'kiln: {folder} stayed locked by another sync for {wait}s')} >&2; exit $code")
+    return f"mkdir -p {shlex.quote(parent)} && sh -c {shlex.quote(waited)} sh rsync"
+
+
 def rsync_push_argv(source_dir: str, host: Host, dest_dir: str, options: SshOptions,
                     excludes: Sequence[str] = SYNC_EXCLUDES, timeout: int = 60,
-                    filters: Sequence[str] = ()) -> list[str]:
+                    filters: Sequence[str] = (), one_writer: bool = True) -> list[str]:
     """Mirror `source_dir` to `dest_dir` on `host` (deleting what is gone here); `filters` are rsync filter rules
-    (e.g. `:- .gitignore`, the per-folder ignore files)."""
+    (e.g. `:- .gitignore`, the per-folder ignore files). `one_writer`: under the folder's lock
+    (one_writer_rsync_path), where other runs may sync into the same folder."""
     excluded = [f"--exclude={pattern}" for pattern in excludes] + [f"--filter={rule}" for rule in filters]
-    return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath", *excluded,
+    locked = [f"--rsync-path={one_writer_rsync_path(dest_dir, timeout)}"] if one_writer else []
+    return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath", *locked, *excluded,
             "-e", rsync_ssh_command(host, options), source_dir.rstrip("/") + "/",
             rsync_target(host, dest_dir.rstrip("/") + "/")]
 
 
 def rsync_push_folders_argv(folders: Sequence[str], host: Host, dest_dir: str, options: SshOptions,
                             timeout: int = 60) -> list[str]:
-    """Mirror each of `folders` to `dest_dir/<its name>` on `host`."""
-    return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath", "--exclude=__pycache__/",
+    """Mirror each of `folders` to `dest_dir/<its name>` on `host`, under the folder's lock
+    (one_writer_rsync_path)."""
+    return ["rsync", "-a", "--delete", f"--timeout={timeout}", "--mkpath",
+            f"--rsync-path={one_writer_rsync_path(dest_dir, timeout)}", "--exclude=__pycache__/",
             "--exclude=*.pyc", "-e", rsync_ssh_command(host, options), *(f.rstrip("/") for f in folders),
             rsync_target(host, dest_dir.rstrip("/") + "/")]
 

@@ -77,8 +77,10 @@ def describe_failure(code: int, stderr: str) -> str:
     for pattern, reason in _FAILURES:
         if pattern.search(stderr):
             return reason
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else "no output"
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    if own := [line for line in lines if line.startswith("kiln: ")]:  # kiln's node-side words, before the tool's
+        return own[-1].removeprefix("kiln: ")
+    last = lines[-1] if lines else "no output"
     return f"exit {code}: {last}" if code != 255 else f"ssh failed: {last}"
 
 

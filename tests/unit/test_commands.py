@@ -1,4 +1,8 @@
+import os
 import shlex
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -6,6 +10,7 @@ from bootstrap.commands import (
     SshOptions,
     detached_command,
     horovodrun_argv,
+    one_writer_rsync_path,
     remote_command,
     rsync_pull_argv,
     rsync_push_argv,
@@ -13,6 +18,7 @@ from bootstrap.commands import (
     trainer_argv,
 )
 from bootstrap.hosts import Host
+from bootstrap.ssh import describe_failure
 
 BASE = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes",
         "-o", "ServerAliveInterval=5",
@@ -48,12 +54,55 @@ def test_remote_command_quotes_env_and_bounds_time():
 def test_rsync_mirrors_code_over_the_same_ssh_settings():
     options = SshOptions(connect_timeout=5)
     argv = rsync_push_argv("/repo/", Host("[::1]".strip("[]"), 22, "u"), "kiln/code", options, excludes=(".git/",))
-    assert argv[:6] == ["rsync", "-a", "--delete", "--timeout=60", "--mkpath", "--exclude=.git/"]
-    assert argv[6] == "-e"
-    assert shlex.split(argv[7])[-4:] == ["-l", "u", "-p", "22"]
-    assert argv[8:] == ["/repo/", "[::1]:kiln/code/"]
+    assert argv[:5] == ["rsync", "-a", "--delete", "--timeout=60", "--mkpath"]
+    assert argv[5] == "--rsync-path=" + one_writer_rsync_path("kiln/code", 60)
+    assert argv[6:8] == ["--exclude=.git/", "-e"]
+    assert shlex.split(argv[8])[-4:] == ["-l", "u", "-p", "22"]
+    assert argv[9:] == ["/repo/", "[::1]:kiln/code/"]
+    assert "--rsync-path" not in " ".join(rsync_push_argv("/c", Host("n1"), "r/ckpt", options, one_writer=False))
     assert rsync_pull_argv(Host("n1"), "/r/runs/x", "runs/x/hosts/n1", options)[-2:] == [
         "n1:/r/runs/x/", "runs/x/hosts/n1/"]
+
+
+def local_push(source: Path, dest: Path, wait: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    """A push as kiln makes it, where the node's side runs here: rsync's remote shell is `sh -c`."""
+    shell = tmp_path / "here-shell"
+    if not shell.exists():  # written once: a file being rewritten while another push runs it cannot be run
+        shell.write_text('#!/bin/sh\nshift\nexec sh -c "$*"\n')
+        shell.chmod(0o755)
+    argv = rsync_push_argv(str(source), Host("node"), str(dest), SshOptions(), timeout=wait)
+    argv[argv.index("-e") + 1] = str(shell)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_pushes_into_one_folder_at_once_take_turns(tmp_path):
+    source = tmp_path / "project"
+    source.mkdir()
+    for index in range(300):
+        (source / f"f{index}.py").write_bytes(os.urandom(4096))
+    failures = []
+    for attempt in range(4):  # without the lock, about one push in five ends with exit 23 or 24 here
+        dest = tmp_path / f"nodes-{attempt}" / "code"
+        pushes = [local_push(source, dest, 60, tmp_path) for _ in range(4)]
+        failures += [(push.wait(), push.stderr.read()) for push in pushes if push.wait() != 0]
+        assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in source.iterdir())
+    assert failures == []
+
+
+def test_a_push_that_waits_too_long_for_the_folder_says_so(tmp_path):
+    (tmp_path / "project").mkdir()
+    dest = tmp_path / "node" / "code"
+    dest.parent.mkdir()
+    holder = subprocess.Popen(["flock", f"{dest}.lock", "sleep", "30"])
+    try:
+        time.sleep(0.5)
+        push = local_push(tmp_path / "project", dest, 1, tmp_path)
+        code = push.wait(timeout=30)
+        assert code != 0
+        assert describe_failure(code, push.stderr.read()) == f"{dest} stayed locked by another sync for 1s"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_horovodrun_argv_is_exact():
