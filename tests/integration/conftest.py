@@ -247,9 +247,26 @@ def container_bake(container_images, container_registry):
 SAID: list[str] = []
 
 
+def module_seconds(reports) -> list[tuple[str, int, float]]:
+    """Each test module's tests and seconds (setup, call and teardown together), the longest first."""
+    tests: dict[str, set[str]] = {}
+    seconds: dict[str, float] = {}
+    for report in reports:
+        module = report.nodeid.split("::", 1)[0]
+        tests.setdefault(module, set()).add(report.nodeid)
+        seconds[module] = seconds.get(module, 0.0) + getattr(report, "duration", 0.0)
+    return sorted(((module, len(tests[module]), seconds[module]) for module in tests), key=lambda row: -row[2])
+
+
 def pytest_terminal_summary(terminalreporter):
     for line in SAID:
         terminalreporter.write_line(line)
+    reports = [r for key in ("passed", "failed", "error", "skipped") for r in terminalreporter.stats.get(key, [])
+               if hasattr(r, "nodeid") and getattr(r, "when", None)]
+    if rows := module_seconds(reports):
+        terminalreporter.write_sep("=", "each module's tests and seconds (setup, call, teardown), the longest first")
+        for module, count, seconds in rows:
+            terminalreporter.write_line(f"{seconds:8.1f}s {count:3d} {module}")
 
 
 def pytest_sessionfinish(session):
