@@ -43,7 +43,8 @@ def baked(container_bake):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, baked):
     """Three nodes (kiln up --provider local --docker: each with its own Docker engine, the cluster a registry),
-    and the baked image pushed to the cluster's registry."""
+    and the baked image in the cluster's registry (its layers copied from the session's registry, as the bake
+    pushed them)."""
     reason = can_make_namespaces()
     if reason:
         pytest.skip(reason)
@@ -55,7 +56,7 @@ def cluster(tmp_path_factory, baked):
                             env=made.env(), capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
         made.nodes = json.loads((state / "nodes.json").read_text())
-        made.image = engines.push_to_cluster(NAME, baked["image"])
+        made.image = engines.push_to_cluster(NAME, baked["image"], copy_from=baked.get("pushed"))
         yield made
     finally:
         subprocess.run([str(KILN), "down", NAME], cwd=ROOT, env=made.env(), capture_output=True, timeout=300)

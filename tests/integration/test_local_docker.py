@@ -13,7 +13,9 @@ from test_local_cluster import local_cluster, needs_namespaces, ssh
 
 from bake import container_base
 from kiln.paths import cache_dir
+from localcloud import engines
 from localcloud import netns as plan
+from localcloud.registry import serving
 
 pytestmark = [pytest.mark.integration, needs_namespaces]
 
@@ -80,3 +82,50 @@ def test_down_leaves_no_engine_registry_or_files():
     assert not running.stdout.strip(), running.stdout
     port = registry["operator"].rsplit(":", 1)[1]
     assert f":{port} " not in subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+
+
+def manifest(registry: str, reference: str) -> dict:
+    """The image manifest `registry` serves for `reference` (REPOSITORY:TAG)."""
+    repository, tag = reference.rsplit(":", 1)
+    found = subprocess.run(["curl", "-sf", "-H", "Accept: application/vnd.docker.distribution.manifest.v2+json",
+                            f"http://{registry}/v2/{repository}/manifests/{tag}"], capture_output=True, text=True,
+                           timeout=60)
+    assert found.returncode == 0, f"{registry} has no {reference}"
+    return json.loads(found.stdout)
+
+
+def test_an_image_already_in_a_registry_is_copied_to_the_cluster_and_only_that_image(docker_cluster, tmp_path):
+    """push_to_cluster(copy_from=...) copies the layers another registry holds as they are, where that reference
+    is the very image; one that names another image is not copied: the image itself is pushed. The source's layers
+    are compressed by skopeo, not by Docker, so their digests tell a copy from a push."""
+    base = docker_cluster["base"]
+    base_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", base], capture_output=True,
+                             text=True, timeout=60, check=True).stdout.strip()
+    (tmp_path / "bin").mkdir()
+    shutil.copy2("/bin/busybox", tmp_path / "bin" / "busybox")
+    other = "kiln-copy-test:other"
+    subprocess.run(["sh", "-c", f"tar -C {tmp_path} -c bin | docker import - {other}"], check=True, timeout=120,
+                   capture_output=True)
+    operator = docker_cluster["registry"]["operator"]
+    try:
+        with serving(tmp_path / "source") as source:
+            for image, name in ((base, "base:kept"), (other, "other:kept")):
+                done = subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+                                       f"docker-daemon:{image}", f"docker://{source}/{name}"], capture_output=True,
+                                      text=True, timeout=600)
+                assert done.returncode == 0, done.stderr
+            kept = manifest(source, "base:kept")
+            assert kept["config"]["digest"] == base_id
+            copied = engines.push_to_cluster(NAME, base, copy_from=f"{source}/base:kept")
+            assert copied == f"{docker_cluster['registry']['nodes']}/{base}"
+            assert manifest(operator, base)["layers"] == kept["layers"], "the layers were not copied as they are"
+            subprocess.run(["docker", "tag", base, "kiln-copy-test:base"], check=True, timeout=60)
+            engines.push_to_cluster(NAME, "kiln-copy-test:base", copy_from=f"{source}/other:kept")
+            pushed = manifest(operator, "kiln-copy-test:base")
+            assert pushed["config"]["digest"] == base_id, "another image was copied in the image's name"
+            assert pushed["layers"] != kept["layers"], "Docker's own push gave skopeo's layers: no copy was told apart"
+    finally:
+        subprocess.run(["docker", "rmi", other, "kiln-copy-test:base"], capture_output=True, timeout=120)
+    pulled = ssh(NAME, "node1", f"docker pull {copied} >/dev/null && docker image inspect --format '{{{{.Id}}}}' "
+                               f"{copied} && docker rmi {copied} >/dev/null", timeout=300)
+    assert pulled.returncode == 0 and pulled.stdout.strip() == base_id, pulled.stdout + pulled.stderr
