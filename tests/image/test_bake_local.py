@@ -14,13 +14,24 @@ import pytest
 
 from bake.matrix import read_matrix
 
-from .conftest import ANSIBLE, playbook, recap, run
+from .conftest import ANSIBLE, SAID, playbook, recap, run
 
 # The bake (a fixture of the first test) takes up to 5400 s when the image must be baked again under TCG.
 pytestmark = [pytest.mark.image_bake, pytest.mark.timeout(5400),
               pytest.mark.in_written_order("the suite runs on the VM as booted, before it is provisioned again")]
 
 MATRIX = read_matrix()
+
+
+def slowest_lines(title: str, output: str) -> list[str]:
+    """The slowest tests pytest --durations listed in `output`, under `title` (the run's summary shows them)."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if "slowest" in line and "durations" in line), None)
+    if start is None:
+        return []
+    found = [line for line in lines[start + 1:] if line[:1].isdigit()]
+    found = found[:next((i for i, line in enumerate(found) if not line.split()[0].endswith("s")), len(found))]
+    return [f"{title}, the slowest tests:", *(f"  {line}" for line in found)]
 
 
 def test_the_bake_records_every_version_of_the_matrix(baked_image):
@@ -50,7 +61,8 @@ def test_the_suite_passes_on_the_booted_image(baked_vm):
     the image as it booted. `make verify` boots its own VM the same way (localcloud.vm.booted)."""
     ssh_config, _ = baked_vm
     result = run([sys.executable, "-m", "bake.verify", "--hosts", "ssh://kiln-vm", "--ssh-config", str(ssh_config),
-                  "--", "-m", "image or gpu", "-rfEs"], timeout=1800)
+                  "--", "-m", "image or gpu", "-rfEs", "--durations=8"], timeout=1800)
+    SAID.extend(slowest_lines("the suite on the booted VM", result.stdout))
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
     assert "given no data volume" not in result.stdout, "the VM's data volume check was skipped: " + result.stdout

@@ -21,7 +21,9 @@ from localcloud import netns
 pytestmark = pytest.mark.integration
 NAME = "km"
 STATE = netns.STATE_ROOT / NAME
-EPOCHS, CHECKPOINT_EVERY = 30, 5
+# 12 epochs of 23 steps: the loss lands at step 12 with some 260 steps to go, as test_launcher's restarts do (30
+# epochs trained a minute longer after each recovery, and proved nothing more)
+EPOCHS, CHECKPOINT_EVERY = 12, 5
 PROGRAMS = Path(__file__).parent / "programs"
 
 
