@@ -261,7 +261,7 @@ def module_seconds(reports) -> list[tuple[str, int, float]]:
 def pytest_terminal_summary(terminalreporter):
     for line in SAID:
         terminalreporter.write_line(line)
-    reports = [r for key in ("passed", "failed", "error", "skipped") for r in terminalreporter.stats.get(key, [])
+    reports = [r for found in terminalreporter.stats.values() for r in found  # a passing setup's is under ""
                if hasattr(r, "nodeid") and getattr(r, "when", None)]
     if rows := module_seconds(reports):
         terminalreporter.write_sep("=", "each module's tests and seconds (setup, call, teardown), the longest first")
