@@ -39,7 +39,12 @@ matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an ima
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) -m bootstrap.demo --nodes $(NODES)
 
-test: lint validate unit suites ## everything CI runs (.ci/run prints how long each stage took)
+# validate (mostly one process at a time: packer, ansible-lint) runs beside unit (two workers): on 2 cores each
+# leaves the other room.
+test: setup ## everything CI runs: lint, validate beside unit, suites (.ci/run prints how long each stage took)
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=target validate unit
+	@$(MAKE) --no-print-directory suites
 
 test-fast: setup ## the inner loop (a few minutes): lint, unit, and the integration modules marked quick; says what it left out
 	$(VENV)/bin/ruff check .
