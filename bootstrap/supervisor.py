@@ -342,8 +342,7 @@ class Supervisor:
         else:
             return
         self.group.remote.map_or_raise("spread checkpoints", others, lambda h: self.group.remote.rsync(
-            h, commands.rsync_push_argv(str(local), h, checkpoints, options, excludes=(),
-                                              one_writer=False)))
+            h, commands.rsync_push_argv(str(local), h, checkpoints, options, excludes=(), one_writer=False)))
 
     def chief_step(self) -> int | None:
         """The last step the chief logged, from the collected metrics."""
