@@ -126,9 +126,6 @@ def reusable(output: Path, provider: str, registry: str) -> bool:
     return True
 
 
-WHEELHOUSE_LACKS = ("frameworks_torch_version", "frameworks_jax_version")  # scripts/wheelhouse builds neither
-
-
 def bake(args) -> Path:
     profile = imagelib.choose_profile(args.provider, args.profile)
     version = packer_version()
@@ -140,11 +137,6 @@ def bake(args) -> Path:
     base_matrix = read_matrix()
     chosen = read_override(matrix_file, base_matrix) if matrix_file else {}
     matrix = {**base_matrix, **chosen}
-    carried = [name for name in WHEELHOUSE_LACKS if matrix.get(name)]
-    if carried and args.provider in ("local", "docker"):
-        raise UsageError(f"MATRIX={matrix_file}: {', '.join(carried)} for PROVIDER={args.provider}: that bake installs "
-                         "from its wheelhouse, which does not carry PyTorch or JAX yet; bake them into a cloud image "
-                         "(PROVIDER=aws|gcp|azure), or use .venv-frameworks on the local cluster")
     extra, base, wheelhouse = local_inputs(matrix_file) if args.provider == "local" else ({}, None, None)
     if args.provider == "docker":
         extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix, matrix_file)

@@ -3,6 +3,7 @@ some of its entries for one bake or one environment, e.g. an older TensorFlow by
 
     python -m bake.matrix pins [--override FILE]    # the pip pins of the image's Python environment (scripts/setup
                                                     # and scripts/wheelhouse install and collect them)
+    python -m bake.matrix environment [--override FILE]   # the environment whose Horovod build serves that matrix
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ OVERRIDES = PROJECT / "matrices"
 # The matrix entries that are pip distributions in the image's environment (and in pyproject.toml's pins).
 PIP = {"tensorflow_version": "tensorflow", "tensorflow_tf_keras_version": "tf-keras",
        "tensorflow_numpy_version": "numpy", "tensorflow_tensorboard_version": "tensorboard"}
+# PyTorch and JAX where the matrix gives them a version, as the CPU builds (the wheelhouse's, and a matrix
+# environment's; a gpu image takes its CUDA builds from the indexes, ansible/roles/frameworks): the distributions
+# each entry installs, with PyTorch's build label.
+FRAMEWORKS = {"frameworks_torch_version": (("torch", "+cpu"),),
+              "frameworks_jax_version": (("jax", ""), ("jaxlib", ""))}
 
 
 def _load(path: Path, what: str) -> dict[str, str]:
@@ -75,14 +81,32 @@ def pins(matrix: dict[str, str], pyproject: Path = PROJECT / "pyproject.toml") -
     reference trainer's digits and split)."""
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     return [*(f"{package}=={matrix[name]}" for name, package in PIP.items()), *extras["horovod"][1:],
-            *(pin for pin in extras["train"] if pin.startswith("scikit-learn=="))]
+            *(pin for pin in extras["train"] if pin.startswith("scikit-learn==")), *framework_pins(matrix)]
+
+
+def framework_pins(matrix: dict[str, str]) -> list[str]:
+    """PyTorch's and JAX's CPU builds at the matrix's versions; none for an entry left empty (the default)."""
+    return [f"{package}=={matrix[name]}{build}" for name, packages in FRAMEWORKS.items() if matrix.get(name)
+            for package, build in packages]
+
+
+def environment(override: Path | str | None, base: dict[str, str] | None = None) -> str:
+    """The Python environment (scripts/setup's) whose Horovod build serves a matrix file: .venv-NAME where the file
+    changes what Horovod is built against (TensorFlow and the rest of PIP), else .venv (PyTorch and JAX alone
+    change nothing Horovod is built with)."""
+    if not override:
+        return ".venv"
+    changed = read_override(override, base)
+    return f".venv-{Path(override).stem}" if set(changed) & set(PIP) else ".venv"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bake.matrix", description="Read the version matrix.")
-    parser.add_argument("what", choices=("pins",))
+    parser.add_argument("what", choices=("pins", "environment"))
     parser.add_argument("--override", default="", help="a matrix file whose entries replace the matrix's")
     args = parser.parse_args(argv)
+    if args.what == "environment":
+        return run_main("matrix", lambda: print(environment(args.override or None)) or 0)
     return run_main("matrix", lambda: print(*pins(read_matrix(override=args.override or None)), sep="\n") or 0)
 
 

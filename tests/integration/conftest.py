@@ -22,6 +22,10 @@ FAB = Path(sys.executable).with_name("fab")
 KILN = Path(sys.executable).with_name("kiln")
 # Bake the container image in a fresh folder, with a fresh registry, whatever the cache keeps (as image-test does).
 FRESH = bool(os.environ.get("KILN_IMAGE_TEST_FRESH"))
+# The session's container image carries PyTorch and JAX beside TensorFlow (CPU builds, from the wheelhouse), so
+# the container tests run every mode with --image; the matrix's default leaves them out (the frameworks role is
+# the only difference).
+CONTAINER_MATRIX = ROOT / "matrices" / "pytorch-jax.yml"
 
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -221,7 +225,8 @@ def container_bake(container_images, container_registry):
     fresh folder's leaves it afterwards; the session registry's tag always does."""
     if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
         pytest.fail("no Docker engine answers on this machine (make setup starts one: scripts/docker-engine)")
-    made = subprocess.run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry],
+    made = subprocess.run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry,
+                           "--matrix", str(CONTAINER_MATRIX)],
                           capture_output=True, text=True, timeout=3600, cwd=ROOT,
                           env={**os.environ, "KILN_IMAGES": str(container_images)})
     assert made.returncode == 0, f"the container bake failed:\n{made.stdout[-8000:]}\n{made.stderr[-3000:]}"
@@ -258,15 +263,34 @@ def module_seconds(reports) -> list[tuple[str, int, float]]:
     return sorted(((module, len(tests[module]), seconds[module]) for module in tests), key=lambda row: -row[2])
 
 
+def module_spans(reports) -> dict[str, tuple[str, float, float]]:
+    """Each module's worker (pytest-xdist's gw0, gw1, ...; "-" without a pool) and when its first test began and
+    its last ended (epoch seconds): where the pool's workers spent the run, and how long one waited for the other."""
+    spans: dict[str, tuple[str, float, float]] = {}
+    for report in reports:
+        if not getattr(report, "start", 0):
+            continue
+        module = report.nodeid.split("::", 1)[0]
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "-")
+        _, began, ended = spans.get(module, (worker, report.start, report.stop))
+        spans[module] = (worker, min(began, report.start), max(ended, report.stop))
+    return spans
+
+
 def pytest_terminal_summary(terminalreporter):
     for line in SAID:
         terminalreporter.write_line(line)
     reports = [r for found in terminalreporter.stats.values() for r in found  # a passing setup's is under ""
                if hasattr(r, "nodeid") and getattr(r, "when", None)]
     if rows := module_seconds(reports):
-        terminalreporter.write_sep("=", "each module's tests and seconds (setup, call, teardown), the longest first")
+        spans = module_spans(reports)
+        zero = min((began for _, began, _ in spans.values()), default=0.0)
+        terminalreporter.write_sep("=", "each module's tests and seconds (setup, call, teardown), the longest first, "
+                                        "its worker and its span from the first test's start")
         for module, count, seconds in rows:
-            terminalreporter.write_line(f"{seconds:8.1f}s {count:3d} {module}")
+            worker, began, ended = spans.get(module, ("-", zero, zero))
+            span = f"{began - zero:6.0f}-{ended - zero:<6.0f}"
+            terminalreporter.write_line(f"{seconds:8.1f}s {count:3d} {worker:>4} {span} {module}")
 
 
 def pytest_sessionfinish(session):

@@ -10,13 +10,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import CONTAINER_MATRIX
 
-from bake.matrix import read_matrix
+from bake.matrix import read_matrix, read_override
 from kiln.paths import PROJECT as ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
 
-MATRIX = read_matrix()
+MATRIX = read_matrix(override=CONTAINER_MATRIX)  # the session's image: PyTorch and JAX beside TensorFlow
 
 
 def run(argv: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -38,9 +39,11 @@ def test_the_container_image_is_tagged_and_labelled_with_its_inputs(container_ba
     assert image["Id"] == record["image_id"]
     labels = image["Config"]["Labels"]
     assert labels["kiln.fingerprint"] == record["fingerprint"] and labels["kiln.profile"] == "cpu"
-    for key in ("tensorflow_version", "tensorflow_tf_keras_version", "tensorflow_horovod_version"):
+    for key in ("tensorflow_version", "tensorflow_tf_keras_version", "tensorflow_horovod_version",
+                "frameworks_torch_version", "frameworks_jax_version"):
         assert labels[f"kiln.{key.removesuffix('_version')}"] == MATRIX[key]
-        assert record["versions"]["installed"][key] == MATRIX[key]
+        assert record["versions"]["installed"][key].split("+")[0] == MATRIX[key]  # torch's is 2.13.0+cpu
+    assert record["matrix_override"]["entries"] == read_override(CONTAINER_MATRIX), record["matrix_override"]
     assert record["versions"]["target"] == "container"
     assert "nvidia_driver_version" not in record["versions"]["matrix"], "a container carries no driver"
     assert any(env.startswith("PATH=/opt/kiln/venv/bin:") for env in image["Config"]["Env"]), image["Config"]["Env"]
@@ -48,7 +51,8 @@ def test_the_container_image_is_tagged_and_labelled_with_its_inputs(container_ba
 
 def test_the_suite_passes_in_a_container_of_the_image(container_bake):
     _, record = container_bake
-    result = run([sys.executable, "-m", "bake.verify", "--container", record["image"], "--", "-rfEs"], timeout=900)
+    result = run([sys.executable, "-m", "bake.verify", "--container", record["image"], "--matrix",
+                  str(CONTAINER_MATRIX), "--", "-rfEs"], timeout=900)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
     assert "usable_by_any_user" not in result.stdout.split("short test summary")[-1], result.stdout[-3000:]
@@ -68,8 +72,8 @@ def test_the_pushed_image_pulls_back_by_its_digest(container_bake, container_reg
 def test_an_unchanged_fingerprint_reuses_the_container_image(container_bake, container_images, container_registry):
     folder, _ = container_bake
     before = (folder / "image.json").stat().st_mtime
-    result = run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry], timeout=600,
-                 env={"KILN_IMAGES": str(container_images)})
+    result = run([sys.executable, "-m", "bake.image", "docker", "--registry", container_registry, "--matrix",
+                  str(CONTAINER_MATRIX)], timeout=600, env={"KILN_IMAGES": str(container_images)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "up to date" in result.stdout and str(folder) in result.stdout, result.stdout
     assert "packer build" not in result.stdout

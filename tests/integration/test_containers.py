@@ -1,7 +1,8 @@
 """`kiln train --image` and `kiln run --image` on a real 3-node local cluster with a real dockerd per node and a
-real registry on its bridge, inside the container image `make image PROVIDER=docker` bakes: the public examples
-from a user's own folder, each process in its node's container, restarts, sharding, and the refusals that come
-before anything starts; after every run no container is left on any node."""
+real registry on its bridge, inside the container image `make image PROVIDER=docker MATRIX=matrices/pytorch-jax.yml`
+bakes (TensorFlow, Horovod, PyTorch and JAX): the public examples of every mode from a user's own folder, each
+process in its node's container, restarts, sharding, and the refusals that come before anything starts; after every
+run no container is left on any node."""
 
 from __future__ import annotations
 
@@ -167,6 +168,46 @@ def test_the_horovod_example_trains_in_the_image_across_the_nodes_containers(clu
     assert set(results) == {"node1/rank-0", "node2/rank-1", "node3/rank-2"}
     assert {r["size"] for r in results.values()} == {3}
     assert run_processes("chvd") == []
+    no_containers(cluster)
+
+
+def test_a_pytorch_ddp_program_trains_through_torchrun_in_the_image(cluster, project):
+    """torchrun is the image's (PyTorch's CPU build beside TensorFlow): one agent in each node's container, the
+    c10d rendezvous on node1's address, Gloo between the containers over the nodes' network."""
+    done = cluster.kiln("train", "--image", cluster.image, "--mode", "torchrun", "--slots", "2", "--run-id", "cddp",
+                        "--", "python", "torch_ddp.py", "--epochs", "2", cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = outputs(cluster, "cddp", "rank-*.json")
+    assert set(found) == {"node1/torchrun-0", "node2/torchrun-1", "node3/torchrun-2"}, found
+    ranks = [json.loads(path.read_text()) for path in (cluster.runs / "cddp" / "hosts").glob("*/output/*/rank-*.json")]
+    assert sorted(r["rank"] for r in ranks) == list(range(6)) and {r["world"] for r in ranks} == {6}, ranks
+    assert len({round(r["loss"], 6) for r in ranks}) == 1, ranks  # DDP kept every replica in step
+    assert len(list((cluster.runs / "cddp" / "hosts").glob("*/ranks/*/*/attempt_0/*/stdout.log"))) == 6
+    assert json.loads((cluster.runs / "cddp" / "summary.json").read_text())["mode"] == "torchrun"
+    assert run_processes("cddp") == []
+    no_containers(cluster)
+
+
+def test_a_jax_program_sums_across_the_nodes_containers(cluster, project):
+    done = cluster.kiln("train", "--image", cluster.image, "--mode", "jax", "--run-id", "cjax", "--", "python",
+                        "jax_sum.py", cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = outputs(cluster, "cjax")
+    assert set(found) == {"node1/jax-0", "node2/jax-1", "node3/jax-2"}, found
+    assert {(r["processes"], r["devices"], r["sum"]) for r in found.values()} == {(3, 3, 6.0)}  # 1 + 2 + 3
+    assert run_processes("cjax") == []
+    no_containers(cluster)
+
+
+def test_a_keras_3_program_trains_across_the_nodes_containers_on_the_jax_backend(cluster, project):
+    done = cluster.kiln("train", "--image", cluster.image, "--mode", "jax", "--run-id", "ckjax", "--", "python",
+                        "keras_jax.py", "--epochs", "2", cwd=project, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = outputs(cluster, "ckjax")
+    assert {(r["backend"], r["processes"], r["devices"]) for r in found.values()} == {("jax", 3, 3)}, found
+    [losses] = {tuple(round(x, 5) for x in r["loss"]) for r in found.values()}  # one model, kept in step
+    assert losses[-1] < losses[0], losses
+    assert run_processes("ckjax") == []
     no_containers(cluster)
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bake import verify
-from bake.matrix import MATRIX, OVERRIDES, PIP, overrides, pins, read_matrix, read_override
+from bake.matrix import MATRIX, OVERRIDES, PIP, environment, overrides, pins, read_matrix, read_override
 from kiln.errors import KilnError, UsageError
 from kiln.paths import PROJECT
 
@@ -77,6 +77,25 @@ def test_the_pins_are_the_matrix_python_entries_then_the_trainer_and_horovod_nee
                                      "psutil==7", "scikit-learn==1.2"]
     assert pins(read_matrix(override=OVERRIDES / "tensorflow-2.18.yml"))[0] == "tensorflow==2.18.1"
     assert any(pin.startswith("scikit-learn==") for pin in pins(BASE))
+
+
+def test_pytorch_and_jax_are_pinned_as_their_cpu_builds_only_where_the_matrix_names_them():
+    assert not any(pin.startswith(("torch==", "jax==", "jaxlib==")) for pin in pins(BASE))
+    chosen = pins(read_matrix(override=OVERRIDES / "pytorch-jax.yml"))
+    assert chosen[-3:] == ["torch==2.13.0+cpu", "jax==0.10.2", "jaxlib==0.10.2"]
+    assert chosen[:-3] == pins(BASE)  # the rest of the environment is the default's
+    only_jax = pins({**BASE, "frameworks_jax_version": "0.9.0"})
+    assert only_jax[-2:] == ["jax==0.9.0", "jaxlib==0.9.0"] and not any(p.startswith("torch==") for p in only_jax)
+
+
+def test_the_environment_whose_horovod_serves_a_matrix_file_is_its_own_only_where_horovods_inputs_change(tmp_path):
+    assert environment(None) == ".venv"
+    assert environment(OVERRIDES / "pytorch-jax.yml") == ".venv"  # PyTorch and JAX: Horovod is built the same
+    assert environment(OVERRIDES / "tensorflow-2.18.yml") == ".venv-tensorflow-2.18"
+    (tmp_path / "numpy.yml").write_text("tensorflow_numpy_version: '1.26.4'\nframeworks_jax_version: '0.9.0'\n")
+    assert environment(tmp_path / "numpy.yml") == ".venv-numpy"
+    (tmp_path / "same.yml").write_text(f"tensorflow_version: '{BASE['tensorflow_version']}'\n")
+    assert environment(tmp_path / "same.yml") == ".venv"  # the matrix's own version changes nothing
 
 
 def test_the_command_prints_the_pins_and_refuses_a_bad_file_with_one_line(tmp_path):
