@@ -2,7 +2,7 @@
 `cluster` collection that fabfile.py (and any program built on Fabric) exposes.
 
 Modules: cluster (mesh, check, sync, train, run), runs (status, logs, stop, fetch, tensorboard),
-lifecycle (up, down, list, sweep: AWS, or a local cluster with --provider local).
+lifecycle (up, down, list, sweep, launch, gpus: AWS, GCP, Azure, or a local cluster with --provider local).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def namespace(*, flat: bool = False) -> Collection:
     tasks = Collection() if flat else Collection("cluster")
     for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_", "autostop")),
                           (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
-                          (lifecycle, ("up", "down", "list_", "sweep", "launch"))):
+                          (lifecycle, ("up", "down", "list_", "sweep", "launch", "gpus"))):
         for name in names:
             tasks.add_task(getattr(module, name))
     return tasks if flat else Collection(tasks)

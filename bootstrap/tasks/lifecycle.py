@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bootstrap import autostop, providers, state
 from bootstrap.errors import KilnError, UsageError
-from bootstrap.providers import common
+from bootstrap.providers import catalog, common
 from bootstrap.providers.aws import plan
 from bootstrap.providers.azure import plan as azure_plan
 from bootstrap.providers.gcp import plan as gcp_plan
@@ -15,12 +15,11 @@ from bootstrap.tasks import cluster_task
 UP_HELP = {
     "name": "the cluster's name (1-32 of a-z, 0-9, '-'); tags every resource as kiln:cluster",
     "count": "how many instances (at least 1)",
-    "instance_type": f"EC2 instance type (default {plan.DEFAULT_INSTANCE_TYPE}); GPU types: "
-                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in plan.SUGGESTED_INSTANCE_TYPES.items())
-                     + f". GCP: the machine type (default {gcp_plan.DEFAULT_MACHINE_TYPE}); GPU types: "
-                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in gcp_plan.SUGGESTED_MACHINE_TYPES.items())
-                     + f". Azure: the VM size (default {azure_plan.DEFAULT_VM_SIZE}); GPU sizes: "
-                     + "; ".join(f"{kind} ({gpus})" for kind, gpus in azure_plan.SUGGESTED_VM_SIZES.items()),
+    "instance_type": f"the machine type: EC2 instance type (default {plan.DEFAULT_INSTANCE_TYPE}), GCP machine type "
+                     f"(default {gcp_plan.DEFAULT_MACHINE_TYPE}) or Azure VM size (default "
+                     f"{azure_plan.DEFAULT_VM_SIZE}); or ask for GPUs with --gpus",
+    "gpus": "MODEL:COUNT, the GPUs each node carries, e.g. H100:8 or L4 (one): kiln picks the cloud's instance type "
+            f"that carries them from its catalog (kiln gpus lists it; GPUs: {', '.join(catalog.gpu_names())})",
     "spot": "ask for spot instances (GCP: Spot VMs, deleted when preempted)",
     "max_price": "with --spot: the most to pay, USD per instance-hour",
     "ami": "this AMI instead of the newest one tagged with --image-profile",
@@ -80,15 +79,18 @@ def given_options(values: dict) -> dict:
 def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
        image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False,
-       source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None):
+       source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None, gpus=None):
     """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
     --cluster NAME)."""
     values = locals()
+    values["instance_type"], picked = catalog.resolve(gpus, instance_type, provider)
     given = given_options(values)
     chosen = providers.named(provider, {key: values[key] for key in WHERE_OPTIONS})
     providers.refuse_foreign_options(chosen, given)
     idle_minutes = autostop.validate_idle_minutes(idle_minutes) or None
     request = chosen.request(name, count, {k: values[k] for k in PROVIDER_OPTIONS}, idle_minutes)
+    if picked:
+        print("\n".join(picked), flush=True)
     if dry_run:
         print("\n".join(chosen.plan(request)))
         return
@@ -117,8 +119,8 @@ def arm_or_remove(c, name: str, idle_minutes: float | None, chosen: providers.Pr
 
 
 LAUNCH_HELP = {
-    **{k: UP_HELP[k] for k in ("name", "provider", "count", "instance_type", "spot", "max_price", "ami", "ssh_cidr",
-                                "user", "region", "profile", "project", "zone", "subscription", "location",
+    **{k: UP_HELP[k] for k in ("name", "provider", "count", "instance_type", "gpus", "spot", "max_price", "ami",
+                                "ssh_cidr", "user", "region", "profile", "project", "zone", "subscription", "location",
                                 "source_image", "image_id", "ttl_hours", "ssh_wait", "volume")},
     "snapshot": SNAPSHOT_HELP["snapshot"],
     "mode": "horovod (default) or tf-config", "args": "arguments for kiln's reference trainer",
@@ -136,7 +138,7 @@ def launch(c, name, provider="aws", count=1, instance_type=None, spot=False, max
            ami=None, ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
            mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
            accept_new_host_keys=False, volume=None, snapshot=False, image=None, project=None, zone=None,
-           source_image=None, subscription=None, location=None, image_id=None):
+           source_image=None, subscription=None, location=None, image_id=None, gpus=None):
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
     whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
     from bootstrap.tasks.cluster import train
@@ -147,7 +149,7 @@ def launch(c, name, provider="aws", count=1, instance_type=None, spot=False, max
         raise UsageError(f"--snapshot: a {provider} cluster's nodes have no data volumes")
     up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot, max_price=max_price, ami=ami,
        ssh_cidr=ssh_cidr, user=user, ttl_hours=ttl_hours, ssh_wait=ssh_wait, volume=volume,
-       source_image=source_image, image_id=image_id, **where)
+       source_image=source_image, image_id=image_id, gpus=gpus, **where)
     try:
         train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
               max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys, image=image)
@@ -195,3 +197,11 @@ def sweep(c, region=None, profile=None, dry_run=False, provider="aws", project=N
     lines = providers.named(provider, {"region": region, "profile": profile, "project": project, "zone": zone,
                                        "subscription": subscription, "location": location}).sweep(dry_run=dry_run)
     print("\n".join(lines) if lines else "nothing has expired")
+
+
+@cluster_task(help={"provider": "only this cloud's: aws, gcp or azure (default: every cloud's)"})
+def gpus(c, provider=None):
+    """List the GPU machines of kiln's catalog, by cloud: what kiln up --gpus MODEL:COUNT picks from."""
+    if provider and provider not in catalog.CLOUDS:
+        raise UsageError(f"--provider {provider}: the catalog has {', '.join(catalog.CLOUDS)}")
+    print("\n".join(catalog.table(provider)))

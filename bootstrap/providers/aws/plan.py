@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import catalog
 from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as the provider and tests use them)
     DATA_LABEL,
     DATA_MOUNT,
@@ -54,18 +55,9 @@ TAG_DATA = "kiln:data"  # on a data volume and its snapshots: the node's index i
 TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`: its time
 
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
-# `kiln up`'s default, and the GPU instance types it suggests with the GPUs each carries (all need the matrix's
-# driver branch 570 or later for Blackwell; every other type of EC2 is taken as it is named).
-DEFAULT_INSTANCE_TYPE = "g6.xlarge"
-SUGGESTED_INSTANCE_TYPES = {
-    "g6.xlarge": "1 NVIDIA L4, 24 GB",
-    "g6.12xlarge": "4 L4",
-    "g6e.xlarge": "1 L40S, 48 GB",
-    "g6e.12xlarge": "4 L40S",
-    "p5.48xlarge": "8 H100, 80 GB each, NVLink, EFA",
-    "p5en.48xlarge": "8 H200, 141 GB each, NVLink, EFA",
-    "p6-b200.48xlarge": "8 B200, 180 GB each, NVLink, EFA",
-}
+# `kiln up`'s default: the first of the catalog's EC2 GPU types (kiln up --gpus picks from them all; Blackwell needs
+# the matrix's driver branch 570 or later; every other type of EC2 is taken as it is named).
+DEFAULT_INSTANCE_TYPE = catalog.default_type("aws")
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 PROFILE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 IMDS_HOP_LIMIT = 2

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
+from bootstrap.providers import catalog
 from bootstrap.providers.common import (
     first_boot_settings,
     format_time,
@@ -51,16 +52,8 @@ IMAGE_ID = re.compile(r"/subscriptions/[0-9a-f-]{36}/resourceGroups/[-\w.()]{1,9
                       r"(images/[-\w.]{1,80}|galleries/\w[\w.]{0,79}/images/[-\w.]{1,80}/versions/"
                       r"(latest|\d+\.\d+\.\d+))", re.IGNORECASE)
 SUBSCRIPTION = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-# `kiln up`'s default, and the GPU sizes it suggests with the GPUs each carries.
-DEFAULT_VM_SIZE = "Standard_NC24ads_A100_v4"
-SUGGESTED_VM_SIZES = {
-    "Standard_NC4as_T4_v3": "1 NVIDIA T4, 16 GB",
-    "Standard_NV36ads_A10_v5": "1 A10, 24 GB",
-    "Standard_NC24ads_A100_v4": "1 A100, 80 GB",
-    "Standard_NC40ads_H100_v5": "1 H100 NVL, 94 GB",
-    "Standard_ND96isr_H100_v5": "8 H100, 80 GB each",
-    "Standard_ND96isr_H200_v5": "8 H200, 141 GB each",
-}
+# `kiln up`'s default: the first of the catalog's Azure GPU sizes (kiln up --gpus picks from them).
+DEFAULT_VM_SIZE = catalog.default_type("azure")
 ADDRESS_SPACE = "10.42.0.0/16"
 SUBNET = "10.42.0.0/20"
 OS_DISK_GB = 128

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import catalog
 from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summarize: the plan's, as callers use them)
     expired_clusters,
     first_boot_settings,
@@ -48,17 +49,8 @@ ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
 PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 IMAGE = re.compile(r"(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/global/images/(family/)?)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 LABEL_TEXT = re.compile(r"[^a-z0-9_-]")
-# `kiln up`'s default, and the GPU machine types it suggests with the GPUs each carries.
-DEFAULT_MACHINE_TYPE = "g2-standard-4"
-SUGGESTED_MACHINE_TYPES = {
-    "g2-standard-4": "1 NVIDIA L4, 24 GB",
-    "g2-standard-48": "4 L4",
-    "a2-highgpu-1g": "1 A100, 40 GB",
-    "a2-ultragpu-8g": "8 A100, 80 GB each",
-    "a3-highgpu-8g": "8 H100, 80 GB each",
-    "a3-ultragpu-8g": "8 H200, 141 GB each",
-    "a4-highgpu-8g": "8 B200, 180 GB each",
-}
+# `kiln up`'s default: the first of the catalog's Compute Engine GPU machine types (kiln up --gpus picks from them).
+DEFAULT_MACHINE_TYPE = catalog.default_type("gcp")
 # Accelerator machine families (a2, a3, a4, a4x, g2, g4...) cannot live-migrate: their VMs stop for host
 # maintenance. The families a compact placement policy takes (others run without one). The machine types whose
 # disks must be Hyperdisk (A3 Ultra, A4, A4X, G4: no Persistent Disk).
