@@ -106,6 +106,7 @@ class Gce(InstanceHandlers, ResourceHandlers):
         self._guests: dict[str, Guest] = {}  # instance path -> its guest
         self._ops: dict[str, Op] = {}  # operation path -> operation
         self._faults: list[Fault] = []
+        self._capacity: dict[str, int] = {}  # zone -> how many instances it can hold now (capacity())
         self._request_ids: dict[tuple[str, str], str] = {}  # (method, requestId) -> operation path
         self._last_stamp = datetime.min.replace(tzinfo=UTC)
         self._next_nat = 0
@@ -178,6 +179,18 @@ class Gce(InstanceHandlers, ResourceHandlers):
             raise ValueError(f"{method} answers no operation")
         with self._lock:
             self._faults.append(Fault(method, reason, code, message, nth, on))
+
+    def capacity(self, zone: str, machines: int | None) -> None:
+        """How many instances `zone` can hold from now (None: as many as asked): an insert beyond it fails as GCE's
+        does when a zone has no machines left, a DONE operation with ZONE_RESOURCE_POOL_EXHAUSTED, and nothing of
+        it is left. 0 empties the zone; None fills it again."""
+        if zone not in self.zones:
+            raise ValueError(f"no zone {zone!r}: one of {self.zones}")
+        with self._lock:
+            if machines is None:
+                self._capacity.pop(zone, None)
+            else:
+                self._capacity[zone] = machines
 
     def preempt(self, zone: str, name: str) -> None:
         """Preempt a running SPOT instance as GCE does: TERMINATED, or deleted if its termination action says so;
@@ -298,7 +311,7 @@ class Gce(InstanceHandlers, ResourceHandlers):
         request_id = query.get("requestId", "")
         if request_id and (method, request_id) in self._request_ids:  # a retried request: its first operation
             return self._ops[self._request_ids[method, request_id]].msg
-        fault = self._take_fault(method)
+        fault = self._take_fault(method) or self._over_capacity(method, params)
         if fault and fault.on == "call":
             raise ApiError(fault.code, fault.reason, fault.message or HTTPStatus(fault.code).phrase)
         answer = handler(method, params, query, body)
@@ -319,6 +332,16 @@ class Gce(InstanceHandlers, ResourceHandlers):
             raise invalid("zone", params["zone"], "Unknown zone.")
         if "region" in params and params["region"] not in self.regions:
             raise invalid("region", params["region"], "Unknown region.")
+
+    def _over_capacity(self, method: str, params: dict[str, str]) -> Fault | None:
+        """The zone's lack of machines, where capacity() set a limit and the zone's instances reach it."""
+        zone = params.get("zone", "")
+        if method != "instances.insert" or zone not in self._capacity:
+            return None
+        held = sum(1 for path in self._resources if path.startswith(f"projects/{self.project}/zones/{zone}/instances/"))
+        if held < self._capacity[zone]:
+            return None
+        return Fault(method, "ZONE_RESOURCE_POOL_EXHAUSTED", 503, None, 0, "operation")
 
     def _take_fault(self, method: str) -> Fault | None:
         """The fault this call of `method` meets, if any (nth counts the calls since the fault was set)."""

@@ -122,24 +122,6 @@ def choose(text: str, cloud: str) -> list[Machine]:
     raise UsageError(f"--gpus {text}: {offers}{where}")
 
 
-def resolve(gpus: str | None, instance_type: str | None, cloud: str) -> tuple[str | None, list[str]]:
-    """`kiln up`'s instance type where `--gpus` asks for GPUs (the cloud's first type that carries them), and the
-    lines that say so (for --dry-run and the user); without --gpus the instance type as given, no lines."""
-    if not gpus:
-        return instance_type, []
-    if instance_type:
-        raise UsageError(f"--gpus {gpus} and --instance-type {instance_type}: give one (--gpus picks the type)")
-    if cloud not in CLOUDS:
-        raise UsageError(f"--gpus {gpus}: --provider {cloud} has no GPUs to ask for (it takes {', '.join(CLOUDS)})")
-    chosen, *others = choose(gpus, cloud)
-    lines = [f"--gpus {gpus}: {chosen.instance_type} ({chosen.describe()}), from kiln's catalog of {cloud}'s GPU "
-             f"machines ({SOURCES[cloud]})"]
-    if others:
-        lines.append(f"  {cloud}'s other types with them: {', '.join(other.instance_type for other in others)} "
-                     "(--instance-type picks one)")
-    return chosen.instance_type, lines
-
-
 def table(cloud: str | None = None) -> list[str]:
     """The catalog as `kiln gpus` prints it: a line per instance type, by cloud."""
     lines = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bootstrap import autostop, providers, state
 from bootstrap.errors import KilnError, UsageError
-from bootstrap.providers import catalog, common
+from bootstrap.providers import catalog, common, failover
 from bootstrap.providers.aws import plan
 from bootstrap.providers.azure import plan as azure_plan
 from bootstrap.providers.gcp import plan as gcp_plan
@@ -49,7 +49,12 @@ UP_HELP = {
                     "terminates, its data volume stays; GCP: the VM stops; Azure: the VM deallocates itself; their "
                     "disks stay until kiln down)",
     "provider": "aws (default), gcp, azure, or local: nodes in network namespaces on this machine (root); "
-                "train --managed replaces lost nodes through it",
+                "train --managed replaces lost nodes through it. With --gpus: several clouds to try in order "
+                "(aws,gcp) or any",
+    "zones": "GCP zones to try in order, e.g. us-central1-a,us-east5-b: a zone without capacity moves on to the next",
+    "regions": "AWS regions (Azure locations) to try in order, e.g. us-east-1,us-west-2 (aws:us-east-1,azure:eastus "
+               "with both clouds)",
+    "on_demand_fallback": "with --spot: where no candidate has spot capacity, try them all again on demand",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
               "image has Docker), for train --image",
 }
@@ -72,29 +77,42 @@ UP_DEFAULTS = {"image_profile": "gpu", "ttl_hours": 24.0, "ssh_wait": common.SSH
 def given_options(values: dict) -> dict:
     """The provider options of a `kiln up` that were given (not left at their defaults)."""
     return {name: values[name] for name in PROVIDER_OPTIONS
-            if values[name] not in (None, False) and values[name] != UP_DEFAULTS.get(name)}
+            if values.get(name) not in (None, False) and values[name] != UP_DEFAULTS.get(name)}
 
 
 @cluster_task(help=UP_HELP)
 def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=None, image_profile="gpu",
        ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
        image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False,
-       source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None, gpus=None):
+       source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None, gpus=None,
+       zones=None, regions=None, on_demand_fallback=False):
     """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
-    --cluster NAME)."""
+    --cluster NAME); with several candidates (clouds, places, instance types, spot then on-demand), the first
+    that comes up whole."""
     values = locals()
-    values["instance_type"], picked = catalog.resolve(gpus, instance_type, provider)
-    given = given_options(values)
-    chosen = providers.named(provider, {key: values[key] for key in WHERE_OPTIONS})
-    providers.refuse_foreign_options(chosen, given)
+    clouds = failover.parse_clouds(provider, tuple(providers.KINDS))
+    if on_demand_fallback and not spot:
+        raise UsageError("--on-demand-fallback: falls back from --spot machines; give --spot too")
+    types = failover.types_of(clouds, gpus, instance_type)
+    order = failover.candidates(clouds, failover.places_of(clouds, zones, regions, values), types, bool(spot),
+                                on_demand_fallback)
     idle_minutes = autostop.validate_idle_minutes(idle_minutes) or None
-    request = chosen.request(name, count, {k: values[k] for k in PROVIDER_OPTIONS}, idle_minutes)
-    if picked:
-        print("\n".join(picked), flush=True)
+    refuse_foreign_places(clouds, values)
+    prepared = {candidate: prepare(name, count, candidate, values, idle_minutes, len(clouds) > 1)
+                for candidate in order}  # every candidate's request checked before anything is made
+    if gpus:
+        print(f"--gpus {gpus}: " + "; ".join(f"{cloud} {', '.join(types[cloud]) or 'has none'}" for cloud in clouds)
+              + " (kiln gpus lists the catalog)", flush=True)
     if dry_run:
+        if len(order) > 1:
+            print("\n".join(failover.describe_order(order)))
+            print(f"the plan of the first ({order[0].describe()}); the others alike:")
+        chosen, request = prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
-    made = chosen.up(request)
+    made, candidate, _ = failover.first_fit(order, lambda one: prepared[one][0].up(prepared[one][1]),
+                                            lambda line: print(line, flush=True))
+    chosen = prepared[candidate][0]
     print("\n".join(made.lines))
     if idle_minutes and made.unpinned:
         print(f"autostop NOT started: kiln does not log in to hosts whose keys it has not seen; once you trust "
@@ -102,6 +120,33 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
               f"(the cluster expires{f' at {made.expires}' if made.expires else ''} all the same: kiln sweep)")
         return
     arm_or_remove(c, made.name, idle_minutes, chosen)
+
+
+def refuse_foreign_places(clouds: list[str], values: dict) -> None:
+    """With several clouds, an option that places none of them (--subscription with aws,gcp) is refused by flag."""
+    if len(clouds) < 2:
+        return  # one provider refuses its foreign options itself (providers.named)
+    taken = {key for cloud in clouds for key in providers.provider_class(cloud).where}
+    foreign = sorted(key for key in WHERE_OPTIONS if values[key] is not None and key not in taken)
+    if foreign:
+        raise UsageError(f"{', '.join('--' + key for key in foreign)}: places none of --provider {','.join(clouds)}")
+
+
+def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, idle_minutes: float | None,
+            several_clouds: bool) -> tuple[providers.Provider, object]:
+    """The provider placed where `candidate` is, and its checked request for that candidate (nothing is made)."""
+    where = {key: values[key] for key in WHERE_OPTIONS}
+    if candidate.cloud in failover.PLACE:
+        where[failover.PLACE[candidate.cloud]] = candidate.place or None
+    options = {**{key: values[key] for key in PROVIDER_OPTIONS}, "instance_type": candidate.instance_type or None,
+               "spot": candidate.spot}
+    if several_clouds:  # each cloud gets its own placing options
+        takes = providers.provider_class(candidate.cloud).where
+        where = {key: value for key, value in where.items() if key in takes}
+        options = {key: value for key, value in options.items() if key not in WHERE_OPTIONS or key in takes}
+    chosen = providers.named(candidate.cloud, where)
+    providers.refuse_foreign_options(chosen, given_options(options))
+    return chosen, chosen.request(name, count, options, idle_minutes)
 
 
 def arm_or_remove(c, name: str, idle_minutes: float | None, chosen: providers.Provider) -> None:

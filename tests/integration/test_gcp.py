@@ -24,6 +24,7 @@ from bootstrap.providers.gcp import cloud, plan  # noqa: E402
 from testbed.gce import Gce  # noqa: E402
 
 PROJECT, ZONE = "kiln-test", "us-central1-a"
+OTHER_REGION_ZONE = "us-east1-b"
 CIDR = "203.0.113.7/32"
 REPO = Path(__file__).resolve().parents[2]
 KILN = REPO / ".venv" / "bin" / "kiln"
@@ -31,7 +32,7 @@ KILN = REPO / ".venv" / "bin" / "kiln"
 
 @pytest.fixture(scope="module")
 def gce():
-    with Gce(project=PROJECT, zones=(ZONE, "us-central1-b")) as served:
+    with Gce(project=PROJECT, zones=(ZONE, "us-central1-b", OTHER_REGION_ZONE)) as served:
         served.add_image("kiln-cpu-1", family="kiln-cpu", labels={"kiln-profile": "cpu"})
         served.add_image("kiln-gpu-1", family="kiln-gpu", labels={"kiln-profile": "gpu", "kiln-fingerprint": "aa11"})
         served.add_image("kiln-gpu-2", family="kiln-gpu", labels={"kiln-profile": "gpu", "kiln-fingerprint": "bb22"})
@@ -309,3 +310,47 @@ def test_the_cli_makes_lists_sweeps_and_removes_a_gcp_cluster(env, gce):
     assert down.returncode == 0, down.stderr
     assert "node 1's data disk kept as snapshot kiln-cli-data-1-" in down.stdout
     assert leftovers(gce, "cli", snapshots=False) == []
+
+
+def test_an_empty_zone_moves_up_on_to_the_next_and_leaves_nothing_of_the_try(env, gce):
+    """--zones A,B with zone A out of machines (GCE's ZONE_RESOURCE_POOL_EXHAUSTED): the try in A is undone whole and
+    the cluster comes up in B, all of it there."""
+    gce.capacity(ZONE, 0)
+    try:
+        up = kiln(env, "up", "fo", "--provider", "gcp", "--zones", f"{ZONE},us-central1-b", "--gpus", "L4:1",
+                  "--count", "2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    finally:
+        gce.capacity(ZONE, None)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"up: trying gcp {ZONE} g2-standard-4 on-demand (1 of 2)" in up.stdout
+    assert (f"up: gcp {ZONE} g2-standard-4 on-demand: no capacity (ZONE_RESOURCE_POOL_EXHAUSTED); nothing of it is "
+            "left") in up.stdout
+    assert "cluster fo is running in kiln-test/us-central1-b" in up.stdout
+    assert state.load_cluster("fo").region == "us-central1-b"
+    instances = instances_of(gce, "fo")
+    assert [i.zone.rsplit("/", 1)[-1] for i in instances] == ["us-central1-b"] * 2
+    assert leftovers(gce, "fo") == sorted([*(f"{kind} {i.name}" for i in instances for kind in ("disk", "instance")),
+                                           "firewall kiln-fo-internal", "firewall kiln-fo-ssh",
+                                           "resource-policy kiln-fo-compact"])  # boot disks are named as their VMs
+
+
+def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_naming_each_try(env, gce):
+    gce.fail("instances.insert", reason="QUOTA_EXCEEDED", code=403, on="operation")
+    up = kiln(env, "up", "fq", "--provider", "gcp", "--zones", f"{ZONE},us-central1-b,{OTHER_REGION_ZONE}",
+              "--count", "1", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "up: gcp us-central1: over a quota (QUOTA_EXCEEDED): skipping the region" in up.stdout
+    assert "trying gcp us-central1-b" not in up.stdout and state.load_cluster("fq").region == OTHER_REGION_ZONE
+    assert kiln(env, "down", "fq").returncode == 0
+    for zone in (ZONE, OTHER_REGION_ZONE):
+        gce.capacity(zone, 0)
+    try:
+        up = kiln(env, "up", "fe", "--provider", "gcp", "--zones", f"{ZONE},{OTHER_REGION_ZONE}", "--count", "1",
+                  "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    finally:
+        for zone in (ZONE, OTHER_REGION_ZONE):
+            gce.capacity(zone, None)
+    assert up.returncode == 1 and up.stderr.count("\n") == 1, up.stderr
+    assert up.stderr.startswith("kiln: no candidate came up: tried 2: gcp us-central1-a g2-standard-4 on-demand: "
+                                "capacity (ZONE_RESOURCE_POOL_EXHAUSTED); gcp us-east1-b"), up.stderr
+    assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "fe").exists()

@@ -69,23 +69,11 @@ def test_gpus_no_type_carries_are_refused_naming_what_the_clouds_offer(text, clo
     assert said in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_resolve_picks_the_first_type_says_the_others_and_refuses_two_ways_of_asking():
-    assert catalog.resolve(None, "p5.48xlarge", "aws") == ("p5.48xlarge", [])
-    assert catalog.resolve(None, None, "local") == (None, [])
-    chosen, lines = catalog.resolve("H200:8", None, "aws")
-    assert chosen == "p5en.48xlarge" and lines[0].startswith("--gpus H200:8: p5en.48xlarge (8 H200, 141 GB each")
-    assert catalog.SOURCES["aws"] in lines[0] and "p5e.48xlarge (--instance-type picks one)" in lines[1]
-    with pytest.raises(UsageError, match="--gpus H100:8 and --instance-type p5.48xlarge: give one"):
-        catalog.resolve("H100:8", "p5.48xlarge", "aws")
-    with pytest.raises(UsageError, match="--provider local has no GPUs to ask for"):
-        catalog.resolve("H100:8", None, "local")
-
-
 def test_up_dry_run_with_gpus_plans_the_catalogs_type(tmp_path):
     done = kiln("up", "big", "--gpus", "H100:8", "--count", "2", "--dry-run", "--ssh-cidr", "203.0.113.7/32",
                 "--region", "us-east-1", home=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("--gpus H100:8: p5.48xlarge (8 H100, 80 GB each, NVLink, EFA)"), done.stdout
+    assert done.stdout.startswith("--gpus H100:8: aws p5.48xlarge (kiln gpus lists the catalog)\n"), done.stdout
     assert '"InstanceType": "p5.48xlarge"' in done.stdout
     refused = kiln("up", "big", "--gpus", "H100:8", "--instance-type", "g6.xlarge", "--dry-run", "--ssh-cidr",
                    "203.0.113.7/32", home=tmp_path)

@@ -14,10 +14,11 @@ from dataclasses import replace as changed
 from datetime import UTC, datetime
 
 from bootstrap import mesh, state
-from bootstrap.errors import KilnError, UsageError
+from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, pin_host_keys, poll_host_keys
+from bootstrap.providers.failover import CloudError
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 from kiln.sshwait import wait_for_ssh
 
@@ -31,7 +32,7 @@ SNAPSHOT_TIMEOUT_S = 3600
 SNAPSHOT_POLL_S = 15
 
 
-class AwsError(KilnError):
+class AwsError(CloudError):
     """A call to AWS failed; the message names the step."""
 
 
@@ -336,7 +337,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
                         f"{request.name}): " + "; ".join(failures))
         else:
             message += "everything it had created was removed"
-        raise AwsError(message) from None
+        raise AwsError(message, code=error_code(error), left=bool(failures)) from None
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
             "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
             "host_keys": host_keys, "ssh_wait": ssh_wait_s, "data_volumes": volumes,

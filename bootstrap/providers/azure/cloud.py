@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlparse
 
 from bootstrap import mesh, state
-from bootstrap.errors import KilnError, UsageError
+from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers.azure import plan
 from bootstrap.providers.common import (
@@ -44,6 +44,7 @@ from bootstrap.providers.common import (
     validate_name,
     validate_snapshot_ttl,
 )
+from bootstrap.providers.failover import CloudError
 from kiln.hostkeys import console_host_keys
 from kiln.sshwait import wait_for_ssh
 
@@ -58,7 +59,7 @@ PRINCIPAL_WAIT_S = 120  # how long a new identity may take to reach the director
 PRINCIPAL_POLL_S = 5
 
 
-class AzureError(KilnError):
+class AzureError(CloudError):
     """A call to Azure failed; the message names the step."""
 
 
@@ -153,6 +154,13 @@ def connect(subscription: str | None = None) -> Azure:
         credential = DefaultAzureCredential()
     who = os.environ.get("USER") or "unknown"
     return Azure(subscription, credential, endpoint, os.environ.get(CA_FILE_ENV) or None, owner=who)
+
+
+def error_code(error: BaseException) -> str:
+    """ARM's error code for a failed call (AllocationFailed, SkuNotAvailable, ...), where it gave one."""
+    if isinstance(error, AzureError):
+        return error.code
+    return str(getattr(getattr(error, "error", None), "code", None) or "")
 
 
 def describe_error(error: BaseException) -> str:
@@ -510,7 +518,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
                         + "; ".join(failures))
         else:
             message += "everything it had created was removed"
-        raise AzureError(message) from None
+        raise AzureError(message, code=error_code(error), left=bool(failures)) from None
     return {"name": request.name, "subscription": azure.subscription, "location": request.location, "group": group,
             "hosts": [h.endpoint() for h in hosts], "image": image, "vms": names,
             "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES], "host_keys": pinned,

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlparse
 
 from bootstrap import mesh, state
-from bootstrap.errors import KilnError, UsageError
+from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers.common import (
     SNAPSHOT_TTL_DAYS,
@@ -38,6 +38,7 @@ from bootstrap.providers.common import (
     validate_name,
     validate_snapshot_ttl,
 )
+from bootstrap.providers.failover import CloudError
 from bootstrap.providers.gcp import plan
 from kiln.hostkeys import console_host_keys
 from kiln.sshwait import wait_for_ssh
@@ -55,7 +56,7 @@ CLIENTS = {"instances": "InstancesClient", "disks": "DisksClient", "snapshots": 
            "global_ops": "GlobalOperationsClient"}
 
 
-class GcpError(KilnError):
+class GcpError(CloudError):
     """A call to Compute Engine failed; the message names the step."""
 
 
@@ -130,6 +131,14 @@ def connect(project: str | None = None) -> Gce:
     return Gce(project, credentials, endpoint, owner=who)
 
 
+def error_code(error: BaseException) -> str:
+    """Compute Engine's code for a failed call: an operation's error code (ZONE_RESOURCE_POOL_EXHAUSTED), else the
+    reason of a refused call (QUOTA_EXCEEDED)."""
+    if isinstance(error, GcpError):
+        return error.code
+    return str(getattr(error, "reason", None) or "")
+
+
 def describe_error(error: BaseException) -> str:
     """One line for a failed call: the API's message where it gave one."""
     message = getattr(error, "message", None) or str(error) or type(error).__name__
@@ -169,19 +178,19 @@ def wait(gce: Gce, operation, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
             operation = gce.global_ops.wait(project=gce.project, operation=operation.name)
     errors = list(operation.error.errors) if operation.error else []
     if errors:
-        raise GcpError("; ".join(f"{e.code}: {' '.join(e.message.split())}" for e in errors))
+        raise GcpError("; ".join(f"{e.code}: {' '.join(e.message.split())}" for e in errors), code=errors[0].code)
 
 
 def wait_all(gce: Gce, operations: Iterable, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
     """Wait for every operation; the first failure is raised once all are done (so none is left running)."""
-    failures = []
+    failures: list[GcpError] = []
     for operation in list(operations):
         try:
             wait(gce, operation, timeout_s)
         except GcpError as error:
-            failures.append(str(error))
+            failures.append(error)
     if failures:
-        raise GcpError("; ".join(dict.fromkeys(failures)))
+        raise GcpError("; ".join(dict.fromkeys(map(str, failures))), code=failures[0].code)
 
 
 def settle(gce: Gce, operations: Iterable, timeout_s: float = OPERATION_TIMEOUT_S) -> None:
@@ -458,7 +467,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
                          + "; ".join(failures))
         else:
             message_ += "everything it had created was removed"
-        raise GcpError(message_) from None
+        raise GcpError(message_, code=error_code(error), left=bool(failures)) from None
     return {"name": request.name, "project": gce.project, "zone": request.zone, "hosts": [h.endpoint() for h in hosts],
             "image": image, "instances": names, "identity": str(folder / "id_ed25519"),
             "expires": plan.format_expiry(labels), "host_keys": pinned, "ssh_wait": ssh_wait_s, "data_disks": disks,

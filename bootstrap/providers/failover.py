@@ -1,0 +1,213 @@
+"""Where a cluster may come up, in the order kiln tries, and what each cloud's errors mean for the next try: the
+candidates of a `kiln up` (cloud, place, instance type, spot or on-demand), each cloud's capacity and quota error
+codes as the clouds document them, and the loop that takes the first candidate that comes up whole. Pure but for
+the loop's `attempt`, which makes one candidate's cluster (all of it, or nothing: each cloud's `up` undoes what it
+made on any failure).
+
+A capacity error (the zone or region has no such machines now) moves on to the next candidate; a quota error skips
+the rest of that region (a quota is regional) and says which; any other error stops at once (a bad request fails
+everywhere), as does an attempt that could not remove all it made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.providers import catalog
+
+# Each cloud's error codes for "no capacity here now" and "over a quota", as its documentation names them:
+#   EC2: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
+#   Compute Engine: https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-resource-availability
+#   Azure: https://learn.microsoft.com/troubleshoot/azure/virtual-machines/windows/allocation-failure
+CAPACITY = {
+    "aws": frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
+                      "InsufficientReservedInstanceCapacity", "Unsupported", "SpotMaxPriceTooLow"}),
+    "gcp": frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+                      "RESOURCE_POOL_EXHAUSTED", "UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE"}),
+    "azure": frozenset({"SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
+                        "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"}),
+}
+QUOTA = {
+    "aws": frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"}),
+    "gcp": frozenset({"QUOTA_EXCEEDED"}),
+    "azure": frozenset({"QuotaExceeded", "OperationNotAllowed"}),
+}
+CLOUDS = ("aws", "gcp", "azure")
+
+
+class CloudError(KilnError):
+    """A cloud call failed; `code` is the cloud's own error code where it gave one, `left` whether undoing the
+    attempt left anything behind (then kiln tries nothing else)."""
+
+    def __init__(self, message: str = "", *, code: str = "", left: bool = False):
+        super().__init__(message)
+        self.code, self.left = code, left
+
+
+class NoCapacity(KilnError):
+    """Every candidate was tried and none came up; the message lists what each said."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to make the cluster: on `cloud`, at `place` (AWS and Azure: a region; GCP: a zone; "" the provider's
+    own default), of `instance_type`, as spot or on-demand machines."""
+
+    cloud: str
+    place: str
+    instance_type: str
+    spot: bool
+
+    @property
+    def region(self) -> str:
+        """Where a quota holds: a GCP zone's region (us-central1 of us-central1-a), else the place."""
+        return self.place.rsplit("-", 1)[0] if self.cloud == "gcp" and self.place.count("-") >= 2 else self.place
+
+    def describe(self) -> str:
+        return (f"{self.cloud} {self.place or '(its default place)'} {self.instance_type or '(its default type)'} "
+                f"{'spot' if self.spot else 'on-demand'}")
+
+
+@dataclass(frozen=True)
+class Tried:
+    candidate: Candidate
+    verdict: str  # capacity, quota
+    code: str  # the cloud's error code
+
+
+def candidates(clouds: Sequence[str], places: Mapping[str, Sequence[str]], types: Mapping[str, Sequence[str]],
+               spot: bool, on_demand_fallback: bool) -> list[Candidate]:
+    """Every candidate in the order kiln tries them: the clouds in the user's order, in each its places in the
+    user's order, in each its instance types in preference order; spot everywhere first, then (with the fallback)
+    on-demand everywhere."""
+    kinds = [spot] + ([False] if spot and on_demand_fallback else [])
+    return [Candidate(cloud, place, kind, is_spot)
+            for is_spot in kinds for cloud in clouds for place in (places.get(cloud) or [""])
+            for kind in types[cloud]]
+
+
+def classify(cloud: str, code: str) -> str:
+    """capacity, quota, or stop: what a failed attempt's error code means for the next candidate."""
+    if code in CAPACITY.get(cloud, ()):
+        return "capacity"
+    if code in QUOTA.get(cloud, ()):
+        return "quota"
+    return "stop"
+
+
+T = TypeVar("T")
+
+
+def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
+              say: Callable[[str], None]) -> tuple[T, Candidate, list[Tried]]:
+    """Try each candidate in turn until one comes up: (what `attempt` returned, that candidate, what was tried
+    before it). A candidate in a region where a quota was hit is skipped; an error that is neither capacity nor
+    quota, or an attempt that left something behind, is raised as it is."""
+    tried: list[Tried] = []
+    over_quota: set[tuple[str, str]] = set()
+    for index, candidate in enumerate(order):
+        if (candidate.cloud, candidate.region) in over_quota:
+            continue
+        if len(order) > 1:
+            say(f"up: trying {candidate.describe()} ({index + 1} of {len(order)})")
+        try:
+            return attempt(candidate), candidate, tried
+        except CloudError as error:
+            verdict = classify(candidate.cloud, error.code)
+            if verdict == "stop" or error.left or len(order) == 1:
+                raise
+            tried.append(Tried(candidate, verdict, error.code))
+            if verdict == "quota":
+                over_quota.add((candidate.cloud, candidate.region))
+                say(f"up: {candidate.cloud} {candidate.region or 'its default place'}: over a quota ({error.code}): "
+                    "skipping the region")
+            else:
+                say(f"up: {candidate.describe()}: no capacity ({error.code}); nothing of it is left")
+    raise NoCapacity(f"no candidate came up: tried {len(tried)}: "
+                     + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried))
+
+
+# The `where` option that places each provider's cluster (a GCP zone, an AWS region, an Azure location), and the list
+# option that gives several of them to try.
+PLACE = {"aws": "region", "gcp": "zone", "azure": "location"}
+PLACES_OPTION = {"aws": "regions", "gcp": "zones", "azure": "regions"}
+ANY = "any"
+
+
+def parse_clouds(provider: str, known: Sequence[str]) -> list[str]:
+    """--provider as the clouds to try, in order: one kind, several (aws,gcp), or `any` (every cloud)."""
+    names = list(CLOUDS) if provider == ANY else [name.strip() for name in str(provider).split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if not names or unknown:
+        raise UsageError(f"--provider {provider}: choose one of {', '.join(sorted(known))}, several of "
+                         f"{', '.join(CLOUDS)} (aws,gcp), or {ANY}")
+    if len(names) != len(set(names)):
+        raise UsageError(f"--provider {provider}: a cloud named twice")
+    if len(names) > 1 and any(name not in CLOUDS for name in names):
+        raise UsageError(f"--provider {provider}: only clouds ({', '.join(CLOUDS)}) can be tried one after another")
+    return names
+
+
+def split_list(text: str | None) -> list[str]:
+    return [item.strip() for item in str(text or "").split(",") if item.strip()]
+
+
+def places_of(clouds: Sequence[str], zones: str | None, regions: str | None,
+              where: Mapping[str, str | None]) -> dict[str, list[str]]:
+    """Each cloud's places to try, in the user's order: --zones (GCP) and --regions (AWS, Azure; an entry written
+    CLOUD:PLACE, azure:eastus, is that cloud's alone), else the one its own option gives (--region, --zone,
+    --location; "" for the provider's default)."""
+    lists = {"zones": split_list(zones), "regions": split_list(regions)}
+    for option, given in lists.items():
+        takers = [cloud for cloud in clouds if PLACES_OPTION.get(cloud) == option]
+        if given and not takers:
+            other = "--regions (AWS regions, Azure locations)" if option == "zones" else "--zones (GCP zones)"
+            raise UsageError(f"--{option} {','.join(given)}: no cloud of --provider {','.join(clouds)} is placed by "
+                             f"it (use {other})")
+    places = {}
+    for cloud in clouds:
+        if cloud not in PLACE:
+            continue
+        listed = [entry.split(":", 1)[-1] for entry in lists[PLACES_OPTION[cloud]]
+                  if ":" not in entry or entry.split(":", 1)[0] == cloud]  # CLOUD:PLACE is that cloud's alone
+        if listed and where.get(PLACE[cloud]):
+            raise UsageError(f"--{PLACE[cloud]} {where[PLACE[cloud]]} and --{PLACES_OPTION[cloud]}: give one")
+        places[cloud] = listed or [where.get(PLACE[cloud]) or ""]
+    return places
+
+
+def types_of(clouds: Sequence[str], gpus: str | None, instance_type: str | None) -> dict[str, list[str]]:
+    """Each cloud's instance types to try: those of the catalog that carry --gpus, else --instance-type (one cloud
+    only: the clouds name their types differently), else the provider's default ("" for the local provider)."""
+    if len(clouds) > 1 and not gpus:
+        raise UsageError(f"--provider {','.join(clouds)}: several clouds are asked for by GPUs (--gpus MODEL:COUNT), "
+                         "not by an instance type: each cloud names its types differently")
+    if gpus and instance_type:
+        raise UsageError(f"--gpus {gpus} and --instance-type {instance_type}: give one (--gpus picks the type)")
+    if gpus:
+        unknown = [cloud for cloud in clouds if cloud not in catalog.CLOUDS]
+        if unknown:
+            raise UsageError(f"--gpus {gpus}: --provider {unknown[0]} has no GPUs to ask for (it takes "
+                             f"{', '.join(catalog.CLOUDS)})")
+        found = {}
+        for cloud in clouds:
+            try:
+                found[cloud] = [machine.instance_type for machine in catalog.choose(gpus, cloud)]
+            except UsageError:
+                if len(clouds) == 1:
+                    raise
+                found[cloud] = []
+        if not any(found.values()):
+            catalog.choose(gpus, clouds[0])  # says what the first cloud offers instead
+        return found
+    return {cloud: [instance_type or (catalog.default_type(cloud) if cloud in catalog.CLOUDS else "")]
+            for cloud in clouds}
+
+
+def describe_order(order: Sequence[Candidate]) -> list[str]:
+    """What `up --dry-run` says of the candidates, in the order they are tried."""
+    return [f"candidates, in the order kiln tries them ({len(order)}):",
+            *(f"  {index}. {candidate.describe()}" for index, candidate in enumerate(order, 1))]
