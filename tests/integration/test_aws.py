@@ -773,3 +773,37 @@ def test_a_replacement_gets_the_lost_nodes_data_volume(env, ec2, image):
     assert new_id != lost.id and plan.DATA_SETTINGS in user_data_of(ec2, new_id)
     aws.down("heal")
     assert leftovers(ec2) == []
+
+
+def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_nothing_there(env, ec2, image, server,
+                                                                                          monkeypatch):
+    """--regions A,B with A out of the type (EC2's InsufficientInstanceCapacity, answered by a real HTTP hop in front
+    of moto, testbed.ec2_faults): the try in A is undone whole, and the cluster comes up in B."""
+    from testbed.ec2_faults import Ec2Faults
+
+    west = boto3.client("ec2", region_name="us-west-2", endpoint_url=server)
+    west_image = west.register_image(Name="kiln-gpu", RootDeviceName=plan.ROOT_DEVICE, BlockDeviceMappings=[
+        {"DeviceName": plan.ROOT_DEVICE, "Ebs": {"VolumeSize": 8}}])["ImageId"]
+    west.create_tags(Resources=[west_image], Tags=[{"Key": plan.TAG_PROFILE, "Value": "gpu"}])
+    try:
+        with Ec2Faults(server) as hop:
+            hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", instance_type="p5.48xlarge")
+            monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+            made = fab(env, "cluster.up", "--name", "fo", "--gpus", "H100:8", "--count", "2", "--regions",
+                       "us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+            monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert "up: trying aws us-east-1 p5.48xlarge on-demand (1 of 2)" in made.stdout
+        assert ("up: aws us-east-1 p5.48xlarge on-demand: no capacity (InsufficientInstanceCapacity); nothing of it "
+                "is left") in made.stdout
+        assert hop.refused and set(hop.refused) == {("RunInstances", "us-east-1", "InsufficientInstanceCapacity")}
+        assert leftovers(ec2) == []  # nothing of the try in us-east-1
+        saved = state.load_cluster("fo")
+        assert saved.region == "us-west-2" and saved.node_type == "p5.48xlarge"
+        running = [i for r in west.describe_instances(Filters=[{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": ["fo"]}])[
+            "Reservations"] for i in r["Instances"] if i["State"]["Name"] == "running"]
+        assert sorted(i["InstanceType"] for i in running) == ["p5.48xlarge"] * 2
+    finally:
+        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        aws.down("fo", region="us-west-2")
+        west.deregister_image(ImageId=west_image)

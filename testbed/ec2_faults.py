@@ -1,0 +1,144 @@
+"""A fault-injecting HTTP hop in front of an EC2 endpoint (moto's server, in the tests): every request goes on to
+the endpoint as it came, except those of an action a test names, in the region it names (and of the instance type,
+where given), which the hop answers itself with EC2's own error response: the Query API's XML error document, at
+the HTTP status EC2 sends (500 for the capacity errors, which EC2 lists as server errors; 400 for the client
+errors such as the vCPU quota's). Nothing of a refused request reaches the endpoint, as nothing is made by EC2.
+
+    with Ec2Faults(moto_endpoint) as hop:
+        hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity")
+        ... KILN_AWS_ENDPOINT_URL=hop.endpoint ...
+
+The region is the one the request is signed for (its SigV4 credential scope), the action and instance type the
+form fields boto3 sends.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/ec2/aws4_request")
+# EC2's messages for the errors tests ask for most (from its error code reference); others get a generic one.
+MESSAGES = {
+    "InsufficientInstanceCapacity": "We currently do not have sufficient {type} capacity in the Availability Zone "
+                                    "you requested. Our system will be working on provisioning additional "
+                                    "capacity. You can currently get {type} capacity by not specifying an "
+                                    "Availability Zone in your request or choosing a different Availability Zone.",
+    "VcpuLimitExceeded": "You have requested more vCPU capacity than your current vCPU limit of 0 allows for the "
+                         "instance bucket that the specified instance type belongs to. Please visit "
+                         "http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.",
+}
+SERVER_ERRORS = {"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
+                 "InsufficientReservedInstanceCapacity", "InternalError", "Unavailable"}
+
+
+@dataclass
+class Fault:
+    action: str
+    region: str
+    code: str
+    instance_type: str | None
+    message: str | None
+
+
+class Ec2Faults:
+    def __init__(self, upstream: str, host: str = "127.0.0.1"):
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname, parts.port)
+        self.faults: list[Fault] = []
+        self.refused: list[tuple[str, str, str]] = []  # (action, region, code) of each request answered here
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def fail(self, action: str, region: str, code: str, *, instance_type: str | None = None,
+             message: str | None = None) -> None:
+        """Answer every `action` signed for `region` (of `instance_type`, where given) with EC2's error `code`
+        until clear()."""
+        with self._lock:
+            self.faults.append(Fault(action, region, code, instance_type, message))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def fault_for(self, action: str, region: str, instance_type: str | None) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if (fault.action, fault.region) == (action, region) and \
+                        fault.instance_type in (None, instance_type):
+                    self.refused.append((action, region, fault.code))
+                    return fault
+        return None
+
+    def __enter__(self) -> Ec2Faults:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def error_document(code: str, message: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code><Message>'
+            f"{message}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
+
+
+def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self._serve()
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._serve()
+
+        def _serve(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            fields = parse_qs(body.decode(errors="replace")) if self.command == "POST" else {}
+            scope = SCOPE.search(self.headers.get("Authorization", ""))
+            fault = hop.fault_for((fields.get("Action") or [""])[0], scope.group(1) if scope else "",
+                                  (fields.get("InstanceType") or [None])[0])
+            if fault:
+                message = fault.message or MESSAGES.get(fault.code, f"{fault.code} (from the test's fault hop)")
+                kind = (fields.get("InstanceType") or ["the"])[0]
+                self._answer(500 if fault.code in SERVER_ERRORS else 400, {"Content-Type": "text/xml"},
+                             error_document(fault.code, message.format(type=kind)))
+                return
+            connection = http.client.HTTPConnection(*hop.upstream, timeout=120)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "host")}
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                self._answer(answer.status, {k: v for k, v in answer.getheaders()
+                                             if k.lower() not in ("connection", "transfer-encoding", "content-length")},
+                             answer.read())
+            finally:
+                connection.close()
+
+        def _answer(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    return Handler
