@@ -1,8 +1,9 @@
 """A fault-injecting HTTP hop in front of an EC2 endpoint (moto's server, in the tests): every request goes on to
 the endpoint as it came, except those of an action a test names, in the region it names (and of the instance type,
-where given), which the hop answers itself with EC2's own error response: the Query API's XML error document, at
-the HTTP status EC2 sends (500 for the capacity errors, which EC2 lists as server errors; 400 for the client
-errors such as the vCPU quota's). Nothing of a refused request reaches the endpoint, as nothing is made by EC2.
+or only spot or on-demand requests, where given), which the hop answers itself with EC2's own error response: the
+Query API's XML error document, at the HTTP status EC2 sends (500 for the capacity errors, which EC2 lists as
+server errors; 400 for the client errors such as the vCPU quota's). Nothing of a refused request reaches the
+endpoint, as nothing is made by EC2.
 
     with Ec2Faults(moto_endpoint) as hop:
         hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity")
@@ -43,6 +44,7 @@ class Fault:
     region: str
     code: str
     instance_type: str | None
+    spot: bool | None  # only spot requests (True), only on-demand ones (False), or both
     message: str | None
 
 
@@ -64,21 +66,21 @@ class Ec2Faults:
         return f"http://{host}:{port}"
 
     def fail(self, action: str, region: str, code: str, *, instance_type: str | None = None,
-             message: str | None = None) -> None:
-        """Answer every `action` signed for `region` (of `instance_type`, where given) with EC2's error `code`
-        until clear()."""
+             spot: bool | None = None, message: str | None = None) -> None:
+        """Answer every `action` signed for `region` (of `instance_type`, and only for spot or on-demand machines,
+        where given) with EC2's error `code` until clear()."""
         with self._lock:
-            self.faults.append(Fault(action, region, code, instance_type, message))
+            self.faults.append(Fault(action, region, code, instance_type, spot, message))
 
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
 
-    def fault_for(self, action: str, region: str, instance_type: str | None) -> Fault | None:
+    def fault_for(self, action: str, region: str, instance_type: str | None, spot: bool) -> Fault | None:
         with self._lock:
             for fault in self.faults:
                 if (fault.action, fault.region) == (action, region) and \
-                        fault.instance_type in (None, instance_type):
+                        fault.instance_type in (None, instance_type) and fault.spot in (None, spot):
                     self.refused.append((action, region, fault.code))
                     return fault
         return None
@@ -115,7 +117,8 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             fields = parse_qs(body.decode(errors="replace")) if self.command == "POST" else {}
             scope = SCOPE.search(self.headers.get("Authorization", ""))
             fault = hop.fault_for((fields.get("Action") or [""])[0], scope.group(1) if scope else "",
-                                  (fields.get("InstanceType") or [None])[0])
+                                  (fields.get("InstanceType") or [None])[0],
+                                  (fields.get("InstanceMarketOptions.MarketType") or [""])[0] == "spot")
             if fault:
                 message = fault.message or MESSAGES.get(fault.code, f"{fault.code} (from the test's fault hop)")
                 kind = (fields.get("InstanceType") or ["the"])[0]

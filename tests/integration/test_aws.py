@@ -807,3 +807,39 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
         monkeypatch.setenv(aws.ENDPOINT_ENV, server)
         aws.down("fo", region="us-west-2")
         west.deregister_image(ImageId=west_image)
+
+
+def test_no_spot_capacity_falls_back_to_on_demand_and_an_empty_aws_to_gcp(env, ec2, image, server, monkeypatch):
+    """--spot --on-demand-fallback with EC2 out of spot p5.48xlarge: the on-demand try comes up. Then --provider
+    aws,gcp with EC2 out of g6.xlarge: the cluster comes up on Compute Engine (its stand-in, testbed.gce), and
+    nothing of the EC2 try is left."""
+    from bootstrap.providers.gcp import cloud as gcp_cloud
+    from testbed.ec2_faults import Ec2Faults
+    from testbed.gce import Gce
+
+    with Ec2Faults(server) as hop, Gce(project="kiln-test", zones=("us-central1-a",)) as gce:
+        gce.add_image("kiln-gpu-1", family="kiln-gpu", labels={"kiln-profile": "gpu"})
+        monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+        monkeypatch.setenv(gcp_cloud.ENDPOINT_ENV, gce.endpoint)
+        hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", spot=True)
+        spot = fab(env, "cluster.up", "--name", "od", "--gpus", "H100:8", "--spot", "--on-demand-fallback",
+                   "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        hop.clear()
+        hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", instance_type="g6.xlarge")
+        other = fab(env, "cluster.up", "--name", "xc", "--provider", "aws,gcp", "--gpus", "L4:1", "--count", "2",
+                    "--project", "kiln-test", "--zone", "us-central1-a", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        gcp_made = gcp_cloud.list_clusters(gce=gcp_cloud.connect("kiln-test"))
+        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        if other.returncode == 0:
+            gcp_cloud.down("xc", gce=gcp_cloud.connect("kiln-test"))
+    assert spot.returncode == 0, spot.stdout + spot.stderr
+    assert "up: aws (its default place) p5.48xlarge spot: no capacity (InsufficientInstanceCapacity)" in spot.stdout
+    instances = [i for r in ec2.describe_instances(Filters=[{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": ["od"]}])[
+        "Reservations"] for i in r["Instances"] if i["State"]["Name"] == "running"]
+    assert instances and all("InstanceLifecycle" not in i for i in instances), instances  # on demand
+    aws.down("od")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "up: aws (its default place) g6.xlarge on-demand: no capacity (InsufficientInstanceCapacity)" in other.stdout
+    assert "up: trying gcp us-central1-a g2-standard-4 on-demand (2 of 2)" in other.stdout
+    assert [summary.name for summary in gcp_made] == ["xc"] and state.load_cluster("xc") is None  # down removed it
+    assert leftovers(ec2) == []
