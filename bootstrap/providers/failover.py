@@ -47,6 +47,15 @@ class CloudError(KilnError):
         self.code, self.left = code, left
 
 
+class Unavailable(UsageError):
+    """A request its cloud refuses before anything is made, for this place alone (a size Azure does not offer
+    there, or not to this subscription): bad input with one candidate, the next candidate's turn with several."""
+
+    def __init__(self, message: str, *, code: str):
+        super().__init__(message)
+        self.code, self.left = code, False
+
+
 class NoCapacity(KilnError):
     """Every candidate was tried and none came up; the message lists what each said."""
 
@@ -115,7 +124,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
             say(f"up: trying {candidate.describe()} ({index + 1} of {len(order)})")
         try:
             return attempt(candidate), candidate, tried
-        except CloudError as error:
+        except (CloudError, Unavailable) as error:
             verdict = classify(candidate.cloud, error.code)
             if verdict == "stop" or error.left or len(order) == 1:
                 raise

@@ -461,3 +461,35 @@ def test_a_size_without_accelerated_networking_gets_interfaces_without_it(env, a
     replaced = arm.client("network").network_interfaces.get("kiln-small", f"{vm.name}-nic")
     assert replaced.enable_accelerated_networking is False
     cloud.down("small")
+
+
+def test_a_location_without_the_size_or_its_capacity_moves_the_cluster_to_the_next(env, arm):
+    """--regions eastus,westus2: a size eastus does not open to the subscription (SkuNotAvailable, before anything
+    is made), then an allocation that fails there (AllocationFailed, the VM's operation: the try's resource group
+    is deleted whole): each time the cluster comes up in westus2."""
+    arm.add_image("kiln-images-westus2", "kiln-gpu-w", tags={"kiln:profile": "gpu"}, location="westus2")
+    arm.restrict_size("Standard_NC40ads_H100_v5", LOCATION)
+
+    def kiln(*args):
+        return subprocess.run([str(KILN), *args], capture_output=True, text=True, timeout=300)
+
+    sized = kiln("up", "fs", "--provider", "azure", "--gpus", "H100-NVL:1", "--regions", f"{LOCATION},westus2",
+                 "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert sized.returncode == 0, sized.stdout + sized.stderr
+    assert (f"up: azure {LOCATION} Standard_NC40ads_H100_v5 on-demand: no capacity (SkuNotAvailable); nothing of "
+            "it is left") in sized.stdout
+    assert state.load_cluster("fs").region == "westus2"
+    assert kiln("down", "fs").returncode == 0
+    arm.fail("virtualMachines.createOrUpdate", code="AllocationFailed", status=200, on="operation")
+    allocated = kiln("up", "fa", "--provider", "azure", "--gpus", "T4:1", "--count", "2", "--regions",
+                     f"{LOCATION},westus2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert allocated.returncode == 0, allocated.stdout + allocated.stderr
+    assert (f"up: azure {LOCATION} Standard_NC4as_T4_v3 on-demand: no capacity (AllocationFailed); nothing of it is "
+            "left") in allocated.stdout
+    assert state.load_cluster("fa").region == "westus2"
+    groups = [group for group in arm.client("resource").resource_groups.list()
+              if (group.tags or {}).get("kiln:cluster") == "fa"]
+    assert [group.location for group in groups] == ["westus2"]  # the eastus try's group is gone
+    assert sum(line.startswith("vm ") for line in leftovers(arm, "fa")) == 2
+    assert kiln("down", "fa").returncode == 0
+    assert leftovers(arm, "fa") == [] and leftovers(arm, "fs") == []

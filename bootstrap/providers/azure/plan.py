@@ -37,6 +37,7 @@ from bootstrap.providers.common import (
     validate_ttl,
     validate_volume,
 )
+from bootstrap.providers.failover import Unavailable
 
 TAG_CLUSTER = "kiln:cluster"
 TAG_OWNER = "kiln:owner"
@@ -234,11 +235,12 @@ def check_size(request: Request, sizes: Mapping[str, SizeFacts]) -> SizeFacts:
     facts = next((f for name, f in sizes.items() if name.lower() == request.vm_size.lower()), None)
     if facts is None:
         gpu = sorted(name for name, f in sizes.items() if f.gpus and not f.restriction)
-        raise UsageError(f"--instance-type {request.vm_size}: not offered in {request.location}"
-                         + (f"; GPU sizes open to you there: {', '.join(gpu)}" if gpu else ""))
+        raise Unavailable(f"--instance-type {request.vm_size}: not offered in {request.location}"
+                          + (f"; GPU sizes open to you there: {', '.join(gpu)}" if gpu else ""), code="SkuNotAvailable")
     if facts.restriction:
-        raise UsageError(f"--instance-type {facts.name}: not open to this subscription in {request.location} "
-                         f"({facts.restriction}); ask Azure for access, or try another --location")
+        raise Unavailable(f"--instance-type {facts.name}: not open to this subscription in {request.location} "
+                          f"({facts.restriction}); ask Azure for access, or try another --location",
+                          code="SkuNotAvailable")
     if not facts.premium_io:
         raise UsageError(f"--instance-type {facts.name}: takes no Premium SSD disks, which kiln's are")
     if request.spot and not facts.spot:
