@@ -11,6 +11,7 @@ everywhere), as does an attempt that could not remove all it made.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -137,6 +138,41 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
                 say(f"up: {candidate.describe()}: no capacity ({error.code}); nothing of it is left")
     raise NoCapacity(f"no candidate came up: tried {len(tried)}: "
                      + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried))
+
+
+# --retry-until-up's waits between rounds: the first, doubled each round up to the longest.
+RETRY_FIRST_WAIT_S = 10.0
+RETRY_LONGEST_WAIT_S = 300.0
+
+
+def retryable(error: BaseException, cloud: str) -> bool:
+    """A whole round that found no capacity (or, with one candidate, its capacity or quota error), nothing left."""
+    if isinstance(error, NoCapacity):
+        return True
+    return isinstance(error, (CloudError, Unavailable)) and not error.left and \
+        classify(cloud, error.code) in ("capacity", "quota")
+
+
+def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say: Callable[[str], None],
+             deadline_s: float, *, sleep: Callable[[float], None] = time.sleep,
+             clock: Callable[[], float] = time.monotonic) -> tuple[T, Candidate, list[Tried]]:
+    """first_fit, round after round while no candidate has capacity, waiting longer each time (RETRY_FIRST_WAIT_S
+    doubled up to RETRY_LONGEST_WAIT_S), until `deadline_s` from now; then the last round's error."""
+    end = clock() + deadline_s
+    wait, round_ = RETRY_FIRST_WAIT_S, 0
+    while True:
+        round_ += 1
+        try:
+            return first_fit(order, attempt, say)
+        except (NoCapacity, CloudError, Unavailable) as error:
+            left = end - clock()
+            if deadline_s <= 0 or not retryable(error, order[0].cloud) or left <= 0:
+                raise
+            pause = min(wait, left)
+            say(f"up: round {round_}: no capacity ({getattr(error, 'code', '') or 'any candidate'}); trying again "
+                f"in {pause:.0f}s (--retry-until-up: {left:.0f}s left)")
+            sleep(pause)
+            wait = min(wait * 2, RETRY_LONGEST_WAIT_S)
 
 
 # The `where` option that places each provider's cluster (a GCP zone, an AWS region, an Azure location), and the list

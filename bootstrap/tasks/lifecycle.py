@@ -55,6 +55,8 @@ UP_HELP = {
     "regions": "AWS regions (Azure locations) to try in order, e.g. us-east-1,us-west-2 (aws:us-east-1,azure:eastus "
                "with both clouds)",
     "on_demand_fallback": "with --spot: where no candidate has spot capacity, try them all again on demand",
+    "retry_until_up": "where no candidate has capacity, try them all again, waiting 10 s, then twice as long each "
+                      "time (at most 5 minutes), for up to MINUTES (default 0: once)",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
               "image has Docker), for train --image",
 }
@@ -85,7 +87,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
        ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
        image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False,
        source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None, gpus=None,
-       zones=None, regions=None, on_demand_fallback=False):
+       zones=None, regions=None, on_demand_fallback=False, retry_until_up=0.0):
     """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
     --cluster NAME); with several candidates (clouds, places, instance types, spot then on-demand), the first
     that comes up whole."""
@@ -110,8 +112,8 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
         chosen, request = prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
-    made, candidate, _ = failover.first_fit(order, lambda one: prepared[one][0].up(prepared[one][1]),
-                                            lambda line: print(line, flush=True))
+    made, candidate, _ = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]),
+                                           lambda line: print(line, flush=True), float(retry_until_up) * 60)
     chosen = prepared[candidate][0]
     print("\n".join(made.lines))
     if idle_minutes and made.unpinned:

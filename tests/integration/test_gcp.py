@@ -354,3 +354,24 @@ def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_n
     assert up.stderr.startswith("kiln: no candidate came up: tried 2: gcp us-central1-a g2-standard-4 on-demand: "
                                 "capacity (ZONE_RESOURCE_POOL_EXHAUSTED); gcp us-east1-b"), up.stderr
     assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "fe").exists()
+
+
+def test_retry_until_up_takes_capacity_that_returns_to_the_zone(env, gce):
+    """An empty zone with --retry-until-up: the first round finds no capacity and waits; the zone fills again
+    meanwhile, and the next round brings the cluster up there."""
+    gce.capacity(ZONE, 0)
+    try:
+        with subprocess.Popen([str(KILN), "up", "fr", "--provider", "gcp", "--zone", ZONE, "--ssh-cidr", CIDR,
+                               "--ssh-wait", "0", "--retry-until-up", "2"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "KILN_HOME": str(env / "kiln")}) \
+                as up:
+            first = up.stdout.readline()
+            assert first.startswith("up: round 1: no capacity (ZONE_RESOURCE_POOL_EXHAUSTED); trying again in 10s"), \
+                first + up.stderr.read()
+            assert leftovers(gce, "fr") == []  # the round's try left nothing while it waits
+            gce.capacity(ZONE, None)
+            out, err = up.communicate(timeout=120)
+    finally:
+        gce.capacity(ZONE, None)
+    assert up.returncode == 0, out + err
+    assert f"cluster fr is running in kiln-test/{ZONE}" in out and state.load_cluster("fr").region == ZONE

@@ -140,3 +140,50 @@ def test_several_clouds_are_asked_for_by_gpus_and_each_gets_the_types_that_carry
         failover.types_of(["aws", "gcp"], "T4:1", None)  # no cloud asked has it: what the first offers
     with pytest.raises(UsageError, match="--provider local has no GPUs"):
         failover.types_of(["local"], "L4:1", None)
+
+
+class Clock:
+    """Time that passes only when slept: the waits until_up asks for, in order."""
+
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_retry_until_up_waits_longer_each_round_and_takes_capacity_that_returns():
+    clock, said = Clock(), []
+    rounds = {"n": 0}
+
+    def attempt(candidate: Candidate) -> str:
+        if candidate.place == "z-b":
+            rounds["n"] += 1
+        if rounds["n"] < 4:  # zone b has capacity again in the fourth round
+            raise CloudError("...", code="ZONE_RESOURCE_POOL_EXHAUSTED")
+        return f"up in {candidate.place}"
+
+    made, chosen, _ = failover.until_up(order("gcp", "z-a", "z-b"), attempt, said.append, 600, sleep=clock.sleep,
+                                        clock=lambda: clock.now)
+    assert made == "up in z-b" and clock.slept == [10.0, 20.0, 40.0]
+    assert "up: round 1: no capacity (any candidate); trying again in 10s (--retry-until-up: 600s left)" in said
+
+
+def test_retry_until_up_stops_at_its_deadline_and_never_retries_what_is_not_capacity():
+    clock = Clock()
+    attempt, asked = fails({"r1": "InsufficientInstanceCapacity"})
+    with pytest.raises(CloudError, match="could not create the instances"):
+        failover.until_up(order("aws", "r1"), attempt, lambda line: None, 25, sleep=clock.sleep,
+                          clock=lambda: clock.now)
+    assert clock.slept == [10.0, 15.0] and asked == ["r1"] * 3  # the last wait is what was left
+    attempt, asked = fails({"r1": "InvalidAMIID.NotFound"})
+    with pytest.raises(CloudError):
+        failover.until_up(order("aws", "r1", "r2"), attempt, lambda line: None, 600, sleep=clock.sleep,
+                          clock=lambda: clock.now)
+    assert asked == ["r1"]
+    attempt, asked = fails({"r1": "InsufficientInstanceCapacity"})
+    with pytest.raises(CloudError):
+        failover.until_up(order("aws", "r1"), attempt, lambda line: None, 0, sleep=clock.sleep,
+                          clock=lambda: clock.now)
+    assert asked == ["r1"]  # no --retry-until-up: once
