@@ -1,7 +1,8 @@
 """kiln's state on the operator's machine, and its one reader and writer.
 
 `~/.kiln/clusters/NAME/` (KILN_HOME moves it) holds a cluster: cluster.json (how to reach it), nodes.json (what
-the mesh found), aws.json, gcp.json or azure.json (what the provider made), the cluster key and the pinned known_hosts.
+the mesh found), aws.json, gcp.json or azure.json (what the provider made), capacity.json (where `up` found capacity,
+after what), the cluster key and the pinned known_hosts.
 `runs/<id>/` (KILN_RUNS moves it) holds a run: run.json (its plan), summary.json (what it did) and what was
 collected from the nodes.
 Records are frozen and hold parsed values (hosts as Host records), never strings to parse again.
@@ -23,8 +24,8 @@ from pathlib import Path
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
-CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "azure.json", "id_ed25519", "id_ed25519.pub",
-                 "known_hosts", "known_hosts.first-contact", ".key.lock")
+CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "azure.json", "capacity.json", "id_ed25519",
+                 "id_ed25519.pub", "known_hosts", "known_hosts.first-contact", ".key.lock")
 
 
 # ---------------------------------------------------------------- files
@@ -198,6 +199,11 @@ def save_cloud_state(cluster: str, data: dict, kind: str = "aws") -> None:
 
 def load_cloud_state(cluster: str, kind: str = "aws") -> dict | None:
     return read_json(cluster_dir(cluster) / f"{kind}.json")
+
+
+def save_capacity(cluster: str, data: dict) -> None:
+    """Where `up` found capacity for the cluster and what it tried first (capacity.json), written by its failover."""
+    write_json(cluster_dir(cluster) / "capacity.json", data)
 
 
 def has_cloud_state(cluster: str, kind: str = "aws") -> bool:

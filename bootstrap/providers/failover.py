@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from bootstrap.errors import KilnError, UsageError
@@ -250,6 +250,13 @@ def types_of(clouds: Sequence[str], gpus: str | None, instance_type: str | None)
         return found
     return {cloud: [instance_type or (catalog.default_type(cloud) if cloud in catalog.CLOUDS else "")]
             for cloud in clouds}
+
+
+def capacity_record(order: Sequence[Candidate], chosen: Candidate, tried: Sequence[Tried]) -> dict:
+    """What capacity.json keeps of an `up`: the candidates in order, the one that came up, what each try before it
+    met."""
+    return {"candidates": [asdict(candidate) for candidate in order], "came_up": asdict(chosen),
+            "tried": [{**asdict(one.candidate), "verdict": one.verdict, "code": one.code} for one in tried]}
 
 
 def describe_order(order: Sequence[Candidate]) -> list[str]:

@@ -112,9 +112,10 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
         chosen, request = prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
-    made, candidate, _ = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]),
-                                           lambda line: print(line, flush=True), float(retry_until_up) * 60)
+    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]),
+                                               lambda line: print(line, flush=True), float(retry_until_up) * 60)
     chosen = prepared[candidate][0]
+    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried))
     print("\n".join(made.lines))
     if idle_minutes and made.unpinned:
         print(f"autostop NOT started: kiln does not log in to hosts whose keys it has not seen; once you trust "

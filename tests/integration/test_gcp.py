@@ -5,6 +5,7 @@ library directly, not with kiln's own code."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -327,6 +328,10 @@ def test_an_empty_zone_moves_up_on_to_the_next_and_leaves_nothing_of_the_try(env
             "left") in up.stdout
     assert "cluster fo is running in kiln-test/us-central1-b" in up.stdout
     assert state.load_cluster("fo").region == "us-central1-b"
+    record = json.loads((env / "kiln" / "clusters" / "fo" / "capacity.json").read_text())
+    assert record["came_up"]["place"] == "us-central1-b" and [(t["place"], t["verdict"], t["code"]) for t in
+                                                               record["tried"]] == [
+        (ZONE, "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED")]
     instances = instances_of(gce, "fo")
     assert [i.zone.rsplit("/", 1)[-1] for i in instances] == ["us-central1-b"] * 2
     assert leftovers(gce, "fo") == sorted([*(f"{kind} {i.name}" for i in instances for kind in ("disk", "instance")),
