@@ -276,7 +276,8 @@ def test_a_node_whose_image_differs_is_refused_before_anything_starts(cluster, p
     """node3's engine holds another image under the same reference (a tag moved between pulls)."""
     base = subprocess.run([sys.executable, "-m", "bake.container_base", "--print"], capture_output=True, text=True,
                           cwd=ROOT, timeout=900).stdout.strip()
-    cluster.ssh("node3", f"docker rmi {cluster.image}")
+    kept = f"{cluster.image}-kept"  # the real image stays under another tag: no later test pulls it again (GBs)
+    assert cluster.ssh("node3", f"docker tag {cluster.image} {kept} && docker rmi {cluster.image}").returncode == 0
     ship = f"docker save {base} | ssh -F {cluster.ssh_config} node3 docker load -q"
     assert subprocess.run(["sh", "-c", ship], capture_output=True, timeout=300).returncode == 0
     assert cluster.ssh("node3", f"docker tag {base} {cluster.image}").returncode == 0
@@ -288,8 +289,11 @@ def test_a_node_whose_image_differs_is_refused_before_anything_starts(cluster, p
         assert "nothing was started" in done.stderr
         assert run_processes("codd") == []
         no_containers(cluster)
-    finally:  # node3 as it was: neither the moved tag nor the base (a later test ships it to every node)
-        cluster.ssh("node3", f"docker rmi {cluster.image} {base}")
+    finally:  # node3 as it was: the image under its reference, not the base (a later test ships it to every node)
+        cluster.ssh("node3", f"docker rmi {cluster.image} {base}; docker tag {kept} {cluster.image} && "
+                             f"docker rmi {kept}")
+    ids = {cluster.ssh(node, "docker image inspect -f '{{.Id}}' " + cluster.image).stdout.strip() for node in NODES}
+    assert len(ids) == 1 and "" not in ids, ids  # node3 has the image again, without pulling it
 
 
 def test_a_missing_image_is_refused_naming_the_nodes_and_the_reference(cluster, project):
