@@ -137,6 +137,13 @@ def bake(args) -> Path:
     base_matrix = read_matrix()
     chosen = read_override(matrix_file, base_matrix) if matrix_file else {}
     matrix = {**base_matrix, **chosen}
+    # The local VM reaches the wheelhouse over plain http on qemu's host address, which pip trusts only where told
+    # (the tensorflow role tells it; the frameworks role does not yet).
+    carried = [name for name in ("frameworks_torch_version", "frameworks_jax_version") if matrix.get(name)]
+    if carried and args.provider == "local":
+        raise UsageError(f"MATRIX={matrix_file}: {', '.join(carried)} for PROVIDER=local: the frameworks role does "
+                         "not install from a wheelhouse served to a VM yet; bake them into a container image "
+                         "(PROVIDER=docker) or a cloud image (aws|gcp|azure)")
     extra, base, wheelhouse = local_inputs(matrix_file) if args.provider == "local" else ({}, None, None)
     if args.provider == "docker":
         extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix, matrix_file)

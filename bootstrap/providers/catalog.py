@@ -116,10 +116,10 @@ def choose(text: str, cloud: str) -> list[Machine]:
         return found
     counts = sorted({machine.count for machine in of_cloud(cloud) if machine.gpu == gpu})
     elsewhere = [other for other in CLOUDS if other != cloud and carrying(gpu, count, other)]
-    offers = (f"{cloud} offers {gpu} in machines of {', '.join(map(str, counts))}" if counts
-              else f"{cloud} offers no {gpu}")
-    where = f"; {', '.join(elsewhere)} {'has' if len(elsewhere) == 1 else 'have'} {gpu}:{count}" if elsewhere else ""
-    raise UsageError(f"--gpus {text}: {offers}{where}")
+    offers = (f"kiln's catalog has {gpu} on {cloud} in machines of {', '.join(map(str, counts))}" if counts
+              else f"kiln's catalog has no {gpu} on {cloud}")
+    where = f"; {gpu}:{count} is on {', '.join(elsewhere)}" if elsewhere else ""
+    raise UsageError(f"--gpus {text}: {offers}{where} (--instance-type names any other type)")
 
 
 def table(cloud: str | None = None) -> list[str]:

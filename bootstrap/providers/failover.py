@@ -58,7 +58,12 @@ class Unavailable(UsageError):
 
 
 class NoCapacity(KilnError):
-    """Every candidate was tried and none came up; the message lists what each said."""
+    """Every candidate was tried and none came up; the message lists what each said. `refused_only`: every place
+    refused the request itself, before anything was made (Unavailable)."""
+
+    def __init__(self, message: str, *, refused_only: bool = False):
+        super().__init__(message)
+        self.refused_only = refused_only
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class Tried:
     candidate: Candidate
     verdict: str  # capacity, quota
     code: str  # the cloud's error code
+    refused: bool = False  # refused before anything was made (Unavailable)
 
 
 def candidates(clouds: Sequence[str], places: Mapping[str, Sequence[str]], types: Mapping[str, Sequence[str]],
@@ -117,9 +123,9 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
     before it). A candidate in a region where a quota was hit is skipped; an error that is neither capacity nor
     quota, or an attempt that left something behind, is raised as it is."""
     tried: list[Tried] = []
-    over_quota: set[tuple[str, str]] = set()
+    over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
     for index, candidate in enumerate(order):
-        if (candidate.cloud, candidate.region) in over_quota:
+        if (candidate.cloud, candidate.region, candidate.spot) in over_quota:
             continue
         if len(order) > 1:
             say(f"up: trying {candidate.describe()} ({index + 1} of {len(order)})")
@@ -129,15 +135,16 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
             verdict = classify(candidate.cloud, error.code)
             if verdict == "stop" or error.left or len(order) == 1:
                 raise
-            tried.append(Tried(candidate, verdict, error.code))
+            tried.append(Tried(candidate, verdict, error.code, isinstance(error, Unavailable)))
             if verdict == "quota":
-                over_quota.add((candidate.cloud, candidate.region))
+                over_quota.add((candidate.cloud, candidate.region, candidate.spot))
                 say(f"up: {candidate.cloud} {candidate.region or 'its default place'}: over a quota ({error.code}): "
                     "skipping the region")
             else:
                 say(f"up: {candidate.describe()}: no capacity ({error.code}); nothing of it is left")
     raise NoCapacity(f"no candidate came up: tried {len(tried)}: "
-                     + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried))
+                     + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried),
+                     refused_only=bool(tried) and all(t.refused for t in tried))
 
 
 # --retry-until-up's waits between rounds: the first, doubled each round up to the longest.
@@ -146,11 +153,11 @@ RETRY_LONGEST_WAIT_S = 300.0
 
 
 def retryable(error: BaseException, cloud: str) -> bool:
-    """A whole round that found no capacity (or, with one candidate, its capacity or quota error), nothing left."""
+    """A whole round that found no capacity (or, with one candidate, its capacity or quota error), nothing left; a
+    round where every place refused the request itself (Unavailable: a size not offered) is not tried again."""
     if isinstance(error, NoCapacity):
-        return True
-    return isinstance(error, (CloudError, Unavailable)) and not error.left and \
-        classify(cloud, error.code) in ("capacity", "quota")
+        return not error.refused_only
+    return isinstance(error, CloudError) and not error.left and classify(cloud, error.code) in ("capacity", "quota")
 
 
 def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say: Callable[[str], None],
@@ -212,12 +219,22 @@ def places_of(clouds: Sequence[str], zones: str | None, regions: str | None,
             other = "--regions (AWS regions, Azure locations)" if option == "zones" else "--zones (GCP zones)"
             raise UsageError(f"--{option} {','.join(given)}: no cloud of --provider {','.join(clouds)} is placed by "
                              f"it (use {other})")
+    for option, given in lists.items():
+        takers = [cloud for cloud in clouds if PLACES_OPTION.get(cloud) == option]
+        for entry in given:
+            owner = entry.split(":", 1)[0] if ":" in entry else ""
+            if owner and owner not in takers:
+                raise UsageError(f"--{option} {entry}: {owner} is not a cloud of --provider {','.join(clouds)} "
+                                 f"that --{option} places ({', '.join(takers)})")
+            if not owner and len(takers) > 1:
+                raise UsageError(f"--{option} {entry}: say whose it is ({' or '.join(f'{t}:{entry}' for t in takers)})"
+                                 f": --{option} places {' and '.join(takers)}, which name their places differently")
     places = {}
     for cloud in clouds:
         if cloud not in PLACE:
             continue
-        listed = [entry.split(":", 1)[-1] for entry in lists[PLACES_OPTION[cloud]]
-                  if ":" not in entry or entry.split(":", 1)[0] == cloud]  # CLOUD:PLACE is that cloud's alone
+        listed = list(dict.fromkeys(entry.split(":", 1)[-1] for entry in lists[PLACES_OPTION[cloud]]
+                                    if ":" not in entry or entry.split(":", 1)[0] == cloud))  # CLOUD:PLACE: its own
         if listed and where.get(PLACE[cloud]):
             raise UsageError(f"--{PLACE[cloud]} {where[PLACE[cloud]]} and --{PLACES_OPTION[cloud]}: give one")
         places[cloud] = listed or [where.get(PLACE[cloud]) or ""]
@@ -257,6 +274,17 @@ def capacity_record(order: Sequence[Candidate], chosen: Candidate, tried: Sequen
     met."""
     return {"candidates": [asdict(candidate) for candidate in order], "came_up": asdict(chosen),
             "tried": [{**asdict(one.candidate), "verdict": one.verdict, "code": one.code} for one in tried]}
+
+
+def refuse_across_places(order: Sequence[Candidate], given: Mapping[str, object]) -> None:
+    """Options that hold in one place only (a data volume's snapshots, an AMI, an Azure image id) with several
+    places to try: refused, so a cluster never comes up elsewhere without them."""
+    places = {(candidate.cloud, candidate.place) for candidate in order}
+    held = [name for name, value in given.items() if value]
+    if len(places) > 1 and held:
+        raise UsageError(f"{', '.join('--' + name.replace('_', '-') for name in held)}: holds in one place (its "
+                         "snapshots, its image), and this up may try "
+                         f"{len(places)}: give one place, or leave the option out")
 
 
 def describe_order(order: Sequence[Candidate]) -> list[str]:

@@ -99,7 +99,11 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     order = failover.candidates(clouds, failover.places_of(clouds, zones, regions, values), types, bool(spot),
                                 on_demand_fallback)
     idle_minutes = autostop.validate_idle_minutes(idle_minutes) or None
-    refuse_foreign_places(clouds, values)
+    refuse_foreign(clouds, values)
+    failover.refuse_across_places(order, {key: values[key] for key in ("volume", "ami", "image_id")})
+    if len(order) > 1 and state.load_cluster(name) is not None:
+        raise UsageError(f"cluster {name} exists here (kiln down {name} first): trying other places could make a "
+                         "second one of that name")
     prepared = {candidate: prepare(name, count, candidate, values, idle_minutes, len(clouds) > 1)
                 for candidate in order}  # every candidate's request checked before anything is made
     if gpus:
@@ -125,14 +129,18 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     arm_or_remove(c, made.name, idle_minutes, chosen)
 
 
-def refuse_foreign_places(clouds: list[str], values: dict) -> None:
-    """With several clouds, an option that places none of them (--subscription with aws,gcp) is refused by flag."""
+def refuse_foreign(clouds: list[str], values: dict) -> None:
+    """With several clouds, an option none of them takes (--subscription with aws,gcp) is refused by flag; one
+    that only some take goes to those (prepare). One provider refuses its foreign options itself."""
     if len(clouds) < 2:
-        return  # one provider refuses its foreign options itself (providers.named)
-    taken = {key for cloud in clouds for key in providers.provider_class(cloud).where}
-    foreign = sorted(key for key in WHERE_OPTIONS if values[key] is not None and key not in taken)
+        return
+    chosen = [providers.provider_class(cloud) for cloud in clouds]
+    taken = {key for kind in chosen for key in (*kind.where, *kind.up_options)}
+    foreign = sorted(key for key in given_options(values) if key not in taken and key not in
+                     providers.COMMON_UP_OPTIONS and key != "instance_type")
     if foreign:
-        raise UsageError(f"{', '.join('--' + key for key in foreign)}: places none of --provider {','.join(clouds)}")
+        raise UsageError(f"{', '.join('--' + key.replace('_', '-') for key in foreign)}: an option of none of "
+                         f"--provider {','.join(clouds)}")
 
 
 def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, idle_minutes: float | None,
@@ -142,14 +150,20 @@ def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, 
     if candidate.cloud in failover.PLACE:
         where[failover.PLACE[candidate.cloud]] = candidate.place or None
     options = {**{key: values[key] for key in PROVIDER_OPTIONS}, "instance_type": candidate.instance_type or None,
-               "spot": candidate.spot}
-    if several_clouds:  # each cloud gets its own placing options
-        takes = providers.provider_class(candidate.cloud).where
-        where = {key: value for key, value in where.items() if key in takes}
-        options = {key: value for key, value in options.items() if key not in WHERE_OPTIONS or key in takes}
+               "spot": candidate.spot, "max_price": values["max_price"] if candidate.spot else None}
+    if several_clouds:  # each cloud gets the options it takes (refuse_foreign refused those none takes)
+        kind = providers.provider_class(candidate.cloud)
+        where = {key: value for key, value in where.items() if key in kind.where}
+        options = {key: value for key, value in options.items()
+                   if key in kind.where or key in kind.up_options or key not in (*WHERE_OPTIONS, *kind_options())}
     chosen = providers.named(candidate.cloud, where)
     providers.refuse_foreign_options(chosen, given_options(options))
     return chosen, chosen.request(name, count, options, idle_minutes)
+
+
+def kind_options() -> set[str]:
+    """Every option some provider takes for itself (up_options), besides the common ones."""
+    return {key for kind in providers.KINDS for key in providers.provider_class(kind).up_options}
 
 
 def arm_or_remove(c, name: str, idle_minutes: float | None, chosen: providers.Provider) -> None:

@@ -340,7 +340,8 @@ def test_an_empty_zone_moves_up_on_to_the_next_and_leaves_nothing_of_the_try(env
 
 
 def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_naming_each_try(env, gce):
-    gce.fail("instances.insert", reason="QUOTA_EXCEEDED", code=403, on="operation")
+    gce.fail("instances.insert", reason="QUOTA_EXCEEDED", code=403, on="operation",
+             message="Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1.")  # a regional quota
     up = kiln(env, "up", "fq", "--provider", "gcp", "--zones", f"{ZONE},us-central1-b,{OTHER_REGION_ZONE}",
               "--count", "1", "--ssh-cidr", CIDR, "--ssh-wait", "0")
     assert up.returncode == 0, up.stdout + up.stderr

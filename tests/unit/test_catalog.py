@@ -53,10 +53,10 @@ def test_gpus_find_the_types_that_carry_exactly_them(text, cloud, types):
 
 
 @pytest.mark.parametrize(("text", "cloud", "said"), [
-    ("H100:4", "aws", "--gpus H100:4: aws offers H100 in machines of 8"),
-    ("T4:1", "aws", "--gpus T4:1: aws offers no T4; azure has T4:1"),
-    ("L4:8", "azure", "--gpus L4:8: azure offers no L4; aws, gcp have L4:8"),
-    ("H200:1", "gcp", "--gpus H200:1: gcp offers H200 in machines of 8"),
+    ("H100:4", "aws", "--gpus H100:4: kiln's catalog has H100 on aws in machines of 8 (--instance-type"),
+    ("T4:1", "aws", "--gpus T4:1: kiln's catalog has no T4 on aws; T4:1 is on azure"),
+    ("L4:8", "azure", "--gpus L4:8: kiln's catalog has no L4 on azure; L4:8 is on aws, gcp"),
+    ("H200:1", "gcp", "--gpus H200:1: kiln's catalog has H200 on gcp in machines of 8"),
     ("Z9:1", "aws", "--gpus Z9:1: no cloud kiln knows offers Z9; the GPUs: A10, A100,"),
     (":8", "aws", "no cloud kiln knows offers an unnamed GPU"),
     ("H100:0", "aws", "the count after ':' must be a whole number above 0"),

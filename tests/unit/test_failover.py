@@ -4,6 +4,10 @@ driven by plain attempt functions that fail with the clouds' codes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bootstrap.errors import UsageError
@@ -11,6 +15,7 @@ from bootstrap.providers import failover
 from bootstrap.providers.failover import Candidate, CloudError, NoCapacity
 
 WHERE = {"region": None, "zone": None, "location": None}
+KILN = Path(sys.executable).with_name("kiln")
 
 
 def test_candidates_go_cloud_by_cloud_place_by_place_type_by_type_spot_first_then_on_demand():
@@ -67,6 +72,41 @@ def order(cloud: str, *places: str) -> list[Candidate]:
     return [Candidate(cloud, place, "t", False) for place in places]
 
 
+def test_a_spot_quota_skips_the_regions_spot_tries_only():
+    """Spot and on-demand machines have quotas of their own: a spot quota leaves the region's on-demand tries."""
+    asked: list[tuple[str, bool]] = []
+
+    def attempt(candidate: Candidate) -> str:
+        asked.append((candidate.place, candidate.spot))
+        if candidate.spot:
+            raise CloudError("...", code="MaxSpotInstanceCountExceeded")
+        return "up"
+
+    spot_then_on_demand = failover.candidates(["aws"], {"aws": ["r1"]}, {"aws": ["p5", "p5e"]}, True, True)
+    _, chosen, _ = failover.first_fit(spot_then_on_demand, attempt, lambda line: None)
+    assert asked == [("r1", True), ("r1", False)] and not chosen.spot  # p5e spot skipped: the spot quota's region
+
+
+def test_a_round_refused_everywhere_before_anything_was_made_is_not_retried():
+    clock, asked = Clock(), []
+
+    def attempt(candidate: Candidate) -> str:
+        asked.append(candidate.place)
+        raise failover.Unavailable("--instance-type X: not offered in " + candidate.place, code="SkuNotAvailable")
+
+    with pytest.raises(NoCapacity) as refused:
+        failover.until_up(order("azure", "eastus", "westus2"), attempt, lambda line: None, 600, sleep=clock.sleep,
+                          clock=lambda: clock.now)
+    assert refused.value.refused_only and asked == ["eastus", "westus2"] and clock.slept == []
+
+
+def test_options_that_hold_in_one_place_are_refused_with_several_places():
+    failover.refuse_across_places(order("aws", "r1"), {"volume": 100, "ami": "ami-1"})  # one place: fine
+    failover.refuse_across_places(order("aws", "r1", "r2"), {"volume": None, "ami": None})
+    with pytest.raises(UsageError, match="--volume, --ami: holds in one place .* may try 2"):
+        failover.refuse_across_places(order("aws", "r1", "r2"), {"volume": 100, "ami": "ami-1"})
+
+
 def test_capacity_moves_on_quota_skips_the_region_and_what_was_tried_is_said():
     said: list[str] = []
     attempt, asked = fails({"us-central1-a": "ZONE_RESOURCE_POOL_EXHAUSTED", "us-east1-b": "QUOTA_EXCEEDED"})
@@ -118,8 +158,15 @@ def test_provider_may_name_several_clouds_or_any():
 
 def test_places_come_from_the_lists_else_each_providers_own_option():
     assert failover.places_of(["gcp"], "a-b-c,d-e-f", None, WHERE) == {"gcp": ["a-b-c", "d-e-f"]}
-    assert failover.places_of(["aws", "azure"], None, "aws:us-east-1,azure:eastus,westus", WHERE) == {
-        "aws": ["us-east-1", "westus"], "azure": ["eastus", "westus"]}  # unmarked: every cloud --regions places
+    assert failover.places_of(["aws", "azure"], None, "aws:us-east-1,azure:eastus,azure:westus", WHERE) == {
+        "aws": ["us-east-1"], "azure": ["eastus", "westus"]}
+    assert failover.places_of(["aws"], None, "us-east-1,aws:us-west-2,us-east-1", WHERE) == {
+        "aws": ["us-east-1", "us-west-2"]}  # a place named twice is tried once
+    for regions, said in (("westus", "say whose it is .aws:westus or azure:westus."),
+                          ("azur:eastus", "azur is not a cloud of --provider aws,azure that --regions places"),
+                          ("gcp:us-east1", "gcp is not a cloud of --provider aws,azure")):
+        with pytest.raises(UsageError, match=said):
+            failover.places_of(["aws", "azure"], None, regions, WHERE)
     assert failover.places_of(["aws"], None, None, {**WHERE, "region": "eu-west-1"}) == {"aws": ["eu-west-1"]}
     assert failover.places_of(["local"], None, None, WHERE) == {}
     with pytest.raises(UsageError, match="--zones z: no cloud of --provider aws is placed by it .*--regions"):
@@ -136,7 +183,7 @@ def test_several_clouds_are_asked_for_by_gpus_and_each_gets_the_types_that_carry
     assert failover.types_of(["local"], None, None) == {"local": [""]}
     with pytest.raises(UsageError, match="several clouds are asked for by GPUs"):
         failover.types_of(["aws", "gcp"], None, "p5.48xlarge")
-    with pytest.raises(UsageError, match="aws offers no T4; azure has T4:1"):
+    with pytest.raises(UsageError, match="kiln's catalog has no T4 on aws; T4:1 is on azure"):
         failover.types_of(["aws", "gcp"], "T4:1", None)  # no cloud asked has it: what the first offers
     with pytest.raises(UsageError, match="--provider local has no GPUs"):
         failover.types_of(["local"], "L4:1", None)
@@ -187,3 +234,30 @@ def test_retry_until_up_stops_at_its_deadline_and_never_retries_what_is_not_capa
         failover.until_up(order("aws", "r1"), attempt, lambda line: None, 0, sleep=clock.sleep,
                           clock=lambda: clock.now)
     assert asked == ["r1"]  # no --retry-until-up: once
+
+
+def kiln(*args: str, home) -> subprocess.CompletedProcess:
+    return subprocess.run([str(KILN), *args], cwd=home, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "KILN_HOME": str(home / ".kiln")})
+
+
+def test_up_dry_run_gives_each_candidate_the_options_it_takes(tmp_path):
+    """--max-price goes to the spot tries only, and to the clouds that take it; an option no cloud asked takes is
+    refused by flag; the candidates are listed in order."""
+    common = ("--ssh-cidr", "203.0.113.7/32", "--dry-run", "--count", "2")
+    fallback = kiln("up", "x", "--gpus", "H100:8", "--spot", "--max-price", "30", "--on-demand-fallback",
+                    "--regions", "us-east-1,us-west-2", *common, home=tmp_path)
+    assert fallback.returncode == 0, fallback.stderr
+    assert "  4. aws us-west-2 p5.48xlarge on-demand" in fallback.stdout and '"MaxPrice": "30"' in fallback.stdout
+    clouds = kiln("up", "x", "--provider", "aws,gcp", "--gpus", "H100:8", "--spot", "--max-price", "30",
+                  "--project", "kiln-test", "--zone", "us-central1-a", *common, home=tmp_path)
+    assert clouds.returncode == 0, clouds.stderr
+    assert "  3. gcp us-central1-a a3-megagpu-8g spot" in clouds.stdout
+    for extra, said in ((("--subscription", "00000000-0000-0000-0000-000000000000"), "--subscription: an option of "
+                         "none of --provider aws,gcp"),
+                        (("--volume", "100"), "--volume: holds in one place"),
+                        (("--regions", "aws:us-east-1,gcp:x"), "gcp is not a cloud of --provider aws,gcp that "
+                         "--regions places")):
+        refused = kiln("up", "x", "--provider", "aws,gcp", "--gpus", "H100:8", "--project", "kiln-test", "--zone",
+                       "us-central1-a", *extra, *common, home=tmp_path)
+        assert refused.returncode == 2 and said in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr

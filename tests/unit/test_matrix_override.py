@@ -127,3 +127,11 @@ def test_verify_gives_the_suite_the_whole_matrix_with_the_chosen_entries():
     assert written == {**yaml.safe_load(MATRIX.read_text()), "tensorflow_version": "2.18.1"}
     with verify.matrix_args({}) as args:
         assert args == []
+
+
+def test_the_local_bake_refuses_pytorch_and_jax_with_one_line():
+    """Its VM reaches the wheelhouse over plain http, which the frameworks role does not tell pip to trust yet."""
+    ran = subprocess.run([sys.executable, "-m", "bake.image", "local", "--matrix", "matrices/pytorch-jax.yml"],
+                         capture_output=True, text=True, cwd=PROJECT, timeout=60)
+    assert ran.returncode == 2 and ran.stderr.count("\n") == 1, ran.stderr
+    assert "frameworks_torch_version, frameworks_jax_version for PROVIDER=local" in ran.stderr
