@@ -32,7 +32,7 @@ $(READY): pyproject.toml scripts/setup
 	scripts/setup
 	@touch $@
 
-matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an image gets with that file's entries (TensorFlow, a Horovod built for it)
+matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an image gets with that file's entries (TensorFlow, a Horovod built for it; none where the file changes only PyTorch and JAX: .venv serves)
 	@[ -n "$(MATRIX)" ] || { echo "make matrix-env: give MATRIX=FILE (matrices/)" >&2; exit 2; }
 	MATRIX=$(MATRIX) scripts/setup
 

@@ -62,6 +62,11 @@ def stacks(against: str) -> list[tuple[str, str]]:
     """(TensorFlow version, the nodes' Python) for this environment and, with a matrix file, the one made for it."""
     pythons = [sys.executable]
     if against:
+        from bake.matrix import environment
+
+        if environment(against) == ".venv":
+            raise SystemExit(f"throughput: {against} changes nothing the TensorFlow runs go through (PyTorch and JAX "
+                             "alone): nothing to compare against")
         python = PROJECT / f".venv-{Path(against).stem}" / "bin" / "python"
         if not python.exists():
             raise SystemExit(f"throughput: no environment for {against}: make matrix-env MATRIX={against}")
