@@ -150,7 +150,9 @@ def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, 
     if candidate.cloud in failover.PLACE:
         where[failover.PLACE[candidate.cloud]] = candidate.place or None
     options = {**{key: values[key] for key in PROVIDER_OPTIONS}, "instance_type": candidate.instance_type or None,
-               "spot": candidate.spot, "max_price": values["max_price"] if candidate.spot else None}
+               "spot": candidate.spot,
+               # an on-demand fallback try carries no spot price; without --spot the provider refuses --max-price
+               "max_price": None if values["spot"] and not candidate.spot else values["max_price"]}
     if several_clouds:  # each cloud gets the options it takes (refuse_foreign refused those none takes)
         kind = providers.provider_class(candidate.cloud)
         where = {key: value for key, value in where.items() if key in kind.where}

@@ -261,3 +261,13 @@ def test_up_dry_run_gives_each_candidate_the_options_it_takes(tmp_path):
         refused = kiln("up", "x", "--provider", "aws,gcp", "--gpus", "H100:8", "--project", "kiln-test", "--zone",
                        "us-central1-a", *extra, *common, home=tmp_path)
         assert refused.returncode == 2 and said in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+
+@pytest.mark.parametrize("provider, said", [("aws", "--max-price applies to spot instances only: add --spot"),
+                                            ("azure", "--max-price applies to Spot VMs only: add --spot"),
+                                            ("gcp", "--max-price: not options of --provider gcp")])
+def test_a_max_price_without_spot_is_refused_not_dropped(tmp_path, provider, said):
+    """Only an on-demand fallback try drops --max-price; without --spot each provider still refuses it."""
+    refused = kiln("up", "x", "--provider", provider, "--max-price", "1", "--ssh-cidr", "203.0.113.7/32", "--dry-run",
+                   home=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.startswith(f"kiln: {said}"), refused.stderr
