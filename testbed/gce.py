@@ -11,9 +11,10 @@ is patched:
 
 It serves one project (and, read-only, the images of other projects added with `add_image(project=...)`) in a few
 zones: instances (insert, get, list, aggregatedList, delete, getGuestAttributes, getSerialPortOutput, setLabels,
-stop, start, attachDisk), disks (insert, get, list, delete, setLabels), resourcePolicies (insert, get, list, delete),
-snapshots and firewalls (global: the same), images (get, getFromFamily, list) and the zone, region and global
-operations (get, list, wait). A resource's numeric id serves in place of its name, as in GCE.
+stop, start, attachDisk), machineTypes (get: the types each zone offers), disks (insert, get, list, delete,
+setLabels), resourcePolicies (insert, get, list, delete), snapshots and firewalls (global: the same), images (get,
+getFromFamily, list) and the zone, region and global operations (get, list, wait). A resource's numeric id serves
+in place of its name, as in GCE.
 
 How it holds to the real API:
 - URIs, verbs and query parameters are those of the library's own REST transport (`transports/rest_base.py`).
@@ -192,6 +193,15 @@ class Gce(InstanceHandlers, ResourceHandlers):
             else:
                 self._capacity[zone] = machines
 
+    def offer(self, zone: str, machine_types: Iterable[str] | None) -> None:
+        """The machine types `zone` offers from now (None: all of MACHINE_TYPES, as at the start): machineTypes.get
+        of another answers 404, and an insert of one is refused (400), as GCE does for a type the zone lacks."""
+        if zone not in self.zones:
+            raise ValueError(f"no zone {zone!r}: one of {self.zones}")
+        with self._lock:
+            self.machine_types[zone] = set(MACHINE_TYPES if machine_types is None else machine_types) & set(
+                MACHINE_TYPES)
+
     def preempt(self, zone: str, name: str) -> None:
         """Preempt a running SPOT instance as GCE does: TERMINATED, or deleted if its termination action says so;
         a `compute.instances.preempted` operation records it."""
@@ -253,6 +263,7 @@ class Gce(InstanceHandlers, ResourceHandlers):
             ("POST", inst + "/stop", "instances.stop", self._instances_stop),
             ("POST", inst + "/start", "instances.start", self._instances_start),
             ("POST", inst + "/attachDisk", "instances.attachDisk", self._instances_attach_disk),
+            ("GET", p + "/zones/{zone}/machineTypes/{machineType}", "machineTypes.get", self._machine_types_get),
             ("GET", p + "/zones/{zone}/disks", "disks.list", self._list),
             ("POST", p + "/zones/{zone}/disks", "disks.insert", self._disks_insert),
             ("GET", p + "/zones/{zone}/disks/{disk}", "disks.get", self._get_one),

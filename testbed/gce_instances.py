@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+import zlib
 from datetime import UTC, datetime
 
 from google.cloud import compute_v1
@@ -67,6 +68,20 @@ class InstanceHandlers:
                     data=[compute_v1.Data(key="scope", value=f"{scope}/{where}")]))
         parent = f"projects/{self.project}/aggregated/{collection}"
         return list_type(kind=kind, id=parent, items=scoped, next_page_token=token, self_link=api_url(parent))
+
+    def _machine_types_get(self, method, params, query, body):
+        """A machine type as the zone offers it (404 where the zone does not: GCE has no such resource there)."""
+        zone, name = params["zone"], params["machineType"]
+        path = f"projects/{self.project}/zones/{zone}/machineTypes/{name}"
+        if zone not in self.machine_types or name not in self.machine_types[zone]:
+            raise not_found(path)
+        machine = MACHINE_TYPES[name]
+        accelerators = [compute_v1.Accelerators(guest_accelerator_count=machine.gpus,
+                                                guest_accelerator_type=machine.accelerator)] if machine.gpus else []
+        return compute_v1.MachineType(
+            kind="compute#machineType", id=zlib.crc32(name.encode()), name=name, zone=zone, guest_cpus=machine.vcpus,
+            memory_mb=machine.memory_mb, accelerators=accelerators, is_shared_cpu=False, self_link=api_url(path),
+            description=f"{machine.vcpus} vCPUs, {machine.memory_mb // 1024} GB RAM")
 
     def _machine_type(self, ref: str, zone: str) -> tuple[str, MachineType]:
         found = match_ref(ref, self.project, "zones/{zone}/machineTypes/{name}")

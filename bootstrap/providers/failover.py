@@ -4,7 +4,8 @@ codes as the clouds document them, and the loop that takes the first candidate t
 the loop's `attempt`, which makes one candidate's cluster (all of it, or nothing: each cloud's `up` undoes what it
 made on any failure).
 
-A capacity error (the zone or region has no such machines now) moves on to the next candidate; a quota error skips
+A capacity error (the zone or region has no such machines now), or a request refused for that place alone before
+anything is made (a type the zone does not offer), moves on to the next candidate; a quota error skips
 the rest of that region (a quota is regional) and says which; any other error stops at once (a bad request fails
 everywhere), as does an attempt that could not remove all it made.
 """
@@ -89,7 +90,7 @@ class Candidate:
 @dataclass(frozen=True)
 class Tried:
     candidate: Candidate
-    verdict: str  # capacity, quota
+    verdict: str  # capacity, quota, unavailable
     code: str  # the cloud's error code
     refused: bool = False  # refused before anything was made (Unavailable)
 
@@ -114,6 +115,14 @@ def classify(cloud: str, code: str) -> str:
     return "stop"
 
 
+def verdict_of(cloud: str, error: CloudError | Unavailable) -> str:
+    """classify's verdict on a failed attempt; a request refused for its place alone before anything was made
+    (Unavailable: a type the zone does not offer, a size not open to the subscription there) is `unavailable`,
+    whatever its code, but for a quota's."""
+    verdict = classify(cloud, error.code)
+    return "unavailable" if isinstance(error, Unavailable) and verdict != "quota" else verdict
+
+
 T = TypeVar("T")
 
 
@@ -132,7 +141,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
         try:
             return attempt(candidate), candidate, tried
         except (CloudError, Unavailable) as error:
-            verdict = classify(candidate.cloud, error.code)
+            verdict = verdict_of(candidate.cloud, error)
             if verdict == "stop" or error.left or len(order) == 1:
                 raise
             tried.append(Tried(candidate, verdict, error.code, isinstance(error, Unavailable)))
@@ -140,6 +149,8 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
                 over_quota.add((candidate.cloud, candidate.region, candidate.spot))
                 say(f"up: {candidate.cloud} {candidate.region or 'its default place'}: over a quota ({error.code}): "
                     "skipping the region")
+            elif verdict == "unavailable":
+                say(f"up: {candidate.describe()}: {error}; nothing was made")
             else:
                 say(f"up: {candidate.describe()}: no capacity ({error.code}); nothing of it is left")
     raise NoCapacity(f"no candidate came up: tried {len(tried)}: "

@@ -220,7 +220,7 @@ def instances_of(ec2, name: str) -> list[dict]:
 
 
 def test_up_then_down_leaves_nothing(env, ec2, image):
-    made = aws.up("alpha", 2, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=2, ssh_wait_s=0)
+    made = aws.up("alpha", 2, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=2, ssh_wait_s=0)
     assert made["ami"] == image
     saved = state.load_cluster("alpha")
     assert [h.user for h in saved.hosts] == ["ubuntu", "ubuntu"]
@@ -264,7 +264,7 @@ def test_down_finds_the_cluster_by_tags_without_its_file(env, ec2, image):
 
 
 def test_spot_request_carries_market_options(env, ec2, image):
-    aws.up("spotty", 1, "p3.2xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0)
+    aws.up("spotty", 1, "g4dn.xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0)
     try:
         [instance] = instances_of(ec2, "spotty")
         assert instance.get("InstanceLifecycle") == "spot"
@@ -314,7 +314,7 @@ def test_failure_at_each_step_rolls_everything_back(env, ec2, image, api, nth, s
     connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
     with pytest.raises(aws.AwsError, match=f"^cluster.up broken: could not {step}.*: InsufficientInstanceCapacity: "
                                            "no capacity; everything it had created was removed$"):
-        aws.up("broken", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+        aws.up("broken", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
     assert leftovers(ec2) == []
     assert not (env / "kiln" / "clusters" / "broken" / "id_ed25519").exists()
 
@@ -334,7 +334,7 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
 
     connected.ec2 = Interrupting(connected.ec2, "", KeyboardInterrupt())
     with pytest.raises(aws.AwsError, match="could not run the instances: interrupted"):
-        aws.up("ctrlc", 2, "p3.2xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+        aws.up("ctrlc", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
     assert leftovers(ec2) == []
 
 
@@ -348,7 +348,7 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
      "no available AMI tagged kiln:profile=gpu, kiln:fingerprint=nope in us-east-1"),
 ])
 def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwargs, message):
-    arguments = {"name": "bad", "count": 1, "instance_type": "p3.2xlarge", "ssh_cidr": CIDR, "ssh_wait_s": 0,
+    arguments = {"name": "bad", "count": 1, "instance_type": "g4dn.xlarge", "ssh_cidr": CIDR, "ssh_wait_s": 0,
                  **kwargs}
     with pytest.raises(UsageError) as raised:
         aws.up(**arguments)
@@ -358,11 +358,11 @@ def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwarg
 
 
 def test_a_taken_name_is_refused(env, ec2, image):
-    aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+    aws.up("taken", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     try:
         before = leftovers(ec2)
         with pytest.raises(UsageError, match="cluster name 'taken' is taken"):
-            aws.up("taken", 1, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+            aws.up("taken", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
         assert leftovers(ec2) == before
     finally:
         aws.down("taken")
@@ -373,7 +373,7 @@ def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
         if name != "AWS_DEFAULT_REGION":
             monkeypatch.delenv(name)
     with pytest.raises(UsageError, match="^no AWS credentials: "):
-        aws.up("nocreds", 1, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+        aws.up("nocreds", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     for name, value in FAKE_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     assert leftovers(ec2) == []
@@ -381,8 +381,8 @@ def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
 
 def test_sweep_removes_expired_clusters_only(env, ec2, image):
     past = datetime.now(UTC) - timedelta(hours=3)
-    aws.up("old", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past, ssh_wait_s=0)
-    aws.up("fresh", 1, "p3.2xlarge", ssh_cidr=CIDR, ttl_hours=1, ssh_wait_s=0)
+    aws.up("old", 1, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past, ssh_wait_s=0)
+    aws.up("fresh", 1, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=1, ssh_wait_s=0)
     try:
         assert [s.name for s in aws.sweep(dry_run=True)] == ["old"]
         assert leftovers(ec2, "old")
@@ -456,7 +456,7 @@ def test_ssh_wait_names_the_ports_that_never_answer_within_the_timeout(listeners
 
 def test_unreachable_instances_roll_back_and_are_named(env, ec2, image):
     with pytest.raises(aws.AwsError) as raised:
-        aws.up("mute", 2, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0.5)
+        aws.up("mute", 2, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0.5)
     message = str(raised.value)
     assert message.startswith("cluster.up mute: could not wait until SSH answers: no SSH answer within 0.5s "
                               "from 2 instance(s): i-")
@@ -483,7 +483,7 @@ class Consoles:
 def test_console_host_keys_are_pinned_where_ssh_for_the_cluster_looks(env, ec2, image):
     connected = aws.connect()
     connected.ec2 = Consoles(connected.ec2)
-    made = aws.up("keys", 2, "p3.2xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    made = aws.up("keys", 2, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
     saved = state.load_cluster("keys")
     first, second = saved.instances
     assert first.id == connected.ec2.with_keys
@@ -506,7 +506,7 @@ def fab(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_train_dry_run_on_the_cluster_is_the_plan_for_its_hosts(env, ec2, image):
-    made = fab(env, "cluster.up", "--name", "train", "--count", "2", "--instance-type", "p3.2xlarge",
+    made = fab(env, "cluster.up", "--name", "train", "--count", "2", "--instance-type", "g4dn.xlarge",
                "--ssh-cidr", CIDR, "--ssh-wait", "0")
     assert made.returncode == 0, made.stderr
     assert "not waiting for SSH to answer (--ssh-wait 0)" in made.stdout
@@ -777,8 +777,9 @@ def test_a_replacement_gets_the_lost_nodes_data_volume(env, ec2, image):
 
 def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_nothing_there(env, ec2, image, server,
                                                                                           monkeypatch):
-    """--regions A,B with A out of the type (EC2's InsufficientInstanceCapacity, answered by a real HTTP hop in front
-    of moto, testbed.ec2_faults): the try in A is undone whole, and the cluster comes up in B."""
+    """--regions A,B,C: A does not offer the type (EC2's offerings, as moto has them: no p5.48xlarge in eu-west-1),
+    so nothing is made there; B is out of it (EC2's InsufficientInstanceCapacity, answered by a real HTTP hop in
+    front of moto, testbed.ec2_faults): the try in B is undone whole, and the cluster comes up in C."""
     from testbed.ec2_faults import Ec2Faults
 
     west = boto3.client("ec2", region_name="us-west-2", endpoint_url=server)
@@ -790,10 +791,12 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
             hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", instance_type="p5.48xlarge")
             monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
             made = fab(env, "cluster.up", "--name", "fo", "--gpus", "H100:8", "--count", "2", "--regions",
-                       "us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+                       "eu-west-1,us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
             monkeypatch.setenv(aws.ENDPOINT_ENV, server)
         assert made.returncode == 0, made.stdout + made.stderr
-        assert "up: trying aws us-east-1 p5.48xlarge on-demand (1 of 2)" in made.stdout
+        assert ("up: aws eu-west-1 p5.48xlarge on-demand: --instance-type p5.48xlarge: not offered in eu-west-1; "
+                "nothing was made") in made.stdout
+        assert "up: trying aws us-east-1 p5.48xlarge on-demand (2 of 3)" in made.stdout
         assert ("up: aws us-east-1 p5.48xlarge on-demand: no capacity (InsufficientInstanceCapacity); nothing of it "
                 "is left") in made.stdout
         assert hop.refused and set(hop.refused) == {("RunInstances", "us-east-1", "InsufficientInstanceCapacity")}

@@ -476,8 +476,9 @@ def test_a_location_without_the_size_or_its_capacity_moves_the_cluster_to_the_ne
     sized = kiln("up", "fs", "--provider", "azure", "--gpus", "H100-NVL:1", "--regions", f"{LOCATION},westus2",
                  "--ssh-cidr", CIDR, "--ssh-wait", "0")
     assert sized.returncode == 0, sized.stdout + sized.stderr
-    assert (f"up: azure {LOCATION} Standard_NC40ads_H100_v5 on-demand: no capacity (SkuNotAvailable); nothing of "
-            "it is left") in sized.stdout
+    assert (f"up: azure {LOCATION} Standard_NC40ads_H100_v5 on-demand: --instance-type Standard_NC40ads_H100_v5: not "
+            f"open to this subscription in {LOCATION} (NotAvailableForSubscription); ask Azure for access, or try "
+            "another --location; nothing was made") in sized.stdout
     assert state.load_cluster("fs").region == "westus2"
     assert kiln("down", "fs").returncode == 0
     arm.fail("virtualMachines.createOrUpdate", code="AllocationFailed", status=200, on="operation")

@@ -339,6 +339,33 @@ def test_an_empty_zone_moves_up_on_to_the_next_and_leaves_nothing_of_the_try(env
                                            "resource-policy kiln-fo-compact"])  # boot disks are named as their VMs
 
 
+def test_a_zone_without_the_machine_type_is_passed_over_before_anything_is_made_there(env, gce):
+    """--zones A,B where zone A does not offer the type asked for: the try in A is refused by machineTypes.get before
+    anything is made (no firewall, disk or instance insert there), and the cluster comes up in B. With one zone it
+    is bad input, refused by name."""
+    gce.offer(ZONE, ["e2-standard-4"])
+    try:
+        calls = len(gce.calls)
+        up = kiln(env, "up", "fz", "--provider", "gcp", "--zones", f"{ZONE},us-central1-b", "--gpus", "L4:1",
+                  "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        made = [path for method, path in gce.calls[calls:] if method.endswith(".insert")]
+        alone = kiln(env, "up", "fy", "--provider", "gcp", "--zone", ZONE, "--instance-type", "g2-standard-4",
+                     "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    finally:
+        gce.offer(ZONE, None)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert (f"up: gcp {ZONE} g2-standard-4 on-demand: --instance-type g2-standard-4: not offered in {ZONE}; nothing "
+            "was made") in up.stdout
+    assert made and all("/zones/us-central1-b/" in path or "/global/" in path or "/regions/" in path
+                        for path in made), made
+    record = json.loads((env / "kiln" / "clusters" / "fz" / "capacity.json").read_text())
+    assert [(t["place"], t["verdict"], t["code"]) for t in record["tried"]] == [(ZONE, "unavailable", "notFound")]
+    assert state.load_cluster("fz").region == "us-central1-b"
+    assert alone.returncode == 2, alone.stdout + alone.stderr
+    assert alone.stderr == f"kiln: --instance-type g2-standard-4: not offered in {ZONE}\n"
+    assert leftovers(gce, "fy") == [] and not (env / "kiln" / "clusters" / "fy").exists()
+
+
 def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_naming_each_try(env, gce):
     gce.fail("instances.insert", reason="QUOTA_EXCEEDED", code=403, on="operation",
              message="Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 0.0 in region us-central1.")  # a regional quota

@@ -100,6 +100,27 @@ def test_a_round_refused_everywhere_before_anything_was_made_is_not_retried():
     assert refused.value.refused_only and asked == ["eastus", "westus2"] and clock.slept == []
 
 
+def test_a_type_one_place_lacks_moves_on_where_the_same_code_from_a_try_would_stop():
+    """A zone that does not offer the type (Unavailable, GCE's notFound) passes to the next zone, said with its
+    reason; the same code from a call that may have made something (a CloudError) stops at once."""
+    said: list[str] = []
+
+    def attempt(candidate: Candidate) -> str:
+        if candidate.place == "us-central1-a":
+            raise failover.Unavailable("--instance-type t: not offered in us-central1-a", code="notFound")
+        return "up in " + candidate.place
+
+    made, _, tried = failover.first_fit(order("gcp", "us-central1-a", "us-central1-b"), attempt, said.append)
+    assert made == "up in us-central1-b" and [(t.verdict, t.code, t.refused) for t in tried] == [
+        ("unavailable", "notFound", True)]
+    assert said[1] == ("up: gcp us-central1-a t on-demand: --instance-type t: not offered in us-central1-a; nothing "
+                       "was made")
+    attempt, asked = fails({"us-central1-a": "notFound"})
+    with pytest.raises(CloudError):
+        failover.first_fit(order("gcp", "us-central1-a", "us-central1-b"), attempt, lambda line: None)
+    assert asked == ["us-central1-a"]
+
+
 def test_options_that_hold_in_one_place_are_refused_with_several_places():
     failover.refuse_across_places(order("aws", "r1"), {"volume": 100, "ami": "ami-1"})  # one place: fine
     failover.refuse_across_places(order("aws", "r1", "r2"), {"volume": None, "ami": None})
@@ -268,6 +289,7 @@ def test_up_dry_run_gives_each_candidate_the_options_it_takes(tmp_path):
                                             ("gcp", "--max-price: not options of --provider gcp")])
 def test_a_max_price_without_spot_is_refused_not_dropped(tmp_path, provider, said):
     """Only an on-demand fallback try drops --max-price; without --spot each provider still refuses it."""
+    place = {"aws": (), "azure": ("--location", "eastus"), "gcp": ("--zone", "us-central1-a")}[provider]
     refused = kiln("up", "x", "--provider", provider, "--max-price", "1", "--ssh-cidr", "203.0.113.7/32", "--dry-run",
-                   home=tmp_path)
+                   *place, home=tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith(f"kiln: {said}"), refused.stderr

@@ -18,7 +18,7 @@ from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, pin_host_keys, poll_host_keys
-from bootstrap.providers.failover import CloudError
+from bootstrap.providers.failover import CloudError, Unavailable
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 from kiln.sshwait import wait_for_ssh
 
@@ -119,6 +119,20 @@ def caller(aws: Aws) -> str:
                          "or environment variables)") from None
     except botocore.exceptions.ClientError as error:
         raise UsageError(f"AWS refused the credentials: {describe_error(error)}") from None
+
+
+def check_instance_type(aws: Aws, request: plan.Request) -> None:
+    """Refuse, before anything is made, an instance type the region does not offer (EC2's own offerings list, as
+    RunInstances would answer Unsupported only after the groups were made): Unavailable, so that failover moves on
+    to the next region."""
+    try:
+        offered = aws.ec2.describe_instance_type_offerings(LocationType="region", Filters=[
+            {"Name": "instance-type", "Values": [request.instance_type]}])["InstanceTypeOfferings"]
+    except Exception as error:
+        raise AwsError(f"cluster.up {request.name}: could not look up the offerings of {request.instance_type} in "
+                       f"{aws.region}: {describe_error(error)}; nothing was created") from None
+    if not any(offer.get("InstanceType") == request.instance_type for offer in offered):
+        raise Unavailable(f"--instance-type {request.instance_type}: not offered in {aws.region}", code="Unsupported")
 
 
 def find_image(aws: Aws, request: plan.Request) -> str:
@@ -246,6 +260,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)
+    check_instance_type(aws, request)
     image = find_image(aws, request)
     taken = find_resources(aws, request.name)
     if taken:

@@ -38,7 +38,7 @@ from bootstrap.providers.common import (
     validate_name,
     validate_snapshot_ttl,
 )
-from bootstrap.providers.failover import CloudError
+from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.gcp import plan
 from kiln.hostkeys import console_host_keys
 from kiln.sshwait import wait_for_ssh
@@ -52,6 +52,7 @@ WAIT_CALL_TIMEOUT_S = 150
 HOST_KEYS_POLL_S = 5
 CLIENTS = {"instances": "InstancesClient", "disks": "DisksClient", "snapshots": "SnapshotsClient",
            "images": "ImagesClient", "firewalls": "FirewallsClient", "policies": "ResourcePoliciesClient",
+           "machine_types": "MachineTypesClient",
            "zone_ops": "ZoneOperationsClient", "region_ops": "RegionOperationsClient",
            "global_ops": "GlobalOperationsClient"}
 
@@ -136,7 +137,9 @@ def error_code(error: BaseException) -> str:
     reason of a refused call (QUOTA_EXCEEDED)."""
     if isinstance(error, GcpError):
         return error.code
-    return str(getattr(error, "reason", None) or "")
+    details = getattr(error, "errors", None) or [{}]  # the REST error's errors[].reason where no ErrorInfo says it
+    first = details[0] if isinstance(details[0], dict) else {}
+    return str(getattr(error, "reason", None) or first.get("reason") or "")
 
 
 def describe_error(error: BaseException) -> str:
@@ -230,6 +233,19 @@ def find_image(gce: Gce, request: plan.Request) -> str:
         raise UsageError(f"no image in project {gce.project} with {query} (make image PROVIDER=gcp bakes one; or "
                          "give --source-image)")
     return found["selfLink"]
+
+
+def check_machine_type(gce: Gce, request: plan.Request) -> None:
+    """Refuse, before anything is made, a machine type the zone does not offer (an insert would fail only after the
+    firewall rules and disks were made): Unavailable, so that failover moves on to the next zone."""
+    try:
+        gce.machine_types.get(project=gce.project, zone=request.zone, machine_type=request.machine_type)
+    except Exception as error:
+        if not_found(error):
+            raise Unavailable(f"--instance-type {request.machine_type}: not offered in {request.zone}",
+                              code=error_code(error)) from None
+        raise GcpError(f"cluster.up {request.name}: could not look up the machine type {request.machine_type} in "
+                       f"{request.zone}: {describe_error(error)}; nothing was created") from None
 
 
 def scope_name(scope: str) -> str:
@@ -361,6 +377,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
     the instances show, write its cluster file, and return what was made. On any failure (Ctrl-C too), undo it
     all: each step's undo is registered before the step, and finds what it removes by the cluster's labels."""
     gce = gce or connect(project)
+    check_machine_type(gce, request)
     image = find_image(gce, request)
     try:
         taken = find_resources(gce, request.name)
