@@ -7,20 +7,20 @@ Region, profile and credentials come from boto3's standard chain; kiln never wri
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
 from datetime import UTC, datetime
 
-from bootstrap import mesh, state
+from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import provision
 from bootstrap.providers.aws import plan
-from bootstrap.providers.common import Rollback, pin_host_keys, poll_host_keys
+from bootstrap.providers.common import Rollback, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
+from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
 from kiln.hostkeys import console_host_keys as console_host_keys_of
-from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
 RUNNING_TIMEOUT_S = 600
@@ -277,86 +277,59 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
                        f"{describe_error(error)}; nothing was created") from None
     note = plan.restore_note(request.name, request.count, restored) if request.volume_gib else None
     tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
-    folder = state.cluster_dir(request.name)
-    rollback = Rollback()
-    step = "generate the cluster key"
-    try:
-        had_key = (folder / "id_ed25519").exists()
-        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(request.name))
-        _, public_key = mesh.ensure_cluster_key(request.name)
-        (folder / "id_ed25519").chmod(0o600)
+    made: dict = {}  # what make() learns that the record and the answer need
 
-        def mine(kind: str) -> list[plan.Resource]:
-            return [r for r in find_resources(aws, request.name) if r.kind == kind]
+    def mine(kind: str) -> list[plan.Resource]:
+        return [r for r in find_resources(aws, request.name) if r.kind == kind]
 
+    def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
         steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key)
 
-        step = "import the key pair"
+        progress.step = "import the key pair"
         rollback.push("delete the key pair", lambda: [delete(aws, r) for r in mine("key-pair")])
         aws.ec2.import_key_pair(**steps.import_key_pair)
 
-        step = "create the security group"
+        progress.step = "create the security group"
         rollback.push("delete the security group", lambda: [delete(aws, r) for r in mine("security-group")])
-        group_id = aws.ec2.create_security_group(**steps.create_security_group)["GroupId"]
-        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=group_id)
+        made["group_id"] = aws.ec2.create_security_group(**steps.create_security_group)["GroupId"]
+        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=made["group_id"])
 
-        step = "allow SSH and cluster traffic in the security group"
+        progress.step = "allow SSH and cluster traffic in the security group"
         aws.ec2.authorize_security_group_ingress(**steps.authorize_ingress)
 
-        step = "create the placement group"
+        progress.step = "create the placement group"
         rollback.push("delete the placement group", lambda: [delete(aws, r) for r in mine("placement-group")])
         aws.ec2.create_placement_group(**steps.create_placement_group)
 
-        step = "run the instances"
+        progress.step = "run the instances"
         rollback.push("terminate the instances", lambda: remove(aws, mine("instance") + mine("volume")))
         launched = aws.ec2.run_instances(**steps.run_instances)["Instances"]
-        instance_ids = [i["InstanceId"] for i in launched]
+        made["instances"] = [i["InstanceId"] for i in launched]
 
-        step = "wait until the instances run"
-        wait(aws, "instance_running", instance_ids, running_timeout_s)
-        described = plan.launch_order([i for r in aws.ec2.describe_instances(InstanceIds=instance_ids)[
+        progress.step = "wait until the instances run"
+        wait(aws, "instance_running", made["instances"], running_timeout_s)
+        described = plan.launch_order([i for r in aws.ec2.describe_instances(InstanceIds=made["instances"])[
             "Reservations"] for i in r["Instances"]])
-        hosts = plan.hosts_from_instances(described, request.user)
-        volumes = []
+        made["volumes"] = []
         if request.volume_gib:
-            step = "create the data volumes"
-            volumes = attach_data_volumes(aws, described, request.volume_gib, tags, restored, running_timeout_s)
-        started = time.monotonic()
+            progress.step = "create the data volumes"
+            made["volumes"] = attach_data_volumes(aws, described, request.volume_gib, tags, restored,
+                                                  running_timeout_s)
+        return Nodes(tuple(i["InstanceId"] for i in described),
+                     tuple(plan.hosts_from_instances(described, request.user)))
 
-        step = "wait until SSH answers"
-        if ssh_wait_s > 0:
-            silent = set(wait_for_ssh([(h.address, h.port) for h in hosts], ssh_wait_s))
-            if silent:
-                raise AwsError(plan.no_answer_error(
-                    [f"{i['InstanceId']} ({h.address})" for i, h in zip(described, hosts, strict=True)
-                     if f"{h.address}:{h.port}" in silent], ssh_wait_s))
+    def save(nodes: Nodes) -> None:
+        Record(aws.region, made["group_id"], plan.resource_name(request.name), plan.resource_name(request.name),
+               image, tags, asdict(request), tuple(made["volumes"]), note).save(request.name)
 
-        step = "read the host keys from the consoles"
-        found = console_host_keys(aws, instance_ids, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        host_keys = pin_host_keys(request.name, [i["InstanceId"] for i in described], hosts, found, "console")
-
-        step = "write the cluster file"
-        Record(aws.region, group_id, plan.resource_name(request.name), plan.resource_name(request.name), image, tags,
-               asdict(request), tuple(volumes), note).save(request.name)
-        state.save_cluster(state.ClusterRecord(
-            request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
-            region=aws.region, user=request.user,
-            instances=tuple(state.Instance(i["InstanceId"], h.address, host_keys[h.address])
-                            for i, h in zip(described, hosts, strict=True)), provider="aws",
-            node_type=request.instance_type))
-    except BaseException as error:
-        failures = rollback.run(describe_error)
-        message = f"cluster.up {request.name}: could not {step}: {describe_error(error)}; "
-        if failures:
-            message += ("rolling back left things behind (run kiln down --name "
-                        f"{request.name}): " + "; ".join(failures))
-        else:
-            message += "everything it had created was removed"
-        raise AwsError(message, code=error_code(error), left=bool(failures)) from None
-    return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in hosts], "ami": image,
-            "instances": instance_ids, "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES],
-            "host_keys": host_keys, "ssh_wait": ssh_wait_s, "data_volumes": volumes,
-            "restore_note": note}
+    cluster = provision.up(request.name, Verbs(
+        "aws", AwsError, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s), save, describe_error,
+        error_code, keys_step="read the host keys from the consoles", keys_source="console"),
+        region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s)
+    return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in cluster.nodes.hosts],
+            "ami": image, "instances": made["instances"], "identity": cluster.identity,
+            "expires": tags[plan.TAG_EXPIRES], "host_keys": cluster.pinned, "ssh_wait": ssh_wait_s,
+            "data_volumes": made["volumes"], "restore_note": note}
 
 
 def attach_data_volumes(aws: Aws, instances: Sequence[dict], size_gib: int, tags: dict[str, str],
@@ -389,58 +362,30 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
     record, cloud = state.load_cluster(name), Record.load(name)
     if record is None or cloud is None or not cloud.request:
         raise UsageError(f"cluster {name}: no record of how kiln launched it (kiln up of this version makes one)")
-    old = next((i for i in record.instances if i.address == address), None)
-    if old is None:
-        raise UsageError(f"cluster {name} has no instance at {address}")
+    provision.node_at(record, address)
     aws = aws or connect(region or record.region, profile)
     request = changed(cloud.planned(), count=1)
-    step, new_id = "run the instance", None
-    try:
+
+    def make(replacing: Replacing) -> tuple[str, Host]:
         params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags)
-        new_id = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
-        step = "wait until it runs"
+        new_id = replacing.made = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
+        replacing.step = "wait until it runs"
         wait(aws, "instance_running", [new_id], running_timeout_s)
         [described] = [i for r in aws.ec2.describe_instances(InstanceIds=[new_id])["Reservations"]
                        for i in r["Instances"]]
         [host] = plan.hosts_from_instances([described], request.user)
-        started = time.monotonic()
-        step = "wait until SSH answers"
-        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
-            raise AwsError(plan.no_answer_error([f"{new_id} ({host.address})"], ssh_wait_s))
-        step = "read its host keys from the console"
-        keys = console_host_keys(aws, [new_id], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_id)
-        if not keys:
-            raise AwsError(f"the console of {new_id} shows no host keys: kiln does not trust a replacement "
-                           "on first contact")
-    except BaseException as error:
-        undo = Rollback()
-        if new_id:
-            undo.push(f"terminate {new_id}", lambda: remove(aws, [plan.Resource("instance", new_id, {})],
-                                                             terminated_timeout_s))
-        left = undo.run(describe_error)
-        raise AwsError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: "
-                       f"{describe_error(error)}" + (f"; left behind: {'; '.join(left)}" if left else
-                                                      "; nothing new is left running")) from None
-    instances = tuple(state.Instance(new_id, host.address, "console") if i is old else i for i in record.instances)
-    hosts = tuple(host if h.address == address else h for h in record.hosts)
-    state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    try:
-        remove(aws, [plan.Resource("instance", old.id, {})], terminated_timeout_s)
-    except Exception as error:
-        raise AwsError(f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but the old instance "
-                       f"{old.id} could not be terminated: {describe_error(error)} (kiln down {name} finds it by "
-                       "its tags)") from None
-    volumes = cloud.data_volumes
-    index = [i.id for i in record.instances].index(old.id)
-    if index < len(volumes):
-        try:
-            wait_volumes(aws, "volume_available", [volumes[index]], terminated_timeout_s)
-            aws.ec2.attach_volume(Device=plan.DATA_DEVICE, InstanceId=new_id, VolumeId=volumes[index])
-        except Exception as error:
-            raise AwsError(f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but its data volume "
-                           f"{volumes[index]} could not be attached to it: {describe_error(error)} (the volume is "
-                           "kept, tagged with the cluster)") from None
-    return host, keys
+        return new_id, host
+
+    def attach(new_id: str, volume: str) -> None:
+        wait_volumes(aws, "volume_available", [volume], terminated_timeout_s)
+        aws.ec2.attach_volume(Device=plan.DATA_DEVICE, InstanceId=new_id, VolumeId=volume)
+
+    return provision.replace(record, address, cloud.data_volumes, Swap(
+        AwsError, describe_error, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s),
+        lambda instance_id: remove(aws, [plan.Resource("instance", instance_id, {})], terminated_timeout_s), attach,
+        first_step="run the instance", keys_step="read its host keys from the console", keys_where="its console",
+        keys_source="console", volume_word="data volume", finds_old="finds it by its tags",
+        volume_kept="tagged with the cluster"), ssh_wait_s=ssh_wait_s)
 
 
 def console_text(aws: Aws, instance_id: str) -> str:

@@ -25,9 +25,10 @@ from dataclasses import replace as changed
 from datetime import UTC, datetime
 from urllib.parse import urlparse
 
-from bootstrap import mesh, state
+from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import provision
 from bootstrap.providers.azure import plan
 from bootstrap.providers.common import (
     SNAPSHOT_TTL_DAYS,
@@ -36,17 +37,15 @@ from bootstrap.providers.common import (
     Rollback,
     format_time,
     latest_snapshot_set,
-    no_answer_error,
     parse_time,
-    pin_host_keys,
     poll_host_keys,
     restore_note,
     validate_name,
     validate_snapshot_ttl,
 )
 from bootstrap.providers.failover import CloudError
+from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
 from kiln.hostkeys import console_host_keys
-from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AZURE_ENDPOINT"
 CA_FILE_ENV = "KILN_AZURE_CA_FILE"
@@ -424,22 +423,16 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
                          f"{describe_error(error)}; nothing was created") from None
     note = restore_note(request.name, request.count, restored) if request.volume_gb else None
     tags = plan.cluster_tags(request.name, azure.owner, now or datetime.now(UTC), request.ttl_hours)
-    folder = state.cluster_dir(request.name)
-    rollback = Rollback()
     pollers: list = []  # every long-running operation this call started: waited for before anything is undone
+    disks: list[str] = []
+    made: dict = {}  # what make() learns that the record needs
 
     def start(poller):
         pollers.append(poller)
         return poller
 
-    step = "generate the cluster key"
-    try:
-        had_key = (folder / "id_ed25519").exists()
-        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(request.name))
-        _, public_key = mesh.ensure_cluster_key(request.name)
-        (folder / "id_ed25519").chmod(0o600)
-
-        step = "create the resource group"
+    def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
+        progress.step = "create the resource group"
         status = azure.resources.resource_groups.create_or_update(
             group, {"location": request.location, "tags": tags},
             cls=lambda response, *_: response.http_response.status_code)
@@ -447,81 +440,57 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
             raise UsageError(f"cluster name {request.name!r} is taken: resource group {group} was made meanwhile")
         rollback.push(f"delete the resource group {group}", lambda: delete_group(azure, group, timeout_s))
 
-        step = "create the network security group"
+        progress.step = "create the network security group"
         nsg = done(azure.network.network_security_groups.begin_create_or_update(
             group, f"{group}-nsg", plan.security_group_body(request, tags)), timeout_s)
 
-        step = "create the virtual network"
+        progress.step = "create the virtual network"
         network = done(azure.network.virtual_networks.begin_create_or_update(
             group, f"{group}-vnet", plan.network_body(request, tags, nsg.id)), timeout_s)
-        subnet_id = network.subnets[0].id
+        made["subnet_id"] = network.subnets[0].id
 
-        step = "create the proximity placement group"
-        placement = azure.compute.proximity_placement_groups.create_or_update(
-            group, f"{group}-ppg", plan.placement_group_body(request, tags))
+        progress.step = "create the proximity placement group"
+        made["placement_id"] = azure.compute.proximity_placement_groups.create_or_update(
+            group, f"{group}-ppg", plan.placement_group_body(request, tags)).id
 
-        disks: list[str] = []
         if request.volume_gb:
-            step = "create the data disks"
-            pollers = []
+            progress.step = "create the data disks"
+            started = []
             for index in range(request.count):
                 snapshot = restored.get(index)
-                pollers.append(start(azure.compute.disks.begin_create_or_update(
+                started.append(start(azure.compute.disks.begin_create_or_update(
                     group, plan.disk_name(request.name, index), plan.disk_body(
                         request, index=index, tags=tags, snapshot_id=snapshot.id if snapshot else None,
                         snapshot_gb=snapshot.size_gb if snapshot else 0))))
                 disks.append(plan.disk_name(request.name, index))
-            for poller in pollers:
+            for poller in started:
                 done(poller, timeout_s)
 
-        step = "create the VMs"
-        names = [plan.vm_name(request.name, index) for index in range(request.count)]
-        made = [start(make_node(azure, request, group=group, index=index, name=name, image=image,
-                                public_key=public_key, tags=tags, subnet_id=subnet_id, placement_id=placement.id,
-                                data_disk=disks[index] if disks else None, timeout_s=timeout_s,
-                                accelerated=size.accelerated_networking, identity=bool(request.idle_minutes)))
-                for index, name in enumerate(names)]
-        for poller in made:
+        progress.step = "create the VMs"
+        names = tuple(plan.vm_name(request.name, index) for index in range(request.count))
+        vms = [start(make_node(azure, request, group=group, index=index, name=name, image=image,
+                               public_key=public_key, tags=tags, subnet_id=made["subnet_id"],
+                               placement_id=made["placement_id"], data_disk=disks[index] if disks else None,
+                               timeout_s=timeout_s, accelerated=size.accelerated_networking,
+                               identity=bool(request.idle_minutes)))
+               for index, name in enumerate(names)]
+        for poller in vms:
             done(poller, timeout_s)
-        hosts = [Host(address_of(azure, group, name), user=request.user) for name in names]
-        started = time.monotonic()
+        return Nodes(names, tuple(Host(address_of(azure, group, name), user=request.user) for name in names))
 
-        step = "wait until SSH answers"
-        if ssh_wait_s > 0:
-            silent = set(wait_for_ssh([(h.address, h.port) for h in hosts], ssh_wait_s))
-            if silent:
-                raise AzureError(no_answer_error([f"{n} ({h.address})" for n, h in zip(names, hosts, strict=True)
-                                                  if f"{h.address}:{h.port}" in silent], ssh_wait_s))
+    def save(nodes: Nodes) -> None:
+        Record(azure.subscription, group, image, tags, asdict(request), tuple(disks), made["subnet_id"],
+               made["placement_id"], accelerated_networking=size.accelerated_networking).save(request.name)
 
-        step = "read the host keys from the serial logs"
-        found = host_keys(azure, group, names, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        pinned = pin_host_keys(request.name, names, hosts, found, "shown")
-
-        step = "write the cluster file"
-        Record(azure.subscription, group, image, tags, asdict(request), tuple(disks), subnet_id, placement.id,
-               accelerated_networking=size.accelerated_networking).save(request.name)
-        state.save_cluster(state.ClusterRecord(
-            request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
-            region=request.location, user=request.user,
-            instances=tuple(state.Instance(n, h.address, pinned[h.address]) for n, h in zip(names, hosts,
-                                                                                           strict=True)),
-            provider="azure", node_type=request.vm_size))
-    except BaseException as error:
-        settle(pollers, timeout_s)
-        failures = rollback.run(describe_error)
-        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
-        if isinstance(error, UsageError) and not failures:
-            raise
-        message = f"cluster.up {request.name}: could not {step}: {said}; "
-        if failures:
-            message += (f"rolling back left things behind (run kiln down {request.name} --provider azure): "
-                        + "; ".join(failures))
-        else:
-            message += "everything it had created was removed"
-        raise AzureError(message, code=error_code(error), left=bool(failures)) from None
+    cluster = provision.up(request.name, Verbs(
+        "azure", AzureError, make, lambda names, timeout_s: host_keys(azure, group, names, timeout_s), save,
+        describe_error, error_code, keys_step="read the host keys from the serial logs",
+        settle=lambda: settle(pollers, timeout_s)),
+        region=request.location, user=request.user, node_type=request.vm_size, python=python,
+        ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "subscription": azure.subscription, "location": request.location, "group": group,
-            "hosts": [h.endpoint() for h in hosts], "image": image, "vms": names,
-            "identity": str(folder / "id_ed25519"), "expires": tags[plan.TAG_EXPIRES], "host_keys": pinned,
+            "hosts": [h.endpoint() for h in cluster.nodes.hosts], "image": image, "vms": list(cluster.nodes.ids),
+            "identity": cluster.identity, "expires": tags[plan.TAG_EXPIRES], "host_keys": cluster.pinned,
             "ssh_wait": ssh_wait_s, "data_disks": disks, "restore_note": note}
 
 
@@ -536,67 +505,39 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     record, kept = state.load_cluster(name), Record.load(name)
     if record is None or kept is None:
         raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
-    old = next((i for i in record.instances if i.address == address), None)
-    if old is None:
-        raise UsageError(f"cluster {name} has no instance at {address}")
+    _, index = provision.node_at(record, address)
     if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
         raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
-    index = record.instances.index(old)
     azure = azure or connect(kept.subscription)
     request = kept.planned()
     new_name = plan.vm_name(name, index, suffix())
     public_key = (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
-    step = "create the VM"
-    try:
+
+    def make(replacing: Replacing) -> tuple[str, Host]:
+        replacing.made = new_name
         made = done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
                               public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
                               placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s,
                               identity=kept.autostop, accelerated=kept.accelerated_networking), timeout_s)
         if kept.autostop:
-            step = "let it deallocate itself (autostop)"
+            replacing.step = "let it deallocate itself (autostop)"
             allow_self_deallocation(azure, made)
-        host = Host(address_of(azure, kept.group, new_name), user=request.user)
-        started = time.monotonic()
-        step = "wait until SSH answers"
-        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
-            raise AzureError(no_answer_error([f"{new_name} ({host.address})"], ssh_wait_s))
-        step = "read its host keys from the serial log"
-        keys = host_keys(azure, kept.group, [new_name],
-                         max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_name)
-        if not keys:
-            raise AzureError(f"the serial log of {new_name} shows no host keys: kiln does not trust a replacement "
-                             "on first contact")
-    except BaseException as error:
-        undo = Rollback()
-        undo.push(f"delete {new_name}", lambda: delete_node(azure, kept.group, new_name, timeout_s))
-        left = undo.run(describe_error)
-        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
-        raise AzureError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: {said}"
-                         + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running")) \
-            from None
-    instances = tuple(state.Instance(new_name, host.address, "shown") if i is old else i for i in record.instances)
-    hosts = tuple(host if h.address == address else h for h in record.hosts)
-    state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    try:
-        delete_node(azure, kept.group, old.id, timeout_s)
-    except Exception as error:
-        raise AzureError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but the old VM "
-                         f"{old.id} could not be deleted: {describe_error(error)} (kiln down {name} removes its "
-                         "resource group)") from None
-    if index < len(kept.data_disks):
-        disk = kept.data_disks[index]
-        try:
-            vm = azure.compute.virtual_machines.get(kept.group, new_name)
-            body = vm.as_dict(exclude_readonly=True)
-            body["properties"]["storageProfile"]["dataDisks"] = [{
-                "lun": plan.DATA_LUN, "createOption": "Attach", "deleteOption": "Detach",
-                "managedDisk": {"id": azure.id(kept.group, "Microsoft.Compute/disks", disk)}}]
-            done(azure.compute.virtual_machines.begin_create_or_update(kept.group, new_name, body), timeout_s)
-        except Exception as error:
-            raise AzureError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but its data "
-                             f"disk {disk} could not be attached to it: {describe_error(error)} (the disk is kept in "
-                             "the cluster's resource group)") from None
-    return host, keys
+        return new_name, Host(address_of(azure, kept.group, new_name), user=request.user)
+
+    def attach(vm_name: str, disk: str) -> None:
+        vm = azure.compute.virtual_machines.get(kept.group, vm_name)
+        body = vm.as_dict(exclude_readonly=True)
+        body["properties"]["storageProfile"]["dataDisks"] = [{
+            "lun": plan.DATA_LUN, "createOption": "Attach", "deleteOption": "Detach",
+            "managedDisk": {"id": azure.id(kept.group, "Microsoft.Compute/disks", disk)}}]
+        done(azure.compute.virtual_machines.begin_create_or_update(kept.group, vm_name, body), timeout_s)
+
+    return provision.replace(record, address, kept.data_disks, Swap(
+        AzureError, describe_error, make, lambda names, timeout_s: host_keys(azure, kept.group, names, timeout_s),
+        lambda vm_name: delete_node(azure, kept.group, vm_name, timeout_s), attach, first_step="create the VM",
+        keys_step="read its host keys from the serial log", keys_where="its serial log", node_word="VM",
+        finds_old="removes its resource group", volume_kept="in the cluster's resource group"),
+        ssh_wait_s=ssh_wait_s)
 
 
 def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OPERATION_TIMEOUT_S,

@@ -19,20 +19,18 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from dataclasses import replace as changed
 from datetime import UTC, datetime
 from urllib.parse import urlparse
 
-from bootstrap import mesh, state
+from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import provision
 from bootstrap.providers.common import (
     SNAPSHOT_TTL_DAYS,
     SSH_WAIT_S,
     Rollback,
     latest_snapshot_set,
-    no_answer_error,
-    pin_host_keys,
     poll_host_keys,
     restore_note,
     validate_name,
@@ -40,8 +38,8 @@ from bootstrap.providers.common import (
 )
 from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.gcp import plan
+from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
 from kiln.hostkeys import console_host_keys
-from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
 PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
@@ -398,10 +396,8 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
                        f"{describe_error(error)}; nothing was created") from None
     note = restore_note(request.name, request.count, restored) if request.volume_gb else None
     labels = plan.cluster_labels(request.name, gce.owner, now or datetime.now(UTC), request.ttl_hours)
-    folder = state.cluster_dir(request.name)
-    rollback = Rollback()
-
     operations: list = []  # every operation this call started: waited for before anything is undone
+    disks: list[str] = []
 
     def start(call, **kwargs):
         operation = call(**kwargs)
@@ -412,83 +408,54 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
         """Undo: delete what this call named (never another `up`'s of the same name), kind by kind."""
         return lambda: remove(gce, [plan.Resource(kind, name, scope, {}) for name in names], timeout_s)
 
-    step = "generate the cluster key"
-    try:
-        had_key = (folder / "id_ed25519").exists()
-        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(request.name))
-        _, public_key = mesh.ensure_cluster_key(request.name)
-        (folder / "id_ed25519").chmod(0o600)
-
-        step = "create the firewall rules"
+    def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
+        progress.step = "create the firewall rules"
         rules = plan.firewall_bodies(request, labels)
         rollback.push("delete the firewall rules", made("firewall", [body["name"] for body in rules]))
         wait_all(gce, [start(gce.firewalls.insert_unary, project=gce.project,
                              firewall_resource=message("Firewall", body)) for body in rules], timeout_s)
 
         if plan.takes_compact_placement(request):
-            step = "create the compact placement policy"
+            progress.step = "create the compact placement policy"
             policy = plan.policy_body(request, labels)
             rollback.push("delete the placement policy", made("resource-policy", [policy["name"]], request.region))
             wait(gce, start(gce.policies.insert_unary, project=gce.project, region=request.region,
                             resource_policy_resource=message("ResourcePolicy", policy)), timeout_s)
 
-        disks: list[str] = []
         if request.volume_gb:
-            step = "create the data disks"
+            progress.step = "create the data disks"
             bodies = [plan.disk_body(request, index=i, labels=labels, snapshot=restored.get(i))
                       for i in range(request.count)]
-            disks = [body["name"] for body in bodies]
+            disks.extend(body["name"] for body in bodies)
             rollback.push("delete the data disks", made("disk", disks, request.zone))
             wait_all(gce, [start(gce.disks.insert_unary, project=gce.project, zone=request.zone,
                                  disk_resource=message("Disk", body)) for body in bodies], timeout_s)
 
-        step = "create the instances"
+        progress.step = "create the instances"
         bodies = [plan.instance_body(request, index=i, suffix=suffix(), image=image, public_key=public_key,
                                      labels=labels, project=gce.project, data_disk=disks[i] if disks else None)
                   for i in range(request.count)]
         rollback.push("delete the instances", made("instance", [body["name"] for body in bodies], request.zone))
         wait_all(gce, [start(gce.instances.insert_unary, project=gce.project, zone=request.zone,
                              instance_resource=message("Instance", body)) for body in bodies], timeout_s)
-        names = [body["name"] for body in bodies]
+        names = tuple(body["name"] for body in bodies)
         described = [as_dict(gce.instances.get(project=gce.project, zone=request.zone, instance=name))
                      for name in names]
-        hosts = plan.hosts_from_instances(described, request.user)
-        started = time.monotonic()
+        return Nodes(names, tuple(plan.hosts_from_instances(described, request.user)))
 
-        step = "wait until SSH answers"
-        if ssh_wait_s > 0:
-            silent = set(wait_for_ssh([(h.address, h.port) for h in hosts], ssh_wait_s))
-            if silent:
-                raise GcpError(no_answer_error([f"{n} ({h.address})" for n, h in zip(names, hosts, strict=True)
-                                                if f"{h.address}:{h.port}" in silent], ssh_wait_s))
-
-        step = "read the host keys the instances show"
-        found = host_keys(gce, request.zone, names, max(0.0, ssh_wait_s - (time.monotonic() - started)))
-        pinned = pin_host_keys(request.name, names, hosts, found, "shown")
-
-        step = "write the cluster file"
+    def save(nodes: Nodes) -> None:
         Record(gce.project, request.zone, image, labels, asdict(request), tuple(disks)).save(request.name)
-        state.save_cluster(state.ClusterRecord(
-            request.name, tuple(hosts), python, state.SshSettings(identity=str(folder / "id_ed25519")),
-            region=request.zone, user=request.user,
-            instances=tuple(state.Instance(n, h.address, pinned[h.address]) for n, h in zip(names, hosts,
-                                                                                           strict=True)),
-            provider="gcp", node_type=request.machine_type))
-    except BaseException as error:
-        settle(gce, operations)
-        failures = rollback.run(describe_error)
-        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
-        message_ = f"cluster.up {request.name}: could not {step}: {said}; "
-        if failures:
-            message_ += (f"rolling back left things behind (run kiln down {request.name} --provider gcp): "
-                         + "; ".join(failures))
-        else:
-            message_ += "everything it had created was removed"
-        raise GcpError(message_, code=error_code(error), left=bool(failures)) from None
-    return {"name": request.name, "project": gce.project, "zone": request.zone, "hosts": [h.endpoint() for h in hosts],
-            "image": image, "instances": names, "identity": str(folder / "id_ed25519"),
-            "expires": plan.format_expiry(labels), "host_keys": pinned, "ssh_wait": ssh_wait_s, "data_disks": disks,
-            "restore_note": note}
+
+    cluster = provision.up(request.name, Verbs(
+        "gcp", GcpError, make, lambda names, timeout_s: host_keys(gce, request.zone, names, timeout_s), save,
+        describe_error, error_code, keys_step="read the host keys the instances show",
+        settle=lambda: settle(gce, operations)),
+        region=request.zone, user=request.user, node_type=request.machine_type, python=python,
+        ssh_wait_s=ssh_wait_s)
+    return {"name": request.name, "project": gce.project, "zone": request.zone,
+            "hosts": [h.endpoint() for h in cluster.nodes.hosts], "image": image, "instances": list(cluster.nodes.ids),
+            "identity": cluster.identity, "expires": plan.format_expiry(labels), "host_keys": cluster.pinned,
+            "ssh_wait": ssh_wait_s, "data_disks": disks, "restore_note": note}
 
 
 def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: float = SSH_WAIT_S,
@@ -502,64 +469,34 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     record, kept = state.load_cluster(name), Record.load(name)
     if record is None or kept is None:
         raise UsageError(f"cluster {name}: no record of how kiln made it on GCP (gcp.json)")
-    old = next((i for i in record.instances if i.address == address), None)
-    if old is None:
-        raise UsageError(f"cluster {name} has no instance at {address}")
+    _, index = provision.node_at(record, address)
     if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
         raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
-    index = record.instances.index(old)
     gce = gce or connect(kept.project)
     request = kept.planned()
     body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key_of(name),
                               labels=kept.labels, project=kept.project)
-    new_name, step, made = body["name"], "create the instance", False
-    try:
-        made = True
+
+    def make(replacing: Replacing) -> tuple[str, Host]:
+        replacing.made = body["name"]
         wait(gce, gce.instances.insert_unary(project=kept.project, zone=kept.zone,
                                              instance_resource=message("Instance", body)), timeout_s)
         [host] = plan.hosts_from_instances([as_dict(gce.instances.get(project=kept.project, zone=kept.zone,
-                                                                      instance=new_name))], request.user)
-        started = time.monotonic()
-        step = "wait until SSH answers"
-        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
-            raise GcpError(no_answer_error([f"{new_name} ({host.address})"], ssh_wait_s))
-        step = "read the host keys it shows"
-        keys = host_keys(gce, kept.zone, [new_name], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_name)
-        if not keys:
-            raise GcpError(f"{new_name} shows no host keys (guest attributes, serial port): kiln does not trust a "
-                           "replacement on first contact")
-    except BaseException as error:
-        undo = Rollback()
-        if made:
-            undo.push(f"delete {new_name}", lambda: remove(gce, [plan.Resource("instance", new_name, kept.zone, {})],
-                                                           timeout_s))
-        left = undo.run(describe_error)
-        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
-        raise GcpError(f"cluster {name}: could not replace {address} ({old.id}): could not {step}: {said}"
-                       + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running")) from None
-    instances = tuple(state.Instance(new_name, host.address, "shown") if i is old else i for i in record.instances)
-    hosts = tuple(host if h.address == address else h for h in record.hosts)
-    state.save_cluster(changed(record, hosts=hosts, instances=instances))
-    try:
-        remove(gce, [plan.Resource("instance", old.id, kept.zone, {})], timeout_s)
-    except Exception as error:
-        disk = f"; its data disk {kept.data_disks[index]} stays attached to it" if index < len(kept.data_disks) else ""
-        raise GcpError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but the old instance "
-                       f"{old.id} could not be deleted: {describe_error(error)}{disk} (kiln down {name} finds it by "
-                       "its labels)") from None
-    if index < len(kept.data_disks):
-        disk = kept.data_disks[index]
-        try:
-            wait(gce, gce.instances.attach_disk_unary(
-                project=kept.project, zone=kept.zone, instance=new_name, attached_disk_resource=message(
-                    "AttachedDisk", {"source": f"projects/{kept.project}/zones/{kept.zone}/disks/{disk}",
-                                     "deviceName": plan.DATA_DEVICE_NAME, "autoDelete": False,
-                                     "mode": "READ_WRITE"})), timeout_s)
-        except Exception as error:
-            raise GcpError(f"cluster {name}: {address} was replaced by {new_name} ({host.address}), but its data disk "
-                           f"{disk} could not be attached to it: {describe_error(error)} (the disk is kept, labelled "
-                           "with the cluster)") from None
-    return host, keys
+                                                                      instance=body["name"]))], request.user)
+        return body["name"], host
+
+    def attach(new_name: str, disk: str) -> None:
+        wait(gce, gce.instances.attach_disk_unary(
+            project=kept.project, zone=kept.zone, instance=new_name, attached_disk_resource=message(
+                "AttachedDisk", {"source": f"projects/{kept.project}/zones/{kept.zone}/disks/{disk}",
+                                 "deviceName": plan.DATA_DEVICE_NAME, "autoDelete": False, "mode": "READ_WRITE"})),
+             timeout_s)
+
+    return provision.replace(record, address, kept.data_disks, Swap(
+        GcpError, describe_error, make, lambda names, timeout_s: host_keys(gce, kept.zone, names, timeout_s),
+        lambda instance: remove(gce, [plan.Resource("instance", instance, kept.zone, {})], timeout_s), attach,
+        first_step="create the instance", keys_step="read the host keys it shows",
+        keys_where="guest attributes, serial port"), ssh_wait_s=ssh_wait_s)
 
 
 def public_key_of(name: str) -> str:

@@ -1,0 +1,219 @@
+"""The cloud-neutral skeleton of making a cluster, which every cloud's `up` runs: the cluster key, the cloud's own
+steps (each registering its undo before it runs), the wait for SSH, the host keys pinned, the cluster file; on any
+failure (Ctrl-C too) everything undone, and one error naming the step. A cloud gives only its verbs (`Verbs`): make
+the nodes, read the host keys they show, keep its own record, settle what it started before the undo.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from dataclasses import replace as changed
+
+from bootstrap import mesh, state
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers.common import Rollback, no_answer_error, pin_host_keys
+from bootstrap.providers.failover import CloudError
+from kiln.sshwait import wait_for_ssh
+
+
+@dataclass
+class Progress:
+    """The step under way, which a failure names ("could not create the instances")."""
+
+    step: str = "generate the cluster key"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """What a cloud made: its ids (instance ids, VM names) and the hosts, in node order."""
+
+    ids: tuple[str, ...]
+    hosts: tuple[Host, ...]
+
+
+@dataclass(frozen=True)
+class Verbs:
+    """One cloud's part of `up`.
+
+    make(progress, rollback, public_key): make the cluster's resources and nodes, setting progress.step before each
+        step and pushing each step's undo onto rollback before it runs.
+    host_keys(ids, timeout_s): the host keys each node shows its cloud (console, serial log, guest attributes),
+        looked for until timeout_s.
+    save(nodes): write the cloud's own record of the cluster (what replace and down need).
+    settle(): wait for what the cloud started, before anything is undone.
+    """
+
+    kind: str  # the provider, as the cluster file and `kiln down --provider` name it
+    error: type[CloudError]
+    make: Callable[[Progress, Rollback, str], Nodes]
+    host_keys: Callable[[Sequence[str], float], dict[str, list[str]]]
+    save: Callable[[Nodes], None]
+    describe: Callable[[BaseException], str]
+    code: Callable[[BaseException], str]
+    keys_step: str = "read the host keys the nodes show"
+    keys_source: str = "shown"  # where pinned keys came from, as the cluster file says
+    settle: Callable[[], None] = field(default=lambda: None)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What `up` made: the nodes and how each one's host key is held (Instance.host_key: shown, first-contact)."""
+
+    nodes: Nodes
+    pinned: dict[str, str]
+    identity: str
+
+
+def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, python: str,
+       ssh_wait_s: float) -> Cluster:
+    """Make cluster `name` with the cloud's verbs, wait until SSH answers on every node (unless ssh_wait_s is 0),
+    pin the host keys the nodes show, and write the cluster file; on any failure undo it all and raise the cloud's
+    error naming the step (with `left` where the undo left something behind). A UsageError the undo fully undid is
+    raised as it is (bad input, found late: a name taken meanwhile)."""
+    folder = state.cluster_dir(name)
+    identity = str(folder / "id_ed25519")
+    rollback, progress = Rollback(), Progress()
+    try:
+        had_key = (folder / "id_ed25519").exists()
+        rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(name))
+        _, public_key = mesh.ensure_cluster_key(name)
+        (folder / "id_ed25519").chmod(0o600)
+        nodes = verbs.make(progress, rollback, public_key)
+        started = time.monotonic()
+
+        progress.step = "wait until SSH answers"
+        if ssh_wait_s > 0:
+            silent = set(wait_for_ssh([(h.address, h.port) for h in nodes.hosts], ssh_wait_s))
+            if silent:
+                raise verbs.error(no_answer_error([f"{i} ({h.address})" for i, h in zip(nodes.ids, nodes.hosts,
+                                                                                         strict=True)
+                                                   if f"{h.address}:{h.port}" in silent], ssh_wait_s))
+
+        progress.step = verbs.keys_step
+        found = verbs.host_keys(nodes.ids, max(0.0, ssh_wait_s - (time.monotonic() - started)))
+        pinned = pin_host_keys(name, nodes.ids, nodes.hosts, found, verbs.keys_source)
+
+        progress.step = "write the cluster file"
+        verbs.save(nodes)
+        state.save_cluster(state.ClusterRecord(
+            name, nodes.hosts, python, state.SshSettings(identity=identity), region=region, user=user,
+            instances=tuple(state.Instance(i, h.address, pinned[h.address]) for i, h in zip(nodes.ids, nodes.hosts,
+                                                                                           strict=True)),
+            provider=verbs.kind, node_type=node_type))
+    except BaseException as error:
+        verbs.settle()
+        failures = rollback.run(verbs.describe)
+        if isinstance(error, UsageError) and not failures:
+            raise
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else verbs.describe(error)
+        raise verbs.error(failed_line(name, verbs.kind, progress.step, said, failures), code=verbs.code(error),
+                          left=bool(failures)) from None
+    return Cluster(nodes, pinned, identity)
+
+
+def failed_line(name: str, kind: str, step: str, said: str, failures: Sequence[str]) -> str:
+    """The one line a failed `up` ends with: the step, the cloud's words, and what the undo left (if anything)."""
+    if failures:
+        return (f"cluster.up {name}: could not {step}: {said}; rolling back left things behind (run kiln down {name} "
+                f"--provider {kind}): " + "; ".join(failures))
+    return f"cluster.up {name}: could not {step}: {said}; everything it had created was removed"
+
+
+@dataclass
+class Replacing:
+    """The step under way in a replacement, and the new node's id once it may exist (what a failure deletes)."""
+
+    step: str
+    made: str | None = None
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One cloud's part of `replace`.
+
+    make(replacing): make the new node as `up` made the cluster's; set replacing.made to its id as soon as it may
+        exist (before the call that makes it, where the id is chosen beforehand); (its id, its host).
+    host_keys(ids, timeout_s): as Verbs.host_keys.
+    remove(id): delete a node (the new one after a failure, the old one after a success), waiting until it is gone.
+    attach(new_id, volume): attach the old node's data volume to the new one.
+    """
+
+    error: type[CloudError]
+    describe: Callable[[BaseException], str]
+    make: Callable[[Replacing], tuple[str, Host]]
+    host_keys: Callable[[Sequence[str], float], dict[str, list[str]]]
+    remove: Callable[[str], None]
+    attach: Callable[[str, str], None]
+    first_step: str  # "run the instance", "create the VM"
+    keys_step: str  # "read its host keys from the console"
+    keys_where: str  # where a node shows its keys, for the error when it shows none
+    keys_source: str = "shown"
+    node_word: str = "instance"  # instance, VM
+    volume_word: str = "data disk"  # data volume, data disk
+    finds_old: str = "finds it by its labels"  # how `kiln down` finds an old node that could not be deleted
+    volume_kept: str = "labelled with the cluster"  # where a volume that could not be attached stays
+
+
+def node_at(record: state.ClusterRecord, address: str) -> tuple[state.Instance, int]:
+    """The node of the cluster at `address`, and its index; refused by address where there is none."""
+    old = next((i for i in record.instances if i.address == address), None)
+    if old is None:
+        raise UsageError(f"cluster {record.name} has no instance at {address}")
+    return old, record.instances.index(old)
+
+
+def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], swap: Swap, *,
+            ssh_wait_s: float) -> tuple[Host, list[str]]:
+    """Put a new node in place of the one at `address` of the cluster (its `record`), and delete the old one; its
+    data volume (volumes[i], node i's, where there is one) moves to the new one; the cluster file is updated. (the
+    new host, the host keys it shows)
+
+    The new node must run, answer SSH and show its host keys (kiln never trusts a replacement on first contact);
+    otherwise it is deleted and the cluster is left as it was."""
+    name = record.name
+    old, index = node_at(record, address)
+    replacing = Replacing(swap.first_step)
+    try:
+        new_id, host = swap.make(replacing)
+        started = time.monotonic()
+        replacing.step = "wait until SSH answers"
+        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
+            raise swap.error(no_answer_error([f"{new_id} ({host.address})"], ssh_wait_s))
+        replacing.step = swap.keys_step
+        keys = swap.host_keys([new_id], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_id)
+        if not keys:
+            raise swap.error(f"{new_id} shows no host keys ({swap.keys_where}): kiln does not trust a replacement on "
+                             "first contact")
+    except BaseException as error:
+        undo = Rollback()
+        made = replacing.made
+        if made:
+            undo.push(f"delete {made}", lambda: swap.remove(made))
+        left = undo.run(swap.describe)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else swap.describe(error)
+        raise swap.error(f"cluster {name}: could not replace {address} ({old.id}): could not {replacing.step}: {said}"
+                         + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running")) \
+            from None
+    instances = tuple(state.Instance(new_id, host.address, swap.keys_source) if i is old else i
+                      for i in record.instances)
+    hosts = tuple(host if h.address == address else h for h in record.hosts)
+    state.save_cluster(changed(record, hosts=hosts, instances=instances))
+    volume = volumes[index] if index < len(volumes) else None
+    replaced = f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but"
+    try:
+        swap.remove(old.id)
+    except Exception as error:
+        stays = f"; its {swap.volume_word} {volume} stays attached to it" if volume else ""
+        raise swap.error(f"{replaced} the old {swap.node_word} {old.id} could not be deleted: "
+                         f"{swap.describe(error)}{stays} (kiln down {name} {swap.finds_old})") from None
+    if volume:
+        try:
+            swap.attach(new_id, volume)
+        except Exception as error:
+            raise swap.error(f"{replaced} its {swap.volume_word} {volume} could not be attached to it: "
+                             f"{swap.describe(error)} (the {swap.volume_word.split()[-1]} is kept, "
+                             f"{swap.volume_kept})") from None
+    return host, keys

@@ -1,0 +1,130 @@
+"""The cloud-neutral skeleton of up and replace (bootstrap.providers.provision), with a cloud's verbs that record
+what they are asked: every step's undo runs on a failure, the error names the step, the cluster file is written
+once all is made, and a replacement that shows no host keys is removed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bootstrap import state
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers import provision
+from bootstrap.providers.failover import CloudError
+from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+
+
+class Boom(CloudError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_HOME", str(tmp_path / "kiln"))
+    return tmp_path / "kiln"
+
+
+def verbs(log: list[str], *, fail_at: str | None = None, undo_fails: bool = False, usage: bool = False,
+          keys: bool = True) -> Verbs:
+    def make(progress: Progress, rollback, public_key: str) -> Nodes:
+        assert public_key.startswith("ssh-ed25519 ")
+        def undo(step: str) -> None:
+            log.append(f"undo {step}")
+            if undo_fails and step == "create the nodes":
+                raise RuntimeError("still there")
+
+        for step in ("create the network", "create the nodes"):
+            progress.step = step
+            rollback.push(f"undo {step}", lambda step=step: undo(step))
+            if usage and step == "create the nodes":
+                raise UsageError("name taken meanwhile")
+            if step == fail_at:
+                raise RuntimeError(f"{step} refused")
+            log.append(step)
+        return Nodes(("n-1", "n-2"), (Host("10.0.0.1", user="u"), Host("10.0.0.2", user="u")))
+
+    return Verbs("test", Boom, make, lambda ids, timeout_s: {i: [KEY] for i in ids} if keys else {},
+                 lambda nodes: log.append(f"save {','.join(nodes.ids)}"), str, lambda error: "CODE-1",
+                 settle=lambda: log.append("settle"))
+
+
+def test_up_makes_pins_and_writes_the_cluster_file_last():
+    log: list[str] = []
+    made = provision.up("c", verbs(log), region="r1", user="u", node_type="t1", python="python3", ssh_wait_s=0)
+    assert log == ["create the network", "create the nodes", "save n-1,n-2"]
+    assert made.pinned == {"10.0.0.1": "shown", "10.0.0.2": "shown"}
+    record = state.load_cluster("c")
+    assert (record.provider, record.region, record.node_type) == ("test", "r1", "t1")
+    assert [(i.id, i.address) for i in record.instances] == [("n-1", "10.0.0.1"), ("n-2", "10.0.0.2")]
+    assert KEY.split()[1] in (state.cluster_dir("c") / "known_hosts").read_text()
+
+
+def test_a_failed_step_undoes_every_step_before_it_in_reverse_and_names_itself(home):
+    log: list[str] = []
+    with pytest.raises(Boom) as failed:
+        provision.up("c", verbs(log, fail_at="create the nodes"), region="r1", user="u", node_type="t1",
+                     python="python3", ssh_wait_s=0)
+    assert str(failed.value) == ("cluster.up c: could not create the nodes: create the nodes refused; everything it "
+                                 "had created was removed")
+    assert (failed.value.code, failed.value.left) == ("CODE-1", False)
+    assert log == ["create the network", "settle", "undo create the nodes", "undo create the network"]
+    assert state.load_cluster("c") is None and not (home / "clusters" / "c").exists()
+
+
+def test_an_undo_that_fails_is_named_and_marks_the_error_left():
+    with pytest.raises(Boom) as failed:
+        provision.up("c", verbs([], fail_at="create the nodes", undo_fails=True), region="r1", user="u",
+                     node_type="t1", python="python3", ssh_wait_s=0)
+    assert failed.value.left
+    assert str(failed.value).endswith("rolling back left things behind (run kiln down c --provider test): undo "
+                                      "create the nodes: still there")
+
+
+def test_bad_input_found_late_is_raised_as_it_is_once_all_is_undone():
+    log: list[str] = []
+    with pytest.raises(UsageError, match="^name taken meanwhile$"):
+        provision.up("c", verbs(log, usage=True), region="r1", user="u", node_type="t1", python="python3",
+                     ssh_wait_s=0)
+    assert log[-2:] == ["undo create the nodes", "undo create the network"]
+
+
+def swap(log: list[str], *, keys: bool = True) -> Swap:
+    def make(replacing: Replacing) -> tuple[str, Host]:
+        replacing.made = "n-3"
+        log.append("make n-3")
+        return "n-3", Host("10.0.0.3", user="u")
+
+    return Swap(Boom, str, make, lambda ids, timeout_s: {i: [KEY] for i in ids} if keys else {},
+                lambda node: log.append(f"remove {node}"), lambda node, volume: log.append(f"attach {volume} {node}"),
+                first_step="make the node", keys_step="read its host keys", keys_where="its console")
+
+
+def cluster() -> state.ClusterRecord:
+    record = state.ClusterRecord("c", (Host("10.0.0.1", user="u"), Host("10.0.0.2", user="u")), "python3",
+                                 instances=(state.Instance("n-1", "10.0.0.1", "shown"),
+                                            state.Instance("n-2", "10.0.0.2", "shown")), provider="test")
+    state.save_cluster(record)
+    return record
+
+
+def test_a_replacement_takes_the_old_nodes_place_and_its_volume():
+    log: list[str] = []
+    host, keys = provision.replace(cluster(), "10.0.0.2", ("vol-1", "vol-2"), swap(log), ssh_wait_s=0)
+    assert (host.address, keys) == ("10.0.0.3", [KEY])
+    assert log == ["make n-3", "remove n-2", "attach vol-2 n-3"]
+    assert [(i.id, i.address) for i in state.load_cluster("c").instances] == [("n-1", "10.0.0.1"),
+                                                                                ("n-3", "10.0.0.3")]
+
+
+def test_a_replacement_without_host_keys_is_removed_and_the_cluster_left_as_it_was():
+    log: list[str] = []
+    before = cluster()
+    with pytest.raises(Boom, match=r"^cluster c: could not replace 10.0.0.2 \(n-2\): could not read its host keys: "
+                                   r"n-3 shows no host keys \(its console\): kiln does not trust a replacement on "
+                                   "first contact; nothing new is left running$"):
+        provision.replace(before, "10.0.0.2", (), swap(log, keys=False), ssh_wait_s=0)
+    assert log == ["make n-3", "remove n-3"] and state.load_cluster("c") == before
+    with pytest.raises(UsageError, match="^cluster c has no instance at 10.0.0.9$"):
+        provision.replace(before, "10.0.0.9", (), swap(log), ssh_wait_s=0)
