@@ -27,8 +27,8 @@ from bootstrap.hosts import Host
 from bootstrap.shim import interruption
 
 # kind -> the module whose `PROVIDER` class implements it (imported when asked for: boto3 is slow to import)
-KINDS = {"aws": "bootstrap.providers.aws", "azure": "bootstrap.providers.azure", "gcp": "bootstrap.providers.gcp",
-         "local": "bootstrap.providers.local"}
+KINDS = {"aws": "bootstrap.providers.aws.provider", "azure": "bootstrap.providers.azure.provider",
+         "gcp": "bootstrap.providers.gcp.provider", "local": "bootstrap.providers.local"}
 # What `kiln up` takes for every provider; the rest of its options belong to one provider or another.
 COMMON_UP_OPTIONS = ("name", "count", "idle_minutes", "dry_run", "provider")
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
+from typing import ClassVar, Self
 
 from bootstrap import mesh, state
 from bootstrap.errors import UsageError
@@ -217,3 +218,34 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
                              f"{swap.describe(error)} (the {swap.volume_word.split()[-1]} is kept, "
                              f"{swap.volume_kept})") from None
     return host, keys
+
+
+class CloudRecord:
+    """What kiln keeps of a cluster it made on a cloud (`kind`.json): enough to replace a node as it was made, a
+    frozen dataclass of each cloud's facts (its image, network, the request). The machines, their order and host
+    keys are the cluster file's (state.ClusterRecord), written once there."""
+
+    kind: ClassVar[str]
+    volumes_field: ClassVar[str]  # the data volumes (disks), in node order: a tuple, as JSON keeps a list
+
+    def save(self, cluster: str) -> None:
+        state.save_cloud_state(cluster, asdict(self), self.kind)
+
+    @classmethod
+    def load(cls, cluster: str) -> Self | None:
+        """The record, or None where there is none, or it is a file of another version that lacks a fact (an older
+        file's extra facts are left)."""
+        data = state.load_cloud_state(cluster, cls.kind)
+        if not data:
+            return None
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}
+        try:
+            return cls(**{**known, cls.volumes_field: tuple(data.get(cls.volumes_field) or ())})
+        except TypeError:
+            return None
+
+
+def forget_local(name: str, kind: str) -> None:
+    """Remove the local files of a cluster, only where kiln's record says it made it on this cloud."""
+    if state.has_cloud_state(name, kind):
+        state.forget_cluster(name)

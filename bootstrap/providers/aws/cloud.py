@@ -19,7 +19,7 @@ from bootstrap.providers import provision
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
-from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Replacing, Swap, Verbs
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
@@ -37,7 +37,7 @@ class AwsError(CloudError):
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(CloudRecord):
     """What kiln keeps of an AWS cluster it made (aws.json): enough to replace a node as it was launched. The
     instances, their order and their host keys are the cluster file's (state.ClusterRecord), written once there."""
 
@@ -51,16 +51,8 @@ class Record:
     data_volumes: tuple[str, ...] = ()
     restored_from: str | None = None
 
-    def save(self, cluster: str) -> None:
-        state.save_cloud_state(cluster, asdict(self), "aws")
-
-    @classmethod
-    def load(cls, cluster: str) -> Record | None:
-        data = state.load_cloud_state(cluster, "aws")
-        if not data:
-            return None
-        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}  # an older file's extra facts: left
-        return cls(**{"request": {}, **known, "data_volumes": tuple(data.get("data_volumes") or ())})
+    kind = "aws"
+    volumes_field = "data_volumes"
 
     def planned(self) -> plan.Request:
         tags = tuple(tuple(pair) for pair in self.request.get("image_tags", ()))
@@ -233,12 +225,6 @@ def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINAT
         if resource.kind != "instance":
             delete(aws, resource)
     return [f"{r.kind} {r.id}" for r in ordered]
-
-
-def forget_local(name: str) -> None:
-    """Remove the local files of an AWS cluster (only where kiln's AWS state says it made them)."""
-    if state.has_cloud_state(name):
-        state.forget_cluster(name)
 
 
 def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
@@ -419,7 +405,7 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
         removed = remove(aws, find_resources(aws, name), timeout_s)
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
-    forget_local(name)
+    provision.forget_local(name, "aws")
     return removed
 
 
@@ -475,7 +461,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}"
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
-    forget_local(name)
+    provision.forget_local(name, "aws")
     return Teardown(removed, snapshots, kept)
 
 

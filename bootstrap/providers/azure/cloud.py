@@ -44,7 +44,7 @@ from bootstrap.providers.common import (
     validate_snapshot_ttl,
 )
 from bootstrap.providers.failover import CloudError
-from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Replacing, Swap, Verbs
 from kiln.hostkeys import console_host_keys
 
 ENDPOINT_ENV = "KILN_AZURE_ENDPOINT"
@@ -307,11 +307,6 @@ def delete_group(azure: Azure, group: str, timeout_s: float = OPERATION_TIMEOUT_
         raise
 
 
-def forget_local(name: str) -> None:
-    if state.has_cloud_state(name, "azure"):
-        state.forget_cluster(name)
-
-
 def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
     """The host keys cloud-init printed to the VM's serial log (boot diagnostics: a SAS URL to the log); none yet
     where the log is not there yet (a VM still booting)."""
@@ -339,7 +334,7 @@ def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(CloudRecord):
     """What kiln keeps of an Azure cluster it made (azure.json): enough to replace a node as it was made. The VMs,
     their order and their host keys are the cluster file's (state.ClusterRecord), written once there."""
 
@@ -354,19 +349,8 @@ class Record:
     autostop: bool = False  # the VMs may deallocate themselves (a replacement gets the same)
     accelerated_networking: bool = True  # the size has it: the interfaces are made with it
 
-    def save(self, cluster: str) -> None:
-        state.save_cloud_state(cluster, asdict(self), "azure")
-
-    @classmethod
-    def load(cls, cluster: str) -> Record | None:
-        data = state.load_cloud_state(cluster, "azure")
-        if not data:
-            return None
-        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}  # an older file's extra facts: left
-        try:
-            return cls(**{**known, "data_disks": tuple(data.get("data_disks", ()))})
-        except TypeError:  # a file of another version, lacking a fact: as if there were none
-            return None
+    kind = "azure"
+    volumes_field = "data_disks"
 
     def planned(self) -> plan.Request:
         return plan.Request(**{**self.request, "image_tags": tuple(tuple(p) for p in self.request["image_tags"])})
@@ -634,7 +618,7 @@ def down(name: str, *, subscription: str | None = None, azure: Azure | None = No
         removed = [f"resource-group {group}"] if delete_group(azure, group, timeout_s) else []
     except Exception as error:
         raise AzureError(f"cluster.down {name}: {describe_error(error)}") from None
-    forget_local(name)
+    provision.forget_local(name, "azure")
     return removed
 
 
@@ -661,7 +645,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
     kept: list[tuple[str, str, str]] = []
     try:
         if not azure.resources.resource_groups.check_existence(group):
-            forget_local(name)
+            provision.forget_local(name, "azure")
             return Teardown([], [], [])
         for vm in azure.compute.virtual_machines.list(group):
             delete_node(azure, group, vm.name, timeout_s)
@@ -698,7 +682,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
                          + (f" (snapshots made: {', '.join(s.name for s in snapshots)})" if snapshots else "")) \
             from None
     if not kept:
-        forget_local(name)
+        provision.forget_local(name, "azure")
     return Teardown(removed, snapshots, kept)
 
 

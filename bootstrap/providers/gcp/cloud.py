@@ -38,7 +38,7 @@ from bootstrap.providers.common import (
 )
 from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.gcp import plan
-from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Replacing, Swap, Verbs
 from kiln.hostkeys import console_host_keys
 
 ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
@@ -306,12 +306,6 @@ def remove(gce: Gce, resources: Sequence[plan.Resource], timeout_s: float = OPER
     return [f"{r.kind} {r.name}" + (f" ({r.scope})" if r.scope else "") for r in ordered]
 
 
-def forget_local(name: str) -> None:
-    """Remove the local files of a GCP cluster (only where kiln's GCP state says it made them)."""
-    if state.has_cloud_state(name, "gcp"):
-        state.forget_cluster(name)
-
-
 def host_keys(gce: Gce, zone: str, names: Sequence[str], timeout_s: float,
               poll_s: float = HOST_KEYS_POLL_S) -> dict[str, list[str]]:
     """The host keys each instance shows: its guest attributes (hostkeys/), else the keys cloud-init printed to
@@ -335,7 +329,7 @@ def shown_host_keys(gce: Gce, zone: str, name: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(CloudRecord):
     """What kiln keeps of a GCP cluster it made (gcp.json): enough to replace a node as it was made. The
     instances, their order and their host keys are the cluster file's (state.ClusterRecord), written once there."""
 
@@ -346,19 +340,8 @@ class Record:
     request: dict
     data_disks: tuple[str, ...] = ()
 
-    def save(self, cluster: str) -> None:
-        state.save_cloud_state(cluster, asdict(self), "gcp")
-
-    @classmethod
-    def load(cls, cluster: str) -> Record | None:
-        data = state.load_cloud_state(cluster, "gcp")
-        if not data:
-            return None
-        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}  # an older file's extra facts: left
-        try:
-            return cls(**{**known, "data_disks": tuple(data.get("data_disks", ()))})
-        except TypeError:  # a file of another version, lacking a fact: as if there were none
-            return None
+    kind = "gcp"
+    volumes_field = "data_disks"
 
     def planned(self) -> plan.Request:
         return plan.Request(**{**self.request, "image_labels": tuple(tuple(p) for p in self.request["image_labels"])})
@@ -514,7 +497,7 @@ def down(name: str, *, project: str | None = None, gce: Gce | None = None,
         removed = remove(gce, find_resources(gce, name), timeout_s)
     except Exception as error:
         raise GcpError(f"cluster.down {name}: {describe_error(error)}") from None
-    forget_local(name)
+    provision.forget_local(name, "gcp")
     return removed
 
 
@@ -560,7 +543,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, proje
         raise GcpError(f"cluster.down {name}: {describe_error(error)}"
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
     if not kept:  # a kept disk keeps the cluster's files, so `kiln down NAME --snapshot` finds its provider
-        forget_local(name)
+        provision.forget_local(name, "gcp")
     return Teardown(removed, snapshots, kept)
 
 

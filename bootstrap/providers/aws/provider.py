@@ -1,0 +1,169 @@
+"""The AWS provider: bootstrap.providers.aws.plan decides every request (pure); bootstrap.providers.aws.cloud makes
+the boto3 calls. Host keys come from each instance's console output; a spot instance learns it is being stopped
+from IMDSv2's spot/instance-action, two minutes ahead; autostop's power-off terminates the instance (launched with
+InstanceInitiatedShutdownBehavior=terminate; a stopped instance's disks would still bill)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bootstrap import state
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers import Gone, Made, Notice, Replacement
+from bootstrap.providers.aws import plan
+
+
+@dataclass(frozen=True)
+class AwsRequest:
+    cluster: plan.Request
+    ssh_wait: float
+
+
+class AwsProvider:
+    kind = "aws"
+    host_keys = "each instance's console output (GetConsoleOutput)"
+    shutdown = "system"
+    notice = Notice("ec2", "IMDSv2 latest/meta-data/spot/instance-action")
+    up_options = frozenset({"instance_type", "spot", "max_price", "ami", "image_profile", "image_tags", "ssh_cidr",
+                            "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"})
+    volumes = True
+    where = ("region", "profile")
+
+    def __init__(self, region: str | None = None, profile: str | None = None):
+        self.region, self.profile = region, profile
+
+    def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> AwsRequest:
+        request = plan.validate_request(
+            name, count, options.get("instance_type") or plan.DEFAULT_INSTANCE_TYPE, ssh_cidr=options.get("ssh_cidr"),
+            ami=options.get("ami"), image_profile=options.get("image_profile") or "gpu",
+            spot=bool(options.get("spot")), max_price=options.get("max_price"), user=options.get("user") or "ubuntu",
+            ttl_hours=options.get("ttl_hours", 24.0), image_tags=options.get("image_tags"),
+            volume_gib=options.get("volume"), idle_minutes=idle_minutes)
+        ssh_wait = plan.validate_ssh_wait(options.get("ssh_wait", plan.SSH_WAIT_S))
+        if idle_minutes and not ssh_wait:
+            raise UsageError("--idle-minutes starts an agent on every node over SSH: it needs --ssh-wait above 0")
+        return AwsRequest(request, ssh_wait)
+
+    def plan(self, request: AwsRequest) -> list[str]:
+        ssh_wait, request = request.ssh_wait, request.cluster
+        key = state.cluster_dir(request.name) / "id_ed25519"
+        tags = plan.cluster_tags(request.name, "<caller ARN>", datetime.now(UTC), request.ttl_hours)
+        steps = plan.plan_cluster(request, tags=tags,
+                                  ami=request.ami or plan.AMI_PLACEHOLDER.format(profile=request.image_profile),
+                                  public_key=plan.PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"))
+        lines = [f"cluster {request.name}: key {key} (made if missing), then these EC2 calls; any failure undoes them"]
+        lines += [f"{action} {json.dumps(params)}" for action, params in steps.steps()]
+        if request.volume_gib:
+            example = plan.data_volume_request(zone="<instance's zone>", size_gib=request.volume_gib, tags=tags,
+                                               index=0)
+            lines.append(f"then per node: CreateVolume {json.dumps(example)} (from the cluster's newest snapshot of "
+                         f"that node, if any), AttachVolume at {plan.DATA_DEVICE}; the image mounts it at "
+                         f"{plan.DATA_MOUNT}")
+        wait = (f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait
+                else "(not for SSH: --ssh-wait 0)")
+        lines.append(f"then wait for the instances to run {wait}; pin the host keys their consoles show")
+        return lines
+
+    def up(self, request: AwsRequest) -> Made:
+        from bootstrap.providers.aws import cloud
+
+        ssh_wait, request = request.ssh_wait, request.cluster
+        made = cloud.up(request.name, request.count, request.instance_type, ami=request.ami,
+                        image_profile=request.image_profile, spot=request.spot, max_price=request.max_price,
+                        ssh_cidr=request.ssh_cidr, user=request.user, ttl_hours=request.ttl_hours,
+                        image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None,
+                        volume_gib=request.volume_gib, idle_minutes=request.idle_minutes, region=self.region,
+                        profile=self.profile, ssh_wait_s=ssh_wait)
+        return Made(made["name"], tuple(made_lines(made)),
+                    tuple(a for a, how in made["host_keys"].items() if how == "first-contact"), made["expires"])
+
+    def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
+        from bootstrap.providers.aws import cloud
+
+        if snapshot_ttl_days is None:
+            removed = cloud.down(name, region=self.region, profile=self.profile)
+            if not removed:
+                return Gone((f"cluster {name}: nothing tagged kiln:cluster={name} is left; nothing to do",))
+            return Gone((f"cluster {name}: removed {len(removed)} resource(s):", *(f"  {line}" for line in removed)))
+        done = cloud.down_with_snapshots(name, ttl_days=snapshot_ttl_days, region=self.region, profile=self.profile)
+        lines = [f"cluster {name}: node {made.index}'s data volume kept as {made.id} ({made.size_gib} GiB, "
+                 f"expires {plan.format_time(made.expires)}); kiln up {name} --volume N restores it"
+                 for made in done.snapshots]
+        if not done.snapshots and not done.kept:
+            lines.append(f"cluster {name}: no data volumes to snapshot")
+        lines.append(f"cluster {name}: removed {len(done.removed)} resource(s)")
+        kept = tuple(f"{volume} (node {node}): {why}" for volume, node, why in done.kept)
+        return Gone(tuple(lines), kept)
+
+    def list(self) -> list[str]:
+        from bootstrap.providers.aws import cloud
+
+        summaries = cloud.list_clusters(region=self.region, profile=self.profile)
+        snapshots = cloud.list_snapshots(region=self.region, profile=self.profile)
+        now = datetime.now(UTC)
+        lines = []
+        for summary in summaries:
+            expires = plan.format_time(summary.expires) if summary.expires else "never"
+            flag = " (expired)" if summary.expired(now) else ""
+            lines.append(f"{summary.name}: {len(summary.instances)} instance(s), {summary.resources} resource(s), "
+                         f"expires {expires}{flag}, owner {summary.owner or '?'}")
+            lines += [f"  {instance}" for instance in summary.instances]
+        if snapshots:
+            lines.append("data snapshots:")
+        for snapshot in snapshots:
+            expires = plan.format_time(snapshot.expires) if snapshot.expires else "never"
+            flag = " (expired)" if snapshot.expired(now) else ""
+            lines.append(f"  {snapshot.cluster} node {snapshot.index} {snapshot.id}: {snapshot.size_gib} GiB, "
+                         f"{snapshot.state}, taken {snapshot.taken_at}, expires {expires}{flag}")
+        return lines
+
+    def sweep(self, *, dry_run: bool = False) -> list[str]:
+        from bootstrap.providers.aws import cloud
+
+        expired = cloud.sweep(dry_run=dry_run, region=self.region, profile=self.profile)
+        snapshots = cloud.sweep_snapshots(dry_run=dry_run, region=self.region, profile=self.profile)
+        verb = "would remove" if dry_run else "removed"
+        return [*(f"{verb} {summary.name}: {summary.resources} resource(s), expired "
+                  f"{plan.format_time(summary.expires)}" for summary in expired),
+                *(f"{verb} snapshot {snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
+                  f"{snapshot.taken_at}, expired {plan.format_time(snapshot.expires)}" for snapshot in snapshots)]
+
+    def replace(self, cluster: str, host: Host) -> Replacement:
+        from bootstrap.providers.aws import cloud
+
+        new, keys = cloud.replace(cluster, host.address, region=self.region, profile=self.profile)
+        return Replacement(host, new, tuple(keys))
+
+    def arm_autostop(self, cluster: str) -> None:
+        from bootstrap.providers.aws import cloud
+
+        cloud.terminate_on_shutdown(cluster, region=self.region, profile=self.profile)
+
+
+def made_lines(made: dict) -> list[str]:
+    """What to tell the user of a cluster cloud.up made."""
+    lines = [] if made["ssh_wait"] else ["not waiting for SSH to answer (--ssh-wait 0): the instances may still be "
+                                         "booting"]
+    lines.append(f"cluster {made['name']} is running in {made['region']} from {made['ami']}, expires "
+                 f"{made['expires']}:")
+    volumes = made["data_volumes"] or [None] * len(made["hosts"])
+    for host, instance, volume in zip(made["hosts"], made["instances"], volumes, strict=True):
+        lines.append(f"  {host} ({instance})" + (f", data volume {volume} at {plan.DATA_MOUNT}" if volume else ""))
+    if made["restore_note"]:
+        lines.append(made["restore_note"])
+    pinned = [a for a, how in made["host_keys"].items() if how == "console"]
+    first_contact = [a for a, how in made["host_keys"].items() if how == "first-contact"]
+    if pinned:
+        lines.append(f"host keys of {', '.join(pinned)} pinned from the console output")
+    if first_contact:
+        lines.append(plan.first_contact_note(made["name"], first_contact))
+    lines.append(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
+    return lines
+
+
+PROVIDER = AwsProvider
