@@ -3,7 +3,8 @@ the endpoint as it came, except those of an action a test names, in the region i
 or only spot or on-demand requests, where given), which the hop answers itself with EC2's own error response: the
 Query API's XML error document, at the HTTP status EC2 sends (500 for the capacity errors, which EC2 lists as
 server errors; 400 for the client errors such as the vCPU quota's). Nothing of a refused request reaches the
-endpoint, as nothing is made by EC2.
+endpoint, as nothing is made by EC2. It also answers DescribeSpotPriceHistory in a region where a test set prices
+(`price()`), as EC2's Query API does (moto gives every type one price), so that prices can order candidates.
 
     with Ec2Faults(moto_endpoint) as hop:
         hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity")
@@ -20,6 +21,7 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -54,6 +56,8 @@ class Ec2Faults:
         self.upstream = (parts.hostname, parts.port)
         self.faults: list[Fault] = []
         self.refused: list[tuple[str, str, str]] = []  # (action, region, code) of each request answered here
+        self.prices: dict[str, list[tuple[str, str, float, datetime]]] = {}  # region -> (type, zone, USD, time)
+        self.answered: list[tuple[str, str]] = []  # (action, region) of each request the hop answered itself
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _handler(self))
         self._server.daemon_threads = True
@@ -72,9 +76,38 @@ class Ec2Faults:
         with self._lock:
             self.faults.append(Fault(action, region, code, instance_type, spot, message))
 
+    def price(self, region: str, instance_type: str, usd: float, zone: str | None = None,
+              at: datetime | None = None) -> None:
+        """Answer DescribeSpotPriceHistory in `region` itself from now on, with this entry among those given (one
+        entry per zone and time, as EC2 keeps them; the zone defaults to the region's zone a)."""
+        with self._lock:
+            self.prices.setdefault(region, []).append(
+                (instance_type, zone or f"{region}a", usd, at or datetime.now(UTC).replace(microsecond=0)))
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
+            self.prices.clear()
+
+    def price_history(self, region: str, fields: dict[str, list[str]]) -> bytes | None:
+        """EC2's DescribeSpotPriceHistory answer from the prices given for `region` (None: none given, the request
+        goes on), filtered by the request's InstanceType.N and AvailabilityZone."""
+        with self._lock:
+            entries = list(self.prices.get(region, ()))
+        if not entries:
+            return None
+        kinds = {v[0] for k, v in fields.items() if k.startswith("InstanceType.")}
+        zone = (fields.get("AvailabilityZone") or [None])[0]
+        items = "".join(
+            f"<item><instanceType>{kind}</instanceType><productDescription>Linux/UNIX</productDescription>"
+            f"<spotPrice>{usd:.6f}</spotPrice><timestamp>{at.strftime('%Y-%m-%dT%H:%M:%S.000Z')}</timestamp>"
+            f"<availabilityZone>{where}</availabilityZone></item>"
+            for kind, where, usd, at in entries if (not kinds or kind in kinds) and zone in (None, where))
+        self.answered.append(("DescribeSpotPriceHistory", region))
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<DescribeSpotPriceHistoryResponse '
+                f'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>{uuid.uuid4()}</requestId>'
+                f"<spotPriceHistorySet>{items}</spotPriceHistorySet><nextToken/></DescribeSpotPriceHistoryResponse>"
+                ).encode()
 
     def fault_for(self, action: str, region: str, instance_type: str | None, spot: bool) -> Fault | None:
         with self._lock:
@@ -119,6 +152,11 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             fault = hop.fault_for((fields.get("Action") or [""])[0], scope.group(1) if scope else "",
                                   (fields.get("InstanceType") or [None])[0],
                                   (fields.get("InstanceMarketOptions.MarketType") or [""])[0] == "spot")
+            action, region = (fields.get("Action") or [""])[0], scope.group(1) if scope else ""
+            history = hop.price_history(region, fields) if action == "DescribeSpotPriceHistory" else None
+            if history is not None:
+                self._answer(200, {"Content-Type": "text/xml;charset=UTF-8"}, history)
+                return
             if fault:
                 message = fault.message or MESSAGES.get(fault.code, f"{fault.code} (from the test's fault hop)")
                 kind = (fields.get("InstanceType") or ["the"])[0]

@@ -17,7 +17,7 @@ through google-cloud-compute (bootstrap.providers.gcp). azure: Resource Manager 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,6 +95,8 @@ class Provider(Protocol):
     # The options that place its clusters (its constructor's parameters): aws region and profile, gcp project and
     # zone, local none.
     where: tuple[str, ...]
+    # Where up --by-price reads the spot price of its machines now ("": kiln reads none there).
+    prices: str
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> Any:
         """Check a `kiln up` (one UsageError line naming the bad input); nothing is made."""
@@ -119,6 +121,10 @@ class Provider(Protocol):
 
     def arm_autostop(self, cluster: str) -> None:
         """Get the cluster ready for its nodes to power themselves off (e.g. a power-off that terminates)."""
+
+    def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        """The spot price now (USD an hour) of each type, where it is placed (up --by-price); those it has none of
+        are left out."""
 
 
 def provider_class(kind: str):

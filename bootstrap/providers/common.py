@@ -218,6 +218,31 @@ def expired_clusters(resources: Iterable, now: datetime) -> list[ClusterSummary]
     return [summary for summary in summarize(resources) if summary.expired(now)]
 
 
+def listing(summaries: Sequence[ClusterSummary], snapshots: Sequence, now: datetime,
+            cluster: Callable[[ClusterSummary], str], snapshot: Callable[[object], str]) -> list[str]:
+    """`kiln list`'s lines on every cloud: each cluster (`cluster` says what it holds) with its expiry and owner,
+    then its machines; then the data snapshots (`snapshot` says each one; any record with `expired(now)`)."""
+    lines = []
+    for summary in summaries:
+        expires = format_time(summary.expires) if summary.expires else "never"
+        flag = " (expired)" if summary.expired(now) else ""
+        lines.append(f"{summary.name}: {cluster(summary)}, expires {expires}{flag}, owner {summary.owner or '?'}")
+        lines += [f"  {machine}" for machine in summary.instances]
+    if snapshots:
+        lines.append("data snapshots:")
+    lines += [f"  {snapshot(one)}{' (expired)' if one.expired(now) else ''}" for one in snapshots]
+    return lines
+
+
+def swept(expired: Sequence[ClusterSummary], snapshots: Sequence, dry_run: bool,
+          cluster: Callable[[ClusterSummary], str], snapshot: Callable[[object], str]) -> list[str]:
+    """`kiln sweep`'s lines on every cloud: what was (or would be) removed, clusters then snapshots."""
+    verb = "would remove" if dry_run else "removed"
+    return [*(f"{verb} {summary.name}: {cluster(summary)}, expired "
+              f"{format_time(summary.expires) if summary.expires else 'never'}" for summary in expired),
+            *(f"{verb} snapshot {snapshot(one)}" for one in snapshots)]
+
+
 class Rollback:
     """Undo actions, registered before each step so an interrupted call is undone too."""
 

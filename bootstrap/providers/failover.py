@@ -298,7 +298,28 @@ def refuse_across_places(order: Sequence[Candidate], given: Mapping[str, object]
                          f"{len(places)}: give one place, or leave the option out")
 
 
-def describe_order(order: Sequence[Candidate]) -> list[str]:
-    """What `up --dry-run` says of the candidates, in the order they are tried."""
+def describe_order(order: Sequence[Candidate], prices: Mapping[Candidate, float] | None = None) -> list[str]:
+    """What `up --dry-run` says of the candidates, in the order they are tried (with the spot price of each that
+    has one, where --by-price read them)."""
+    prices = prices or {}
     return [f"candidates, in the order kiln tries them ({len(order)}):",
-            *(f"  {index}. {candidate.describe()}" for index, candidate in enumerate(order, 1))]
+            *(f"  {index}. {candidate.describe()}" + (f" (${prices[candidate]:g}/h now)" if candidate in prices else "")
+              for index, candidate in enumerate(order, 1))]
+
+
+def by_price(order: Sequence[Candidate], prices: Mapping[Candidate, float]) -> list[Candidate]:
+    """--by-price: the spot candidates cheapest first, by the price each cloud gives now; a spot candidate whose
+    price kiln could not read goes after the priced ones, in its place among the unpriced; the on-demand fallback
+    stays after every spot candidate, in the user's order."""
+    spot = [candidate for candidate in order if candidate.spot]
+    priced = sorted((c for c in spot if c in prices), key=lambda c: prices[c])  # stable: ties keep the user's order
+    return [*priced, *(c for c in spot if c not in prices), *(c for c in order if not c.spot)]
+
+
+def price_requests(order: Sequence[Candidate]) -> dict[tuple[str, str], list[str]]:
+    """The instance types whose spot price to read, by (cloud, place), for the spot candidates of `order`."""
+    asked: dict[tuple[str, str], list[str]] = {}
+    for candidate in order:
+        if candidate.spot and candidate.instance_type not in asked.setdefault((candidate.cloud, candidate.place), []):
+            asked[(candidate.cloud, candidate.place)].append(candidate.instance_type)
+    return asked

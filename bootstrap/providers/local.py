@@ -8,7 +8,7 @@ imports it then)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ class LocalProvider:
     up_options = frozenset({"docker"})
     volumes = False
     where = ()
+    prices = ""
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> LocalRequest:
         try:
@@ -90,6 +91,10 @@ class LocalProvider:
 
     def arm_autostop(self, cluster: str) -> None:
         pass  # a node's processes are killed in place: nothing to arm
+
+    def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        """None: a local cluster costs nothing."""
+        return {}
 
 
 PROVIDER = LocalProvider

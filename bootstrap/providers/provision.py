@@ -7,7 +7,7 @@ the nodes, read the host keys they show, keep its own record, settle what it sta
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
 from typing import ClassVar, Self
@@ -15,7 +15,7 @@ from typing import ClassVar, Self
 from bootstrap import mesh, state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers.common import Rollback, no_answer_error, pin_host_keys
+from bootstrap.providers.common import DATA_MOUNT, Rollback, no_answer_error, pin_host_keys
 from bootstrap.providers.failover import CloudError
 from kiln.sshwait import wait_for_ssh
 
@@ -249,3 +249,32 @@ def forget_local(name: str, kind: str) -> None:
     """Remove the local files of a cluster, only where kiln's record says it made it on this cloud."""
     if state.has_cloud_state(name, kind):
         state.forget_cluster(name)
+
+
+def made_lines(made: Mapping, *, where: str, image: str, ids: Sequence[str], volumes: Sequence[str],
+               volume_word: str, machines: str, keys_from: str, source: str) -> list[str]:
+    """What `kiln up` says of a cluster it made, on every cloud: where it runs and from which image, each node (its
+    id, its data volume), how each one's host keys were pinned (`source`: from `keys_from`), what to run next."""
+    name = made["name"]
+    lines = [] if made["ssh_wait"] else [f"not waiting for SSH to answer (--ssh-wait 0): the {machines} may still "
+                                         "be booting"]
+    lines.append(f"cluster {name} is running in {where} from {image}, expires {made['expires']}:")
+    for host, node, volume in zip(made["hosts"], ids, volumes or [None] * len(ids), strict=True):
+        lines.append(f"  {host} ({node})" + (f", {volume_word} {volume} at {DATA_MOUNT}" if volume else ""))
+    if made["restore_note"]:
+        lines.append(made["restore_note"])
+    pinned = [address for address, how in made["host_keys"].items() if how == source]
+    first_contact = [address for address, how in made["host_keys"].items() if how == "first-contact"]
+    if pinned:
+        lines.append(f"host keys of {', '.join(pinned)} pinned from {keys_from}")
+    if first_contact:
+        lines.append(first_contact_note(name, first_contact, keys_from))
+    lines.append(f"key {made['identity']}; next: kiln check --cluster {name}")
+    return lines
+
+
+def first_contact_note(name: str, addresses: Sequence[str], keys_from: str) -> str:
+    """What to run when some host keys were not where the cloud shows them."""
+    return (f"host keys of {', '.join(addresses)} were not in {keys_from}: recorded as first-contact; kiln mesh "
+            f"--cluster {name} --accept-new-host-keys (or kiln train --cluster {name} --accept-new-host-keys) records "
+            "them on first contact")

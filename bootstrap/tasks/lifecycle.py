@@ -55,6 +55,8 @@ UP_HELP = {
     "regions": "AWS regions (Azure locations) to try in order, e.g. us-east-1,us-west-2 (aws:us-east-1,azure:eastus "
                "with both clouds)",
     "on_demand_fallback": "with --spot: where no candidate has spot capacity, try them all again on demand",
+    "by_price": "with --spot: try the candidates cheapest first, by the spot price each cloud gives now (AWS: "
+                "EC2's spot price history); those without one follow in your order, then any on-demand fallback",
     "retry_until_up": "where no candidate has capacity, try them all again, waiting 10 s, then twice as long each "
                       "time (at most 5 minutes), for up to MINUTES (default 0: once)",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
@@ -87,7 +89,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
        ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
        image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False,
        source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None, gpus=None,
-       zones=None, regions=None, on_demand_fallback=False, retry_until_up=0.0):
+       zones=None, regions=None, on_demand_fallback=False, retry_until_up=0.0, by_price=False):
     """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
     --cluster NAME); with several candidates (clouds, places, instance types, spot then on-demand), the first
     that comes up whole."""
@@ -95,6 +97,8 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     clouds = failover.parse_clouds(provider, tuple(providers.KINDS))
     if on_demand_fallback and not spot:
         raise UsageError("--on-demand-fallback: falls back from --spot machines; give --spot too")
+    if by_price and not spot:
+        raise UsageError("--by-price: orders the candidates by their spot price; give --spot too")
     types = failover.types_of(clouds, gpus, instance_type)
     order = failover.candidates(clouds, failover.places_of(clouds, zones, regions, values), types, bool(spot),
                                 on_demand_fallback)
@@ -109,9 +113,14 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     if gpus:
         print(f"--gpus {gpus}: " + "; ".join(f"{cloud} {', '.join(types[cloud]) or 'has none'}" for cloud in clouds)
               + " (kiln gpus lists the catalog)", flush=True)
+    prices = read_prices(order, prepared) if by_price else {}
+    if by_price:
+        order = failover.by_price(order, prices)
+        if not dry_run:
+            print("\n".join(failover.describe_order(order, prices)), flush=True)
     if dry_run:
         if len(order) > 1:
-            print("\n".join(failover.describe_order(order)))
+            print("\n".join(failover.describe_order(order, prices)))
             print(f"the plan of the first ({order[0].describe()}); the others alike:")
         chosen, request = prepared[order[0]]
         print("\n".join(chosen.plan(request)))
@@ -127,6 +136,28 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
               f"(the cluster expires{f' at {made.expires}' if made.expires else ''} all the same: kiln sweep)")
         return
     arm_or_remove(c, made.name, idle_minutes, chosen)
+
+
+def read_prices(order: list[failover.Candidate], prepared: dict) -> dict[failover.Candidate, float]:
+    """The spot price now of each spot candidate whose cloud gives one (up --by-price), read once per place; a
+    place whose prices cannot be read is said, and its candidates keep their place after the priced ones."""
+    prices: dict[failover.Candidate, float] = {}
+    for (cloud, place), kinds in failover.price_requests(order).items():
+        first = next(c for c in order if (c.cloud, c.place, c.spot) == (cloud, place, True))
+        chosen = prepared[first][0]
+        where = f"{cloud} {place or '(its default place)'}"
+        if not chosen.prices:
+            print(f"up: {where}: kiln reads no spot prices of {cloud}; its candidates follow the priced ones",
+                  flush=True)
+            continue
+        try:
+            found = chosen.spot_prices(kinds)
+        except KilnError as error:
+            print(f"up: {where}: {error}; its candidates follow the priced ones", flush=True)
+            continue
+        prices.update({c: found[c.instance_type] for c in order
+                       if (c.cloud, c.place, c.spot) == (cloud, place, True) and c.instance_type in found})
+    return prices
 
 
 def refuse_foreign(clouds: list[str], values: dict) -> None:

@@ -775,17 +775,24 @@ def test_a_replacement_gets_the_lost_nodes_data_volume(env, ec2, image):
     assert leftovers(ec2) == []
 
 
+@pytest.fixture
+def west(server):
+    """us-west-2's EC2, with a kiln image there (removed after the test)."""
+    client = boto3.client("ec2", region_name="us-west-2", endpoint_url=server)
+    made = client.register_image(Name="kiln-gpu", RootDeviceName=plan.ROOT_DEVICE, BlockDeviceMappings=[
+        {"DeviceName": plan.ROOT_DEVICE, "Ebs": {"VolumeSize": 8}}])["ImageId"]
+    client.create_tags(Resources=[made], Tags=[{"Key": plan.TAG_PROFILE, "Value": "gpu"}])
+    yield client
+    client.deregister_image(ImageId=made)
+
+
 def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_nothing_there(env, ec2, image, server,
-                                                                                          monkeypatch):
+                                                                                          west, monkeypatch):
     """--regions A,B,C: A does not offer the type (EC2's offerings, as moto has them: no p5.48xlarge in eu-west-1),
     so nothing is made there; B is out of it (EC2's InsufficientInstanceCapacity, answered by a real HTTP hop in
     front of moto, testbed.ec2_faults): the try in B is undone whole, and the cluster comes up in C."""
     from testbed.ec2_faults import Ec2Faults
 
-    west = boto3.client("ec2", region_name="us-west-2", endpoint_url=server)
-    west_image = west.register_image(Name="kiln-gpu", RootDeviceName=plan.ROOT_DEVICE, BlockDeviceMappings=[
-        {"DeviceName": plan.ROOT_DEVICE, "Ebs": {"VolumeSize": 8}}])["ImageId"]
-    west.create_tags(Resources=[west_image], Tags=[{"Key": plan.TAG_PROFILE, "Value": "gpu"}])
     try:
         with Ec2Faults(server) as hop:
             hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", instance_type="p5.48xlarge")
@@ -809,7 +816,36 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
     finally:
         monkeypatch.setenv(aws.ENDPOINT_ENV, server)
         aws.down("fo", region="us-west-2")
-        west.deregister_image(ImageId=west_image)
+
+
+def test_by_price_tries_the_region_whose_spot_price_is_lowest_now_first(env, ec2, image, server, west,
+                                                                       monkeypatch):
+    """--by-price reads each region's spot price history (answered by the hop, since moto gives every type one
+    price): the newest price of each zone, the lowest of those; the cluster comes up in the cheapest region, and a
+    region without a price is tried last."""
+    from testbed.ec2_faults import Ec2Faults
+
+    earlier = datetime.now(UTC) - timedelta(hours=1)
+    try:
+        with Ec2Faults(server) as hop:
+            hop.price("us-east-1", "p5.48xlarge", 40.0)
+            hop.price("us-west-2", "p5.48xlarge", 10.0, zone="us-west-2a", at=earlier)  # since gone up to 32
+            hop.price("us-west-2", "p5.48xlarge", 32.0, zone="us-west-2a")
+            hop.price("us-west-2", "p5.48xlarge", 30.0, zone="us-west-2b")
+            monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+            made = fab(env, "cluster.up", "--name", "bp", "--gpus", "H100:8", "--spot", "--by-price", "--regions",
+                       "eu-west-1,us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+            monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert ("candidates, in the order kiln tries them (3):\n  1. aws us-west-2 p5.48xlarge spot ($30/h now)\n"
+                "  2. aws us-east-1 p5.48xlarge spot ($40/h now)\n  3. aws eu-west-1 p5.48xlarge spot\n") in made.stdout
+        assert "up: trying aws us-west-2 p5.48xlarge spot (1 of 3)" in made.stdout
+        assert set(hop.answered) == {("DescribeSpotPriceHistory", "us-east-1"),
+                                     ("DescribeSpotPriceHistory", "us-west-2")}
+        assert state.load_cluster("bp").region == "us-west-2"
+    finally:
+        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        aws.down("bp", region="us-west-2")
 
 
 def test_no_spot_capacity_falls_back_to_on_demand_and_an_empty_aws_to_gcp(env, ec2, image, server, monkeypatch):

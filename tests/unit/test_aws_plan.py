@@ -153,7 +153,9 @@ def test_instances_that_never_answer_are_named():
 
 
 def test_first_contact_note_names_the_hosts_and_the_flag():
-    assert plan.first_contact_note("demo", ["10.0.0.2"]) == (
+    from bootstrap.providers import provision
+
+    assert provision.first_contact_note("demo", ["10.0.0.2"], "the console output") == (
         "host keys of 10.0.0.2 were not in the console output: recorded as first-contact; kiln mesh "
         "--cluster demo --accept-new-host-keys (or kiln train --cluster demo --accept-new-host-keys) records "
         "them on first contact")

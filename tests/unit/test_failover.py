@@ -293,3 +293,28 @@ def test_a_max_price_without_spot_is_refused_not_dropped(tmp_path, provider, sai
     refused = kiln("up", "x", "--provider", provider, "--max-price", "1", "--ssh-cidr", "203.0.113.7/32", "--dry-run",
                    *place, home=tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith(f"kiln: {said}"), refused.stderr
+
+
+def test_by_price_puts_the_cheapest_spot_candidates_first_and_the_rest_in_the_users_order():
+    spot = [Candidate("aws", region, kind, True) for region in ("r1", "r2") for kind in ("p5", "p5e")]
+    on_demand = [Candidate("aws", "r1", "p5", False)]
+    gcp = Candidate("gcp", "z1", "a3", True)
+    order = [*spot, gcp, *on_demand]
+    prices = {spot[0]: 40.0, spot[1]: 30.0, spot[2]: 30.0}  # r2 p5e: no price read
+    assert failover.by_price(order, prices) == [spot[1], spot[2], spot[0], spot[3], gcp, *on_demand]
+    assert failover.price_requests(order) == {("aws", "r1"): ["p5", "p5e"], ("aws", "r2"): ["p5", "p5e"],
+                                              ("gcp", "z1"): ["a3"]}
+    assert failover.describe_order(failover.by_price(order, prices), prices)[1] == "  1. aws r1 p5e spot ($30/h now)"
+
+
+def test_the_spot_price_of_a_type_is_the_newest_of_each_zone_and_the_lowest_of_those():
+    from datetime import UTC, datetime
+
+    from bootstrap.providers.aws import plan
+
+    early, late = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC)
+    history = [{"InstanceType": "p5", "AvailabilityZone": "r1a", "SpotPrice": "10.0", "Timestamp": early},
+               {"InstanceType": "p5", "AvailabilityZone": "r1a", "SpotPrice": "35.5", "Timestamp": late},
+               {"InstanceType": "p5", "AvailabilityZone": "r1b", "SpotPrice": "31.25", "Timestamp": early},
+               {"InstanceType": "g6", "AvailabilityZone": "r1b", "SpotPrice": "0.4", "Timestamp": late}]
+    assert plan.lowest_spot_prices(history) == {"p5": 31.25, "g6": 0.4}

@@ -14,8 +14,8 @@ from bootstrap.errors import UsageError
 from bootstrap.shim import interruption
 
 TASKS = Path(providers.__file__).resolve().parents[1] / "tasks"
-VERBS = ("request", "plan", "up", "down", "list", "sweep", "replace", "arm_autostop")
-FACTS = ("kind", "host_keys", "shutdown", "notice", "up_options", "volumes", "where")
+VERBS = ("request", "plan", "up", "down", "list", "sweep", "replace", "arm_autostop", "spot_prices")
+FACTS = ("kind", "host_keys", "shutdown", "notice", "up_options", "volumes", "where", "prices")
 
 
 @pytest.fixture(params=sorted(providers.KINDS))

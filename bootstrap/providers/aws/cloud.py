@@ -127,6 +127,19 @@ def check_instance_type(aws: Aws, request: plan.Request) -> None:
         raise Unavailable(f"--instance-type {request.instance_type}: not offered in {aws.region}", code="Unsupported")
 
 
+def spot_prices(instance_types: Sequence[str], *, region: str | None = None, profile: str | None = None,
+                aws: Aws | None = None, now: datetime | None = None) -> dict[str, float]:
+    """The spot price now of each type in the region (plan.lowest_spot_prices), from EC2's spot price history."""
+    aws = aws or connect(region, profile)
+    try:
+        history = aws.ec2.describe_spot_price_history(
+            InstanceTypes=list(instance_types), ProductDescriptions=["Linux/UNIX"],
+            StartTime=now or datetime.now(UTC))["SpotPriceHistory"]
+    except Exception as error:
+        raise AwsError(f"could not read the spot prices in {aws.region}: {describe_error(error)}") from None
+    return plan.lowest_spot_prices(history)
+
+
 def find_image(aws: Aws, request: plan.Request) -> str:
     import botocore.exceptions
 

@@ -223,6 +223,21 @@ def image_filters(profile: str, tags: Iterable[tuple[str, str]] = ()) -> list[di
             {"Name": "state", "Values": ["available"]}]
 
 
+def lowest_spot_prices(history: Iterable[dict]) -> dict[str, float]:
+    """Each instance type's spot price now in the region, from DescribeSpotPriceHistory's entries: the newest entry
+    of each zone, and of those the lowest (EC2 places a cluster's instances in one zone of its choosing)."""
+    newest: dict[tuple[str, str], dict] = {}
+    for entry in history:
+        key = (entry["InstanceType"], entry.get("AvailabilityZone", ""))
+        if key not in newest or (entry.get("Timestamp") and newest[key].get("Timestamp")
+                                 and entry["Timestamp"] > newest[key]["Timestamp"]):
+            newest[key] = entry
+    lowest: dict[str, float] = {}
+    for (kind, _), entry in newest.items():
+        lowest[kind] = min(lowest.get(kind, float("inf")), float(entry["SpotPrice"]))
+    return lowest
+
+
 def newest_image(images: Iterable[dict]) -> dict | None:
     """The image with the latest CreationDate (ties: the larger id, so the choice is stable)."""
     return max(images, key=lambda image: (image.get("CreationDate", ""), image["ImageId"]), default=None)
@@ -273,13 +288,6 @@ def hosts_from_instances(instances: Sequence[dict], user: str) -> list[Host]:
 
 def launch_order(instances: Sequence[dict]) -> list[dict]:
     return sorted(instances, key=lambda i: (i.get("AmiLaunchIndex", 0), i["InstanceId"]))
-
-
-def first_contact_note(name: str, addresses: Sequence[str]) -> str:
-    """What to run when some host keys were not in the console output."""
-    return (f"host keys of {', '.join(addresses)} were not in the console output: recorded as first-contact; "
-            f"kiln mesh --cluster {name} --accept-new-host-keys (or kiln train --cluster {name} "
-            "--accept-new-host-keys) records them on first contact")
 
 
 def data_volume_request(*, zone: str, size_gib: int, tags: dict[str, str], index: int,

@@ -6,7 +6,7 @@ InstanceInitiatedShutdownBehavior=terminate; a stopped instance's disks would st
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -14,8 +14,9 @@ from typing import Any
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import Gone, Made, Notice, Replacement
+from bootstrap.providers import Gone, Made, Notice, Replacement, provision
 from bootstrap.providers.aws import plan
+from bootstrap.providers.common import listing, swept
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class AwsProvider:
                             "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"})
     volumes = True
     where = ("region", "profile")
+    prices = "EC2's spot price history (the newest price in each zone of the region, the lowest of them)"
 
     def __init__(self, region: str | None = None, profile: str | None = None):
         self.region, self.profile = region, profile
@@ -79,7 +81,7 @@ class AwsProvider:
                         image_tags=",".join(f"{k}={v}" for k, v in request.image_tags) or None,
                         volume_gib=request.volume_gib, idle_minutes=request.idle_minutes, region=self.region,
                         profile=self.profile, ssh_wait_s=ssh_wait)
-        return Made(made["name"], tuple(made_lines(made)),
+        return Made(made["name"], tuple(said(made)),
                     tuple(a for a, how in made["host_keys"].items() if how == "first-contact"), made["expires"])
 
     def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
@@ -103,35 +105,21 @@ class AwsProvider:
     def list(self) -> list[str]:
         from bootstrap.providers.aws import cloud
 
-        summaries = cloud.list_clusters(region=self.region, profile=self.profile)
-        snapshots = cloud.list_snapshots(region=self.region, profile=self.profile)
-        now = datetime.now(UTC)
-        lines = []
-        for summary in summaries:
-            expires = plan.format_time(summary.expires) if summary.expires else "never"
-            flag = " (expired)" if summary.expired(now) else ""
-            lines.append(f"{summary.name}: {len(summary.instances)} instance(s), {summary.resources} resource(s), "
-                         f"expires {expires}{flag}, owner {summary.owner or '?'}")
-            lines += [f"  {instance}" for instance in summary.instances]
-        if snapshots:
-            lines.append("data snapshots:")
-        for snapshot in snapshots:
-            expires = plan.format_time(snapshot.expires) if snapshot.expires else "never"
-            flag = " (expired)" if snapshot.expired(now) else ""
-            lines.append(f"  {snapshot.cluster} node {snapshot.index} {snapshot.id}: {snapshot.size_gib} GiB, "
-                         f"{snapshot.state}, taken {snapshot.taken_at}, expires {expires}{flag}")
-        return lines
+        return listing(cloud.list_clusters(region=self.region, profile=self.profile),
+                       cloud.list_snapshots(region=self.region, profile=self.profile), datetime.now(UTC),
+                       lambda summary: f"{len(summary.instances)} instance(s), {summary.resources} resource(s)",
+                       lambda snapshot: f"{snapshot.cluster} node {snapshot.index} {snapshot.id}: {snapshot.size_gib} "
+                                        f"GiB, {snapshot.state}, taken {snapshot.taken_at}, expires "
+                                        f"{plan.format_time(snapshot.expires) if snapshot.expires else 'never'}")
 
     def sweep(self, *, dry_run: bool = False) -> list[str]:
         from bootstrap.providers.aws import cloud
 
-        expired = cloud.sweep(dry_run=dry_run, region=self.region, profile=self.profile)
-        snapshots = cloud.sweep_snapshots(dry_run=dry_run, region=self.region, profile=self.profile)
-        verb = "would remove" if dry_run else "removed"
-        return [*(f"{verb} {summary.name}: {summary.resources} resource(s), expired "
-                  f"{plan.format_time(summary.expires)}" for summary in expired),
-                *(f"{verb} snapshot {snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
-                  f"{snapshot.taken_at}, expired {plan.format_time(snapshot.expires)}" for snapshot in snapshots)]
+        return swept(cloud.sweep(dry_run=dry_run, region=self.region, profile=self.profile),
+                     cloud.sweep_snapshots(dry_run=dry_run, region=self.region, profile=self.profile), dry_run,
+                     lambda summary: f"{summary.resources} resource(s)",
+                     lambda snapshot: f"{snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
+                                      f"{snapshot.taken_at}, expired {plan.format_time(snapshot.expires)}")
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         from bootstrap.providers.aws import cloud
@@ -144,26 +132,16 @@ class AwsProvider:
 
         cloud.terminate_on_shutdown(cluster, region=self.region, profile=self.profile)
 
+    def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        from bootstrap.providers.aws import cloud
 
-def made_lines(made: dict) -> list[str]:
+        return cloud.spot_prices(instance_types, region=self.region, profile=self.profile)
+
+def said(made: dict) -> list[str]:
     """What to tell the user of a cluster cloud.up made."""
-    lines = [] if made["ssh_wait"] else ["not waiting for SSH to answer (--ssh-wait 0): the instances may still be "
-                                         "booting"]
-    lines.append(f"cluster {made['name']} is running in {made['region']} from {made['ami']}, expires "
-                 f"{made['expires']}:")
-    volumes = made["data_volumes"] or [None] * len(made["hosts"])
-    for host, instance, volume in zip(made["hosts"], made["instances"], volumes, strict=True):
-        lines.append(f"  {host} ({instance})" + (f", data volume {volume} at {plan.DATA_MOUNT}" if volume else ""))
-    if made["restore_note"]:
-        lines.append(made["restore_note"])
-    pinned = [a for a, how in made["host_keys"].items() if how == "console"]
-    first_contact = [a for a, how in made["host_keys"].items() if how == "first-contact"]
-    if pinned:
-        lines.append(f"host keys of {', '.join(pinned)} pinned from the console output")
-    if first_contact:
-        lines.append(plan.first_contact_note(made["name"], first_contact))
-    lines.append(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
-    return lines
+    return provision.made_lines(made, where=made["region"], image=made["ami"], ids=made["instances"],
+                                volumes=made["data_volumes"], volume_word="data volume", machines="instances",
+                                keys_from="the console output", source="console")
 
 
 PROVIDER = AwsProvider

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from bootstrap import state
 from bootstrap.hosts import Host
-from bootstrap.providers import Gone, Made, Notice, Replacement
+from bootstrap.providers import Gone, Made, Notice, Replacement, provision
 from bootstrap.providers.azure import plan
-from bootstrap.providers.common import DATA_MOUNT, SSH_WAIT_S, format_time, validate_ssh_wait
+from bootstrap.providers.common import DATA_MOUNT, SSH_WAIT_S, listing, swept, validate_ssh_wait
 
 LOCATION_ENV = "AZURE_LOCATION"
 SUBSCRIPTION_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
@@ -39,6 +39,7 @@ class AzureProvider:
                             "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"})
     volumes = True
     where = ("subscription", "location")
+    prices = ""
 
     def __init__(self, subscription: str | None = None, location: str | None = None):
         self.subscription, self.location = subscription, location
@@ -92,7 +93,7 @@ class AzureProvider:
         from bootstrap.providers.azure import cloud
 
         made = cloud.up(request.cluster, subscription=self.subscription, ssh_wait_s=request.ssh_wait)
-        return Made(made["name"], tuple(made_lines(made)),
+        return Made(made["name"], tuple(said(made)),
                     tuple(a for a, how in made["host_keys"].items() if how == "first-contact"), made["expires"])
 
     def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
@@ -116,34 +117,22 @@ class AzureProvider:
     def list(self) -> list[str]:
         from bootstrap.providers.azure import cloud
 
-        now = datetime.now(UTC)
-        lines = []
-        for summary in cloud.list_clusters(subscription=self.subscription):
-            expires = format_time(summary.expires) if summary.expires else "never"
-            flag = " (expired)" if summary.expired(now) else ""
-            lines.append(f"{summary.name}: {len(summary.instances)} VM(s), resource group "
-                         f"{plan.group_name(summary.name)}, expires {expires}{flag}, owner {summary.owner or '?'}")
-            lines += [f"  {vm}" for vm in summary.instances]
-        snapshots = cloud.list_snapshots(subscription=self.subscription)
-        if snapshots:
-            lines.append("data snapshots:")
-        for snapshot in snapshots:
-            flag = " (expired)" if snapshot.expired(now) else ""
-            lines.append(f"  {snapshot.cluster} node {snapshot.index} {snapshot.name}: {snapshot.size_gb} GB, "
-                         f"{snapshot.state}, taken {snapshot.taken_at}, expires "
-                         f"{snapshot.tags.get(plan.TAG_EXPIRES, 'never')}{flag}")
-        return lines
+        return listing(cloud.list_clusters(subscription=self.subscription),
+                       cloud.list_snapshots(subscription=self.subscription), datetime.now(UTC),
+                       lambda summary: f"{len(summary.instances)} VM(s), resource group "
+                                       f"{plan.group_name(summary.name)}",
+                       lambda snapshot: f"{snapshot.cluster} node {snapshot.index} {snapshot.name}: {snapshot.size_gb} "
+                                        f"GB, {snapshot.state}, taken {snapshot.taken_at}, expires "
+                                        f"{snapshot.tags.get(plan.TAG_EXPIRES, 'never')}")
 
     def sweep(self, *, dry_run: bool = False) -> list[str]:
         from bootstrap.providers.azure import cloud
 
-        expired = cloud.sweep(dry_run=dry_run, subscription=self.subscription)
-        snapshots = cloud.sweep_snapshots(dry_run=dry_run, subscription=self.subscription)
-        verb = "would remove" if dry_run else "removed"
-        return [*(f"{verb} {summary.name}: resource group {plan.group_name(summary.name)}, expired "
-                  f"{format_time(summary.expires)}" for summary in expired),
-                *(f"{verb} snapshot {snapshot.name} of {snapshot.cluster} node {snapshot.index}, taken "
-                  f"{snapshot.taken_at}, expired {snapshot.tags.get(plan.TAG_EXPIRES)}" for snapshot in snapshots)]
+        return swept(cloud.sweep(dry_run=dry_run, subscription=self.subscription),
+                     cloud.sweep_snapshots(dry_run=dry_run, subscription=self.subscription), dry_run,
+                     lambda summary: f"resource group {plan.group_name(summary.name)}",
+                     lambda snapshot: f"{snapshot.name} of {snapshot.cluster} node {snapshot.index}, taken "
+                                      f"{snapshot.taken_at}, expired {snapshot.tags.get(plan.TAG_EXPIRES)}")
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         from bootstrap.providers.azure import cloud
@@ -156,25 +145,16 @@ class AzureProvider:
 
         cloud.arm_autostop(cluster)
 
+    def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        """None: Azure's prices are in its Retail Prices API, which kiln does not read."""
+        return {}
 
-def made_lines(made: dict) -> list[str]:
-    lines = [] if made["ssh_wait"] else ["not waiting for SSH to answer (--ssh-wait 0): the VMs may still be booting"]
-    lines.append(f"cluster {made['name']} is running in resource group {made['group']} ({made['location']}) from "
-                 f"{made['image'].rsplit('/', 1)[-1]}, expires {made['expires']}:")
-    disks = made["data_disks"] or [None] * len(made["hosts"])
-    for host, vm, disk in zip(made["hosts"], made["vms"], disks, strict=True):
-        lines.append(f"  {host} ({vm})" + (f", data disk {disk} at {DATA_MOUNT}" if disk else ""))
-    if made["restore_note"]:
-        lines.append(made["restore_note"])
-    shown = [a for a, how in made["host_keys"].items() if how == "shown"]
-    first_contact = [a for a, how in made["host_keys"].items() if how == "first-contact"]
-    if shown:
-        lines.append(f"host keys of {', '.join(shown)} pinned from the VMs' serial logs")
-    if first_contact:
-        lines.append(f"host keys of {', '.join(first_contact)} were not in the serial logs: recorded as "
-                     f"first-contact; kiln mesh --cluster {made['name']} --accept-new-host-keys records them")
-    lines.append(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
-    return lines
+def said(made: dict) -> list[str]:
+    """What to tell the user of a cluster cloud.up made."""
+    return provision.made_lines(made, where=f"resource group {made['group']} ({made['location']})",
+                                image=made["image"].rsplit("/", 1)[-1], ids=made["vms"], volumes=made["data_disks"],
+                                volume_word="data disk", machines="VMs", keys_from="the VMs' serial logs",
+                                source="shown")
 
 
 PROVIDER = AzureProvider

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -16,8 +16,8 @@ from typing import Any
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import Gone, Made, Notice, Replacement
-from bootstrap.providers.common import DATA_MOUNT, SSH_WAIT_S, validate_ssh_wait
+from bootstrap.providers import Gone, Made, Notice, Replacement, provision
+from bootstrap.providers.common import DATA_MOUNT, SSH_WAIT_S, listing, swept, validate_ssh_wait
 from bootstrap.providers.gcp import plan
 
 ZONE_ENV = "CLOUDSDK_COMPUTE_ZONE"
@@ -38,6 +38,7 @@ class GcpProvider:
                             "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"})
     volumes = True
     where = ("project", "zone")
+    prices = ""
 
     def __init__(self, project: str | None = None, zone: str | None = None):
         self.project, self.zone = project, zone
@@ -83,7 +84,7 @@ class GcpProvider:
         from bootstrap.providers.gcp import cloud
 
         made = cloud.up(request.cluster, project=self.project, ssh_wait_s=request.ssh_wait)
-        return Made(made["name"], tuple(made_lines(made)),
+        return Made(made["name"], tuple(said(made)),
                     tuple(a for a, how in made["host_keys"].items() if how == "first-contact"), made["expires"])
 
     def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
@@ -106,34 +107,21 @@ class GcpProvider:
     def list(self) -> list[str]:
         from bootstrap.providers.gcp import cloud
 
-        now = datetime.now(UTC)
-        lines = []
-        for summary in cloud.list_clusters(project=self.project):
-            expires = summary.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if summary.expires else "never"
-            flag = " (expired)" if summary.expired(now) else ""
-            lines.append(f"{summary.name}: {len(summary.instances)} instance(s), {summary.resources} resource(s), "
-                         f"expires {expires}{flag}, owner {summary.owner or '?'}")
-            lines += [f"  {instance}" for instance in summary.instances]
-        snapshots = cloud.list_snapshots(project=self.project)
-        if snapshots:
-            lines.append("data snapshots:")
-        for snapshot in snapshots:
-            flag = " (expired)" if snapshot.expired(now) else ""
-            lines.append(f"  {snapshot.cluster} node {snapshot.index} {snapshot.id}: {snapshot.size_gb} GB, "
-                         f"{snapshot.state}, taken {snapshot.taken_at}, expires {plan.format_expiry(snapshot.labels)}"
-                         f"{flag}")
-        return lines
+        return listing(cloud.list_clusters(project=self.project), cloud.list_snapshots(project=self.project),
+                       datetime.now(UTC),
+                       lambda summary: f"{len(summary.instances)} instance(s), {summary.resources} resource(s)",
+                       lambda snapshot: f"{snapshot.cluster} node {snapshot.index} {snapshot.id}: {snapshot.size_gb} "
+                                        f"GB, {snapshot.state}, taken {snapshot.taken_at}, expires "
+                                        f"{plan.format_expiry(snapshot.labels)}")
 
     def sweep(self, *, dry_run: bool = False) -> list[str]:
         from bootstrap.providers.gcp import cloud
 
-        expired = cloud.sweep(dry_run=dry_run, project=self.project)
-        snapshots = cloud.sweep_snapshots(dry_run=dry_run, project=self.project)
-        verb = "would remove" if dry_run else "removed"
-        return [*(f"{verb} {summary.name}: {summary.resources} resource(s), expired "
-                  f"{summary.expires.strftime('%Y-%m-%dT%H:%M:%SZ')}" for summary in expired),
-                *(f"{verb} snapshot {snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
-                  f"{snapshot.taken_at}, expired {plan.format_expiry(snapshot.labels)}" for snapshot in snapshots)]
+        return swept(cloud.sweep(dry_run=dry_run, project=self.project),
+                     cloud.sweep_snapshots(dry_run=dry_run, project=self.project), dry_run,
+                     lambda summary: f"{summary.resources} resource(s)",
+                     lambda snapshot: f"{snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
+                                      f"{snapshot.taken_at}, expired {plan.format_expiry(snapshot.labels)}")
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         from bootstrap.providers.gcp import cloud
@@ -145,27 +133,16 @@ class GcpProvider:
         """Nothing to arm: a GCE VM that powers itself off stops (TERMINATED) and its GPUs and CPUs stop billing;
         `kiln list` shows it, `kiln down` removes it and its disks."""
 
+    def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        """None: Compute Engine's prices are in the Cloud Billing Catalog API, which kiln does not read."""
+        return {}
 
-def made_lines(made: dict) -> list[str]:
+def said(made: dict) -> list[str]:
     """What to tell the user of a cluster cloud.up made."""
-    lines = [] if made["ssh_wait"] else ["not waiting for SSH to answer (--ssh-wait 0): the instances may still be "
-                                         "booting"]
-    lines.append(f"cluster {made['name']} is running in {made['project']}/{made['zone']} from "
-                 f"{made['image'].rsplit('/', 1)[-1]}, expires {made['expires']}:")
-    disks = made["data_disks"] or [None] * len(made["hosts"])
-    for host, instance, disk in zip(made["hosts"], made["instances"], disks, strict=True):
-        lines.append(f"  {host} ({instance})" + (f", data disk {disk} at {DATA_MOUNT}" if disk else ""))
-    if made["restore_note"]:
-        lines.append(made["restore_note"])
-    shown = [a for a, how in made["host_keys"].items() if how == "shown"]
-    first_contact = [a for a, how in made["host_keys"].items() if how == "first-contact"]
-    if shown:
-        lines.append(f"host keys of {', '.join(shown)} pinned from what the instances show (guest attributes)")
-    if first_contact:
-        lines.append(f"host keys of {', '.join(first_contact)} were not shown: recorded as first-contact; kiln mesh "
-                     f"--cluster {made['name']} --accept-new-host-keys records them on first contact")
-    lines.append(f"key {made['identity']}; next: kiln check --cluster {made['name']}")
-    return lines
+    return provision.made_lines(made, where=f"{made['project']}/{made['zone']}", image=made["image"].rsplit("/", 1)[-1],
+                                ids=made["instances"], volumes=made["data_disks"], volume_word="data disk",
+                                machines="instances", keys_from="what the instances show (guest attributes)",
+                                source="shown")
 
 
 PROVIDER = GcpProvider
