@@ -31,6 +31,7 @@ from localcloud import engines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # the first test waits for the container bake
 NAME = "kc"
+PROGRAMS = Path(__file__).parent / "programs"
 NODES = ("node1", "node2", "node3")
 KILN_PYTHON = "/opt/kiln/venv/bin/python3"
 
@@ -315,20 +316,22 @@ def test_a_bad_image_reference_is_bad_input(cluster, project):
 
 @pytest.mark.after_the_rest("node2 is replaced: the cluster's ssh config, which the other tests use, pins the "
                              "machine it replaces")
-def test_a_lost_node_is_replaced_and_the_run_finishes_in_the_image(cluster, project):
-    """--managed with --image: node2 is lost mid-run (local-cluster lose); its replacement, a fresh machine with an
-    empty engine, pulls the same image, gets the run's container, and the run finishes from the last checkpoint.
-    From here on the tests use --cluster NAME, whose pins follow the replacement."""
-    argv = [str(KILN), "train", "--cluster", NAME, "--mode", "tf-config", "--managed", "--image", cluster.image,
-            "--run-id", "cmanaged", "--", "python", "keras_multiworker.py", "--epochs", "6", "--steps", "5",
-            "--pause", "2"]
+def test_a_lost_node_is_replaced_and_joins_the_elastic_torchrun_run_in_the_image(cluster, project):
+    """Elastic torchrun with --managed and --image: node2 is lost mid-run (local-cluster lose), the agents left
+    gather again; its replacement, a fresh machine with an empty engine, pulls the same image, and its agent, in
+    the run's container, joins the rendezvous; the workers start again at 3 from the newest checkpoint and the run
+    finishes. (test_managed recovers a tf-config run from its checkpoint without an image.) From here on the tests
+    use --cluster NAME, whose pins follow the replacement."""
+    shutil.copy(PROGRAMS / "torch_regrow.py", project)
+    argv = [str(KILN), "train", "--cluster", NAME, "--mode", "torchrun", "--image", cluster.image, "--min-np", "2",
+            "--managed", "--run-id", "cjoin", "--", "python", "torch_regrow.py", "--size", "3"]
     with subprocess.Popen(argv, cwd=project, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as train:
         try:
-            log = cluster.node_dir("node2") / "kiln" / "runs" / "cmanaged" / "worker-1.log"
+            log = cluster.node_dir("node1") / "kiln" / "runs" / "cjoin" / "torchrun-0.log"
             end = time.monotonic() + 400
-            while time.monotonic() < end and "epoch 1 done" not in (log.read_text() if log.exists() else ""):
-                assert train.poll() is None, train.communicate()
+            while "epoch 3 on 3 ranks" not in (log.read_text(errors="replace") if log.exists() else ""):
+                assert train.poll() is None and time.monotonic() < end, train.communicate()
                 time.sleep(0.5)
             lost = local_cluster_command("lose", "node2", "--name", NAME)
             assert lost.returncode == 0, lost.stderr
@@ -336,14 +339,17 @@ def test_a_lost_node_is_replaced_and_the_run_finishes_in_the_image(cluster, proj
         finally:
             if train.poll() is None:
                 train.kill()
-    assert train.returncode == 0, out + err
-    assert "recovery 1 of 3: replacing node2" in out and "node2: pulled" in out, out
-    data = json.loads((cluster.runs / "cmanaged" / "summary.json").read_text())
-    [recovery] = data["restarts"]
-    assert recovery["kind"] == "recovery" and recovery["replaced"] == [{"old": "node2", "new": "node2"}]
-    results = outputs(cluster, "cmanaged")
-    assert set(results) == {"node1/worker-0", "node2/worker-1", "node3/worker-2"}
-    assert run_processes("cmanaged") == []
+    assert train.returncode == 0, out[-4000:] + err[-4000:]
+    assert "node2 (node2) stopped answering: the elastic run goes on without it" in out, out
+    assert "recovery 1 of 3: replacing node2 to join the elastic run" in out and "node2: pulled" in out, out
+    [join] = json.loads((cluster.runs / "cjoin" / "summary.json").read_text())["restarts"]
+    assert join["kind"] == "join" and join["replaced"] == [{"old": "node2", "new": "node2"}], join
+    results = [json.loads(path.read_text())
+               for path in (cluster.runs / "cjoin" / "hosts").glob("*/output/torchrun-*/rank-*.json")]
+    assert sorted(r["rank"] for r in results) == [0, 1, 2], results
+    assert all(r["size"] == 3 and r["sizes"][-1] == 3 and len(r["sizes"]) > 1 for r in results), results
+    assert list((cluster.runs / "cjoin" / "hosts" / "node2" / "output").glob("torchrun-*/rank-*.json"))
+    assert run_processes("cjoin") == []
     no_containers(cluster)
 
 
