@@ -88,6 +88,7 @@ class Ec2Faults:
         with self._lock:
             self.faults.clear()
             self.prices.clear()
+            self.answered.clear()
 
     def price_history(self, region: str, fields: dict[str, list[str]]) -> bytes | None:
         """EC2's DescribeSpotPriceHistory answer from the prices given for `region` (None: none given, the request
@@ -149,14 +150,13 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             fields = parse_qs(body.decode(errors="replace")) if self.command == "POST" else {}
             scope = SCOPE.search(self.headers.get("Authorization", ""))
-            fault = hop.fault_for((fields.get("Action") or [""])[0], scope.group(1) if scope else "",
-                                  (fields.get("InstanceType") or [None])[0],
-                                  (fields.get("InstanceMarketOptions.MarketType") or [""])[0] == "spot")
             action, region = (fields.get("Action") or [""])[0], scope.group(1) if scope else ""
             history = hop.price_history(region, fields) if action == "DescribeSpotPriceHistory" else None
             if history is not None:
                 self._answer(200, {"Content-Type": "text/xml;charset=UTF-8"}, history)
                 return
+            fault = hop.fault_for(action, region, (fields.get("InstanceType") or [None])[0],
+                                  (fields.get("InstanceMarketOptions.MarketType") or [""])[0] == "spot")
             if fault:
                 message = fault.message or MESSAGES.get(fault.code, f"{fault.code} (from the test's fault hop)")
                 kind = (fields.get("InstanceType") or ["the"])[0]

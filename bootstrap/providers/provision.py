@@ -57,6 +57,7 @@ class Verbs:
     keys_step: str = "read the host keys the nodes show"
     keys_source: str = "shown"  # where pinned keys came from, as the cluster file says
     settle: Callable[[], None] = field(default=lambda: None)
+    down_where: str = ""  # the option kiln down needs to find what an undo left (--region us-west-2)
 
 
 @dataclass(frozen=True)
@@ -110,16 +111,17 @@ def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, pytho
         if isinstance(error, UsageError) and not failures:
             raise
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else verbs.describe(error)
-        raise verbs.error(failed_line(name, verbs.kind, progress.step, said, failures), code=verbs.code(error),
-                          left=bool(failures)) from None
+        raise verbs.error(failed_line(name, f"--provider {verbs.kind} {verbs.down_where}".strip(), progress.step,
+                                      said, failures), code=verbs.code(error), left=bool(failures)) from None
     return Cluster(nodes, pinned, identity)
 
 
-def failed_line(name: str, kind: str, step: str, said: str, failures: Sequence[str]) -> str:
-    """The one line a failed `up` ends with: the step, the cloud's words, and what the undo left (if anything)."""
+def failed_line(name: str, where: str, step: str, said: str, failures: Sequence[str]) -> str:
+    """The one line a failed `up` ends with: the step, the cloud's words, and what the undo left (if anything, with
+    the options that find it: --provider aws --region us-west-2)."""
     if failures:
         return (f"cluster.up {name}: could not {step}: {said}; rolling back left things behind (run kiln down {name} "
-                f"--provider {kind}): " + "; ".join(failures))
+                f"{where}): " + "; ".join(failures))
     return f"cluster.up {name}: could not {step}: {said}; everything it had created was removed"
 
 

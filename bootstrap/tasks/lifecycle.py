@@ -119,7 +119,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
         if not dry_run:
             print("\n".join(failover.describe_order(order, prices)), flush=True)
     if dry_run:
-        if len(order) > 1:
+        if len(order) > 1 or by_price:
             print("\n".join(failover.describe_order(order, prices)))
             print(f"the plan of the first ({order[0].describe()}); the others alike:")
         chosen, request = prepared[order[0]]

@@ -4,6 +4,8 @@ once all is made, and a replacement that shows no host keys is removed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bootstrap import state
@@ -73,13 +75,13 @@ def test_a_failed_step_undoes_every_step_before_it_in_reverse_and_names_itself(h
     assert state.load_cluster("c") is None and not (home / "clusters" / "c").exists()
 
 
-def test_an_undo_that_fails_is_named_and_marks_the_error_left():
+def test_an_undo_that_fails_is_named_with_how_to_find_it_and_marks_the_error_left():
+    failing = dataclasses.replace(verbs([], fail_at="create the nodes", undo_fails=True), down_where="--region r1")
     with pytest.raises(Boom) as failed:
-        provision.up("c", verbs([], fail_at="create the nodes", undo_fails=True), region="r1", user="u",
-                     node_type="t1", python="python3", ssh_wait_s=0)
+        provision.up("c", failing, region="r1", user="u", node_type="t1", python="python3", ssh_wait_s=0)
     assert failed.value.left
-    assert str(failed.value).endswith("rolling back left things behind (run kiln down c --provider test): undo "
-                                      "create the nodes: still there")
+    assert str(failed.value).endswith("rolling back left things behind (run kiln down c --provider test --region "
+                                      "r1): undo create the nodes: still there")
 
 
 def test_bad_input_found_late_is_raised_as_it_is_once_all_is_undone():

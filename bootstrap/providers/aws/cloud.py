@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
 from datetime import UTC, datetime
+from typing import ClassVar
 
 from bootstrap import state
 from bootstrap.errors import UsageError
@@ -51,8 +52,8 @@ class Record(CloudRecord):
     data_volumes: tuple[str, ...] = ()
     restored_from: str | None = None
 
-    kind = "aws"
-    volumes_field = "data_volumes"
+    kind: ClassVar[str] = "aws"
+    volumes_field: ClassVar[str] = "data_volumes"
 
     def planned(self) -> plan.Request:
         tags = tuple(tuple(pair) for pair in self.request.get("image_tags", ()))
@@ -116,13 +117,12 @@ def caller(aws: Aws) -> str:
 def check_instance_type(aws: Aws, request: plan.Request) -> None:
     """Refuse, before anything is made, an instance type the region does not offer (EC2's own offerings list, as
     RunInstances would answer Unsupported only after the groups were made): Unavailable, so that failover moves on
-    to the next region."""
+    to the next region. A lookup that fails (a role without ec2:DescribeInstanceTypeOfferings) checks nothing."""
     try:
         offered = aws.ec2.describe_instance_type_offerings(LocationType="region", Filters=[
             {"Name": "instance-type", "Values": [request.instance_type]}])["InstanceTypeOfferings"]
-    except Exception as error:
-        raise AwsError(f"cluster.up {request.name}: could not look up the offerings of {request.instance_type} in "
-                       f"{aws.region}: {describe_error(error)}; nothing was created") from None
+    except Exception:  # no right to ask, throttled: RunInstances says it all the same, only later
+        return
     if not any(offer.get("InstanceType") == request.instance_type for offer in offered):
         raise Unavailable(f"--instance-type {request.instance_type}: not offered in {aws.region}", code="Unsupported")
 
@@ -323,10 +323,11 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
 
     cluster = provision.up(request.name, Verbs(
         "aws", AwsError, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s), save, describe_error,
-        error_code, keys_step="read the host keys from the consoles", keys_source="console"),
+        error_code, keys_step="read the host keys from the consoles", keys_source="console",
+        down_where=f"--region {aws.region}"),
         region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in cluster.nodes.hosts],
-            "ami": image, "instances": made["instances"], "identity": cluster.identity,
+            "ami": image, "instances": list(cluster.nodes.ids), "identity": cluster.identity,
             "expires": tags[plan.TAG_EXPIRES], "host_keys": cluster.pinned, "ssh_wait": ssh_wait_s,
             "data_volumes": made["volumes"], "restore_note": note}
 

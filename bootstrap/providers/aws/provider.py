@@ -137,6 +137,7 @@ class AwsProvider:
 
         return cloud.spot_prices(instance_types, region=self.region, profile=self.profile)
 
+
 def said(made: dict) -> list[str]:
     """What to tell the user of a cluster cloud.up made."""
     return provision.made_lines(made, where=made["region"], image=made["ami"], ids=made["instances"],

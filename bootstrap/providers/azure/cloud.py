@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
 from datetime import UTC, datetime
+from typing import ClassVar
 from urllib.parse import urlparse
 
 from bootstrap import state
@@ -349,8 +350,8 @@ class Record(CloudRecord):
     autostop: bool = False  # the VMs may deallocate themselves (a replacement gets the same)
     accelerated_networking: bool = True  # the size has it: the interfaces are made with it
 
-    kind = "azure"
-    volumes_field = "data_disks"
+    kind: ClassVar[str] = "azure"
+    volumes_field: ClassVar[str] = "data_disks"
 
     def planned(self) -> plan.Request:
         return plan.Request(**{**self.request, "image_tags": tuple(tuple(p) for p in self.request["image_tags"])})
@@ -469,7 +470,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
     cluster = provision.up(request.name, Verbs(
         "azure", AzureError, make, lambda names, timeout_s: host_keys(azure, group, names, timeout_s), save,
         describe_error, error_code, keys_step="read the host keys from the serial logs",
-        settle=lambda: settle(pollers, timeout_s)),
+        settle=lambda: settle(pollers, timeout_s), down_where=f"--subscription {azure.subscription}"),
         region=request.location, user=request.user, node_type=request.vm_size, python=python,
         ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "subscription": azure.subscription, "location": request.location, "group": group,

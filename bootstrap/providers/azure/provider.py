@@ -149,6 +149,7 @@ class AzureProvider:
         """None: Azure's prices are in its Retail Prices API, which kiln does not read."""
         return {}
 
+
 def said(made: dict) -> list[str]:
     """What to tell the user of a cluster cloud.up made."""
     return provision.made_lines(made, where=f"resource group {made['group']} ({made['location']})",

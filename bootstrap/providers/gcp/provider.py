@@ -141,7 +141,7 @@ def said(made: dict) -> list[str]:
     """What to tell the user of a cluster cloud.up made."""
     return provision.made_lines(made, where=f"{made['project']}/{made['zone']}", image=made["image"].rsplit("/", 1)[-1],
                                 ids=made["instances"], volumes=made["data_disks"], volume_word="data disk",
-                                machines="instances", keys_from="what the instances show (guest attributes)",
+                                machines="instances", keys_from="the instances' guest attributes and serial ports",
                                 source="shown")
 
 
