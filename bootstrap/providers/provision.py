@@ -22,9 +22,11 @@ from kiln.sshwait import wait_for_ssh
 
 @dataclass
 class Progress:
-    """The step under way, which a failure names ("could not create the instances")."""
+    """The step under way, which a failure names ("could not create the instances"); in a replacement, the new
+    node's id too, once it may exist (what a failure deletes)."""
 
     step: str = "generate the cluster key"
+    made: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,14 +127,6 @@ def failed_line(name: str, where: str, step: str, said: str, failures: Sequence[
     return f"cluster.up {name}: could not {step}: {said}; everything it had created was removed"
 
 
-@dataclass
-class Replacing:
-    """The step under way in a replacement, and the new node's id once it may exist (what a failure deletes)."""
-
-    step: str
-    made: str | None = None
-
-
 @dataclass(frozen=True)
 class Swap:
     """One cloud's part of `replace`.
@@ -146,7 +140,7 @@ class Swap:
 
     error: type[CloudError]
     describe: Callable[[BaseException], str]
-    make: Callable[[Replacing], tuple[str, Host]]
+    make: Callable[[Progress], tuple[str, Host]]
     host_keys: Callable[[Sequence[str], float], dict[str, list[str]]]
     remove: Callable[[str], None]
     attach: Callable[[str, str], None]
@@ -178,7 +172,7 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
     otherwise it is deleted and the cluster is left as it was."""
     name = record.name
     old, index = node_at(record, address)
-    replacing = Replacing(swap.first_step)
+    replacing = Progress(swap.first_step)
     try:
         new_id, host = swap.make(replacing)
         started = time.monotonic()

@@ -13,7 +13,7 @@ from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import provision
 from bootstrap.providers.failover import CloudError
-from bootstrap.providers.provision import Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import Nodes, Progress, Swap, Verbs
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 
@@ -93,7 +93,7 @@ def test_bad_input_found_late_is_raised_as_it_is_once_all_is_undone():
 
 
 def swap(log: list[str], *, keys: bool = True) -> Swap:
-    def make(replacing: Replacing) -> tuple[str, Host]:
+    def make(replacing: Progress) -> tuple[str, Host]:
         replacing.made = "n-3"
         log.append("make n-3")
         return "n-3", Host("10.0.0.3", user="u")

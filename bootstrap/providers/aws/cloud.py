@@ -20,7 +20,7 @@ from bootstrap.providers import provision
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
-from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
@@ -366,7 +366,7 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
     aws = aws or connect(region or record.region, profile)
     request = changed(cloud.planned(), count=1)
 
-    def make(replacing: Replacing) -> tuple[str, Host]:
+    def make(replacing: Progress) -> tuple[str, Host]:
         params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags)
         new_id = replacing.made = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
         replacing.step = "wait until it runs"

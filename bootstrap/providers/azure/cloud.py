@@ -45,7 +45,7 @@ from bootstrap.providers.common import (
     validate_snapshot_ttl,
 )
 from bootstrap.providers.failover import CloudError
-from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys
 
 ENDPOINT_ENV = "KILN_AZURE_ENDPOINT"
@@ -498,7 +498,7 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     new_name = plan.vm_name(name, index, suffix())
     public_key = (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
 
-    def make(replacing: Replacing) -> tuple[str, Host]:
+    def make(replacing: Progress) -> tuple[str, Host]:
         replacing.made = new_name
         made = done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
                               public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,

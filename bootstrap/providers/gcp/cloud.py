@@ -39,7 +39,7 @@ from bootstrap.providers.common import (
 )
 from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.gcp import plan
-from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Replacing, Swap, Verbs
+from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys
 
 ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
@@ -461,7 +461,7 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key_of(name),
                               labels=kept.labels, project=kept.project)
 
-    def make(replacing: Replacing) -> tuple[str, Host]:
+    def make(replacing: Progress) -> tuple[str, Host]:
         replacing.made = body["name"]
         wait(gce, gce.instances.insert_unary(project=kept.project, zone=kept.zone,
                                              instance_resource=message("Instance", body)), timeout_s)
