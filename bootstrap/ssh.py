@@ -48,6 +48,9 @@ _FAILURES = (
 )
 
 
+SILENT_END = "ssh failed: the connection ended with no reason given (the node went away or stopped answering)"
+
+
 def is_unreachable(reason: str) -> bool:
     """Whether a failure reason (describe_failure's) says the host could not be reached at all."""
     return reason.startswith("unreachable: ")
@@ -80,6 +83,8 @@ def describe_failure(code: int, stderr: str) -> str:
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
     if own := [line for line in lines if line.startswith("kiln: ")]:  # kiln's node-side words, before the tool's
         return own[-1].removeprefix("kiln: ")
+    if code == 255 and not lines:  # LogLevel=ERROR keeps back ssh's own words for this (INFO level)
+        return SILENT_END
     last = lines[-1] if lines else "no output"
     return f"exit {code}: {last}" if code != 255 else f"ssh failed: {last}"
 

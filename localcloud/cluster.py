@@ -253,8 +253,23 @@ def verify_login(cluster: plan.Cluster, state: Path) -> None:
         raise KilnError(f"node1 reports hostname {out!r}, not node1")
 
 
+@contextlib.contextmanager
+def nodes_lock(name: str):
+    """Held by one loss or replacement of cluster name's nodes at a time: a loss still waiting for the kernel to
+    free a namespace asks it again to delete that name, which would delete a replacement booted under it meanwhile
+    (kiln's recovery replaces a node the moment it stops answering, while the loss that took it may still run)."""
+    with open(plan.STATE_ROOT / name / ".nodes.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def lose_node(name: str, node: plan.Node, timeout: float = 60) -> None:
     """Take a node away as a lost machine goes: its processes killed at once, its network and disk removed."""
+    with nodes_lock(name):
+        remove_node(name, node, timeout)
+
+
+def remove_node(name: str, node: plan.Node, timeout: float) -> None:
     kill_namespace_processes([node.netns], abrupt=True)
     batch = plan.teardown_batch([node.netns], [node.veth])
     run(["ip", "-force", "-batch", "-"], stdin=batch, timeout=timeout, check=False)
@@ -279,17 +294,18 @@ def replace_node(name: str, node: plan.Node, timeout: float = 60) -> list[str]:
     host keys, pinned in the operator's known_hosts instead of the old ones. Its known_hosts lines."""
     nodes, state = load_nodes(name), plan.STATE_ROOT / name
     cluster = plan.cluster_from_nodes(name, nodes)
-    lose_node(name, node)
-    run(["ip", "-batch", "-"], stdin=plan.node_root_batch(cluster, node), timeout=timeout)
-    docker = bool(nodes[node.index - 1].get("docker"))
-    boot = boot_node(cluster, node, state / node.name, (state / "operator_key.pub").read_text(), docker=docker)
-    if nodes[node.index - 1].get("metadata"):
-        start_metadata(node, state / node.name)
-    wait_for_sshd([boot], state, timeout)
-    if docker:
-        start_engines(cluster, [boot], state)
-    known = state / "known_hosts"
-    write(known, without_hosts(known.read_text(), [node.name, node.ip]) + "".join(boot.known_hosts))
+    with nodes_lock(name):
+        remove_node(name, node, timeout)
+        run(["ip", "-batch", "-"], stdin=plan.node_root_batch(cluster, node), timeout=timeout)
+        docker = bool(nodes[node.index - 1].get("docker"))
+        boot = boot_node(cluster, node, state / node.name, (state / "operator_key.pub").read_text(), docker=docker)
+        if nodes[node.index - 1].get("metadata"):
+            start_metadata(node, state / node.name)
+        wait_for_sshd([boot], state, timeout)
+        if docker:
+            start_engines(cluster, [boot], state)
+        known = state / "known_hosts"  # read and written under the lock: replacements side by side keep theirs
+        write(known, without_hosts(known.read_text(), [node.name, node.ip]) + "".join(boot.known_hosts))
     return boot.known_hosts
 
 

@@ -120,7 +120,7 @@ def test_a_lost_node_is_replaced_and_the_run_finishes_from_its_last_checkpoint(m
     assert recovery["kind"] == "recovery" and recovery["lost"] == ["node2"]
     assert recovery["replaced"] == [{"old": "node2", "new": "node2"}]
     # as a lost machine looks: gone (unreachable), or gone in the middle of kiln's look (its ssh ends with nothing)
-    assert "node2: unreachable" in recovery["failure"] or "node2: ssh failed: no output" in recovery["failure"]
+    assert any(f"node2: {said}" in recovery["failure"] for said in ("unreachable", "ssh failed: the connection ended"))
     assert lost_at < recovery["detected_at"] < recovery["restarted_at"]
     assert 0 < recovery["resumed_from_step"] <= recovery["at_step"]
     assert recovery["steps_redone"] <= CHECKPOINT_EVERY

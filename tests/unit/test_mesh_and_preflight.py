@@ -146,6 +146,11 @@ def test_other_failures_keep_the_last_line_and_code():
     assert describe_failure(3, "Traceback...\nValueError: boom\n") == "exit 3: ValueError: boom"
 
 
+def test_an_ssh_that_ends_without_a_word_says_the_connection_ended():
+    assert describe_failure(255, " \n").startswith("ssh failed: the connection ended with no reason given")
+    assert describe_failure(1, "") == "exit 1: no output"  # the remote command's own silent failure
+
+
 @pytest.mark.parametrize(("stdout", "stderr", "reason"), [
     ("", "warning\nexec: python: not found\n\n", "exec: python: not found"),
     ("OCI runtime exec failed: no such file\n", "", "OCI runtime exec failed: no such file"),
