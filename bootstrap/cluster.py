@@ -111,13 +111,13 @@ class Cluster:
         return [entry.name for entry in saved]
 
     def preflight(self, ports: Sequence[int] = (), probes: int = 8, gpu_framework: str | None = None,
-                  frameworks: bool = True, deep: bool = False,
-                  required: Sequence[str] = ("tensorflow",)) -> tuple[str, bool]:
+                  frameworks: bool = True, deep: bool = False, required: Sequence[str] = ("tensorflow",),
+                  fabric: bool = False) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
         otherwise); `probes` nodes log in to the next one; with `gpu_framework`, the
         GPU health check too (with `deep`, DCGM's diagnostics as well); without `frameworks`, the nodes' own
         frameworks (`required`: the run's, TensorFlow by default) are not asked for (a run in a container image
-        brings its own). (table, all passed)"""
+        brings its own); with `fabric`, the nodes' EFA or InfiniBand where any has one. (table, all passed)"""
         def gather(names: list[str] | None) -> tuple[dict[Host, dict], dict[Host, str]]:
             edges = preflight.ring_probes(len(self.hosts), probes) if names else []
             targets = {self.hosts[a]: names[b] for a, b in edges}
@@ -138,12 +138,15 @@ class Cluster:
                                          compare_versions=frameworks)
         findings += preflight.check_probes(self.nodes)
         checks, summary = preflight.CHECKS, []
+        if fabric and (judged := preflight.check_fabric(self.nodes))[1]:
+            findings += judged[0]
+            checks, summary = (*checks, "fabric"), [judged[1]]
         if gpu_framework is not None:
             reports, lost = self.gpu_reports(framework=gpu_framework, deep=deep)
             unreachable.update({h: r for h, r in lost.items() if h not in unreachable})
             findings += [preflight.Finding(label, "gpu", problem)
                          for label, problems in health.judge_cluster(reports).items() for problem in problems]
-            checks, summary = (*checks, "gpu"), ["", *(health.summary(report) for report in reports)]
+            checks, summary = (*checks, "gpu"), [*summary, "", *(health.summary(report) for report in reports)]
         labels = [h.label for h in self.hosts]
         table = preflight.format_table(labels, findings, {h.label: r for h, r in unreachable.items()}, checks)
         return "\n".join([table, *summary]), not findings and not unreachable

@@ -62,6 +62,8 @@ class NodeView:
     gpus: int = 0
     data_volume: str | None = None
     memlock: int = -1  # the node's hard limit on locked memory (-1: unlimited, as kiln's images set it)
+    rdma: bool = False  # the node has RDMA devices (EFA, InfiniBand): the container gets /dev/infiniband
+    topology: str = ""  # the NCCL topology file its image carries (Azure's ND images), read-only inside
 
 
 def mounts(paths: NodePaths, node: NodeView, checkpoint_dir: str | None) -> list[tuple[str, str]]:
@@ -74,13 +76,16 @@ def mounts(paths: NodePaths, node: NodeView, checkpoint_dir: str | None) -> list
         if extra and extra.startswith("/") and not extra.startswith(paths.root.rstrip("/") + "/"):
             found.append((extra, "rw"))
     found += [(f"{node.home}/.ssh", "ro"), ("/etc/passwd", "ro"), ("/etc/group", "ro"), ("/etc/hosts", "ro")]
+    if node.topology:
+        found.append((node.topology, "ro"))
     return found
 
 
 def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str, str]],
              hosts: Sequence[str] = ()) -> list[str]:
     """`docker run` of the run's container on one node: the node's network (Gloo, gRPC and NCCL see its
-    interface and hostname), its IPC namespace (NCCL's shared memory), every GPU where it has any, unlimited
+    interface and hostname), its IPC namespace (NCCL's shared memory), every GPU where it has any, its RDMA
+    devices where it has any, unlimited
     locked memory (RDMA; up to the node's own hard limit), an init process that reaps and passes signals, the
     login user's uid (outputs are theirs) with a home of its own to write in (a tmpfs under the binds), the
     binds at the same paths, and the cluster's node names (`hosts`: the ssh shim execs only into those); it
@@ -93,6 +98,8 @@ def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str,
             "--tmpfs", f"{node.home}:uid={node.uid},gid={node.gid},mode=0700", "--workdir", node.home]
     if node.gpus:
         argv += ["--gpus", "all"]
+    if node.rdma:  # the fabric's verbs devices (uverbs*, rdma_cm), for NCCL's IB transport or libfabric's EFA
+        argv += ["--device", "/dev/infiniband"]
     for source, options in binds:
         argv += ["-v", f"{source}:{source}:{options}"]
     return [*argv, "--entrypoint", "sleep", image, "infinity"]
@@ -222,7 +229,8 @@ class ContainerRuntime:
             if node.host == host:
                 facts = node.facts
                 return NodeView(facts["uid"], facts.get("gid", facts["uid"]), facts["home"], facts.get("gpus", 0),
-                                facts.get("data_volume"), facts.get("memlock", -1))
+                                facts.get("data_volume"), facts.get("memlock", -1), bool(facts.get("rdma")),
+                                next(iter(facts.get("nccl_topology") or []), ""))
         raise KilnError(f"no facts for {host.label}")
 
     def name(self, host: Host) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from bootstrap import commands, topology
+from bootstrap import commands, interconnect, topology
 from bootstrap import node as node_side
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
@@ -25,7 +25,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOTICE_INTERVAL = 2  # seconds between the watcher's looks at the metadata service (EC2 advises 5)
 PLACEMENT_SHOWN = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "KILN_NUM_GPUS_PER_NODE", "KILN_HOST_SLOTS", "KILN_HOST_GPUS",
                    "NCCL_SOCKET_IFNAME", "KILN_COORDINATOR", "JAX_PROCESS_ID", "JAX_NUM_PROCESSES",
-                   "JAX_LOCAL_DEVICE_IDS")
+                   "JAX_LOCAL_DEVICE_IDS", "NCCL_NET")
 NOTICE_GRACE = 90  # seconds a run's processes get after a notice that does not say (EC2's: two minutes' notice)
 
 
@@ -503,6 +503,7 @@ class RunSpec:
     gpus: tuple[int, ...] | None = None  # each node's GPU count (its facts); None: not known yet (a dry run)
     min_np: int = 0  # horovod: elastic from this many processes (0: not elastic)
     max_np: int = 0  # ... to this many (0: every slot)
+    fabric: interconnect.Choice = interconnect.Choice("")  # the collectives' fabric (from the nodes' facts)
 
 
 def elastic_range(min_np: int, max_np: int, processes: int) -> tuple[int, int]:
@@ -536,7 +537,13 @@ def plan_run(spec: RunSpec) -> RunPlan:
                                        evaluator=spec.evaluator, base_port=spec.base_port, no_chief=spec.no_chief)
         plan = plan_tf_config(spec.run_id, topo, python=spec.python, paths=paths, program=spec.program,
                               nic=spec.nic, gpus=spec.gpus)
-    return replace(plan, placement=note)
+    return with_fabric(replace(plan, placement=note), spec.fabric)
+
+
+def with_fabric(plan: RunPlan, choice: interconnect.Choice) -> RunPlan:
+    """Every process told the run's fabric (its NCCL environment); the placement says which it is."""
+    launches = tuple(replace(item, env={**item.env, **choice.env}) for item in plan.launches)
+    return replace(plan, launches=launches, placement="\n".join(line for line in (plan.placement, choice.note) if line))
 
 
 def allreduce_command(python: str, paths: NodePaths, names: Sequence[str], slots: Sequence[int], nic: str | None,

@@ -30,6 +30,8 @@ AZURE_MANAGER = "https://management.azure.com"  # Resource Manager
 AZURE_COMPUTE_API = "2026-04-01"  # virtualMachines' api-version, as the azure-mgmt-compute kiln pins sends it
 POWER_OFF_RECHECK_S = 300  # a node still up this long after its power-off was taken tries again
 SHUTDOWNS = ("system", "namespace", "azure")
+RDMA_DEVICES = "/sys/class/infiniband"  # EFA and InfiniBand devices alike (rdma-core's view)
+NCCL_TOPOLOGY_FILES = ("/opt/microsoft/ndv5-topo.xml", "/opt/microsoft/ndv4-topo.xml")  # Azure ND images' (azhpc)
 
 
 def facts(ports, names, probe=None):
@@ -53,7 +55,28 @@ def facts(ports, names, probe=None):
         "resolve": resolve_all([hostname, *names]),
         "ports": {str(port): port_free(port) for port in ports},
         "probe": mesh_probe(probe) if probe else None,
+        "rdma": rdma_devices(),
+        "nccl_topology": [path for path in NCCL_TOPOLOGY_FILES if os.path.isfile(path)],
     }
+
+
+def rdma_devices(root=RDMA_DEVICES):
+    """The RDMA devices the kernel shows here (EFA, InfiniBand HCAs): each one's name, kernel driver, and its
+    first port's link layer and state ("4: ACTIVE" when up), from sysfs."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        device = os.path.join(root, name)
+        driver = os.path.join(device, "device", "driver")
+        port = os.path.join(device, "ports", "1")
+        found.append({"name": name,
+                      "driver": os.path.basename(os.readlink(driver)) if os.path.islink(driver) else "",
+                      "link_layer": read_text(os.path.join(port, "link_layer")).strip(),
+                      "state": read_text(os.path.join(port, "state")).strip()})
+    return found
 
 
 def memlock_limit():

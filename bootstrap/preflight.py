@@ -6,6 +6,7 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bootstrap import interconnect
 from bootstrap.mesh import Node
 
 CHECKS = ("reach", "hostname", "resolve", "versions", "ports", "mesh")
@@ -117,6 +118,26 @@ def check_probes(nodes: Sequence[Node]) -> list[Finding]:
             reason = probe.get("error") or f"answered {probe.get('answer')!r}"
             found.append(Finding(node.host.label, "mesh", f"ssh {probe['target']}: {reason}"))
     return found
+
+
+def check_fabric(nodes: Sequence[Node]) -> tuple[list[Finding], str]:
+    """Where any node has a fabric (EFA, InfiniBand): a node without it up while others have it (a run would use
+    TCP sockets on every node), and devices that are down; with the line saying what a run would use. Nothing
+    where no node has one."""
+    fabrics = [(node.host.label, interconnect.of_node(node.facts)) for node in nodes]
+    if not any(fabric.kind for _, fabric in fabrics):
+        return [], ""
+    choice = interconnect.choose(fabrics)
+    up = [label for label, fabric in fabrics if fabric.devices]
+    kinds = " or ".join(sorted({interconnect.NAMES[fabric.kind] for _, fabric in fabrics if fabric.devices}))
+    found = []
+    for label, fabric in fabrics:
+        if up and not choice.kind and not fabric.devices:
+            found.append(Finding(label, "fabric", f"no {kinds} device up where {', '.join(up)} "
+                                 f"ha{'s' if len(up) == 1 else 've'} it: NCCL would use TCP sockets on every node"))
+        if fabric.down:
+            found.append(Finding(label, "fabric", f"{', '.join(fabric.down)} down"))
+    return found, choice.note or "fabric: none up: NCCL uses TCP sockets"
 
 
 def format_table(hosts: Sequence[str], findings: Sequence[Finding], unreachable: Mapping[str, str],

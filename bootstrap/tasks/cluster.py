@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bootstrap import autostop as autostop_plan
 from bootstrap import hosts as hostlists
-from bootstrap import launch, mesh, providers, state, topology
+from bootstrap import interconnect, launch, mesh, providers, state, topology
 from bootstrap.cluster import REMOTE_ROOT, Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.container import check_reference
@@ -175,7 +175,8 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     # No framework is required here (a node may carry TensorFlow, PyTorch or JAX): the same versions everywhere are.
     table, passed = group.preflight(ports=wanted_ports, probes=int(probes),
-                                    gpu_framework=gpu_framework if gpu else None, deep=deep, required=())
+                                    gpu_framework=gpu_framework if gpu else None, deep=deep, required=(),
+                                    fabric=True)
     print(table)
     if not passed:
         raise KilnError("preflight failed (see the table above)")
@@ -292,6 +293,8 @@ TRAIN_HELP = {
     "image": "run every process inside this container image, one container per node (pulled on every node, or "
              "shipped from this machine's Docker engine; the same image id everywhere); --python then names the "
              "image's Python (default: its python3)",
+    "fabric": "the fabric NCCL uses between nodes: auto (EFA or InfiniBand where every node has it up, else TCP "
+              "sockets), efa, ib (refused where a node lacks it), or socket (TCP even where there is a fabric)",
 }
 
 
@@ -300,13 +303,14 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
           mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None, min_np=0, max_np=0,
           base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=0.0, managed=False, max_recoveries=3,
-          down_after=False, image=None, dry_run=False):
+          down_after=False, image=None, fabric="auto", dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
     with no command, kiln's reference trainer. See the README for the environment every process gets. With
     --image REF, every process runs inside that container image, one container per node."""
     launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
+    interconnect.validate(fabric)
     command = user_command(c)
     if command and args:
         raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
@@ -347,7 +351,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
         root=f"~/{REMOTE_ROOT}", program=program, nic=nic or "(found at run time)", ps=int(ps),
         chief=chief, no_chief=no_chief, evaluator=evaluator, mpi=mpi,
-        base_port=int(base_port) or topology.DEFAULT_BASE_PORT, min_np=int(min_np), max_np=int(max_np))
+        base_port=int(base_port) or topology.DEFAULT_BASE_PORT, min_np=int(min_np), max_np=int(max_np),
+        fabric=interconnect.planned(fabric))
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), hosts))
         return
@@ -359,7 +364,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         runtime, processes_python = choose_runtime(group, image, paths, spec.run_id, program, python, timeline)
         spec = replace(spec, names=tuple(n.name for n in nodes), python=processes_python, root=paths.root,
                        nic=nic or topology.common_interface({n.name: n.iface for n in nodes}),
-                       gpus=mesh.gpu_counts(nodes))
+                       gpus=mesh.gpu_counts(nodes),
+                       fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts)) for n in nodes], fabric))
         spec = reserve_run_ports(group, spec, moveable=not int(base_port))
         recover = recoverer(group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
                             check_on_nodes=not image) if managed else None

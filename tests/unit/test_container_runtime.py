@@ -39,6 +39,16 @@ def test_gpus_memlock_checkpoints_and_the_data_volume_follow_the_node():
     assert ("s3://b/p", "rw") not in container.mounts(NodePaths("/root/kiln"), NODE, "s3://b/p")
 
 
+def test_a_node_with_a_fabric_passes_its_rdma_devices_and_topology_file_in():
+    node = container.NodeView(uid=0, gid=0, home="/root", gpus=8, rdma=True, topology="/opt/microsoft/ndv5-topo.xml")
+    binds = container.mounts(NodePaths("/root/kiln"), node, None)
+    argv = container.run_argv("r3", "img", node, binds)
+    assert argv[argv.index("--device") + 1] == "/dev/infiniband"
+    assert ("/opt/microsoft/ndv5-topo.xml", "ro") in binds
+    plain = container.run_argv("r1", "img", NODE, container.mounts(PATHS, NODE, None))
+    assert "--device" not in plain
+
+
 def test_a_process_is_execd_into_the_container_with_its_environment_and_folder():
     item = launch.Launch(1, "worker-1", ("/opt/kiln/venv/bin/python3", "train.py"),
                          {"TF_CONFIG": '{"task": 1}', "KILN_OUTPUT_DIR": "/home/u/kiln/runs/r/output/worker-1"},

@@ -249,3 +249,28 @@ def test_clusters_meshed_side_by_side_on_one_node_keep_each_others_keys_and_name
         assert f"KEY{i}" in authorized, authorized
         assert f"10.9.0.{i} n{i}" in names, names
     assert "127.0.0.1 localhost" in names
+
+
+def efa(state="4: ACTIVE", count=4):
+    return [{"name": f"rdmap{i}s0", "driver": "efa", "link_layer": "Unspecified", "state": state} for i in range(count)]
+
+
+def test_the_fabric_check_names_a_node_that_would_send_the_run_over_sockets():
+    nodes = mesh.nodes_from_facts({Host("n1"): {**facts("node1", "10.9.0.2"), "rdma": efa()},
+                                   Host("n2"): {**facts("node2", "10.9.0.3"), "rdma": efa()},
+                                   Host("n3"): {**facts("node3", "10.9.0.4"), "rdma": efa("1: DOWN")}})
+    found, line = preflight.check_fabric(nodes)
+    assert found == [
+        preflight.Finding("n3", "fabric", "no EFA device up where n1, n2 have it: NCCL would use TCP sockets on "
+                                          "every node"),
+        preflight.Finding("n3", "fabric", "rdmap0s0, rdmap1s0, rdmap2s0, rdmap3s0 down")]
+    assert line.startswith("fabric: TCP sockets: n3 has no EFA device up where n1, n2 have")
+    table = preflight.format_table(["n1", "n2", "n3"], found, {}, (*preflight.CHECKS, "fabric"))
+    assert table.splitlines()[3].split() == ["n3", *["ok"] * 6, "FAIL"]
+
+
+def test_the_fabric_check_passes_a_cluster_that_has_it_everywhere_and_skips_one_without():
+    up = mesh.nodes_from_facts({Host("n1"): {**facts("node1", "10.9.0.2"), "rdma": efa()},
+                                Host("n2"): {**facts("node2", "10.9.0.3"), "rdma": efa()}})
+    assert preflight.check_fabric(up) == ([], "fabric: EFA (4 device(s) per node), NCCL over AWS Libfabric")
+    assert preflight.check_fabric(three_nodes()) == ([], "")
