@@ -181,10 +181,11 @@ class Cluster:
         return [reports[h] for h in self.hosts if h in reports], unreachable
 
     def allreduce_across(self, paths: launch.NodePaths, nic: str, *, max_bytes: int, min_bytes: int,
-                         timeout: float = 300) -> tuple[dict, dict[tuple[int, int], dict]]:
+                         timeout: float = 300, env: dict[str, str] | None = None
+                         ) -> tuple[dict, dict[tuple[int, int], dict]]:
         """An all-reduce across every node at once (one rank per GPU, one per node without), then one across
-        each ring pair of nodes (kiln.gpu.collective.ring_pairs), the pairs of a round side by side: the probes'
-        JSON, (all, {pair: result})."""
+        each ring pair of nodes (kiln.gpu.collective.ring_pairs), the pairs of a round side by side, each rank
+        with `env` (the fabric's): the probes' JSON, (all, {pair: result})."""
         names = [node.name for node in self.nodes]
         slots = topology.resolve_slots("horovod", [None] * len(names), mesh.gpu_counts(self.nodes))
         tag = os.urandom(4).hex()
@@ -192,7 +193,8 @@ class Cluster:
         def measure(members: Sequence[int], label: str) -> dict:
             command = launch.allreduce_command(self.python, paths, [names[i] for i in members],
                                                [slots[i] for i in members], nic, tag=f"{tag}-{label}",
-                                               max_bytes=max_bytes, min_bytes=min_bytes, timeout=timeout)
+                                               max_bytes=max_bytes, min_bytes=min_bytes, timeout=timeout,
+                                               env=env)
             done = self.remote.run(self.hosts[members[0]], ["sh", "-c", command], timeout=timeout + 30)
             return collective.read_horovod_output(done.stdout + "\n" + done.stderr)
 

@@ -547,10 +547,12 @@ def with_fabric(plan: RunPlan, choice: interconnect.Choice) -> RunPlan:
 
 
 def allreduce_command(python: str, paths: NodePaths, names: Sequence[str], slots: Sequence[int], nic: str | None,
-                      *, tag: str, max_bytes: int, min_bytes: int, reps: int = 3, timeout: float = 300) -> str:
+                      *, tag: str, max_bytes: int, min_bytes: int, reps: int = 3, timeout: float = 300,
+                      env: Mapping[str, str] | None = None) -> str:
     """The shell command that measures an all-reduce across `names` from the first of them: one horovodrun
     (through kiln's shims: pinned host keys, as a run's) of kiln.gpu.allreduce, `slots` ranks per node, over
-    `nic`; rank 0 prints the figures. Its hostfile lives under the node's kiln folder while it runs."""
+    `nic`, with `env` too (the fabric's: horovodrun passes it to every rank, so NCCL measures what a run would
+    use); rank 0 prints the figures. Its hostfile lives under the node's kiln folder while it runs."""
     hostfile = f"{paths.root}/checks/allreduce-{tag}.hosts"
     entry = [python, f"{paths.lib}/allreduce.py", "--horovod", "--min-bytes", str(min_bytes), "--max-bytes",
              str(max_bytes), "--reps", str(reps)]
@@ -558,7 +560,7 @@ def allreduce_command(python: str, paths: NodePaths, names: Sequence[str], slots
                                     hostfile=hostfile, entry=entry, nic=nic)
     run = commands.remote_command(argv, timeout=timeout, cwd=paths.lib,
                                   env={"PATH": process_path(python, paths), "PYTHONPATH": paths.lib,
-                                       "TF_CPP_MIN_LOG_LEVEL": "3"})
+                                       "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})})
     quoted = shlex.quote(hostfile)
     return (f"mkdir -p {shlex.quote(paths.root + '/checks')} && printf %s "
             f"{shlex.quote(topology.horovod_hostfile(names, slots))} > {quoted} && "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from bootstrap import launch, mesh, state, topology
+from bootstrap import interconnect, launch, mesh, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.container import ContainerRuntime, HostRuntime, Runtime
 from bootstrap.errors import KilnError
@@ -42,11 +42,13 @@ def check_collective(group: Cluster, nic: str | None, record: state.ClusterRecor
     interface = nic or topology.common_interface({n.name: n.iface for n in group.nodes})
     gpus = mesh.gpu_counts(group.nodes)
     size = gpu_collective.max_bytes([]) if any(gpus) else CPU_ALLREDUCE_BYTES
-    everyone, pairs = group.allreduce_across(paths, interface, max_bytes=size, min_bytes=min(size, 64 << 20))
+    fabric = interconnect.choose([(node.name, interconnect.of_node(node.facts)) for node in group.nodes])
+    everyone, pairs = group.allreduce_across(paths, interface, max_bytes=size, min_bytes=min(size, 64 << 20),
+                                             env=dict(fabric.env))
     names = [node.name for node in group.nodes]
     verdict = gpu_collective.judge_across(names, everyone, pairs, record.node_type if record else None,
                                           max(gpus))
-    print(f"\ncollective over {interface}:")
+    print(f"\ncollective over {interface}" + (f" ({fabric.note})" if fabric.note else "") + ":")
     for line in [*verdict.lines, *verdict.notes]:
         print(f"  {line}")
     found = [f"{name}: {problem}" for name, problems in verdict.nodes.items() for problem in problems]

@@ -172,3 +172,10 @@ def test_the_all_reduce_check_runs_one_horovodrun_through_kilns_shims():
             f"--gloo-timeout-seconds 60 --network-interfaces ens5 {PY} {ROOTDIR}/lib/allreduce.py "
             "--horovod") in command
     assert f"PATH={ROOTDIR}/lib/shim:/v/bin:" in command and f"rm -f {hosts}" in command
+
+
+def test_the_all_reduce_check_gives_every_rank_the_fabric_a_run_would_use():
+    command = launch.allreduce_command(PY, NodePaths(ROOTDIR), ["node1", "node2"], [8, 8], "ens5", tag="t2",
+                                       max_bytes=1 << 30, min_bytes=64 << 20,
+                                       env={"NCCL_NET": "AWS Libfabric", "FI_PROVIDER": "efa"})
+    assert "'NCCL_NET=AWS Libfabric' FI_PROVIDER=efa" in command
