@@ -94,6 +94,7 @@ from testbed.arm_access import AUTHORIZATION_API, OPERATION_POLLS, Access, autho
 from testbed.arm_access import action_of as access_action
 from testbed.arm_disks import DiskHandlers
 from testbed.arm_network import NetworkHandlers
+from testbed.arm_prices import PriceHandlers
 from testbed.arm_rules import (
     COMPUTE_API,
     DISK_API,
@@ -151,7 +152,7 @@ from testbed.arm_vms import Guest, VmHandlers
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Arm(NetworkHandlers, DiskHandlers, VmHandlers):
+class Arm(NetworkHandlers, DiskHandlers, VmHandlers, PriceHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
 
     def __init__(self, subscription: str = "00000000-0000-0000-0000-000000000000",
@@ -164,6 +165,8 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers):
         self.op_delay = op_delay
         self.boot_delay = boot_delay
         self.calls: list[tuple[str, str]] = []
+        self.prices_asked: list[dict[str, str]] = []  # the Retail Prices API's queries, as asked
+        self._meters: list[dict] = []  # the Retail Prices API's items (price())
         self._token = secrets.token_urlsafe(32)
         self._groups: dict[str, dict] = {}  # lower-case name -> resource group
         self._resources: dict[str, dict] = {}  # lower-case id -> resource, as ARM writes it
@@ -402,6 +405,7 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers):
             ("GET", sub + "/providers/Microsoft.Network/locations/{location}/operationResults/{operation}",
              "networkOperationResults.get", NETWORK_API, self._op_result),
             ("GET", "/blobs/{n1}/{blob}", "blobs.get", None, self._blob_get),
+            ("GET", "/api/retail/prices", "retailPrices.list", None, self._prices_list),
         ]
         for kind, put in (("disks", self._disk_put), ("snapshots", self._snapshot_put)):
             table += [("PUT", cp + f"/{kind}/{{n1}}", f"{kind}.createOrUpdate", DISK_API, put, True),

@@ -494,3 +494,31 @@ def test_a_location_without_the_size_or_its_capacity_moves_the_cluster_to_the_ne
     assert sum(line.startswith("vm ") for line in leftovers(arm, "fa")) == 2
     assert kiln("down", "fa").returncode == 0
     assert leftovers(arm, "fa") == [] and leftovers(arm, "fs") == []
+
+
+def test_by_price_tries_the_location_whose_spot_price_is_lowest_now_first(env, arm, monkeypatch):
+    """--spot --by-price reads each location's Spot meter from the Retail Prices API (the stand-in's, paged two
+    items at a time so kiln follows NextPageLink): westus2 is cheaper now, so the cluster comes up there; the
+    Windows and Low Priority meters, cheaper still, are not taken for it."""
+    arm.add_image("kiln-images-westus2", "kiln-gpu-w", tags={"kiln:profile": "gpu"}, location="westus2")
+    arm.price(LOCATION, "Standard_NC4as_T4_v3", spot=0.30, on_demand=0.526)
+    arm.price("westus2", "Standard_NC4as_T4_v3", spot=0.21, on_demand=0.526)
+    monkeypatch.setenv(cloud.PRICES_ENV, arm.endpoint)
+    monkeypatch.setattr(arm, "page_size", 2)
+    asked = len(arm.prices_asked)
+    made = subprocess.run([str(KILN), "up", "bp", "--provider", "azure", "--gpus", "T4:1", "--spot", "--by-price",
+                           "--regions", f"{LOCATION},westus2", "--ssh-cidr", CIDR, "--ssh-wait", "0"],
+                          capture_output=True, text=True, timeout=300)
+    try:
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert ("  1. azure westus2 Standard_NC4as_T4_v3 spot ($0.21/h now)\n"
+                f"  2. azure {LOCATION} Standard_NC4as_T4_v3 spot ($0.3/h now)\n") in made.stdout, made.stdout
+        assert "up: trying azure westus2 Standard_NC4as_T4_v3 spot (1 of 2)" in made.stdout, made.stdout
+        assert state.load_cluster("bp").region == "westus2"
+        queries = arm.prices_asked[asked:]
+        assert {q["$filter"].split("armRegionName eq '")[1].split("'")[0] for q in queries} == {LOCATION, "westus2"}
+        assert any("$skip" in q for q in queries), "kiln read the following pages"
+        assert all(q["api-version"] == plan.RETAIL_PRICES_API for q in queries)
+    finally:
+        cloud.down("bp")
+    assert leftovers(arm, "bp") == []

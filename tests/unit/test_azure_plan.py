@@ -145,3 +145,32 @@ def test_names_ids_and_tags():
     assert plan.cluster_tags("c1", "me", NOW, 2)[plan.TAG_EXPIRES] == "2026-11-26T10:00:00Z"
     assert plan.IMAGE_ID.fullmatch(IMAGE) and plan.IMAGE_ID.fullmatch(
         f"/subscriptions/{SUB}/resourceGroups/g/providers/Microsoft.Compute/galleries/kiln/images/gpu/versions/latest")
+
+
+def retail_item(size, sku_name, product, price, unit="1 Hour"):
+    """One item as Azure's Retail Prices API answers (its documented sample's fields)."""
+    return {"currencyCode": "USD", "retailPrice": price, "unitPrice": price, "armRegionName": "eastus",
+            "location": "US East", "meterName": sku_name, "productName": product, "skuName": sku_name,
+            "serviceName": "Virtual Machines", "unitOfMeasure": unit, "type": "Consumption", "armSkuName": size}
+
+
+def test_the_spot_price_is_the_linux_spot_meter_of_each_size():
+    items = [retail_item("Standard_NC4as_T4_v3", "NC4as T4 v3", "Virtual Machines NCasT4 v3 Series", 0.526),
+             retail_item("Standard_NC4as_T4_v3", "NC4as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 0.21),
+             retail_item("Standard_NC4as_T4_v3", "NC4as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series Windows",
+                         0.19),
+             retail_item("Standard_NC4as_T4_v3", "NC4as T4 v3 Low Priority", "Virtual Machines NCasT4 v3 Series",
+                         0.1),
+             retail_item("Standard_NC8as_T4_v3", "NC8as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 0.3),
+             retail_item("Standard_NC8as_T4_v3", "NC8as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 9.0,
+                         unit="1/Month")]
+    assert plan.lowest_spot_prices(items) == {"Standard_NC4as_T4_v3": 0.21, "Standard_NC8as_T4_v3": 0.3}
+    assert plan.lowest_spot_prices([]) == {}
+
+
+def test_the_price_filter_names_one_size_in_one_location_and_refuses_anything_else():
+    assert plan.price_filter("eastus", "Standard_NC4as_T4_v3") == (
+        "serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' and armSkuName eq 'Standard_NC4as_T4_v3' "
+        "and priceType eq 'Consumption'")
+    with pytest.raises(UsageError, match="not a VM size and a location"):
+        plan.price_filter("eastus", "Standard_X' or serviceName eq 'Storage")

@@ -13,6 +13,7 @@ Every long-running call is waited on through the SDK's own poller, with a timeou
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import ssl
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
 from datetime import UTC, datetime
 from typing import ClassVar
-from urllib.parse import urlparse
+from urllib.parse import urlencode, urlparse
 
 from bootstrap import state
 from bootstrap.errors import UsageError
@@ -51,6 +52,8 @@ from kiln.hostkeys import console_host_keys
 ENDPOINT_ENV = "KILN_AZURE_ENDPOINT"
 CA_FILE_ENV = "KILN_AZURE_CA_FILE"
 TOKEN_ENV = "KILN_AZURE_TOKEN"
+PRICES_ENV = "KILN_AZURE_PRICES"
+PRICE_PAGES = 20  # pages of the Retail Prices API read at most per size (one holds a size's meters many times over)
 SUBSCRIPTION_ENV = "AZURE_SUBSCRIPTION_ID"
 OPERATION_TIMEOUT_S = 900
 CALL_TIMEOUT_S = 60
@@ -326,6 +329,35 @@ def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
         if error.code == 404:
             return []
         raise AzureError(f"the serial log of {vm}: HTTP {error.code}") from None
+
+
+def spot_prices(sizes: Sequence[str], location: str, *, endpoint: str | None = None,
+                ca_file: str | None = None) -> dict[str, float]:
+    """Each size's Spot price per hour now in `location`, from Azure's Retail Prices API (no sign-in; every page
+    of the answer); a size without a Linux Spot meter there is left out. `KILN_AZURE_PRICES` aims it elsewhere
+    (the tests' stand-in, with KILN_AZURE_CA_FILE)."""
+    base = (endpoint or os.environ.get(PRICES_ENV) or plan.RETAIL_PRICES).rstrip("/")
+    ca_file = ca_file or (os.environ.get(CA_FILE_ENV) if loopback(base) else None)
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+    handlers = [urllib.request.HTTPSHandler(context=context)]
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback(base) else []), *handlers)
+    items: list[dict] = []
+    for size in sizes:
+        url: str | None = f"{base}/api/retail/prices?" + urlencode(
+            {"api-version": plan.RETAIL_PRICES_API, "$filter": plan.price_filter(location, size)})
+        for _ in range(PRICE_PAGES):
+            if not url:
+                break
+            try:
+                with opener.open(url, timeout=CALL_TIMEOUT_S) as response:
+                    page = json.loads(response.read())
+            except urllib.error.HTTPError as error:
+                raise AzureError(f"Azure's retail prices of {size} in {location}: HTTP {error.code}") from None
+            except (OSError, ValueError) as error:
+                raise AzureError(f"Azure's retail prices of {size} in {location}: {error}") from None
+            items += page.get("Items") or []
+            url = page.get("NextPageLink")
+    return plan.lowest_spot_prices(items)
 
 
 def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,

@@ -330,3 +330,31 @@ def snapshot_body(disk_id: str, location: str, tags: Mapping[str, str], moment: 
 
 def snapshot_name(disk: str, taken: str) -> str:
     return f"{disk}-{taken.lower().replace(':', '').replace('-', '')}"
+
+
+# Azure's Retail Prices API (no sign-in): every meter's price, filtered with OData. A VM size has a meter per OS and
+# kind of use; Spot ones end their skuName with "Spot", Windows ones name Windows in their productName.
+RETAIL_PRICES = "https://prices.azure.com"
+RETAIL_PRICES_API = "2023-01-01-preview"
+
+
+def price_filter(location: str, size: str) -> str:
+    """The $filter that asks for one size's pay-as-you-go meters in one location (both checked first: they go into
+    the filter's quotes)."""
+    if not LOCATION.fullmatch(location) or not VM_SIZE.fullmatch(size):
+        raise UsageError(f"no prices for {size!r} in {location!r}: not a VM size and a location")
+    return (f"serviceName eq 'Virtual Machines' and armRegionName eq '{location}' and armSkuName eq '{size}' "
+            "and priceType eq 'Consumption'")
+
+
+def lowest_spot_prices(items: Iterable[Mapping]) -> dict[str, float]:
+    """Each size's Linux Spot price per hour from the Retail Prices API's items: Spot meters only (not Low
+    Priority, not Windows), priced by the hour in USD; the lowest where a size has several."""
+    lowest: dict[str, float] = {}
+    for item in items:
+        if (str(item.get("skuName", "")).endswith(" Spot") and "Windows" not in str(item.get("productName", ""))
+                and item.get("unitOfMeasure") == "1 Hour" and item.get("currencyCode", "USD") == "USD"
+                and item.get("armSkuName") and isinstance(item.get("unitPrice"), int | float)):
+            size = item["armSkuName"]
+            lowest[size] = min(lowest.get(size, float("inf")), float(item["unitPrice"]))
+    return lowest

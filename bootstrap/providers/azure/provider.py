@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bootstrap import state
+from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement, provision
 from bootstrap.providers.azure import plan
@@ -39,7 +40,7 @@ class AzureProvider:
                             "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"})
     volumes = True
     where = ("subscription", "location")
-    prices = ""
+    prices = "Azure's Retail Prices API (the Linux Spot meter of the size in the location)"
 
     def __init__(self, subscription: str | None = None, location: str | None = None):
         self.subscription, self.location = subscription, location
@@ -146,8 +147,12 @@ class AzureProvider:
         cloud.arm_autostop(cluster)
 
     def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
-        """None: Azure's prices are in its Retail Prices API, which kiln does not read."""
-        return {}
+        from bootstrap.providers.azure import cloud
+
+        location = self.location or os.environ.get(LOCATION_ENV)
+        if not location:
+            raise UsageError(f"no location to price: give --location or set {LOCATION_ENV}")
+        return cloud.spot_prices(instance_types, location)
 
 
 def said(made: dict) -> list[str]:
