@@ -47,7 +47,7 @@ def check_collective(group: Cluster, nic: str | None, record: state.ClusterRecor
                                              env=dict(fabric.env))
     names = [node.name for node in group.nodes]
     verdict = gpu_collective.judge_across(names, everyone, pairs, record.node_type if record else None,
-                                          max(gpus))
+                                          max(gpus), fabric.kind)
     print(f"\ncollective over {interface}" + (f" ({fabric.note})" if fabric.note else "") + ":")
     for line in [*verdict.lines, *verdict.notes]:
         print(f"  {line}")

@@ -111,6 +111,7 @@ class Floor:
     gpus: int
     busbw: float
     source: str
+    fabric: str = ""  # the fabric a cluster floor holds over (efa, ib); "" for a node's own
 
     def matches(self, name: str, gpus: int) -> bool:
         return self.gpus == gpus and re.search(self.pattern, name) is not None
@@ -125,8 +126,11 @@ FLOORS = (
     # AWS's cluster health checks (advisory) hold p5 nodes to about 500 GB/s over NVLink within a node and
     # about 800 GB/s all-reduce bus bandwidth across p5 nodes over EFA.
     Floor("cluster", r"^p5\.48xlarge$|^p5e\.48xlarge$|^p5en\.48xlarge$", 8, 800.0,
-          "AWS cluster health checks (advisory), p5 across nodes"),
+          "AWS cluster health checks (advisory), p5 across nodes", "efa"),
 )
+
+
+FABRIC_NAMES = {"efa": "EFA", "ib": "InfiniBand", "socket": "TCP sockets"}
 
 
 def floor_for(scope: str, name: str, gpus: int) -> Floor | None:
@@ -170,11 +174,18 @@ def judge_nodes(measurements: Mapping[str, Measurement]) -> tuple[dict[str, list
     return verdicts, notes
 
 
-def judge_cluster(measurement: Measurement, node_type: str | None, gpus_per_node: int) -> tuple[list[str],
-                                                                                                   list[str]]:
-    """The all-ranks all-reduce across the nodes against the floor for their node type (None: not known)."""
+def judge_cluster(measurement: Measurement, node_type: str | None, gpus_per_node: int,
+                  fabric: str = "") -> tuple[list[str], list[str]]:
+    """The all-ranks all-reduce across the nodes against the floor for their node type (None: not known); a
+    floor that holds over a fabric (EFA) the measurement did not use (`fabric`: the one it used, "" for TCP
+    sockets) fails the cluster for that, whatever the figure: its machines were paid for the fabric."""
     floor = floor_for("cluster", node_type, gpus_per_node) if node_type else None
-    return judge_measurement("the cluster", measurement, floor)
+    found, notes = judge_measurement("the cluster", measurement, floor)
+    if floor and floor.fabric and fabric != floor.fabric:
+        found.append(f"the all-reduce ran over {FABRIC_NAMES.get(fabric, 'TCP sockets')} where {node_type} is held "
+                     f"to {floor.busbw:.0f} GB/s over {FABRIC_NAMES[floor.fabric]} ({floor.source}): the nodes' "
+                     f"{FABRIC_NAMES[floor.fabric]} is not in use (kiln check's fabric column says why)")
+    return found, notes
 
 
 def gbps(value: float) -> str:
@@ -284,7 +295,7 @@ class Across:
 
 
 def judge_across(names: Sequence[str], everyone: Mapping, pairs: Mapping[tuple[int, int], Mapping],
-                 node_type: str | None, gpus_per_node: int) -> Across:
+                 node_type: str | None, gpus_per_node: int, fabric: str = "") -> Across:
     """All ranks at once against the node type's floor (where known), and the ring pairs side by side against
     each other (a node in only slow pairs is named)."""
     nodes: dict[str, list[str]] = {name: [] for name in names}
@@ -293,7 +304,7 @@ def judge_across(names: Sequence[str], everyone: Mapping, pairs: Mapping[tuple[i
     if isinstance(read, str):
         cluster.append(f"all-reduce across the nodes: {read}")
     else:
-        cluster, notes = judge_cluster(read, node_type, gpus_per_node)
+        cluster, notes = judge_cluster(read, node_type, gpus_per_node, fabric)
         lines.append(summary(f"across {len(names)} node(s)", read))
     peaks = {}
     for (a, b), result in pairs.items():

@@ -67,12 +67,23 @@ def test_wrong_values_fail_the_measurement():
 
 def test_a_cluster_is_judged_by_its_node_type_only_where_it_is_known():
     measured = parse_nccl_tests(TWO_NODES)
-    found, notes = collective.judge_cluster(measured, "p5.48xlarge", 8)
+    found, notes = collective.judge_cluster(measured, "p5.48xlarge", 8, "efa")
     assert found == ["all-reduce bus bandwidth 196.5 GB/s over 16 GPU(s), under the 800 GB/s floor "
                      "(AWS cluster health checks (advisory), p5 across nodes)"]
     found, notes = collective.judge_cluster(measured, None, 8)
     assert found == [] and notes == [f"the cluster: no all-reduce floor for {H100} x 16, bus bandwidth 196.5 GB/s "
                                      "not judged"]
+
+
+def test_a_p5_cluster_measured_over_sockets_is_told_its_efa_is_not_in_use():
+    measured = parse_nccl_tests(TWO_NODES)
+    found, _ = collective.judge_cluster(measured, "p5.48xlarge", 8)
+    assert found[-1] == ("the all-reduce ran over TCP sockets where p5.48xlarge is held to 800 GB/s over EFA (AWS "
+                         "cluster health checks (advisory), p5 across nodes): the nodes' EFA is not in use (kiln "
+                         "check's fabric column says why)")
+    assert len(found) == 2 and found[0].startswith("all-reduce bus bandwidth 196.5 GB/s"), "and the figure itself"
+    assert len(collective.judge_cluster(measured, "p5.48xlarge", 8, "efa")[0]) == 1, "over EFA: the figure alone"
+    assert collective.judge_cluster(measured, "g6.xlarge", 1, "")[0] == [], "no floor: nothing to hold it to"
 
 
 def test_what_is_not_an_all_reduce_report():
