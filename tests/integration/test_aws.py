@@ -29,6 +29,7 @@ from bootstrap.cluster import Cluster  # noqa: E402
 from bootstrap.commands import SshOptions  # noqa: E402
 from bootstrap.errors import KilnError, UsageError  # noqa: E402
 from bootstrap.providers.aws import cloud as aws  # noqa: E402
+from bootstrap.providers.aws import efa as efa_plan  # noqa: E402
 from bootstrap.providers.aws import plan  # noqa: E402
 from kiln import sshwait as reach  # noqa: E402
 
@@ -203,6 +204,7 @@ def leftovers(ec2, name: str | None = None, snapshots: bool = True) -> list[str]
               if k["KeyName"].startswith(prefix)]
     found += [f"placement-group {g['GroupName']}" for g in ec2.describe_placement_groups()["PlacementGroups"]
               if g["GroupName"].startswith(prefix)]
+    found += [f"elastic-ip {a['AllocationId']}" for a in ec2.describe_addresses(Filters=tag)["Addresses"]]
     if snapshots:
         found += snapshots_of(ec2, name)
     return found
@@ -594,6 +596,106 @@ def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, ec2
     assert state.load_cluster("keep") == before
     aws.down("keep")
     assert leftovers(ec2) == []
+
+
+class Recording:
+    """An EC2 client that keeps the parameters of every call kiln makes through it: what EC2 was sent (moto keeps
+    no EFA interfaces: it makes plain ones, whatever the request asks for)."""
+
+    def __init__(self, client):
+        self.client, self.calls = client, []
+
+    def __getattr__(self, attribute):
+        value = getattr(self.client, attribute)
+        if not callable(value) or attribute.startswith("get_"):
+            return value
+
+        def call(**kwargs):
+            self.calls.append((attribute, kwargs))
+            return value(**kwargs)
+        return call
+
+    def sent(self, api: str) -> list[dict]:
+        return [kwargs for attribute, kwargs in self.calls if attribute == api]
+
+
+def addresses_of(ec2, name: str) -> list[dict]:
+    return ec2.describe_addresses(Filters=[{"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}])["Addresses"]
+
+
+def efa_interfaces_of(run: dict) -> list[tuple[int, int, str]]:
+    return [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in run["NetworkInterfaces"]]
+
+
+P5_INTERFACES = [(0, 0, "efa"), *((card, 1, "efa-only") for card in range(1, 32))]
+
+
+def test_an_efa_type_gets_an_interface_per_network_card_and_elastic_ips_that_down_releases(env, ec2, image):
+    """p5.48xlarge (32 network cards in EC2's data, which moto serves): 32 EFA interfaces per instance in one
+    default subnet of a zone that offers the type, the group letting all traffic out to itself, an Elastic IP per
+    instance as its public address; a replacement gets the same interfaces and an address of its own (the old one
+    is released); down releases every address."""
+    connected = aws.connect()
+    connected.ec2 = sent = Recording(KeyedConsoles(connected.ec2))
+    made = aws.up("efa", 2, "p5.48xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+
+    [run] = sent.sent("run_instances")
+    group = ec2.describe_security_groups(GroupNames=["kiln-efa"])["SecurityGroups"][0]
+    assert "SecurityGroupIds" not in run and run["Placement"] == {"GroupName": "kiln-efa"}
+    assert efa_interfaces_of(run) == P5_INTERFACES
+    assert all(i["Groups"] == [group["GroupId"]] and i["DeleteOnTermination"] for i in run["NetworkInterfaces"])
+    [subnet_id] = {i["SubnetId"] for i in run["NetworkInterfaces"]}
+    [subnet] = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"]
+    offered = {o["Location"] for o in ec2.describe_instance_type_offerings(LocationType="availability-zone", Filters=[
+        {"Name": "instance-type", "Values": ["p5.48xlarge"]}])["InstanceTypeOfferings"]}
+    assert subnet["DefaultForAz"] and subnet["AvailabilityZone"] in offered
+
+    assert sent.sent("authorize_security_group_egress") == [{"GroupId": group["GroupId"], "IpPermissions": [
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["GroupId"],
+                                                   "Description": "kiln: EFA traffic to cluster members"}]}]}]
+    assert any(pair["GroupId"] == group["GroupId"] for p in group["IpPermissionsEgress"] if p["IpProtocol"] == "-1"
+               for pair in p.get("UserIdGroupPairs", []))
+    ranges = [r["CidrIp"] for p in group["IpPermissions"] for r in p.get("IpRanges", [])]
+    assert ranges == [CIDR]  # nothing more opened from outside
+
+    addresses = {a["PublicIp"]: a for a in addresses_of(ec2, "efa")}
+    instances = {i["InstanceId"]: i for i in instances_of(ec2, "efa")}
+    saved = state.load_cluster("efa")
+    assert sorted(addresses) == sorted(h.address for h in saved.hosts) and len(addresses) == 2
+    for node in saved.instances:
+        address = addresses[node.address]
+        assert instances[node.id]["PublicIpAddress"] == node.address
+        assert address["NetworkInterfaceId"] == efa_plan.primary_interface(instances[node.id])
+        assert plan.tags_of(address)[plan.TAG_CLUSTER] == "efa" and address["Domain"] == "vpc"
+    assert [a["TagSpecifications"] for a in sent.sent("allocate_address")] == [
+        plan.tag_specifications(plan.tags_of(instances[made["instances"][0]]), "elastic-ip")] * 2
+
+    lost = saved.instances[1]
+    host, _ = aws.replace("efa", lost.address, aws=connected, ssh_wait_s=0)
+    _, again = sent.sent("run_instances")
+    assert again["MinCount"] == 1 and efa_interfaces_of(again) == P5_INTERFACES
+    assert {i["SubnetId"] for i in again["NetworkInterfaces"]} == {subnet_id}
+    after = {a["PublicIp"]: a for a in addresses_of(ec2, "efa")}
+    assert sorted(after) == sorted([saved.instances[0].address, host.address]) and lost.address not in after
+    [new] = [i for i in instances_of(ec2, "efa") if i["InstanceId"] not in instances]
+    assert new["PublicIpAddress"] == host.address
+
+    removed = aws.down("efa")
+    assert sum(line.startswith("elastic-ip ") for line in removed) == 2
+    assert addresses_of(ec2, "efa") == [] and leftovers(ec2) == []
+
+
+@pytest.mark.parametrize(("api", "nth", "step"), [
+    ("authorize_security_group_egress", 1, "allow EFA traffic out to the security group"),
+    ("associate_address", 2, "give each instance an Elastic IP"),
+])
+def test_a_failed_efa_launch_releases_its_elastic_ips_too(env, ec2, image, api, nth, step):
+    connected = aws.connect()
+    connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
+    with pytest.raises(aws.AwsError, match=f"^cluster.up fefa: could not {step}: InsufficientInstanceCapacity: "
+                                           "no capacity; everything it had created was removed$"):
+        aws.up("fefa", 2, "p4d.24xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+    assert leftovers(ec2) == [] and addresses_of(ec2, "fefa") == []
 
 
 def test_launch_removes_everything_when_the_run_cannot_start(env, ec2, image):

@@ -17,6 +17,7 @@ from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import provision
+from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
@@ -51,6 +52,7 @@ class Record(CloudRecord):
     request: dict
     data_volumes: tuple[str, ...] = ()
     restored_from: str | None = None
+    efa: dict | None = None  # efa_plan.Efa's fields, where the instance type has EFA
 
     kind: ClassVar[str] = "aws"
     volumes_field: ClassVar[str] = "data_volumes"
@@ -58,6 +60,11 @@ class Record(CloudRecord):
     def planned(self) -> plan.Request:
         tags = tuple(tuple(pair) for pair in self.request.get("image_tags", ()))
         return plan.Request(**{**self.request, "image_tags": tags})
+
+    def network(self) -> efa_plan.Efa | None:
+        if not self.efa:
+            return None
+        return efa_plan.Efa(self.efa["subnet_id"], self.efa["zone"], tuple(self.efa["cards"]))
 
 
 @dataclass
@@ -127,6 +134,57 @@ def check_instance_type(aws: Aws, request: plan.Request) -> None:
         raise Unavailable(f"--instance-type {request.instance_type}: not offered in {aws.region}", code="Unsupported")
 
 
+def efa_network(aws: Aws, request: plan.Request) -> efa_plan.Efa | None:
+    """Where and with which interfaces an instance type with EFA is launched (efa.efa_cards, efa.default_subnet), from
+    EC2's own answers; None for a type without EFA. A region with no default subnet in a zone that offers the
+    type is Unavailable (failover moves on). Where the type cannot be described (a role without
+    ec2:DescribeInstanceTypes), a type the catalog knows has EFA is refused, any other is launched as before."""
+    try:
+        described = aws.ec2.describe_instance_types(InstanceTypes=[request.instance_type])["InstanceTypes"]
+    except Exception as error:
+        if request.instance_type not in efa_plan.EFA_NETWORK_CARDS:
+            return None
+        raise AwsError(f"cluster.up {request.name}: could not read the network cards of {request.instance_type} "
+                       f"(DescribeInstanceTypes): {describe_error(error)}; nothing was created") from None
+    cards = efa_plan.efa_cards(described[0].get("NetworkInfo") or {}) if described else ()
+    if not cards:
+        return None
+    try:
+        zones = [offer["Location"] for offer in aws.ec2.describe_instance_type_offerings(
+            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [request.instance_type]}])[
+            "InstanceTypeOfferings"]]
+        subnets = aws.ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    except Exception as error:
+        raise AwsError(f"cluster.up {request.name}: could not find a subnet for the EFA interfaces of "
+                       f"{request.instance_type}: {describe_error(error)}; nothing was created") from None
+    subnet = efa_plan.default_subnet(subnets, zones)
+    if subnet is None:
+        raise Unavailable(f"--instance-type {request.instance_type}: EFA needs a default subnet in a zone of "
+                          f"{aws.region} that offers it, and there is none (zones offering it: "
+                          f"{', '.join(sorted(zones)) or 'none'})", code="NoDefaultSubnet")
+    return efa_plan.Efa(subnet["SubnetId"], subnet["AvailabilityZone"], cards)
+
+
+def give_addresses(aws: Aws, instances: Sequence[dict], tags: dict[str, str]) -> list[str]:
+    """Allocate an Elastic IP (tagged with the cluster) for each instance and associate it with its card-0
+    interface: EC2 gives no public IPv4 address to an instance launched with several interfaces. The allocation
+    ids, in the instances' order."""
+    allocated = []
+    for instance in instances:
+        interface = efa_plan.primary_interface(instance)
+        if interface is None:
+            raise AwsError(f"{instance['InstanceId']} has no network interface at card 0, device 0")
+        allocation = aws.ec2.allocate_address(**plan.address_request(tags))["AllocationId"]
+        allocated.append(allocation)
+        aws.ec2.associate_address(AllocationId=allocation, NetworkInterfaceId=interface)
+    return allocated
+
+
+def described_instances(aws: Aws, instance_ids: Sequence[str]) -> list[dict]:
+    return plan.launch_order([i for r in aws.ec2.describe_instances(InstanceIds=list(instance_ids))["Reservations"]
+                              for i in r["Instances"]])
+
+
 def spot_prices(instance_types: Sequence[str], *, region: str | None = None, profile: str | None = None,
                 aws: Aws | None = None, now: datetime | None = None) -> dict[str, float]:
     """The spot price now of each type in the region (plan.lowest_spot_prices), from EC2's spot price history."""
@@ -184,6 +242,8 @@ def find_resources(aws: Aws, name: str | None = None) -> list[plan.Resource]:
               for k in aws.ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]]
     found += [plan.Resource("placement-group", g["GroupName"], plan.tags_of(g), g.get("State", ""))
               for g in aws.ec2.describe_placement_groups(Filters=tagged)["PlacementGroups"]]
+    found += [plan.Resource("elastic-ip", a["AllocationId"], plan.tags_of(a))
+              for a in aws.ec2.describe_addresses(Filters=tagged)["Addresses"] if a.get("AllocationId")]
     return found
 
 
@@ -211,12 +271,28 @@ def delete(aws: Aws, resource: plan.Resource) -> None:
     calls = {"volume": lambda: aws.ec2.delete_volume(VolumeId=resource.id),
              "security-group": lambda: aws.ec2.delete_security_group(GroupId=resource.id),
              "key-pair": lambda: aws.ec2.delete_key_pair(KeyName=resource.id),
-             "placement-group": lambda: aws.ec2.delete_placement_group(GroupName=resource.id)}
+             "placement-group": lambda: aws.ec2.delete_placement_group(GroupName=resource.id),
+             "elastic-ip": lambda: release_address(aws, resource.id)}
     try:
         calls[resource.kind]()
     except botocore.exceptions.ClientError as error:
         if "NotFound" not in error_code(error):
             raise
+
+
+def release_address(aws: Aws, allocation_id: str) -> None:
+    """Release an Elastic IP, first parting it from an interface it is still associated with (a terminated
+    instance's interface lets go of it a little after the instance is gone)."""
+    import botocore.exceptions
+
+    for address in aws.ec2.describe_addresses(AllocationIds=[allocation_id])["Addresses"]:
+        if address.get("AssociationId"):
+            try:
+                aws.ec2.disassociate_address(AssociationId=address["AssociationId"])
+            except botocore.exceptions.ClientError as error:
+                if "NotFound" not in error_code(error):
+                    raise
+    aws.ec2.release_address(AllocationId=allocation_id)
 
 
 def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINATED_TIMEOUT_S) -> list[str]:
@@ -260,6 +336,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     aws = aws or connect(region, profile)
     owner = caller(aws)
     check_instance_type(aws, request)
+    network = efa_network(aws, request)
     image = find_image(aws, request)
     taken = find_resources(aws, request.name)
     if taken:
@@ -282,7 +359,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         return [r for r in find_resources(aws, request.name) if r.kind == kind]
 
     def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
-        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key)
+        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, efa=network)
 
         progress.step = "import the key pair"
         rollback.push("delete the key pair", lambda: [delete(aws, r) for r in mine("key-pair")])
@@ -291,24 +368,32 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         progress.step = "create the security group"
         rollback.push("delete the security group", lambda: [delete(aws, r) for r in mine("security-group")])
         made["group_id"] = aws.ec2.create_security_group(**steps.create_security_group)["GroupId"]
-        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=made["group_id"])
+        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=made["group_id"],
+                                  efa=network)
 
         progress.step = "allow SSH and cluster traffic in the security group"
         aws.ec2.authorize_security_group_ingress(**steps.authorize_ingress)
+        if steps.authorize_egress:
+            progress.step = "allow EFA traffic out to the security group"
+            aws.ec2.authorize_security_group_egress(**steps.authorize_egress)
 
         progress.step = "create the placement group"
         rollback.push("delete the placement group", lambda: [delete(aws, r) for r in mine("placement-group")])
         aws.ec2.create_placement_group(**steps.create_placement_group)
 
         progress.step = "run the instances"
-        rollback.push("terminate the instances", lambda: remove(aws, mine("instance") + mine("volume")))
+        rollback.push("terminate the instances",  # and release their Elastic IPs, once they are gone
+                      lambda: remove(aws, mine("instance") + mine("volume") + mine("elastic-ip")))
         launched = aws.ec2.run_instances(**steps.run_instances)["Instances"]
         made["instances"] = [i["InstanceId"] for i in launched]
 
         progress.step = "wait until the instances run"
         wait(aws, "instance_running", made["instances"], running_timeout_s)
-        described = plan.launch_order([i for r in aws.ec2.describe_instances(InstanceIds=made["instances"])[
-            "Reservations"] for i in r["Instances"]])
+        described = described_instances(aws, made["instances"])
+        if network:
+            progress.step = "give each instance an Elastic IP"
+            give_addresses(aws, described, tags)
+            described = described_instances(aws, made["instances"])
         made["volumes"] = []
         if request.volume_gib:
             progress.step = "create the data volumes"
@@ -319,7 +404,8 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
 
     def save(nodes: Nodes) -> None:
         Record(aws.region, made["group_id"], plan.resource_name(request.name), plan.resource_name(request.name),
-               image, tags, asdict(request), tuple(made["volumes"]), note).save(request.name)
+               image, tags, asdict(request), tuple(made["volumes"]), note,
+               efa=asdict(network) if network else None).save(request.name)
 
     cluster = provision.up(request.name, Verbs(
         "aws", AwsError, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s), save, describe_error,
@@ -362,19 +448,38 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
     record, cloud = state.load_cluster(name), Record.load(name)
     if record is None or cloud is None or not cloud.request:
         raise UsageError(f"cluster {name}: no record of how kiln launched it (kiln up of this version makes one)")
-    provision.node_at(record, address)
+    old, _ = provision.node_at(record, address)
     aws = aws or connect(region or record.region, profile)
     request = changed(cloud.planned(), count=1)
+    network = cloud.network()
+    allocated: list[str] = []  # the new instance's Elastic IP
 
     def make(replacing: Progress) -> tuple[str, Host]:
-        params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags)
+        params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags,
+                                            efa=network)
         new_id = replacing.made = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
         replacing.step = "wait until it runs"
         wait(aws, "instance_running", [new_id], running_timeout_s)
-        [described] = [i for r in aws.ec2.describe_instances(InstanceIds=[new_id])["Reservations"]
-                       for i in r["Instances"]]
-        [host] = plan.hosts_from_instances([described], request.user)
+        described = described_instances(aws, [new_id])
+        if network:
+            replacing.step = "give it an Elastic IP"
+            allocated.extend(give_addresses(aws, described, cloud.tags))
+            described = described_instances(aws, [new_id])
+        [host] = plan.hosts_from_instances(described, request.user)
         return new_id, host
+
+    def drop(instance_id: str) -> None:
+        """Terminate an instance and then release its Elastic IP: the new one's after a failure; the old one's,
+        found by the address it was reached at, after a success."""
+        if not network:
+            addresses = []
+        elif instance_id == old.id:
+            addresses = efa_plan.addresses_at(aws.ec2.describe_addresses(Filters=[
+                {"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}])["Addresses"], address)
+        else:
+            addresses = allocated
+        remove(aws, [plan.Resource("instance", instance_id, {}),
+                     *(plan.Resource("elastic-ip", allocation, {}) for allocation in addresses)], terminated_timeout_s)
 
     def attach(new_id: str, volume: str) -> None:
         wait_volumes(aws, "volume_available", [volume], terminated_timeout_s)
@@ -382,10 +487,10 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
 
     return provision.replace(record, address, cloud.data_volumes, Swap(
         AwsError, describe_error, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s),
-        lambda instance_id: remove(aws, [plan.Resource("instance", instance_id, {})], terminated_timeout_s), attach,
+        drop, attach,
         first_step="run the instance", keys_step="read its host keys from the console", keys_where="its console",
         keys_source="console", volume_word="data volume", finds_old="finds it by its tags",
-        volume_kept="tagged with the cluster"), ssh_wait_s=ssh_wait_s)
+        volume_kept="tagged with the cluster", error_code=error_code), ssh_wait_s=ssh_wait_s)
 
 
 def console_text(aws: Aws, instance_id: str) -> str:

@@ -15,6 +15,7 @@ from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import catalog
+from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as the provider and tests use them)
     DATA_LABEL,
     DATA_MOUNT,
@@ -93,7 +94,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Plan:
-    """The exact requests `kiln up` sends, in order."""
+    """The exact requests `kiln up` sends, in order. With EFA (`efa`), the security group also lets all traffic
+    out to itself, and each instance gets an Elastic IP (AllocateAddress, AssociateAddress: once per instance)."""
 
     name: str
     tags: dict[str, str]
@@ -102,11 +104,21 @@ class Plan:
     authorize_ingress: dict
     create_placement_group: dict
     run_instances: dict
+    authorize_egress: dict | None = None
+    allocate_address: dict | None = None
+    efa: efa_plan.Efa | None = None
 
     def steps(self) -> list[tuple[str, dict]]:
-        return [("ImportKeyPair", self.import_key_pair), ("CreateSecurityGroup", self.create_security_group),
-                ("AuthorizeSecurityGroupIngress", self.authorize_ingress),
-                ("CreatePlacementGroup", self.create_placement_group), ("RunInstances", self.run_instances)]
+        steps = [("ImportKeyPair", self.import_key_pair), ("CreateSecurityGroup", self.create_security_group),
+                 ("AuthorizeSecurityGroupIngress", self.authorize_ingress)]
+        if self.authorize_egress is not None:
+            steps.append(("AuthorizeSecurityGroupEgress", self.authorize_egress))
+        steps += [("CreatePlacementGroup", self.create_placement_group), ("RunInstances", self.run_instances)]
+        if self.allocate_address is not None:
+            steps += [("AllocateAddress", self.allocate_address),
+                      ("AssociateAddress", {"AllocationId": efa_plan.ALLOCATION_PLACEHOLDER,
+                                            "NetworkInterfaceId": efa_plan.INTERFACE_PLACEHOLDER})]
+        return steps
 
 
 def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
@@ -168,7 +180,15 @@ def ingress_permissions(group_id: str, ssh_cidr: str) -> list[dict]:
     return [members, ssh]
 
 
-def run_instances_request(request: Request, *, ami: str, group_id: str, tags: dict[str, str]) -> dict:
+def address_request(tags: dict[str, str]) -> dict:
+    """AllocateAddress of one instance's Elastic IP, tagged with the cluster (down, sweep and undo find it so)."""
+    return {"Domain": "vpc", "TagSpecifications": tag_specifications(tags, "elastic-ip")}
+
+
+def run_instances_request(request: Request, *, ami: str, group_id: str, tags: dict[str, str],
+                          efa: efa_plan.Efa | None = None) -> dict:
+    """RunInstances of the cluster (of one node, for a replacement). With EFA, the security group goes on each of
+    the interfaces, not on the request (EC2 refuses both)."""
     resources = resource_name(request.name)
     params = {
         "ImageId": ami,
@@ -176,7 +196,8 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
         "MinCount": request.count,
         "MaxCount": request.count,
         "KeyName": resources,
-        "SecurityGroupIds": [group_id],
+        **({"NetworkInterfaces": efa_plan.network_interfaces(efa, group_id)} if efa else
+           {"SecurityGroupIds": [group_id]}),
         "Placement": {"GroupName": resources},
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled",
                             "HttpPutResponseHopLimit": IMDS_HOP_LIMIT},
@@ -198,8 +219,9 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
 
 
 def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key: str,
-                 group_id: str | None = None) -> Plan:
-    """The requests of `kiln up`; `group_id` is known only once the security group exists."""
+                 group_id: str | None = None, efa: efa_plan.Efa | None = None) -> Plan:
+    """The requests of `kiln up`; `group_id` is known only once the security group exists; `efa` where the type
+    has EFA."""
     resources = resource_name(request.name)
     group_id = group_id or GROUP_PLACEHOLDER.format(name=request.name)
     return Plan(
@@ -213,7 +235,10 @@ def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key
         authorize_ingress={"GroupId": group_id, "IpPermissions": ingress_permissions(group_id, request.ssh_cidr)},
         create_placement_group={"GroupName": resources, "Strategy": "cluster",
                                 "TagSpecifications": tag_specifications(tags, "placement-group")},
-        run_instances=run_instances_request(request, ami=ami, group_id=group_id, tags=tags),
+        run_instances=run_instances_request(request, ami=ami, group_id=group_id, tags=tags, efa=efa),
+        authorize_egress={"GroupId": group_id, "IpPermissions": efa_plan.egress_permissions(group_id)} if efa else None,
+        allocate_address=address_request(tags) if efa else None,
+        efa=efa,
     )
 
 
@@ -274,7 +299,8 @@ class Resource:
 
 
 # The order `down` removes things in: instances first (they hold the rest), then what they used.
-TEARDOWN_ORDER = ("instance", "volume", "security-group", "key-pair", "placement-group")
+# An Elastic IP is released once its instance is gone (an associated one cannot be).
+TEARDOWN_ORDER = ("instance", "elastic-ip", "volume", "security-group", "key-pair", "placement-group")
 
 
 def teardown_order(resources: Sequence[Resource]) -> list[Resource]:

@@ -15,6 +15,7 @@ from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement, provision
+from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import listing, swept
 
@@ -57,8 +58,11 @@ class AwsProvider:
         tags = plan.cluster_tags(request.name, "<caller ARN>", datetime.now(UTC), request.ttl_hours)
         steps = plan.plan_cluster(request, tags=tags,
                                   ami=request.ami or plan.AMI_PLACEHOLDER.format(profile=request.image_profile),
-                                  public_key=plan.PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"))
+                                  public_key=plan.PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"),
+                                  efa=efa_plan.expected_efa(request.instance_type))
         lines = [f"cluster {request.name}: key {key} (made if missing), then these EC2 calls; any failure undoes them"]
+        if steps.efa:
+            lines.append(efa_plan.efa_note(steps.efa))
         lines += [f"{action} {json.dumps(params)}" for action, params in steps.steps()]
         if request.volume_gib:
             example = plan.data_volume_request(zone="<instance's zone>", size_gib=request.volume_gib, tags=tags,
