@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -59,11 +60,16 @@ def run_lock(run_id: str) -> Iterator[None]:
 
 
 def write_json(path: Path, data: dict | list) -> None:
-    """Write JSON atomically (a reader never sees half a file), making the folder private if it is new."""
+    """Write JSON atomically (a reader never sees half a file), making the folder private if it is new. Each writer
+    has its temporary file of its own: kiln commands side by side on one cluster (runs sharing its nodes) each
+    write its node names, and one's rename must not take the file another is still writing."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_json(path: Path) -> dict | list | None:

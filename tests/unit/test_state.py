@@ -53,3 +53,27 @@ def test_runs_are_found_by_id_or_as_the_newest():
         state.load_run("third")
     with pytest.raises(UsageError, match="run id '../x'"):
         state.load_run("../x")
+
+
+def test_writers_side_by_side_never_take_each_others_file(tmp_path):
+    """kiln commands side by side on one cluster each write its node names: every write lands whole, none fails
+    for another's rename, and no temporary file is left."""
+    import threading
+
+    path, errors = tmp_path / "clusters" / "c" / "nodes.json", []
+
+    def write(index: int) -> None:
+        try:
+            for step in range(150):
+                state.write_json(path, [{"writer": index, "step": step}])
+        except OSError as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert json.loads(path.read_text())[0]["step"] == 149
+    assert [p.name for p in path.parent.iterdir()] == ["nodes.json"]
