@@ -193,6 +193,8 @@ class Runtime(Protocol):
 
     def wrap_check(self, command: str | None, run_id: str) -> str | None: ...
 
+    def moved(self, group: Cluster) -> None: ...
+
 
 class HostRuntime:
     """Processes run on the nodes themselves (the default)."""
@@ -212,6 +214,9 @@ class HostRuntime:
     def wrap_check(self, command: str | None, run_id: str) -> str | None:
         return command
 
+    def moved(self, group: Cluster) -> None:
+        """Nothing of the old cluster to let go."""
+
 
 class ContainerRuntime:
     """Every process of the run in the run's container on its node, from one image (one image id everywhere)."""
@@ -223,6 +228,10 @@ class ContainerRuntime:
         self.group, self.reference, self.paths, self.run_id = group, check_reference(reference), paths, run_id
         self.checkpoint_dir, self.python, self.pull_timeout = checkpoint_dir, python, pull_timeout
         self.image = ""  # the image id, once resolved
+
+    def moved(self, group: Cluster) -> None:
+        """The run moved to another cluster (a managed run's move): its containers are made there at the restart."""
+        self.group = group
 
     def view(self, host: Host) -> NodeView:
         for node in self.group.nodes:

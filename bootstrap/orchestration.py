@@ -14,7 +14,7 @@ from bootstrap import interconnect, launch, mesh, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.container import ContainerRuntime, HostRuntime, Runtime
 from bootstrap.errors import KilnError
-from bootstrap.supervisor import Recover, Supervisor, record_run
+from bootstrap.supervisor import Move, Recover, Supervisor, record_run
 from bootstrap.timeline import Timeline
 from kiln.gpu import collective as gpu_collective
 
@@ -121,7 +121,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
                     stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
                     max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None,
-                    notice_source: str = "any") -> None:
+                    notice_source: str = "any", move: Move | None = None) -> None:
     """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
     `python`, default the nodes'), then (unless detached) watch it to its end. Until the processes have
     started, a failure stops what was made ready and gives up the run's port reservations."""
@@ -142,7 +142,8 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
         return
     try:
-        supervisor.run(record, timeout, max_restarts=max_restarts, recover=recover, max_recoveries=max_recoveries)
+        supervisor.run(record, timeout, max_restarts=max_restarts, recover=recover, max_recoveries=max_recoveries,
+                       move=move)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")
         raise Exit(code=130) from None

@@ -4,38 +4,91 @@ is planned again on the hosts it now has. The supervisor then restarts it from t
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bootstrap import autostop, launch, mesh
+from bootstrap import autostop, interconnect, launch, mesh, state
 from bootstrap.cluster import Cluster
+from bootstrap.errors import KilnError
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, Program, RunPlan, RunSpec
-from bootstrap.providers import Provider, Replacement
+from bootstrap.orchestration import same_root
+from bootstrap.providers import Provider, Replacement, failover
+from bootstrap.supervisor import Move
 
 
-def recoverer(group: Cluster, provider: Provider, spec: RunSpec, paths: NodePaths, program: Program,
-              folder: Path | None, idle_minutes: float | None = None, *, check_on_nodes: bool = True):
-    """The supervisor's `recover`: lost hosts in, (replacements, the run's new plan) out. A cluster with
-    autostop (idle_minutes) gets its agent on the new machines too. `check_on_nodes` false: the program is not
-    checked on the new machine itself (it runs in a container image, which the restart brings there)."""
+@dataclass
+class Recovery:
+    """A managed run's recoveries on one cluster, which a move replaces whole (`group` is the cluster of now).
+    `recover`: lost hosts in, (replacements, the run's new plan) out; a cluster with autostop (idle_minutes) gets
+    its agent on the new machines too; `check_on_nodes` false: the program is not checked on the new machine
+    itself (it runs in a container image, which the restart brings there). With `up_again` and `reopen`, a
+    `move` as well (the supervisor's Move)."""
 
-    def recover(lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
-        replaced = [provider.replace(group.name, host) for host in lost]
+    group: Cluster
+    provider: Provider
+    spec: RunSpec
+    paths: NodePaths
+    program: Program
+    folder: Path | None
+    idle_minutes: float | None = None
+    check_on_nodes: bool = True
+    up_again: Callable[[dict], str] | None = None  # capacity.json in, where the cluster came up again out
+    reopen: Callable[[], tuple[Cluster, list[mesh.Node]]] | None = None  # the cluster of that name, meshed
+
+    def recover(self, lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
+        group = self.group
+        replaced = [self.provider.replace(group.name, host) for host in lost]
         mesh.pin_replacements(group.name, group.nodes, replaced)
         group.remote.reset([r.old for r in replaced] + [r.new for r in replaced])
         fresh = {r.old: r.new for r in replaced}
         group.hosts = [fresh.get(host, host) for host in group.hosts]
         nodes = group.require_facts("re-mesh")
         group.apply_mesh()
-        group.sync_lib(paths.lib)
-        if folder:
-            group.sync(str(folder), paths.code)
-            if check_on_nodes:
-                group.check_program(launch.program_check(program, group.python, paths))
-        if idle_minutes:
-            group.autostop(autostop.agent_args(idle_minutes, provider.shutdown), [r.new for r in replaced])
-        return replaced, launch.plan_run(replace(spec, names=tuple(n.name for n in nodes),
+        self.bring_code(group)
+        if self.idle_minutes:
+            group.autostop(autostop.agent_args(self.idle_minutes, self.provider.shutdown), [r.new for r in replaced])
+        return replaced, launch.plan_run(replace(self.spec, names=tuple(n.name for n in nodes),
                                                  gpus=mesh.gpu_counts(nodes)))
 
-    return recover
+    def bring_code(self, group: Cluster) -> None:
+        """kiln's node part and the project on the (new) machines, and the program checked there."""
+        group.sync_lib(self.paths.lib)
+        if self.folder:
+            group.sync(str(self.folder), self.paths.code)
+            if self.check_on_nodes:
+                group.check_program(launch.program_check(self.program, group.python, self.paths))
+
+    def as_move(self) -> Move:
+        return Move(self.wanted, self.move)
+
+    def wanted(self, failure: KilnError) -> bool:
+        """Whether a replacement failed for want of capacity where the cluster is (failover.classify)."""
+        return failover.classify(self.provider.kind, getattr(failure, "code", "") or "") == "capacity"
+
+    def move(self) -> tuple[Cluster, RunPlan, str]:
+        """The whole cluster taken down and brought up again as its `kiln up` was asked (`up_again`, given its
+        capacity.json: its other candidates first), reached and meshed (`reopen`), given kiln's code and the
+        project, and the run planned on it: (the new cluster, the run's new plan, where it came up)."""
+        old = self.group
+        capacity = state.load_capacity(old.name)  # read before the down forgets it
+        if not capacity or not capacity.get("asked") or not self.up_again or not self.reopen:
+            raise KilnError(f"cluster {old.name} has no record of what its kiln up asked: it cannot be brought up "
+                            "elsewhere")
+        old.remote.reset(old.hosts)
+        print("\n".join(self.provider.down(old.name).lines), flush=True)
+        where = self.up_again(capacity)
+        group, nodes = self.reopen()
+        if same_root(group) != self.paths.root:
+            raise KilnError(f"cluster {old.name} came up with another home folder ({same_root(group)}, was "
+                            f"{self.paths.root}): the run's folder cannot follow")
+        self.group = group
+        self.bring_code(group)
+        if self.idle_minutes:
+            group.autostop(autostop.agent_args(self.idle_minutes, self.provider.shutdown), group.hosts)
+        plan = launch.plan_run(replace(self.spec, names=tuple(n.name for n in nodes), gpus=mesh.gpu_counts(nodes),
+                                       fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts))
+                                                                   for n in nodes])))
+        group.reserve_ports(plan.run_id, self.paths.root, plan.ports)  # new machines: nothing else holds them
+        return group, plan, where

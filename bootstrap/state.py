@@ -63,10 +63,14 @@ def write_json(path: Path, data: dict | list) -> None:
     """Write JSON atomically (a reader never sees half a file), making the folder private if it is new. Each writer
     has its temporary file of its own: kiln commands side by side on one cluster (runs sharing its nodes) each
     write its node names, and one's rename must not take the file another is still writing."""
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.write_text(text)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -165,8 +169,7 @@ def read_known_hosts(cluster: str, *, first_contact: bool = False) -> str:
 def write_known_hosts(cluster: str, text: str, *, first_contact: bool = False) -> Path:
     """The one writer of a cluster's known_hosts files (ssh itself appends first contacts, where allowed)."""
     path = known_hosts_path(cluster, first_contact=first_contact)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text(text)
+    write_atomic(path, text)  # ssh of a command beside this one reads it meanwhile
     return path
 
 
@@ -210,6 +213,11 @@ def load_cloud_state(cluster: str, kind: str = "aws") -> dict | None:
 def save_capacity(cluster: str, data: dict) -> None:
     """Where `up` found capacity for the cluster and what it tried first (capacity.json), written by its failover."""
     write_json(cluster_dir(cluster) / "capacity.json", data)
+
+
+def load_capacity(cluster: str) -> dict | None:
+    data = read_json(cluster_dir(cluster) / "capacity.json")
+    return data if isinstance(data, dict) else None
 
 
 def has_cloud_state(cluster: str, kind: str = "aws") -> bool:

@@ -28,6 +28,16 @@ CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
 Recover = Callable[[list[Host]], tuple[list["Replacement"], RunPlan]]
 
 
+@dataclass(frozen=True)
+class Move:
+    """The supervisor's way out when a lost node cannot be replaced where the cluster is: `wanted(failure)` says
+    whether the replacement's failure was for want of capacity there; `make()` moves the whole cluster and gives
+    (the new cluster, the run's new plan, where it came up)."""
+
+    wanted: Callable[[KilnError], bool]
+    make: Callable[[], tuple[Cluster, RunPlan, str]]
+
+
 class Interrupted(KilnError):
     """Spot interruption notices came for some nodes (their watchers stopped the run's processes there)."""
 
@@ -335,12 +345,10 @@ class Supervisor:
         checkpoints = self.plan.checkpoint_dir or f"{self.run_dir}/checkpoints"
         local = self.folder / "checkpoints"
         options = self.group.remote.options
-        if self.group.remote.run(source, ["test", "-d", checkpoints], timeout=30).code == 0:
-            self.group.remote.rsync(source, commands.rsync_pull_argv(source, checkpoints, str(local), options))
-        elif local.is_dir():
-            others = self.group.hosts
-        else:
-            return
+        if not self.pull_checkpoints(source):
+            if not local.is_dir():
+                return
+            others = self.group.hosts  # a new first node: every node gets the copy kept here
         self.group.remote.map_or_raise("spread checkpoints", others, lambda h: self.group.remote.rsync(
             h, commands.rsync_push_argv(str(local), h, checkpoints, options, excludes=(), one_writer=False)))
 
@@ -408,7 +416,8 @@ class Supervisor:
                                        frozen=frozen, left=list(left), logs=logs)
         return Ended(attempt, going, detected)
 
-    def replace_nodes(self, ended: Ended, recover: Recover, number: int, of: int, entry: dict) -> str | None:
+    def replace_nodes(self, ended: Ended, recover: Recover, number: int, of: int,
+                      entry: dict) -> KilnError | None:
         """Replace the attempt's lost and noticed hosts through `recover` (the `number`th of `of`), keeping the
         chief's checkpoints and each old machine's files apart; the run's new plan and record. The failure, if
         the replacement could not be made."""
@@ -425,13 +434,56 @@ class Supervisor:
             with self.timeline.phase("replace"):
                 replaced, self.plan = recover(going)
         except KilnError as failure:
-            return f"recovery failed: {failure}"
+            return failure
         self.run_dir = self.paths.run(self.plan.run_id)
         self.record = record_run(self.group, self.plan, self.paths)
         entry.update(kind="recovery", lost=[names[h] for h in self.lost], detected_at=round(ended.detected, 3),
                      interrupted=[names[h] for h in going if h not in self.lost],
                      replaced=[{"old": r.old.label, "new": r.new.label} for r in replaced])
         return None
+
+    def move_cluster(self, ended: Ended, move: Move, why: KilnError, number: int, of: int,
+                     entry: dict) -> str | None:
+        """Move the run to the whole cluster brought up again elsewhere (`move`), the `number`th recovery of `of`,
+        as the lost nodes could not be replaced where it is (`why`): the first node's checkpoints are kept here
+        first (the restart gives them to every new node); the failure, if the move could not be made."""
+        names = [self.plan.names[self.group.hosts.index(h)] for h in ended.going]
+        print(f"recovery {number} of {of}: no capacity to replace {', '.join(names)} where cluster {self.group.name} "
+              f"is ({why}); bringing the whole cluster up again elsewhere, the run to resume from its last "
+              "checkpoint", flush=True)
+        self.keep_checkpoints()
+        before = [h.label for h in self.group.hosts]
+        try:
+            with self.timeline.phase("move"):
+                group, plan, where = move.make()
+        except KilnError as failure:
+            return f"recovery failed: {why}; the cluster could not move: {failure}"
+        self.group, self.plan, self.lost, self.gone = group, plan, [], []
+        self.runtime.moved(group)
+        self.run_dir = self.paths.run(plan.run_id)
+        self.record = record_run(group, plan, self.paths)
+        entry.update(kind="move", lost=names, detected_at=round(ended.detected, 3), moved_to=where,
+                     replaced=[{"old": old, "new": new.label} for old, new in zip(before, group.hosts, strict=False)])
+        print(f"cluster {group.name} is up again at {where}: {', '.join(h.label for h in group.hosts)}", flush=True)
+        return None
+
+    def keep_checkpoints(self) -> None:
+        """Before the whole cluster goes, the first node's checkpoints kept here, pulled from it where it still
+        answers (else the copy kept from an earlier restart, or none: the run starts again)."""
+        chief = self.group.hosts[0]
+        if chief in self.lost or not self.pull_checkpoints(chief):
+            where = "the copy kept here from an earlier restart" if (self.folder / "checkpoints").is_dir() else \
+                "the start"
+            print(f"warning: no checkpoints from {chief.label}; resuming from {where}", file=sys.stderr, flush=True)
+
+    def pull_checkpoints(self, source: Host) -> bool:
+        """The run's checkpoints on `source`, copied to the run folder here (checkpoints/); whether it had any."""
+        checkpoints = self.plan.checkpoint_dir or f"{self.run_dir}/checkpoints"
+        if self.group.remote.run(source, ["test", "-d", checkpoints], timeout=30).code != 0:
+            return False
+        self.group.remote.rsync(source, commands.rsync_pull_argv(source, checkpoints, str(self.folder / "checkpoints"),
+                                                                 self.group.remote.options))
+        return True
 
     def restart(self) -> None:
         """Start the next attempt from the last checkpoint: every node gets it, the runtime is made ready again
@@ -444,10 +496,11 @@ class Supervisor:
             self.start()
 
     def run(self, record: RunRecord, timeout: float, max_restarts: int = 0, *,
-            recover: Recover | None = None, max_recoveries: int = 0) -> dict:
+            recover: Recover | None = None, max_recoveries: int = 0, move: Move | None = None) -> dict:
         """Watch the run to its end, restarting it up to `max_restarts` times from the last checkpoint; with
         `recover`, a node that stopped answering is replaced (up to `max_recoveries` times) and the run restarts
-        on the new one from the last checkpoint; stop, collect, and write summary.json."""
+        on the new one from the last checkpoint, and with `move`, where no replacement can be had for want of
+        capacity, on the whole cluster brought up again elsewhere; stop, collect, and write summary.json."""
         started = time.monotonic()
         self.record = record
         if self.plan.elastic:  # lost nodes are replaced while the run goes on, not by a restart
@@ -470,7 +523,10 @@ class Supervisor:
                      "at_step": self.chief_step()}
             if action == "recover":
                 recoveries += 1
-                failed = self.replace_nodes(ended, recover, recoveries, max_recoveries, entry)
+                why = self.replace_nodes(ended, recover, recoveries, max_recoveries, entry)
+                failed = f"recovery failed: {why}" if why else None
+                if why and move and move.wanted(why):
+                    failed = self.move_cluster(ended, move, why, recoveries, max_recoveries, entry)
                 if failed:
                     attempt = replace(attempt, failure=f"{attempt.failure}; {failed}")
                     break

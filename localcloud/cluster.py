@@ -5,6 +5,7 @@ usage: local-cluster up [N] [--name NAME] [--subnet CIDR] [--metadata] [--docker
        local-cluster lose NODE [--name NAME]      # the node's machine is gone: processes, network, disk
        local-cluster replace NODE [--name NAME]   # a fresh machine in its place: same address, new host keys
        local-cluster interrupt NODE [--name NAME] # post a spot interruption notice on the node (--metadata)
+       local-cluster exhaust [--name NAME] [--times N]  # its next N replacements find no capacity
        local-cluster status [--name NAME] [--json]
        local-cluster env [--name NAME]    # set -a; eval "$(local-cluster env)"; set +a
 
@@ -289,12 +290,40 @@ def remove_node(name: str, node: plan.Node, timeout: float) -> None:
     shutil.rmtree(plan.STATE_ROOT / name / node.name, ignore_errors=True)
 
 
+class NoCapacity(KilnError):
+    """The local cloud has no machine for a replacement now (`exhaust`): as a cloud's zone that preemption
+    emptied."""
+
+    code = "NoLocalCapacity"
+
+
+def exhausted_path(name: str) -> Path:
+    return plan.STATE_ROOT / name / "exhausted"
+
+
+def take_capacity(name: str) -> None:
+    """Refuse this replacement where the cluster was exhausted: one refusal fewer left (taken under the nodes
+    lock)."""
+    path = exhausted_path(name)
+    left = int(path.read_text() or 0) if path.is_file() else 0
+    if left <= 0:
+        return
+    if left == 1:
+        path.unlink()
+    else:
+        write(path, str(left - 1))
+    raise NoCapacity(f"no capacity for a replacement in the local cloud of cluster {name} (exhausted: "
+                     f"{left - 1} more refusal(s) to come)")
+
+
 def replace_node(name: str, node: plan.Node, timeout: float = 60) -> list[str]:
     """Boot a fresh node in `node`'s place (lost first if still there): same name and address, empty disk, new
-    host keys, pinned in the operator's known_hosts instead of the old ones. Its known_hosts lines."""
+    host keys, pinned in the operator's known_hosts instead of the old ones. Its known_hosts lines. Where the
+    cluster was exhausted (`exhaust`), NoCapacity instead, and the old node stays as it is."""
     nodes, state = load_nodes(name), plan.STATE_ROOT / name
     cluster = plan.cluster_from_nodes(name, nodes)
     with nodes_lock(name):
+        take_capacity(name)
         remove_node(name, node, timeout)
         run(["ip", "-batch", "-"], stdin=plan.node_root_batch(cluster, node), timeout=timeout)
         docker = bool(nodes[node.index - 1].get("docker"))
@@ -429,6 +458,18 @@ def cmd_interrupt(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_exhaust(args: argparse.Namespace) -> int:
+    """Run the cluster's local cloud out of machines: its next TIMES replacements find no capacity (as a zone that
+    preemption emptied); a new cluster still comes up."""
+    load_nodes(args.name)
+    if args.times < 0:
+        raise UsageError(f"--times {args.times}: give 0 or more")
+    with nodes_lock(args.name):
+        write(exhausted_path(args.name), str(args.times))
+    print(f"cluster {args.name}: its next {args.times} replacement(s) find no capacity")
+    return 0
+
+
 def cmd_replace(args: argparse.Namespace) -> int:
     """Put a fresh machine in NODE's place: same name and address, empty disk, new host keys."""
     node = plan.find_node(plan.cluster_from_nodes(args.name, load_nodes(args.name)), args.node)
@@ -480,7 +521,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      description=f"{title}\n\n{details}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for func in (cmd_up, cmd_down, cmd_status, cmd_env, cmd_lose, cmd_replace, cmd_interrupt):
+    for func in (cmd_up, cmd_down, cmd_status, cmd_env, cmd_lose, cmd_replace, cmd_interrupt, cmd_exhaust):
         cmd = sub.add_parser(func.__name__[4:], help=func.__doc__, description=func.__doc__)
         cmd.set_defaults(func=func)
         cmd.add_argument("--name", default="kiln", help="cluster name, [a-z][a-z0-9]{0,5} (default kiln)")
@@ -497,6 +538,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             cmd.add_argument("--json", action="store_true", help="print JSON")
         if func in (cmd_lose, cmd_replace, cmd_interrupt):
             cmd.add_argument("node", metavar="NODE", help="the node's name (node2) or address")
+        if func is cmd_exhaust:
+            cmd.add_argument("--times", type=int, default=1, help="how many replacements to refuse (default 1)")
         if func is cmd_interrupt:
             cmd.add_argument("--cloud", default="ec2", choices=("ec2", "gce", "azure"),
                              help="post it as EC2 (spot/instance-action), GCE (instance/preempted) or Azure (a "

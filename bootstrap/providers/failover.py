@@ -31,6 +31,7 @@ CAPACITY = {
                       "RESOURCE_POOL_EXHAUSTED", "UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE"}),
     "azure": frozenset({"SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
                         "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"}),
+    "local": frozenset({"NoLocalCapacity"}),  # localcloud's `exhaust`, as a zone that preemption emptied
 }
 QUOTA = {
     "aws": frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"}),
@@ -280,11 +281,25 @@ def types_of(clouds: Sequence[str], gpus: str | None, instance_type: str | None)
             for cloud in clouds}
 
 
-def capacity_record(order: Sequence[Candidate], chosen: Candidate, tried: Sequence[Tried]) -> dict:
+def capacity_record(order: Sequence[Candidate], chosen: Candidate, tried: Sequence[Tried],
+                    asked: Mapping[str, object] | None = None) -> dict:
     """What capacity.json keeps of an `up`: the candidates in order, the one that came up, what each try before it
-    met."""
+    met, and what the `up` was asked (so a managed run can bring the cluster up again elsewhere)."""
     return {"candidates": [asdict(candidate) for candidate in order], "came_up": asdict(chosen),
-            "tried": [{**asdict(one.candidate), "verdict": one.verdict, "code": one.code} for one in tried]}
+            "tried": [{**asdict(one.candidate), "verdict": one.verdict, "code": one.code} for one in tried],
+            **({"asked": dict(asked)} if asked is not None else {})}
+
+
+def candidates_of(record: Mapping) -> tuple[list[Candidate], Candidate]:
+    """capacity.json's candidates and the one that came up, read back."""
+    return [Candidate(**one) for one in record["candidates"]], Candidate(**record["came_up"])
+
+
+def moved_order(order: Sequence[Candidate], came_up: Candidate) -> list[Candidate]:
+    """Where a cluster whose place ran out of capacity is brought up again: its `up`'s other candidates first, in
+    their order, then those of the place it was in (its capacity may be back by then)."""
+    here = (came_up.cloud, came_up.place)
+    return [c for c in order if (c.cloud, c.place) != here] + [c for c in order if (c.cloud, c.place) == here]
 
 
 def refuse_across_places(order: Sequence[Candidate], given: Mapping[str, object]) -> None:

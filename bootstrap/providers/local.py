@@ -16,6 +16,7 @@ from bootstrap import state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement
+from bootstrap.providers.failover import CloudError
 from kiln.hostkeys import public_key
 from localcloud import cluster as local
 from localcloud import netns
@@ -85,6 +86,8 @@ class LocalProvider:
         try:
             node = netns.find_node(netns.cluster_from_nodes(cluster, local.load_nodes(cluster)), host.address)
             lines = local.replace_node(cluster, node)
+        except local.NoCapacity as error:  # a cloud's capacity error, for the recovery to tell apart
+            raise CloudError(f"could not replace {host.label}: {error}", code=local.NoCapacity.code) from None
         except KilnError as error:
             raise KilnError(f"could not replace {host.label}: {error}") from None
         return Replacement(host, host, tuple(public_key(line.split(maxsplit=1)[1]) for line in lines))

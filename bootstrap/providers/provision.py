@@ -152,6 +152,7 @@ class Swap:
     volume_word: str = "data disk"  # data volume, data disk
     finds_old: str = "finds it by its labels"  # how `kiln down` finds an old node that could not be deleted
     volume_kept: str = "labelled with the cluster"  # where a volume that could not be attached stays
+    error_code: Callable[[BaseException], str] = lambda error: ""  # the cloud's code for a failed call (Verbs')
 
 
 def node_at(record: state.ClusterRecord, address: str) -> tuple[state.Instance, int]:
@@ -192,8 +193,8 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
         left = undo.run(swap.describe)
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else swap.describe(error)
         raise swap.error(f"cluster {name}: could not replace {address} ({old.id}): could not {replacing.step}: {said}"
-                         + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running")) \
-            from None
+                         + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running"),
+                         code=swap.error_code(error), left=bool(left)) from None
     instances = tuple(state.Instance(new_id, host.address, swap.keys_source) if i is old else i
                       for i in record.instances)
     hosts = tuple(host if h.address == address else h for h in record.hosts)

@@ -18,8 +18,8 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.inputs import list_inputs
 from bootstrap.orchestration import check_collective, choose_runtime, reserve_run_ports, same_root, start_and_watch
-from bootstrap.recovery import recoverer
-from bootstrap.tasks import cluster_task
+from bootstrap.recovery import Recovery
+from bootstrap.tasks import cluster_task, lifecycle
 from bootstrap.timeline import Timeline
 from kiln.gpu import probe
 
@@ -184,6 +184,10 @@ def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports
         check_collective(group, nic, record=state.load_cluster(goal.name), asked=collective)
 
 
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
 def user_command(c) -> list[str]:
     """The words after `--` on the command line (kiln keeps them as given; fab joins and they are split)."""
     return list(c.config.get("kiln_command") or [])
@@ -283,6 +287,9 @@ TRAIN_HELP = {
                "restart the run on it from the last checkpoint; with --min-np, the replacement joins the running "
                "elastic job instead",
     "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
+    "relocate": "with --managed: where a lost node cannot be replaced for want of capacity (the zone emptied), "
+                "take the cluster down and bring it up again as its kiln up asked (its other candidates first) "
+                "and resume the run there from its last checkpoint (one of --max-recoveries)",
     "down_after": "remove the cluster (kiln up made it) once the run has ended and its folder is collected, "
                   "also when it failed",
     "stall_factor": "stop a run whose logged steps (kiln metrics) stop moving for this many times the median "
@@ -303,7 +310,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
           mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None, min_np=0, max_np=0,
           base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=0.0, managed=False, max_recoveries=3,
-          down_after=False, image=None, fabric="auto", dry_run=False):
+          relocate=False, down_after=False, image=None, fabric="auto", dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
@@ -337,6 +344,11 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     hosts = goal.hosts
     if managed and detach:
         raise UsageError("--managed watches the run to replace lost nodes: it cannot --detach")
+    if relocate and not managed:
+        raise UsageError("--relocate moves a managed run's cluster: give --managed too")
+    if relocate and int(min_np):
+        raise UsageError("--relocate restarts the run on a cluster brought up again; an elastic run (--min-np) goes "
+                         "on without a node that cannot be replaced instead")
     if down_after and detach:
         raise UsageError("--down-after waits for the run to end: it cannot --detach")
     if int(max_recoveries) < 0:
@@ -367,13 +379,20 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
                        gpus=mesh.gpu_counts(nodes),
                        fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts)) for n in nodes], fabric))
         spec = reserve_run_ports(group, spec, moveable=not int(base_port))
-        recover = recoverer(group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
-                            check_on_nodes=not image) if managed else None
+        recovery = Recovery(
+            group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
+            check_on_nodes=not image,
+            up_again=lambda capacity: lifecycle.up_again(goal.name, capacity, say).describe(),
+            reopen=lambda: connect_and_mesh(c, target(c, hostfile=None, cluster=goal.name, slots=slots,
+                                                      python=None if image else python),
+                                            timeline, fanout=fanout, accept_new_host_keys=False)) if managed else None
+        recover = recovery.recover if recovery else None
+        move = recovery.as_move() if recovery and relocate else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
                         timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
                         stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
                         max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
-                        python=processes_python, notice_source=providers.notice_source(record))
+                        python=processes_python, notice_source=providers.notice_source(record), move=move)
     finally:
         if down_after:
             print(f"--down-after: removing cluster {goal.name}", flush=True)

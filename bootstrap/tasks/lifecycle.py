@@ -128,7 +128,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]),
                                                lambda line: print(line, flush=True), float(retry_until_up) * 60)
     chosen = prepared[candidate][0]
-    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried))
+    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried, asked(values)))
     print("\n".join(made.lines))
     if idle_minutes and made.unpinned:
         print(f"autostop NOT started: kiln does not log in to hosts whose keys it has not seen; once you trust "
@@ -172,6 +172,30 @@ def refuse_foreign(clouds: list[str], values: dict) -> None:
     if foreign:
         raise UsageError(f"{', '.join('--' + key.replace('_', '-') for key in foreign)}: an option of none of "
                          f"--provider {','.join(clouds)}")
+
+
+def asked(values: dict) -> dict:
+    """What an `up` was asked, as capacity.json keeps it (every option but the context and --dry-run)."""
+    return {key: value for key, value in values.items() if key not in ("c", "dry_run")}
+
+
+def up_again(name: str, capacity: dict, say) -> failover.Candidate:
+    """Bring cluster `name` (taken down already) up again as its `kiln up` was asked (`capacity`: its capacity.json,
+    read before the down), first at its other candidates, then where it was (failover.moved_order): where a managed
+    run moves when its place has no capacity left. The candidate it came up at."""
+    values = capacity.get("asked")
+    if not values:
+        raise KilnError(f"cluster {name}: what its kiln up asked is not on record (made by an older kiln): it cannot "
+                        "be brought up elsewhere")
+    order = failover.moved_order(*failover.candidates_of(capacity))
+    clouds = list(dict.fromkeys(candidate.cloud for candidate in order))
+    idle_minutes = autostop.validate_idle_minutes(values.get("idle_minutes")) or None
+    prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
+                for candidate in order}
+    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]), say, 0.0)
+    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried, values))
+    say("\n".join(made.lines))
+    return candidate
 
 
 def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, idle_minutes: float | None,

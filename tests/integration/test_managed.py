@@ -206,6 +206,35 @@ def test_without_managed_a_notice_ends_the_run_naming_the_node(managed):
     assert again.returncode == 0, again.stderr
 
 
+def test_a_lost_node_that_cannot_be_replaced_moves_the_whole_cluster_and_the_run_finishes(managed):
+    """--managed --relocate with the local cloud out of machines (`exhaust`: the next replacement finds no
+    capacity, as a zone that preemption emptied): node2 is lost and its replacement refused, so kiln keeps the
+    first node's checkpoints, takes the cluster down, brings it up again as its kiln up asked, and the run resumes
+    there from its last checkpoint and finishes, on three new machines."""
+    exhausted = local_cluster("exhaust", "--times", "1")
+    assert exhausted.returncode == 0, exhausted.stderr
+    before = {name: pinned_keys(managed, name) for name in ("node1", "node2", "node3")}
+    done, lost_at = train_and_lose(managed, "relocate", "--managed", "--relocate")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "recovery 1 of 3: no capacity to replace node2 where cluster km is" in done.stdout, done.stdout
+    assert "NoLocalCapacity" not in done.stdout and "no capacity for a replacement" in done.stdout, done.stdout
+    assert "cluster km is up again at local" in done.stdout, done.stdout
+    data = managed.summary("relocate")
+    assert data["status"] == "ok"
+    [moved] = data["restarts"]
+    assert moved["kind"] == "move" and moved["lost"] == ["node2"] and moved["moved_to"].startswith("local ")
+    assert lost_at < moved["detected_at"] < moved["restarted_at"]
+    assert 0 < moved["resumed_from_step"] <= moved["at_step"], moved
+    workers = {task: result for task, result in data["results"].items() if task.startswith("worker-")}
+    assert sorted(workers) == ["worker-0", "worker-1", "worker-2"]
+    assert all(r["status"] == "ok" for r in workers.values()) and len({r["weights_sha256"]
+                                                                      for r in workers.values()}) == 1
+    after = {name: pinned_keys(managed, name) for name in before}
+    assert all(after[name] and not after[name] & before[name] for name in before), "three new machines"
+    assert run_processes("relocate") == []
+    assert not (STATE / "exhausted").exists(), "the refusal was taken"
+
+
 def test_with_no_recovery_left_a_lost_node_fails_the_run_and_leaves_nothing_running(managed):
     done, _ = train_and_lose(managed, "no-recovery", "--managed", "--max-recoveries", "0")
     assert done.returncode != 0

@@ -318,3 +318,20 @@ def test_the_spot_price_of_a_type_is_the_newest_of_each_zone_and_the_lowest_of_t
                {"InstanceType": "p5", "AvailabilityZone": "r1b", "SpotPrice": "31.25", "Timestamp": early},
                {"InstanceType": "g6", "AvailabilityZone": "r1b", "SpotPrice": "0.4", "Timestamp": late}]
     assert plan.lowest_spot_prices(history) == {"p5": 31.25, "g6": 0.4}
+
+
+def test_a_cluster_that_must_move_tries_its_other_places_first_and_its_own_last():
+    order = [Candidate("aws", "us-east-1", "p5.48xlarge", True), Candidate("aws", "us-west-2", "p5.48xlarge", True),
+             Candidate("gcp", "us-central1-a", "a3-highgpu-8g", True),
+             Candidate("aws", "us-east-1", "p5.48xlarge", False)]
+    assert failover.moved_order(order, order[0]) == [order[1], order[2], order[0], order[3]]
+    assert failover.moved_order(order[:1], order[0]) == order[:1], "one place: that place again"
+
+
+def test_capacity_json_keeps_what_up_asked_and_reads_back_its_candidates():
+    order = [Candidate("local", "", "", False)]
+    record = failover.capacity_record(order, order[0], [], {"name": "km", "count": 3, "provider": "local"})
+    assert record["asked"] == {"name": "km", "count": 3, "provider": "local"}
+    assert failover.candidates_of(record) == (order, order[0])
+    assert "asked" not in failover.capacity_record(order, order[0], [])
+    assert failover.classify("local", "NoLocalCapacity") == "capacity"

@@ -553,7 +553,8 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
         AzureError, describe_error, make, lambda names, timeout_s: host_keys(azure, kept.group, names, timeout_s),
         lambda vm_name: delete_node(azure, kept.group, vm_name, timeout_s), attach, first_step="create the VM",
         keys_step="read its host keys from the serial log", keys_where="its serial log", node_word="VM",
-        finds_old="removes its resource group", volume_kept="in the cluster's resource group"),
+        finds_old="removes its resource group", volume_kept="in the cluster's resource group",
+        error_code=error_code),
         ssh_wait_s=ssh_wait_s)
 
 

@@ -480,7 +480,7 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
         GcpError, describe_error, make, lambda names, timeout_s: host_keys(gce, kept.zone, names, timeout_s),
         lambda instance: remove(gce, [plan.Resource("instance", instance, kept.zone, {})], timeout_s), attach,
         first_step="create the instance", keys_step="read the host keys it shows",
-        keys_where="guest attributes, serial port"), ssh_wait_s=ssh_wait_s)
+        keys_where="guest attributes, serial port", error_code=error_code), ssh_wait_s=ssh_wait_s)
 
 
 def public_key_of(name: str) -> str:
