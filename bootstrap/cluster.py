@@ -68,9 +68,10 @@ class Cluster:
         self.nodes = mesh.nodes_from_facts(facts)
         return self.nodes
 
-    def apply_mesh(self) -> dict[str, list[str]]:
+    def apply_mesh(self, *, remember_python: bool = False) -> dict[str, list[str]]:
         """Authorize the cluster key on every node, pin every host key, make every
-        hostname resolve to its routable address. Returns what changed, per host."""
+        hostname resolve to its routable address. Returns what changed, per host. The cluster file keeps the
+        nodes' Python it had unless `remember_python` (kiln mesh --python): a run's --python is its own."""
         nodes = self.nodes or self.require_facts("mesh")
         private_key, public_key = mesh.ensure_cluster_key(self.name)
         payload = mesh.mesh_payload(self.name, nodes, private_key, public_key)
@@ -88,19 +89,20 @@ class Cluster:
         changed = self.remote.map_or_raise("mesh", self.hosts, install)
         state.save_node_names(self.name, [state.NodeName(n.host.endpoint(), n.name, n.address, n.iface)
                                           for n in nodes])
-        self.save()
+        self.save(remember_python=remember_python)
         return {host.label: files for host, files in changed.items()}
 
-    def save(self) -> None:
+    def save(self, *, remember_python: bool = True) -> None:
         """Record how to reach the cluster, so later tasks take `--cluster NAME` instead of -H (what a cloud
-        provider recorded about it is kept)."""
+        provider recorded about it is kept; its nodes' Python too, unless `remember_python`)."""
         options = self.remote.options
         ssh = state.SshSettings(options.config_file, options.identity, options.connect_timeout)
         known = state.load_cluster(self.name)
         if known is None:
             record = state.ClusterRecord(self.name, tuple(self.hosts), self.python, ssh)
         else:
-            record = replace(known, hosts=tuple(self.hosts), python=self.python, ssh=ssh)
+            record = replace(known, hosts=tuple(self.hosts), python=self.python if remember_python else known.python,
+                             ssh=ssh)
         state.save_cluster(record)
 
     def saved_names(self) -> list[str] | None:

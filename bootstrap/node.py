@@ -470,6 +470,23 @@ def run_processes(run_id, helpers=False, inside=0):
 HELPERS = ("/lib/shim/interruption.py",)  # kiln's, in its node folder (~/kiln/lib)
 
 
+def runs_here():
+    """The runs whose processes (kiln's helpers too) are on this node: the KILN_RUN_ID they carry."""
+    mine, found = namespaces(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                variables = handle.read().split(b"\0")
+            run = next((v[len(b"KILN_RUN_ID="):] for v in variables if v.startswith(b"KILN_RUN_ID=")), None)
+            if run and namespaces(entry) == mine:
+                found.add(run.decode(errors="replace"))
+        except OSError:
+            continue
+    return {"runs": sorted(found)}
+
+
 def is_helper(cmdline):
     """Whether a command line (NUL-separated) runs one of kiln's helper scripts."""
     return any(word.decode(errors="replace").endswith(HELPERS) for word in cmdline.split(b"\0")[:3])
@@ -888,6 +905,8 @@ def answer(verb, args, stdin):
         return progress(args[0], args[1], signs=args[2:3] == ["signs"])
     if verb == "look":
         return look(args[0], args[1:])
+    if verb == "runs":
+        return runs_here()
     if verb == "autostop":
         return autostop(float(args[0]), float(args[1]), args[2], os.path.expanduser(args[3]))
     raise ValueError(f"unknown verb {verb!r}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bootstrap import autostop, interconnect, launch, mesh, state
+from bootstrap import autostop, interconnect, launch, mesh, providers, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError
 from bootstrap.hosts import Host
@@ -36,6 +36,8 @@ class Recovery:
     check_on_nodes: bool = True
     up_again: Callable[[dict], str] | None = None  # capacity.json in, where the cluster came up again out
     reopen: Callable[[], tuple[Cluster, list[mesh.Node]]] | None = None  # the cluster of that name, meshed
+    nic: str | None = None  # as the user asked (--nic): else found again on a moved cluster
+    fabric: str = "auto"  # as the user asked (--fabric)
 
     def recover(self, lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
         group = self.group
@@ -70,25 +72,53 @@ class Recovery:
     def move(self) -> tuple[Cluster, RunPlan, str]:
         """The whole cluster taken down and brought up again as its `kiln up` was asked (`up_again`, given its
         capacity.json: its other candidates first), reached and meshed (`reopen`), given kiln's code and the
-        project, and the run planned on it: (the new cluster, the run's new plan, where it came up)."""
+        project, and the run planned on it: (the new cluster, the run's new plan, where it came up). Refused,
+        before anything goes, where another run has processes on the cluster (the down would end it too)."""
         old = self.group
         capacity = state.load_capacity(old.name)  # read before the down forgets it
         if not capacity or not capacity.get("asked") or not self.up_again or not self.reopen:
             raise KilnError(f"cluster {old.name} has no record of what its kiln up asked: it cannot be brought up "
                             "elsewhere")
+        if others := self.other_runs():
+            raise KilnError(f"cluster {old.name} also runs {', '.join(others)}: kiln does not take it down under "
+                            f"{'that run' if len(others) == 1 else 'those runs'}")
         old.remote.reset(old.hosts)
         print("\n".join(self.provider.down(old.name).lines), flush=True)
-        where = self.up_again(capacity)
+        try:
+            where = self.up_again(capacity)
+        except KilnError as error:
+            raise KilnError(f"cluster {old.name} was taken down, and could not be brought up again: {error}") \
+                from None
+        record = state.load_cluster(old.name)
+        self.provider = providers.for_cluster(record, old.name)  # the new place's (another region, cloud)
+        try:
+            return (*self.settle(record), where)
+        except KilnError as error:
+            raise KilnError(f"cluster {old.name} is up again at {where}, but the run cannot go on there: {error} "
+                            f"(kiln down {old.name} removes it)") from None
+
+    def settle(self, record: state.ClusterRecord) -> tuple[Cluster, RunPlan]:
+        """The cluster brought up again, reached, meshed, armed (autostop), given the code, and the run planned on
+        it (its interface and fabric found again, as the user asked them)."""
         group, nodes = self.reopen()
         if same_root(group) != self.paths.root:
-            raise KilnError(f"cluster {old.name} came up with another home folder ({same_root(group)}, was "
-                            f"{self.paths.root}): the run's folder cannot follow")
+            raise KilnError(f"its home folder is {same_root(group)}, where the run's is {self.paths.root}")
         self.group = group
         self.bring_code(group)
         if self.idle_minutes:
+            self.provider.arm_autostop(group.name)
             group.autostop(autostop.agent_args(self.idle_minutes, self.provider.shutdown), group.hosts)
-        plan = launch.plan_run(replace(self.spec, names=tuple(n.name for n in nodes), gpus=mesh.gpu_counts(nodes),
-                                       fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts))
-                                                                   for n in nodes])))
+            state.save_cluster(replace(record, idle_minutes=self.idle_minutes))
+        self.spec = replace(self.spec, names=tuple(n.name for n in nodes), gpus=mesh.gpu_counts(nodes),
+                            nic=self.nic or topology.common_interface({n.name: n.iface for n in nodes}),
+                            fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts)) for n in nodes],
+                                                       self.fabric))
+        plan = launch.plan_run(self.spec)
         group.reserve_ports(plan.run_id, self.paths.root, plan.ports)  # new machines: nothing else holds them
-        return group, plan, where
+        return group, plan
+
+    def other_runs(self) -> list[str]:
+        """Other runs with processes on the cluster's nodes that still answer."""
+        found, _ = self.group.remote.map(self.group.hosts, lambda host: self.group.remote.node(
+            host, self.group.python, "runs", timeout=30)["runs"])
+        return sorted({run for runs in found.values() for run in runs} - {self.spec.run_id})

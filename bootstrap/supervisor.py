@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from bootstrap import commands, launch, plots, runs, state, topology, watchdog
+from bootstrap import commands, launch, plots, providers, runs, state, topology, watchdog
 from bootstrap.cluster import Cluster
 from bootstrap.container import HostRuntime, Runtime
 from bootstrap.errors import KilnError, RemoteError, RunFailed
@@ -103,6 +103,7 @@ class Supervisor:
         self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
         self.run_dir = paths.run(plan.run_id)
         self.folder = state.run_folder(plan.run_id)
+        self.released = False  # the run's port reservations went with the machines (a move that failed)
 
     def start(self) -> None:
         """Make the run folder on every node (clearing a previous attempt's pid and
@@ -447,22 +448,37 @@ class Supervisor:
         """Move the run to the whole cluster brought up again elsewhere (`move`), the `number`th recovery of `of`,
         as the lost nodes could not be replaced where it is (`why`): the first node's checkpoints are kept here
         first (the restart gives them to every new node); the failure, if the move could not be made."""
-        names = [self.plan.names[self.group.hosts.index(h)] for h in ended.going]
-        print(f"recovery {number} of {of}: no capacity to replace {', '.join(names)} where cluster {self.group.name} "
-              f"is ({why}); bringing the whole cluster up again elsewhere, the run to resume from its last "
-              "checkpoint", flush=True)
-        self.keep_checkpoints()
+        names = {h: self.plan.names[self.group.hosts.index(h)] for h in ended.going}
+        print(f"recovery {number} of {of}: no capacity to replace {', '.join(names.values())} where cluster "
+              f"{self.group.name} is ({why}); bringing the whole cluster up again elsewhere, the run to resume from "
+              "its last checkpoint", flush=True)
+        try:
+            self.keep_checkpoints()
+        except KilnError as failure:
+            print(f"warning: the first node's checkpoints could not be kept: {failure}", file=sys.stderr, flush=True)
         before = [h.label for h in self.group.hosts]
+        lost = [name for h, name in names.items() if h in self.lost]
+        interrupted = [name for h, name in names.items() if h not in self.lost]
         try:
             with self.timeline.phase("move"):
                 group, plan, where = move.make()
         except KilnError as failure:
+            now = state.load_cluster(self.group.name)
+            if now is None or [h.label for h in now.hosts] != before:
+                self.released = True  # the old machines are gone: no ports to release there
             return f"recovery failed: {why}; the cluster could not move: {failure}"
+        for name in self.plan.names:  # every old machine's collected files apart from its successor's
+            kept = self.folder / "hosts" / name
+            if kept.is_dir():
+                (self.folder / "replaced").mkdir(exist_ok=True)
+                kept.rename(self.folder / "replaced" / f"{name}-{number}")
         self.group, self.plan, self.lost, self.gone = group, plan, [], []
         self.runtime.moved(group)
+        self.notice_source = providers.notice_source(state.load_cluster(group.name))
         self.run_dir = self.paths.run(plan.run_id)
         self.record = record_run(group, plan, self.paths)
-        entry.update(kind="move", lost=names, detected_at=round(ended.detected, 3), moved_to=where,
+        entry.update(kind="move", lost=lost, interrupted=interrupted, detected_at=round(ended.detected, 3),
+                     moved_to=where,
                      replaced=[{"old": old, "new": new.label} for old, new in zip(before, group.hosts, strict=False)])
         print(f"cluster {group.name} is up again at {where}: {', '.join(h.label for h in group.hosts)}", flush=True)
         return None
@@ -549,7 +565,8 @@ class Supervisor:
     def finish(self, failure: str | None, restarts: list[dict], wall: float) -> dict:
         """Release the run's ports, write summary.json and the plots, print the result, and fail where the run
         failed."""
-        self.group.release_ports(self.plan.run_id, self.paths.root)
+        if not self.released:
+            self.group.release_ports(self.plan.run_id, self.paths.root)
         data = runs.summary(self.record, status="failed" if failure else "ok", failure=failure, folder=self.folder,
                             wall=wall, restarts=[*restarts, *self.joins], phases=self.timeline.spans)
         state.save_summary(self.plan.run_id, data)

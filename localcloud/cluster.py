@@ -305,7 +305,8 @@ def take_capacity(name: str) -> None:
     """Refuse this replacement where the cluster was exhausted: one refusal fewer left (taken under the nodes
     lock)."""
     path = exhausted_path(name)
-    left = int(path.read_text() or 0) if path.is_file() else 0
+    text = path.read_text().strip() if path.is_file() else ""
+    left = int(text) if text.isdigit() else 0
     if left <= 0:
         return
     if left == 1:

@@ -140,7 +140,7 @@ def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         return
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     group.require_facts("mesh")
-    print_changes(group.apply_mesh())
+    print_changes(group.apply_mesh(remember_python=True))
 
 
 @cluster_task(help={**HOST_HELP, "ports": "comma-separated ports that must be free on every node",
@@ -385,7 +385,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
             up_again=lambda capacity: lifecycle.up_again(goal.name, capacity, say).describe(),
             reopen=lambda: connect_and_mesh(c, target(c, hostfile=None, cluster=goal.name, slots=slots,
                                                       python=None if image else python),
-                                            timeline, fanout=fanout, accept_new_host_keys=False)) if managed else None
+                                            timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys),
+            nic=nic, fabric=fabric) if managed else None
         recover = recovery.recover if recovery else None
         move = recovery.as_move() if recovery and relocate else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
@@ -394,9 +395,11 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
                         max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
                         python=processes_python, notice_source=providers.notice_source(record), move=move)
     finally:
-        if down_after:
+        if down_after:  # the provider of where the cluster is now (a managed run may have moved it)
             print(f"--down-after: removing cluster {goal.name}", flush=True)
-            print("\n".join(owner.down(goal.name).lines), flush=True)
+            now = state.load_cluster(goal.name)
+            print("\n".join((providers.for_cluster(now, cluster) if now else owner).down(goal.name).lines),
+                  flush=True)
 
 
 RUN_TASK_HELP = {
