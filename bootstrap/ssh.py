@@ -48,6 +48,7 @@ _FAILURES = (
 )
 
 
+RSYNC_VANISHED = 24  # rsync's "some files vanished before they could be transferred"
 SILENT_END = "ssh failed: the connection ended with no reason given (the node went away or stopped answering)"
 
 
@@ -291,8 +292,10 @@ class Remote:
             raise HostFailure(f"unexpected answer from {python}: {result.stdout.strip()[:200]!r}") from None
 
     def rsync(self, host: Host, argv: Sequence[str], timeout: float | None = None) -> None:
+        """One rsync to or from `host`. Its exit 24 (files that vanished before they could be sent: a stopped
+        process's status file renamed into place meanwhile) is a copy of everything that was there: not a failure."""
         result = self._execute(host, argv, timeout or self.timeout, None)
-        if result.code != 0:
+        if result.code not in (0, RSYNC_VANISHED):
             raise HostFailure(describe_failure(result.code, result.stderr))
 
     def map(self, hosts: Iterable[Host], action: Callable[[Host], T]) -> tuple[dict[Host, T], dict[Host, str]]:

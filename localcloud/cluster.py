@@ -6,6 +6,7 @@ usage: local-cluster up [N] [--name NAME] [--subnet CIDR] [--metadata] [--docker
        local-cluster replace NODE [--name NAME]   # a fresh machine in its place: same address, new host keys
        local-cluster interrupt NODE [--name NAME] # post a spot interruption notice on the node (--metadata)
        local-cluster exhaust [--name NAME] [--times N]  # its next N replacements find no capacity
+       local-cluster exhaust --zone Z [--times 0]       # local zone Z has no capacity (0: has it again)
        local-cluster status [--name NAME] [--json]
        local-cluster env [--name NAME]    # set -a; eval "$(local-cluster env)"; set +a
 
@@ -301,9 +302,26 @@ def exhausted_path(name: str) -> Path:
     return plan.STATE_ROOT / name / "exhausted"
 
 
+ZONE = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+
+
+def zone_path(zone: str) -> Path:
+    if not ZONE.fullmatch(zone):
+        raise UsageError(f"--zone {zone!r}: lowercase letters, digits and '-'")
+    return plan.STATE_ROOT / ".zones" / zone
+
+
+def zone_empty(zone: str) -> bool:
+    return zone_path(zone).exists()
+
+
 def take_capacity(name: str) -> None:
-    """Refuse this replacement where the cluster was exhausted: one refusal fewer left (taken under the nodes
-    lock)."""
+    """Refuse this replacement where the cluster's zone has no capacity, or where the cluster was exhausted: one
+    refusal fewer left (taken under the nodes lock)."""
+    zone_file = plan.STATE_ROOT / name / "zone"
+    zone = zone_file.read_text().strip() if zone_file.is_file() else ""
+    if zone and zone_empty(zone):
+        raise NoCapacity(f"no capacity for a replacement in local zone {zone} (local-cluster exhaust --zone {zone})")
     path = exhausted_path(name)
     text = path.read_text().strip() if path.is_file() else ""
     left = int(text) if text.isdigit() else 0
@@ -357,13 +375,16 @@ def network_lock():
 
 
 def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: bool = False,
-                 docker: bool = False) -> plan.Cluster:
+                 docker: bool = False, zone: str | None = None) -> plan.Cluster:
     """Create a cluster of `count` nodes and wait until each one's sshd answers (with `metadata`, each with its
     stand-in metadata service; with `docker`, each with its Docker engine, and the cluster's registry); on any
-    failure remove it all."""
+    failure remove it all. `zone`: the local zone it is in, a label whose capacity `exhaust --zone` takes away
+    (NoCapacity here, and for its replacements)."""
     state = plan.STATE_ROOT / name
     if not 1 <= count <= plan.MAX_NODES:
         raise UsageError(f"N must be between 1 and {plan.MAX_NODES}, not {count}")
+    if zone and zone_empty(zone):
+        raise NoCapacity(f"no capacity in local zone {zone} (local-cluster exhaust --zone {zone})")
     if find_netns(name) or find_links(name) or state.exists():
         raise UsageError(f"cluster {name} already exists (run: local-cluster down --name {name})")
     if docker:
@@ -376,6 +397,8 @@ def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: 
             cluster = plan.plan_cluster(name, count, plan.pick_subnet(candidates, used_networks()))
             run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster), timeout=60 + count / 10)
         build(cluster, state, metadata=metadata, docker=docker)
+        if zone:
+            write(state / "zone", zone)
     except BaseException as exc:
         try:
             teardown(name)
@@ -460,11 +483,21 @@ def cmd_interrupt(args: argparse.Namespace) -> int:
 
 
 def cmd_exhaust(args: argparse.Namespace) -> int:
-    """Run the cluster's local cloud out of machines: its next TIMES replacements find no capacity (as a zone that
-    preemption emptied); a new cluster still comes up."""
-    load_nodes(args.name)
+    """Run the cluster's local cloud out of machines: its next TIMES replacements find no capacity (a new cluster
+    still comes up); with --zone Z, the local zone Z has none, for new clusters there and their replacements, until
+    `exhaust --zone Z --times 0` (as a zone that preemption emptied)."""
     if args.times < 0:
         raise UsageError(f"--times {args.times}: give 0 or more")
+    if args.zone:
+        path = zone_path(args.zone)
+        if args.times:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(path, "")
+        else:
+            path.unlink(missing_ok=True)
+        print(f"local zone {args.zone}: {'no capacity' if args.times else 'capacity again'}")
+        return 0
+    load_nodes(args.name)
     with nodes_lock(args.name):
         write(exhausted_path(args.name), str(args.times))
     print(f"cluster {args.name}: its next {args.times} replacement(s) find no capacity")
@@ -540,7 +573,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if func in (cmd_lose, cmd_replace, cmd_interrupt):
             cmd.add_argument("node", metavar="NODE", help="the node's name (node2) or address")
         if func is cmd_exhaust:
-            cmd.add_argument("--times", type=int, default=1, help="how many replacements to refuse (default 1)")
+            cmd.add_argument("--times", type=int, default=1, help="how many replacements to refuse (default 1); "
+                                                                  "with --zone, 0 gives the zone its capacity back")
+            cmd.add_argument("--zone", help="a local zone (kiln up --provider local --zones): none of its machines")
         if func is cmd_interrupt:
             cmd.add_argument("--cloud", default="ec2", choices=("ec2", "gce", "azure"),
                              help="post it as EC2 (spot/instance-action), GCE (instance/preempted) or Azure (a "

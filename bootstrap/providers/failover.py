@@ -196,8 +196,8 @@ def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say:
 
 # The `where` option that places each provider's cluster (a GCP zone, an AWS region, an Azure location), and the list
 # option that gives several of them to try.
-PLACE = {"aws": "region", "gcp": "zone", "azure": "location"}
-PLACES_OPTION = {"aws": "regions", "gcp": "zones", "azure": "regions"}
+PLACE = {"aws": "region", "gcp": "zone", "azure": "location", "local": "zone"}
+PLACES_OPTION = {"aws": "regions", "gcp": "zones", "azure": "regions", "local": "zones"}
 ANY = "any"
 
 

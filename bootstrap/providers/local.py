@@ -27,6 +27,7 @@ class LocalRequest:
     name: str
     count: int
     docker: bool
+    zone: str | None = None  # a local zone: a label whose capacity local-cluster exhaust --zone takes away
 
 
 class LocalProvider:
@@ -37,8 +38,11 @@ class LocalProvider:
                     "metadata service")
     up_options = frozenset({"docker"})
     volumes = False
-    where = ()
+    where = ("zone",)
     prices = ""
+
+    def __init__(self, zone: str | None = None):
+        self.zone = zone
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> LocalRequest:
         try:
@@ -47,22 +51,31 @@ class LocalProvider:
             raise UsageError(f"--count {count!r} is not a whole number") from None
         if count < 1:
             raise UsageError(f"--count {count}: a cluster needs at least 1 node")
-        return LocalRequest(netns.check_name(name), count, bool(options.get("docker")))
+        if self.zone:
+            local.zone_path(self.zone)  # refused here where it is no zone name
+        return LocalRequest(netns.check_name(name), count, bool(options.get("docker")), self.zone)
 
     def plan(self, request: LocalRequest) -> list[str]:
         engines = ", each with its own Docker engine, and a registry" if request.docker else ""
-        return [f"cluster {request.name}: {request.count} node(s) in network namespaces on this machine{engines}; "
-                f"their host keys pinned from the files the local cloud writes"]
+        zone = f" (local zone {request.zone})" if request.zone else ""
+        return [f"cluster {request.name}: {request.count} node(s) in network namespaces on this machine{zone}"
+                f"{engines}; their host keys pinned from the files the local cloud writes"]
 
     def up(self, request: LocalRequest, python: str = sys.executable) -> Made:
         """Start the nodes (they share this machine's Python) and write the cluster file."""
         if state.load_cluster(request.name) is not None:
             raise UsageError(f"cluster {request.name} already exists (kiln down {request.name} first)")
         local.preflight()
-        made = local.make_cluster(request.name, request.count, metadata=True, docker=request.docker)
+        try:
+            made = local.make_cluster(request.name, request.count, metadata=True, docker=request.docker,
+                                      zone=request.zone)
+        except local.NoCapacity as error:  # a cloud's capacity error: failover tries the next candidate
+            raise CloudError(f"cluster {request.name}: {error}; nothing was made", code=local.NoCapacity.code) \
+                from None
         record = state.ClusterRecord(
             request.name, tuple(Host(node.name) for node in made.nodes), python,
-            state.SshSettings(config_file=str(netns.STATE_ROOT / request.name / "ssh_config")), provider=self.kind)
+            state.SshSettings(config_file=str(netns.STATE_ROOT / request.name / "ssh_config")), region=request.zone,
+            provider=self.kind)
         state.save_cluster(record)
         return Made(request.name, (f"cluster {request.name}: {len(record.hosts)} local node(s) up: "
                                    f"{', '.join(h.label for h in record.hosts)}; next: kiln check --cluster "

@@ -30,7 +30,8 @@ UP_HELP = {
     "source_image": "GCP: this image instead of the newest kiln image of --image-profile (NAME, "
                     "projects/P/global/images/NAME or .../images/family/FAMILY)",
     "project": "GCP project (default: GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT or the credentials')",
-    "zone": "GCP zone, e.g. us-central1-a (default: CLOUDSDK_COMPUTE_ZONE)",
+    "zone": "GCP zone, e.g. us-central1-a (default: CLOUDSDK_COMPUTE_ZONE); a local zone (a label, with a capacity "
+            "local-cluster exhaust --zone takes away)",
     "image_id": "Azure: this managed image or gallery image version (its resource id) instead of the newest kiln "
                 "image of --image-profile",
     "subscription": "Azure subscription id (default: AZURE_SUBSCRIPTION_ID)",
@@ -51,7 +52,8 @@ UP_HELP = {
     "provider": "aws (default), gcp, azure, or local: nodes in network namespaces on this machine (root); "
                 "train --managed replaces lost nodes through it. With --gpus: several clouds to try in order "
                 "(aws,gcp) or any",
-    "zones": "GCP zones to try in order, e.g. us-central1-a,us-east5-b: a zone without capacity moves on to the next",
+    "zones": "GCP zones to try in order, e.g. us-central1-a,us-east5-b: a zone without capacity moves on to the next "
+             "(local zones alike)",
     "regions": "AWS regions (Azure locations) to try in order, e.g. us-east-1,us-west-2 (aws:us-east-1,azure:eastus "
                "with both clouds)",
     "on_demand_fallback": "with --spot: where no candidate has spot capacity, try them all again on demand",

@@ -189,7 +189,8 @@ def test_places_come_from_the_lists_else_each_providers_own_option():
         with pytest.raises(UsageError, match=said):
             failover.places_of(["aws", "azure"], None, regions, WHERE)
     assert failover.places_of(["aws"], None, None, {**WHERE, "region": "eu-west-1"}) == {"aws": ["eu-west-1"]}
-    assert failover.places_of(["local"], None, None, WHERE) == {}
+    assert failover.places_of(["local"], None, None, WHERE) == {"local": [""]}
+    assert failover.places_of(["local"], "a,b", None, WHERE) == {"local": ["a", "b"]}, "local zones, labels"
     with pytest.raises(UsageError, match="--zones z: no cloud of --provider aws is placed by it .*--regions"):
         failover.places_of(["aws"], "z", None, WHERE)
     with pytest.raises(UsageError, match="--zone us-central1-a and --zones: give one"):

@@ -274,3 +274,16 @@ def test_the_fabric_check_passes_a_cluster_that_has_it_everywhere_and_skips_one_
                                 Host("n2"): {**facts("node2", "10.9.0.3"), "rdma": efa()}})
     assert preflight.check_fabric(up) == ([], "fabric: EFA (4 device(s) per node), NCCL over AWS Libfabric")
     assert preflight.check_fabric(three_nodes()) == ([], "")
+
+
+def test_an_rsync_whose_files_vanished_meanwhile_copied_the_rest_and_did_not_fail(tmp_path):
+    """rsync exits 24 when source files vanish while it runs (a stopped process's status file renamed into place):
+    the rest was copied, so kiln goes on; any other failure is one."""
+    from bootstrap.commands import SshOptions
+    from bootstrap.ssh import HostFailure, Remote
+
+    remote = Remote(SshOptions(control_path=str(tmp_path / "%C")))
+    remote.rsync(Host("h"), ["sh", "-c", "echo 'file has vanished: \"/r/x.exit.tmp\"' >&2; exit 24"], timeout=10)
+    with pytest.raises(HostFailure, match="exit 23: rsync error: some files could not be transferred"):
+        remote.rsync(Host("h"), ["sh", "-c", "echo 'rsync error: some files could not be transferred' >&2; exit 23"],
+                     timeout=10)

@@ -71,10 +71,12 @@ def test_options_of_another_provider_are_refused_by_flag():
         providers.refuse_foreign_options(providers.named("aws"), {"docker": True})
 
 
-def test_a_local_cluster_takes_no_region():
-    with pytest.raises(UsageError, match=r"--region: not options of --provider local \(it is placed by nothing: its "
-                                         "cluster is on this machine\\)"):
+def test_a_local_cluster_takes_no_region_but_a_local_zone():
+    with pytest.raises(UsageError, match=r"--region: not options of --provider local \(it is placed by --zone\)"):
         providers.named("local", {"region": "eu-west-1"})
+    assert providers.named("local", {"zone": "a"}).zone == "a"
+    with pytest.raises(UsageError, match="--zone 'A B': lowercase letters, digits and '-'"):
+        providers.named("local", {"zone": "A B"}).request("kz", 2, {}, None)
 
 
 @pytest.mark.parametrize(("count", "said"), [("two", "--count 'two' is not a whole number"),
