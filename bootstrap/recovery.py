@@ -4,7 +4,7 @@ is planned again on the hosts it now has. The supervisor then restarts it from t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -69,7 +69,7 @@ class Recovery:
         """Whether a replacement failed for want of capacity where the cluster is (failover.classify)."""
         return failover.classify(self.provider.kind, getattr(failure, "code", "") or "") == "capacity"
 
-    def move(self) -> tuple[Cluster, RunPlan, str]:
+    def move(self, gone: Sequence[Host] = ()) -> tuple[Cluster, RunPlan, str]:
         """The whole cluster taken down and brought up again as its `kiln up` was asked (`up_again`, given its
         capacity.json: its other candidates first), reached and meshed (`reopen`), given kiln's code and the
         project, and the run planned on it: (the new cluster, the run's new plan, where it came up). Refused,
@@ -79,7 +79,7 @@ class Recovery:
         if not capacity or not capacity.get("asked") or not self.up_again or not self.reopen:
             raise KilnError(f"cluster {old.name} has no record of what its kiln up asked: it cannot be brought up "
                             "elsewhere")
-        if others := self.other_runs():
+        if others := self.other_runs([host for host in self.group.hosts if host not in gone]):
             raise KilnError(f"cluster {old.name} also runs {', '.join(others)}: kiln does not take it down under "
                             f"{'that run' if len(others) == 1 else 'those runs'}")
         old.remote.reset(old.hosts)
@@ -117,8 +117,8 @@ class Recovery:
         group.reserve_ports(plan.run_id, self.paths.root, plan.ports)  # new machines: nothing else holds them
         return group, plan
 
-    def other_runs(self) -> list[str]:
-        """Other runs with processes on the cluster's nodes that still answer."""
-        found, _ = self.group.remote.map(self.group.hosts, lambda host: self.group.remote.node(
+    def other_runs(self, hosts: Sequence[Host]) -> list[str]:
+        """Other runs with processes on `hosts` (the cluster's that still answer: a lost one would only time out)."""
+        found, _ = self.group.remote.map(hosts, lambda host: self.group.remote.node(
             host, self.group.python, "runs", timeout=30)["runs"])
         return sorted({run for runs in found.values() for run in runs} - {self.spec.run_id})

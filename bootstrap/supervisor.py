@@ -31,11 +31,11 @@ Recover = Callable[[list[Host]], tuple[list["Replacement"], RunPlan]]
 @dataclass(frozen=True)
 class Move:
     """The supervisor's way out when a lost node cannot be replaced where the cluster is: `wanted(failure)` says
-    whether the replacement's failure was for want of capacity there; `make()` moves the whole cluster and gives
-    (the new cluster, the run's new plan, where it came up)."""
+    whether the replacement's failure was for want of capacity there; `make(gone)` moves the whole cluster (`gone`:
+    its machines that no longer answer) and gives (the new cluster, the run's new plan, where it came up)."""
 
     wanted: Callable[[KilnError], bool]
-    make: Callable[[], tuple[Cluster, RunPlan, str]]
+    make: Callable[[Sequence[Host]], tuple[Cluster, RunPlan, str]]
 
 
 class Interrupted(KilnError):
@@ -461,7 +461,7 @@ class Supervisor:
         interrupted = [name for h, name in names.items() if h not in self.lost]
         try:
             with self.timeline.phase("move"):
-                group, plan, where = move.make()
+                group, plan, where = move.make(self.lost)
         except KilnError as failure:
             now = state.load_cluster(self.group.name)
             if now is None or [h.label for h in now.hosts] != before:
