@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bootstrap.errors import UsageError
+from bootstrap.mesh import Node
 
 CHOICES = ("auto", "efa", "ib", "socket")
 ACTIVE = "4: ACTIVE"  # a port's state in sysfs when it is up
@@ -51,6 +52,11 @@ def of_node(facts: Mapping) -> NodeFabric:
     topology = next(iter(facts.get("nccl_topology") or []), "") if kind == "ib" else ""
     return NodeFabric(kind, tuple(d["name"] for d in chosen if d.get("state") == ACTIVE),
                       tuple(d["name"] for d in chosen if d.get("state") != ACTIVE), topology)
+
+
+def for_nodes(nodes: Sequence[Node], asked: str = "auto") -> Choice:
+    """choose() over mesh nodes, each by its name and facts."""
+    return choose([(node.name, of_node(node.facts)) for node in nodes], asked)
 
 
 def validate(asked: str) -> str:

@@ -42,7 +42,7 @@ def check_collective(group: Cluster, nic: str | None, record: state.ClusterRecor
     interface = nic or topology.common_interface({n.name: n.iface for n in group.nodes})
     gpus = mesh.gpu_counts(group.nodes)
     size = gpu_collective.max_bytes([]) if any(gpus) else CPU_ALLREDUCE_BYTES
-    fabric = interconnect.choose([(node.name, interconnect.of_node(node.facts)) for node in group.nodes])
+    fabric = interconnect.for_nodes(group.nodes)
     everyone, pairs = group.allreduce_across(paths, interface, max_bytes=size, min_bytes=min(size, 64 << 20),
                                              env=dict(fabric.env))
     names = [node.name for node in group.nodes]

@@ -111,8 +111,7 @@ class Recovery:
             state.save_cluster(replace(record, idle_minutes=self.idle_minutes))
         self.spec = replace(self.spec, names=tuple(n.name for n in nodes), gpus=mesh.gpu_counts(nodes),
                             nic=self.nic or topology.common_interface({n.name: n.iface for n in nodes}),
-                            fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts)) for n in nodes],
-                                                       self.fabric))
+                            fabric=interconnect.for_nodes(nodes, self.fabric))
         plan = launch.plan_run(self.spec)
         group.reserve_ports(plan.run_id, self.paths.root, plan.ports)  # new machines: nothing else holds them
         return group, plan

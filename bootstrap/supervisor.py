@@ -7,7 +7,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -426,11 +426,7 @@ class Supervisor:
         names = {h: self.plan.names[self.group.hosts.index(h)] for h in going}
         print(f"recovery {number} of {of}: replacing {', '.join(h.label for h in going)}", flush=True)
         self.keep_chief_checkpoints(going)
-        for name in names.values():  # the machine's files stay apart from its successor's
-            kept = self.folder / "hosts" / name
-            if kept.is_dir():
-                (self.folder / "replaced").mkdir(exist_ok=True)
-                kept.rename(self.folder / "replaced" / f"{name}-{number}")
+        self.keep_apart(names.values(), number)
         try:
             with self.timeline.phase("replace"):
                 replaced, self.plan = recover(going)
@@ -467,11 +463,7 @@ class Supervisor:
             if now is None or [h.label for h in now.hosts] != before:
                 self.released = True  # the old machines are gone: no ports to release there
             return f"recovery failed: {why}; the cluster could not move: {failure}"
-        for name in self.plan.names:  # every old machine's collected files apart from its successor's
-            kept = self.folder / "hosts" / name
-            if kept.is_dir():
-                (self.folder / "replaced").mkdir(exist_ok=True)
-                kept.rename(self.folder / "replaced" / f"{name}-{number}")
+        self.keep_apart(self.plan.names, number)  # every old machine's, after a move
         self.group, self.plan, self.lost, self.gone = group, plan, [], []
         self.runtime.moved(group)
         self.notice_source = providers.notice_source(state.load_cluster(group.name))
@@ -482,6 +474,15 @@ class Supervisor:
                      replaced=[{"old": old, "new": new.label} for old, new in zip(before, group.hosts, strict=False)])
         print(f"cluster {group.name} is up again at {where}: {', '.join(h.label for h in group.hosts)}", flush=True)
         return None
+
+    def keep_apart(self, names: Iterable[str], number: int) -> None:
+        """The collected files of these nodes' machines moved to replaced/NAME-NUMBER, apart from their
+        successors'."""
+        for name in names:
+            kept = self.folder / "hosts" / name
+            if kept.is_dir():
+                (self.folder / "replaced").mkdir(exist_ok=True)
+                kept.rename(self.folder / "replaced" / f"{name}-{number}")
 
     def keep_checkpoints(self) -> None:
         """Before the whole cluster goes, the first node's checkpoints kept here, pulled from it where it still

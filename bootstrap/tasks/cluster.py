@@ -377,7 +377,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         spec = replace(spec, names=tuple(n.name for n in nodes), python=processes_python, root=paths.root,
                        nic=nic or topology.common_interface({n.name: n.iface for n in nodes}),
                        gpus=mesh.gpu_counts(nodes),
-                       fabric=interconnect.choose([(n.name, interconnect.of_node(n.facts)) for n in nodes], fabric))
+                       fabric=interconnect.for_nodes(nodes, fabric))
         spec = reserve_run_ports(group, spec, moveable=not int(base_port))
         recovery = Recovery(
             group, owner, spec, paths, program, folder, record.idle_minutes if record else None,

@@ -127,10 +127,9 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
         chosen, request = prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
-    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]),
-                                               lambda line: print(line, flush=True), float(retry_until_up) * 60)
+    made, candidate = bring_up(order, prepared, asked(values), lambda line: print(line, flush=True),
+                               float(retry_until_up) * 60)
     chosen = prepared[candidate][0]
-    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried, asked(values)))
     print("\n".join(made.lines))
     if idle_minutes and made.unpinned:
         print(f"autostop NOT started: kiln does not log in to hosts whose keys it has not seen; once you trust "
@@ -194,10 +193,19 @@ def up_again(name: str, capacity: dict, say) -> failover.Candidate:
     idle_minutes = autostop.validate_idle_minutes(values.get("idle_minutes")) or None
     prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
                 for candidate in order}
-    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]), say, 0.0)
-    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried, values))
+    made, candidate = bring_up(order, prepared, values, say, 0.0)
     say("\n".join(made.lines))
     return candidate
+
+
+def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say,
+             deadline_s: float) -> tuple[providers.Made, failover.Candidate]:
+    """The first candidate that comes up (failover.until_up), and where: capacity.json records it, with what the
+    up was asked (`values`)."""
+    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]), say,
+                                               deadline_s)
+    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried, values))
+    return made, candidate
 
 
 def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, idle_minutes: float | None,
