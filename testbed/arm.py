@@ -11,14 +11,15 @@ options and nothing is patched:
 
 It serves one subscription in a few locations: resource groups (create, get, check existence, list with a tag
 filter, delete with everything in them); Microsoft.Network virtual networks and their subnets, network security
-groups, public IP addresses (Standard, static, from 203.0.113.0/24) and network interfaces; Microsoft.Compute virtual
-machines (create or update, get with the instance view, list, delete, power off, deallocate, start, boot diagnostics;
-sizes offered per location, listed by Resource SKUs, `restrict_size` closing one to the subscription),
+groups, public IP addresses (Standard, static, from 203.0.113.0/24) and network interfaces; Microsoft.Compute
+virtual machines (create or update, get with the instance view, list, delete, power off, deallocate, start, boot
+diagnostics; sizes offered per location, listed by Resource SKUs, `restrict_size` closing one to the subscription),
+virtual machine scale sets (Flexible ones that VMs join; testbed/arm_scalesets.py names the source of each rule),
 disks, snapshots, proximity placement groups, managed images and gallery image versions (read; `add_image`,
 `add_gallery_image` make them); VMs' system-assigned identities and role assignments at any scope, checked on every
 call as RBAC checks them (testbed/arm_access.py; `identity_token(vm_id)` is what the VM's metadata service hands
-out, `denied(action)` refuses the operator an action); the operation status and result URLs the pollers follow;
-and the boot diagnostics blobs behind the SAS URLs it hands out.
+out, `denied(action)` refuses the operator an action); the operation status and result URLs the pollers follow; and
+the boot diagnostics blobs behind the SAS URLs it hands out.
 
 How it holds to the real API:
 - URLs, verbs, the api-version of each operation and the status codes each accepts are those of the SDKs' own
@@ -42,22 +43,22 @@ How it holds to the real API:
   `op_delay=0` completes each operation at its first poll (the PUT still answers Creating), whatever the interval.
 - DELETE of a resource that is not there is 204, as ARM answers; of a resource in use, the provider's 400/409.
 - Back references (a subnet's ipConfigurations, a NIC's virtualMachine, a disk's managedBy and diskState, a public
-  IP's ipConfiguration, a placement group's virtualMachines) are derived from the forward ones at each read, so they
-  cannot disagree.
+  IP's ipConfiguration, a placement group's virtualMachines and virtualMachineScaleSets) are derived from the
+  forward ones at each read, so they cannot disagree.
 - A VM gets real SSH host keys (ssh-keygen) when it is made; with boot diagnostics on, its serial log shows them
   between cloud-init's `-----BEGIN SSH HOST KEY KEYS-----` markers, once per boot, as an Ubuntu VM's console does.
 
 Where it is knowingly not Azure: one subscription and no ARM templates; only Linux; only existing NICs (no
 networkInterfaceConfigurations); Spot VMs must name their evictionPolicy (Azure would take Deallocate); a failed
-create leaves nothing behind (Azure may keep a Failed VM); provider error codes outside the ones the SDK docs show
-are the closest known ones.
+create leaves nothing behind (Azure may keep a Failed VM); a scale set makes no instances of its own and cannot be
+deleted while VMs are in it; provider error codes outside the ones the SDK docs show are the closest known ones.
 
 Faults for tests: `fail("virtualMachines.createOrUpdate", code="AllocationFailed", status=200, on="operation")`,
 `evict(group, vm)`; `calls` lists (verb, path) as served.
 
 The service is this module (state, routes, serving, operations, resource groups, role assignments) with one mixin
-per resource provider (arm_network, arm_disks, arm_vms); its pure rules are in arm_rules, RBAC in arm_access,
-the shared records in arm_types, TLS and HTTP in arm_tls. As a program:
+per resource provider (arm_network, arm_disks, arm_vms, arm_scalesets); its pure rules are in arm_rules, RBAC in
+arm_access, the shared records in arm_types, TLS and HTTP in arm_tls. As a program:
 
     python -m testbed.arm --port 8443 --location eastus --image images/kiln-gpu-1
 """
@@ -122,6 +123,7 @@ from testbed.arm_rules import (
     tags_match,
     vm_size,
 )
+from testbed.arm_scalesets import ScaleSetHandlers
 from testbed.arm_tls import TlsServer, handler_for, make_tls
 from testbed.arm_types import (
     DISK,
@@ -139,6 +141,7 @@ from testbed.arm_types import (
     SUBNET,
     TYPES,
     VM,
+    VMSS,
     VNET,
     Credential,
     Fault,
@@ -152,7 +155,7 @@ from testbed.arm_vms import Guest, VmHandlers
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Arm(NetworkHandlers, DiskHandlers, VmHandlers, PriceHandlers):
+class Arm(NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, PriceHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
 
     def __init__(self, subscription: str = "00000000-0000-0000-0000-000000000000",
@@ -380,6 +383,14 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers, PriceHandlers):
             ("GET", sub + "/providers/Microsoft.Compute/virtualMachines", "virtualMachines.listAll", COMPUTE_API,
              self._list),
             ("GET", sub + "/providers/Microsoft.Compute/skus", "resourceSkus.list", SKUS_API, self._skus_list),
+            ("PUT", cp + "/virtualMachineScaleSets/{n1}", "virtualMachineScaleSets.createOrUpdate", COMPUTE_API,
+             self._vmss_put, True),
+            ("GET", cp + "/virtualMachineScaleSets/{n1}", "virtualMachineScaleSets.get", COMPUTE_API, self._get),
+            ("DELETE", cp + "/virtualMachineScaleSets/{n1}", "virtualMachineScaleSets.delete", COMPUTE_API,
+             self._delete, True),
+            ("GET", cp + "/virtualMachineScaleSets", "virtualMachineScaleSets.list", COMPUTE_API, self._list),
+            ("GET", sub + "/providers/Microsoft.Compute/virtualMachineScaleSets", "virtualMachineScaleSets.listAll",
+             COMPUTE_API, self._list),
             ("PUT", cp + "/proximityPlacementGroups/{n1}", "proximityPlacementGroups.createOrUpdate", COMPUTE_API,
              self._ppg_put),
             ("GET", cp + "/proximityPlacementGroups/{n1}", "proximityPlacementGroups.get", COMPUTE_API, self._get),
@@ -761,6 +772,7 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers, PriceHandlers):
 
     def _check_deletable(self, rid: ResourceId) -> None:
         """400/409 where the provider refuses to delete a resource still in use."""
+        self._check_scale_set_deletable(rid)
         if rid.type == NIC and (user := self._nic_user(rid.key)):
             raise ArmError(400, "NicInUse", f"Network Interface {rid} is used by existing resource {user}. In order "
                                             "to delete the network interface, it must be dissociated from the "
@@ -872,6 +884,9 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers, PriceHandlers):
         elif view["type"] == PPG:
             props["virtualMachines"] = [{"id": vm["id"]} for _, vm in self._of_type(VM)
                                         if self._same(id_of(vm["properties"].get("proximityPlacementGroup")), key)]
+            props["virtualMachineScaleSets"] = [
+                {"id": vmss["id"]} for _, vmss in self._of_type(VMSS)
+                if self._same(id_of(vmss["properties"].get("proximityPlacementGroup")), key)]
         elif view["type"] == VM and expand:
             props["instanceView"] = self._instance_view(key)
         return view

@@ -147,7 +147,8 @@ class DiskHandlers:
         self._group(request.params["group"])
         rid = self._rid(request)
         if rid.key in self._resources:
-            users = self._view(rid.key)["properties"]["virtualMachines"]
+            view = self._view(rid.key)["properties"]
+            users = view["virtualMachines"] + view["virtualMachineScaleSets"]
             if users:
                 raise ArmError(409, "OperationNotAllowed", f"Proximity placement group {rid.name} cannot be deleted "
                                                            f"while it is used by {users[0]['id']}.")

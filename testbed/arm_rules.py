@@ -300,6 +300,7 @@ class VmSize:
     accelerated_networking: bool = True
     premium_io: bool = True
     spot: bool = True  # LowPriorityCapable
+    rdma: bool = False  # RdmaEnabled: an InfiniBand interface (the sizes whose name has the "r" feature letter)
 
 
 VM_SIZES = {
@@ -308,7 +309,8 @@ VM_SIZES = {
     "Standard_NC4as_T4_v3": VmSize(4, 28, 1, "NVIDIA Tesla T4", "standardNCASv3_T4Family"),
     "Standard_NC24ads_A100_v4": VmSize(24, 220, 1, "NVIDIA A100 80GB PCIe", "StandardNCADSA100v4Family"),
     "Standard_NC40ads_H100_v5": VmSize(40, 320, 1, "NVIDIA H100 NVL", "standardNCadsH100v5Family"),
-    "Standard_ND96isr_H100_v5": VmSize(96, 1900, 8, "NVIDIA H100 80GB HBM3", "standardNDSH100v5Family"),
+    "Standard_ND96isr_H100_v5": VmSize(96, 1900, 8, "NVIDIA H100 80GB HBM3", "standardNDSH100v5Family", rdma=True),
+    "Standard_ND96isr_H200_v5": VmSize(96, 1850, 8, "NVIDIA H200 141GB HBM3e", "standardNDSH200v5Family", rdma=True),
     "Standard_NC6": VmSize(6, 56, 1, "NVIDIA Tesla K80", "standardNCFamily", locations=("southcentralus",),
                            accelerated_networking=False),  # retired: offered nowhere the tests go
 }
@@ -320,6 +322,8 @@ def sku_document(name: str, size: VmSize, location: str, restriction: str = "") 
     capabilities = {"vCPUs": size.vcpus, "MemoryGB": size.memory_gb, "GPUs": size.gpus,
                     "AcceleratedNetworkingEnabled": size.accelerated_networking, "PremiumIO": size.premium_io,
                     "LowPriorityCapable": size.spot, "HyperVGenerations": "V1,V2", "MaxDataDiskCount": 32}
+    if size.rdma:  # listed for the RDMA sizes only, as Resource SKUs lists it
+        capabilities["RdmaEnabled"] = True
     document = {"resourceType": "virtualMachines", "name": name, "tier": "Standard", "size": name.split("_", 1)[1],
                 "family": size.family, "locations": [location],
                 "locationInfo": [{"location": location, "zones": ["1", "2", "3"], "zoneDetails": []}],

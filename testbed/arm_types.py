@@ -14,12 +14,14 @@ from azure.core.credentials import AccessToken
 GROUP = "Microsoft.Resources/resourceGroups"
 VM, DISK, SNAPSHOT = "Microsoft.Compute/virtualMachines", "Microsoft.Compute/disks", "Microsoft.Compute/snapshots"
 PPG, IMAGE = "Microsoft.Compute/proximityPlacementGroups", "Microsoft.Compute/images"
+VMSS = "Microsoft.Compute/virtualMachineScaleSets"
 GALLERY = "Microsoft.Compute/galleries"
 GALLERY_IMAGE, GALLERY_VERSION = GALLERY + "/images", GALLERY + "/images/versions"
 VNET, NSG = "Microsoft.Network/virtualNetworks", "Microsoft.Network/networkSecurityGroups"
 SUBNET = VNET + "/subnets"
 PIP, NIC = "Microsoft.Network/publicIPAddresses", "Microsoft.Network/networkInterfaces"
-TYPES = {"virtualMachines": VM, "disks": DISK, "snapshots": SNAPSHOT, "proximityPlacementGroups": PPG,
+TYPES = {"virtualMachines": VM, "virtualMachineScaleSets": VMSS, "disks": DISK, "snapshots": SNAPSHOT,
+         "proximityPlacementGroups": PPG,
          "images": IMAGE, "galleries": GALLERY, "galleryImages": GALLERY_IMAGE, "galleryImageVersions": GALLERY_VERSION,
          "virtualNetworks": VNET, "subnets": SUBNET, "networkSecurityGroups": NSG, "publicIPAddresses": PIP,
          "networkInterfaces": NIC}

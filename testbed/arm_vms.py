@@ -98,6 +98,8 @@ class VmHandlers:
             if stored_ppg["location"] != location:
                 raise invalid_parameter(f"Proximity placement group {ppg} is in location '{stored_ppg['location']}', "
                                         f"not in the virtual machine's '{location}'.", "proximityPlacementGroup")
+        scale_set = self._vm_scale_set(props, old, rid, location, size_name, size,
+                                       stored_ppg["id"] if ppg else "")
         data_disks, new_disks = self._vm_data_disks(storage.get("dataDisks") or [], rid, location)
         made = []
         if not old:
@@ -114,12 +116,17 @@ class VmHandlers:
             timeCreated=old["properties"]["timeCreated"] if old else self._now())
         if ppg:
             stored_props["proximityPlacementGroup"] = {"id": stored_ppg["id"]}
+        stored_props.pop("virtualMachineScaleSet", None)
+        if scale_set:
+            stored_props["virtualMachineScaleSet"] = scale_set
         identity = self._access.identity(str(rid), body.get("identity"), (old or {}).get("identity"))
         extra = {"zones": body["zones"]} if body.get("zones") else {}
         stored = self._tracked(rid, location, body["tags"], stored_props, **extra,
                                **({"identity": identity} if identity else {}))
         for disk in made:
             self._resources[disk["id"].lower()] = disk
+        if scale_set:
+            self._vmss_first_member(scale_set, size)
         if not old:
             self._guests[rid.key] = Guest(make_host_keys(), os_profile["computerName"])
 

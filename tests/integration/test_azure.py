@@ -68,6 +68,7 @@ def leftovers(arm, name: str | None = None, snapshots: bool = True) -> list[str]
         if "kiln:cluster" in tags and name in (None, tags["kiln:cluster"]):
             found.append(f"resource-group {group.name}")
     for kind, items in (("vm", compute.virtual_machines.list_all()), ("disk", compute.disks.list()),
+                        ("scale-set", compute.virtual_machine_scale_sets.list_all()),
                         ("nic", network.network_interfaces.list_all()),
                         ("public-ip", network.public_ip_addresses.list_all()),
                         ("nsg", network.network_security_groups.list_all()),
@@ -114,6 +115,7 @@ def test_up_then_down_leaves_nothing(env, arm):
     rules = arm.client("network").network_security_groups.get("kiln-alpha", "kiln-alpha-nsg").security_rules
     assert {(r.name, r.source_address_prefix) for r in rules} == {("kiln-ssh", CIDR), ("kiln-cluster", plan.SUBNET)}
     assert [s.name for s in cloud.list_clusters()] == ["alpha"]
+    assert list(arm.client("compute").virtual_machine_scale_sets.list("kiln-alpha")) == []  # not an RDMA size
 
     assert cloud.down("alpha") == ["resource-group kiln-alpha"]
     assert leftovers(arm) == []
@@ -436,7 +438,7 @@ def test_a_size_the_location_does_not_offer_or_open_or_run_as_spot_is_refused_be
     for changes, said in (
             ({"vm_size": "Standard_NC6"}, "--instance-type Standard_NC6: not offered in eastus; GPU sizes open to "
                                           "you there: Standard_NC24ads_A100_v4, Standard_NC4as_T4_v3, "
-                                          "Standard_ND96isr_H100_v5"),
+                                          "Standard_ND96isr_H100_v5, Standard_ND96isr_H200_v5"),
             ({"vm_size": "Standard_NC40ads_H100_v5"}, "--instance-type Standard_NC40ads_H100_v5: not open to this "
                                                       "subscription in eastus (NotAvailableForSubscription); ask "
                                                       "Azure for access, or try another --location"),
@@ -522,3 +524,78 @@ def test_by_price_tries_the_location_whose_spot_price_is_lowest_now_first(env, a
     finally:
         cloud.down("bp")
     assert leftovers(arm, "bp") == []
+
+
+# ------------------------------------------------------------------------------------- RDMA sizes: one fabric
+
+
+def test_an_rdma_size_puts_every_vm_and_a_replacement_in_one_flexible_scale_set(env, arm):
+    """ND96isr_H100_v5 (RdmaEnabled in Resource SKUs): a Flexible scale set, one fault domain, a single placement
+    group (one InfiniBand fabric), in the cluster's placement group; every VM joins it, a replacement too; down
+    leaves nothing."""
+    before = len(arm.calls)
+    cloud.up(request("fabric", 2, vm_size="Standard_ND96isr_H100_v5"), ssh_wait_s=0)
+    puts = [path.rsplit("/", 2)[-2] for verb, path in arm.calls[before:] if verb == "PUT" and "/providers/" in path]
+    assert puts.index("virtualMachineScaleSets") < puts.index("virtualMachines")
+    compute = arm.client("compute")
+    [vmss] = compute.virtual_machine_scale_sets.list("kiln-fabric")
+    assert (vmss.name, vmss.orchestration_mode, vmss.platform_fault_domain_count, vmss.single_placement_group,
+            vmss.virtual_machine_profile, vmss.tags["kiln:cluster"]) == (
+        "kiln-fabric-vmss", "Flexible", 1, True, None, "fabric")
+    ppg = compute.proximity_placement_groups.get("kiln-fabric", "kiln-fabric-ppg")
+    assert vmss.proximity_placement_group.id == ppg.id and [s.id for s in ppg.virtual_machine_scale_sets] == [vmss.id]
+    for vm in vms_of(arm, "fabric"):
+        assert (vm.virtual_machine_scale_set.id, vm.proximity_placement_group.id) == (vmss.id, ppg.id)
+
+    cloud.replace("fabric", state.load_cluster("fabric").hosts[1].address, ssh_wait_s=0)
+    [first, new] = vms_of(arm, "fabric")
+    assert new.name.startswith("kiln-fabric-1-") and new.virtual_machine_scale_set.id == vmss.id
+    assert cloud.down("fabric") == ["resource-group kiln-fabric"]
+    assert leftovers(arm) == []
+
+
+def test_the_stand_in_refuses_what_azure_refuses_of_a_scale_set_and_its_vms(env, arm):
+    cloud.up(request("rules", 1, vm_size="Standard_ND96isr_H100_v5"), ssh_wait_s=0)
+    azure, kept = cloud.connect(), cloud.Record.load("rules")
+    compute = arm.client("compute")
+    sets = compute.virtual_machine_scale_sets
+    flexible = {"location": LOCATION, "properties": {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}}
+
+    def refused(call) -> str:
+        with pytest.raises(HttpResponseError) as error:
+            cloud.done(call())
+        return f"{error.value.status_code} {error.value.error.code}"
+
+    def node(scale_set: str, name: str = "kiln-rules-9"):
+        return lambda: cloud.make_node(azure, kept.planned(), group="kiln-rules", index=9, name=name,
+                                       image=kept.image, public_key=state.cluster_dir("rules").joinpath(
+                                           "id_ed25519.pub").read_text().strip(), tags=kept.tags,
+                                       subnet_id=kept.subnet_id, placement_id=kept.placement_id, data_disk=None,
+                                       timeout_s=30, scale_set_id=scale_set)
+
+    assert refused(lambda: sets.begin_delete("kiln-rules", "kiln-rules-vmss")) == "409 OperationNotAllowed"
+    assert refused(lambda: sets.begin_create_or_update("kiln-rules", "bad", {"location": LOCATION, "properties": {
+        "orchestrationMode": "Flexible", "platformFaultDomainCount": 5}})) == "400 InvalidParameter"
+    uniform = cloud.done(sets.begin_create_or_update("kiln-rules", "uniform", {"location": LOCATION, "properties": {
+        "orchestrationMode": "Uniform", "virtualMachineProfile": {"osProfile": {"computerNamePrefix": "u"}}}}))
+    assert refused(node(uniform.id)) == "409 OperationNotAllowed"  # a VM joins a Flexible set only
+    spread = cloud.done(sets.begin_create_or_update("kiln-rules", "spread", {**flexible, "properties": {
+        **flexible["properties"], "singlePlacementGroup": False}}))
+    assert refused(node(spread.id)) == "409 OperationNotAllowed"  # an RDMA size needs a single placement group
+    other_ppg = compute.proximity_placement_groups.create_or_update("kiln-rules", "other-ppg", {
+        "location": LOCATION, "properties": {"proximityPlacementGroupType": "Standard"}})
+    apart = cloud.done(sets.begin_create_or_update("kiln-rules", "apart", {**flexible, "properties": {
+        **flexible["properties"], "proximityPlacementGroup": {"id": other_ppg.id}}}))
+    assert refused(node(apart.id)) == "400 InvalidParameter"  # not the VM's placement group
+    elsewhere = cloud.done(sets.begin_create_or_update("kiln-rules", "elsewhere", {**flexible,
+                                                                                   "location": "westus2"}))
+    assert refused(node(elsewhere.id)) == "400 InvalidParameter"
+    missing = kept.scale_set_id.replace("kiln-rules-vmss", "nowhere")
+    assert refused(node(missing)) == "404 NotFound"
+    [vm] = vms_of(arm, "rules")
+    moved = vm.as_dict()
+    moved["properties"]["virtualMachineScaleSet"] = {"id": spread.id}
+    assert refused(lambda: compute.virtual_machines.begin_create_or_update("kiln-rules", vm.name, moved)) == \
+        "409 PropertyChangeNotAllowed"
+    cloud.down("rules")
+    assert leftovers(arm) == []

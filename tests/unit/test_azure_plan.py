@@ -174,3 +174,64 @@ def test_the_price_filter_names_one_size_in_one_location_and_refuses_anything_el
         "and priceType eq 'Consumption'")
     with pytest.raises(UsageError, match="not a VM size and a location"):
         plan.price_filter("eastus", "Standard_X' or serviceName eq 'Storage")
+
+
+@pytest.mark.parametrize(("size", "rdma"), [
+    ("Standard_ND96isr_H100_v5", True), ("Standard_ND96isr_H200_v5", True), ("Standard_ND96asr_v4", True),
+    ("Standard_ND96amsr_A100_v4", True), ("Standard_HB120-96rs_v3", True), ("Standard_HC44rs", True),
+    ("Standard_NC24ads_A100_v4", False), ("Standard_NC80adis_H100_v5", False), ("Standard_NC4as_T4_v3", False),
+    ("Standard_D4s_v5", False), ("Standard_B2s", False), ("ND96isr", False),
+])
+def test_an_rdma_size_is_one_whose_name_has_the_r_feature_letter(size, rdma):
+    assert plan.rdma_by_name(size) is rdma
+
+
+def test_the_skus_rdma_capability_decides_and_the_name_speaks_where_it_is_silent():
+    sizes = plan.size_facts([
+        sku("Standard_ND96isr_H100_v5", GPUs="8", RdmaEnabled="True"),
+        sku("Standard_ND96isr_H200_v5", GPUs="8"),  # no word on RDMA: its name says it
+        sku("Standard_HC44rs", GPUs="0", RdmaEnabled="False"),  # the capability wins over the name
+        sku("Standard_NC24ads_A100_v4")], "eastus")
+    assert {name: facts.rdma for name, facts in sizes.items()} == {
+        "Standard_ND96isr_H100_v5": True, "Standard_ND96isr_H200_v5": True, "Standard_HC44rs": False,
+        "Standard_NC24ads_A100_v4": False}
+
+
+def test_an_rdma_size_gets_a_flexible_scale_set_on_one_fabric_and_each_vm_joins_it():
+    made = request(vm_size="Standard_ND96isr_H100_v5")
+    tags = {"kiln:cluster": "c1"}
+    ppg = plan.resource_id(SUB, "kiln-c1", "Microsoft.Compute/proximityPlacementGroups", "kiln-c1-ppg")
+    assert plan.scale_set_name("c1") == "kiln-c1-vmss"
+    assert plan.scale_set_body(made, tags, ppg) == {
+        "location": "eastus", "tags": {"kiln:cluster": "c1"}, "properties": {
+            "orchestrationMode": "Flexible", "platformFaultDomainCount": 1, "singlePlacementGroup": True,
+            "proximityPlacementGroup": {"id": ppg}}}
+    vmss = plan.resource_id(SUB, "kiln-c1", "Microsoft.Compute/virtualMachineScaleSets", "kiln-c1-vmss")
+    properties = plan.vm_body(made, index=0, image_id=IMAGE, public_key="k", tags=tags, interface_id="/nic",
+                              placement_id=ppg, scale_set_id=vmss)["properties"]
+    assert (properties["virtualMachineScaleSet"], properties["proximityPlacementGroup"]) == ({"id": vmss},
+                                                                                             {"id": ppg})
+
+
+def test_a_size_without_rdma_makes_its_vms_alone_as_before():
+    properties = plan.vm_body(request(), index=0, image_id=IMAGE, public_key="k", tags={}, interface_id="/nic",
+                              placement_id="/ppg")["properties"]
+    assert "virtualMachineScaleSet" not in properties and properties["proximityPlacementGroup"] == {"id": "/ppg"}
+
+
+@pytest.mark.parametrize(("size", "shown"), [("Standard_ND96isr_H200_v5", True), ("Standard_NC24ads_A100_v4", False)])
+def test_the_dry_run_shows_the_scale_set_of_an_rdma_size_only(size, shown, tmp_path, monkeypatch):
+    from bootstrap.providers.azure.provider import AzureProvider
+
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    provider = AzureProvider(SUB, "eastus")
+    lines = provider.plan(provider.request("c1", 2, {"instance_type": size, "ssh_cidr": "203.0.113.7/32"}, None))
+    scale_sets = [line for line in lines if line.startswith("virtualMachineScaleSets ")]
+    vm = next(line for line in lines if line.startswith("per node: "))
+    if shown:
+        [line] = scale_sets
+        assert line.startswith('virtualMachineScaleSets kiln-c1-vmss {"location": "eastus", ')
+        assert '"orchestrationMode": "Flexible", "platformFaultDomainCount": 1, "singlePlacementGroup": true' in line
+        assert '"virtualMachineScaleSet": {"id": "<kiln-c1-vmss>"}' in vm
+    else:
+        assert scale_sets == [] and "virtualMachineScaleSet" not in vm

@@ -381,6 +381,7 @@ class Record(CloudRecord):
     placement_id: str = ""
     autostop: bool = False  # the VMs may deallocate themselves (a replacement gets the same)
     accelerated_networking: bool = True  # the size has it: the interfaces are made with it
+    scale_set_id: str = ""  # an RDMA size's: every VM, a replacement too, joins it (one InfiniBand fabric)
 
     kind: ClassVar[str] = "azure"
     volumes_field: ClassVar[str] = "data_disks"
@@ -391,8 +392,9 @@ class Record(CloudRecord):
 
 def make_node(azure: Azure, request: plan.Request, *, group: str, index: int, name: str, image: str,
               public_key: str, tags: dict, subnet_id: str, placement_id: str, data_disk: str | None,
-              timeout_s: float, identity: bool = False, accelerated: bool = True):
-    """Start making one node (its address, interface and VM): the VM's poller."""
+              timeout_s: float, identity: bool = False, accelerated: bool = True, scale_set_id: str = ""):
+    """Start making one node (its address, interface and VM, in the scale set if the cluster has one): the VM's
+    poller."""
     address = done(azure.network.public_ip_addresses.begin_create_or_update(
         group, f"{name}-ip", plan.public_address_body(request, tags)), timeout_s)
     interface = done(azure.network.network_interfaces.begin_create_or_update(
@@ -402,7 +404,7 @@ def make_node(azure: Azure, request: plan.Request, *, group: str, index: int, na
     body = plan.vm_body(request, index=index, image_id=image, public_key=public_key, tags=tags,
                         interface_id=interface.id, placement_id=placement_id,
                         data_disk_id=azure.id(group, "Microsoft.Compute/disks", data_disk) if data_disk else None,
-                        identity=identity)
+                        identity=identity, scale_set_id=scale_set_id or None)
     body["properties"]["osProfile"]["computerName"] = name
     return azure.compute.virtual_machines.begin_create_or_update(group, name, body)
 
@@ -470,6 +472,13 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         made["placement_id"] = azure.compute.proximity_placement_groups.create_or_update(
             group, f"{group}-ppg", plan.placement_group_body(request, tags)).id
 
+        made["scale_set_id"] = ""
+        if size.rdma:  # its VMs reach each other over InfiniBand only within one scale set
+            progress.step = "create the scale set"
+            made["scale_set_id"] = done(start(azure.compute.virtual_machine_scale_sets.begin_create_or_update(
+                group, plan.scale_set_name(request.name),
+                plan.scale_set_body(request, tags, made["placement_id"]))), timeout_s).id
+
         if request.volume_gb:
             progress.step = "create the data disks"
             started = []
@@ -489,7 +498,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
                                public_key=public_key, tags=tags, subnet_id=made["subnet_id"],
                                placement_id=made["placement_id"], data_disk=disks[index] if disks else None,
                                timeout_s=timeout_s, accelerated=size.accelerated_networking,
-                               identity=bool(request.idle_minutes)))
+                               identity=bool(request.idle_minutes), scale_set_id=made["scale_set_id"]))
                for index, name in enumerate(names)]
         for poller in vms:
             done(poller, timeout_s)
@@ -497,7 +506,8 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
 
     def save(nodes: Nodes) -> None:
         Record(azure.subscription, group, image, tags, asdict(request), tuple(disks), made["subnet_id"],
-               made["placement_id"], accelerated_networking=size.accelerated_networking).save(request.name)
+               made["placement_id"], accelerated_networking=size.accelerated_networking,
+               scale_set_id=made["scale_set_id"]).save(request.name)
 
     cluster = provision.up(request.name, Verbs(
         "azure", AzureError, make, lambda names, timeout_s: host_keys(azure, group, names, timeout_s), save,
@@ -535,7 +545,8 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
         made = done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
                               public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
                               placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s,
-                              identity=kept.autostop, accelerated=kept.accelerated_networking), timeout_s)
+                              identity=kept.autostop, accelerated=kept.accelerated_networking,
+                              scale_set_id=kept.scale_set_id), timeout_s)
         if kept.autostop:
             replacing.step = "let it deallocate itself (autostop)"
             allow_self_deallocation(azure, made)

@@ -4,10 +4,13 @@ exact output; bootstrap.providers.azure.cloud makes the calls.
 
 A cluster NAME is one resource group, kiln-NAME, so that `down` (deleting the group) cannot miss a resource: a
 virtual network with one subnet, a network security group (the subnet to itself, SSH from --ssh-cidr only), a
-proximity placement group, and per node a public address, a network interface and a VM (the cluster's own SSH
-key, password logins off, boot diagnostics on: its serial log shows the host keys), with a managed data disk
-where --volume asks. Snapshots of the data disks live outside it, in kiln_snapshots_LOCATION, so they outlive the
-cluster. Everything carries the tags kiln:cluster, kiln:owner and kiln:expires.
+proximity placement group, and per node a public address, a network interface and a VM (the cluster's own SSH key,
+password logins off, boot diagnostics on: its serial log shows the host keys), with a managed data disk where
+--volume asks. An RDMA size (ND96isr_H100_v5, ND96asr_v4, HB120rs_v3...) reaches the other nodes over InfiniBand
+only where they share its fabric: in one scale set or availability set. Its VMs join one Flexible scale set,
+kiln-NAME-vmss, made with no VM profile, in the placement group, on a single placement group (one fabric).
+Snapshots of the data disks live outside it, in kiln_snapshots_LOCATION, so they outlive the cluster. Everything
+carries the tags kiln:cluster, kiln:owner and kiln:expires.
 
 Autostop: a VM that shuts itself down stays allocated and billed, so the node's idle agent deallocates its own VM
 through Resource Manager, as its system-assigned managed identity. That identity holds one built-in role that
@@ -52,6 +55,11 @@ VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]+")
 IMAGE_ID = re.compile(r"/subscriptions/[0-9a-f-]{36}/resourceGroups/[-\w.()]{1,90}/providers/Microsoft\.Compute/"
                       r"(images/[-\w.]{1,80}|galleries/\w[\w.]{0,79}/images/[-\w.]{1,80}/versions/"
                       r"(latest|\d+\.\d+\.\d+))", re.IGNORECASE)
+# A size's name: Standard_, the family (capitals), the vCPUs (and -N constrained ones), the feature letters, then
+# _accelerator and _version parts: Standard_ND96isr_H100_v5 is ND, 96, "isr". "r" among the letters is RDMA: an
+# InfiniBand interface (learn.microsoft.com/azure/virtual-machines/vm-naming-conventions; setup-infiniband: "N-series
+# sizes designated with 'r' are also RDMA-capable")
+SIZE_NAME = re.compile(r"Standard_(?P<family>[A-Z]+)(?P<vcpus>\d+)(-\d+)?(?P<features>[a-z]*)(_.*)?")
 SUBSCRIPTION = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # `kiln up`'s default: the first of the catalog's Azure GPU sizes (kiln up --gpus picks from them).
 DEFAULT_VM_SIZE = catalog.default_type("azure")
@@ -64,6 +72,12 @@ DATA_LUN = 0
 # Azure Virtual Desktop): at a VM's scope, read, start, restart, power off and deallocate it; not write or delete
 # it, run commands on it or add extensions (what "Virtual Machine Contributor" would allow whoever takes the token)
 POWER_ROLE = "40c5ff49-9181-41f8-ae61-143b0e78555e"
+# The scale set an RDMA size's VMs join (one InfiniBand fabric; learn.microsoft.com/azure/virtual-machines/
+# setup-infiniband): Flexible, since only a Flexible set takes VMs made apart from it (virtual-machine-scale-sets-
+# attach-detach-vm); one fault domain, maximal spreading (virtual-machine-scale-sets-manage-fault-domains, Flexible's
+# default); a single placement group, which InfiniBand in a scale set needs and which Azure's Compute provider
+# asks of a Flexible set for such sizes (Azure/azure-cli#21834)
+SCALE_SET_PROPERTIES = {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1, "singlePlacementGroup": True}
 IMAGE_PLACEHOLDER = "<newest image tagged kiln:profile={profile}{more}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
 
@@ -146,6 +160,10 @@ def vm_name(name: str, index: int, suffix: str = "") -> str:
     return f"kiln-{name}-{index}" + (f"-{suffix}" if suffix else "")
 
 
+def scale_set_name(name: str) -> str:
+    return f"kiln-{name}-vmss"
+
+
 def disk_name(name: str, index: int) -> str:
     return f"kiln-{name}-data-{index}"
 
@@ -184,6 +202,20 @@ def placement_group_body(request: Request, tags: Mapping[str, str]) -> dict:
     return {"location": request.location, "tags": dict(tags), "properties": {"proximityPlacementGroupType": "Standard"}}
 
 
+def rdma_by_name(size: str) -> bool:
+    """Whether a VM size's name says RDMA: an "r" among its feature letters (ND96isr_H100_v5, HB120-96rs_v3, not
+    NC24ads_A100_v4)."""
+    found = SIZE_NAME.fullmatch(size)
+    return bool(found) and "r" in found["features"]
+
+
+def scale_set_body(request: Request, tags: Mapping[str, str], placement_id: str) -> dict:
+    """The Flexible scale set an RDMA size's VMs join: no VM profile (kiln makes each VM), in the cluster's
+    placement group (set on the scale set, where Azure asks it to be, and kept on each VM: the same group)."""
+    return {"location": request.location, "tags": dict(tags), "properties": {
+        **SCALE_SET_PROPERTIES, "proximityPlacementGroup": {"id": placement_id}}}
+
+
 def public_address_body(request: Request, tags: Mapping[str, str]) -> dict:
     return {"location": request.location, "tags": dict(tags), "sku": {"name": "Standard"},
             "properties": {"publicIPAllocationMethod": "Static", "publicIPAddressVersion": "IPv4"}}
@@ -209,6 +241,7 @@ class SizeFacts:
     premium_io: bool = False
     spot: bool = False
     restriction: str = ""  # the reason code of a restriction on this subscription in the location
+    rdma: bool = False  # an InfiniBand interface: its VMs join one scale set (one fabric)
 
 
 def size_facts(documents: Iterable[Mapping], location: str) -> dict[str, SizeFacts]:
@@ -223,9 +256,11 @@ def size_facts(documents: Iterable[Mapping], location: str) -> dict[str, SizeFac
                            if r.get("type") == "Location" and location.lower() in
                            (v.lower() for v in r.get("values") or ())), "")
         gpus = capability.get("GPUs", "0")
+        # RdmaEnabled is listed for the RDMA sizes; where a document has no word on it, the name says
+        rdma = capability["RdmaEnabled"] == "True" if "RdmaEnabled" in capability else rdma_by_name(sku["name"])
         found[sku["name"]] = SizeFacts(
             sku["name"], int(gpus) if gpus.isdigit() else 0, capability.get("AcceleratedNetworkingEnabled") == "True",
-            capability.get("PremiumIO") == "True", capability.get("LowPriorityCapable") == "True", restricted)
+            capability.get("PremiumIO") == "True", capability.get("LowPriorityCapable") == "True", restricted, rdma)
     return found
 
 
@@ -256,10 +291,12 @@ def custom_data(request: Request) -> str | None:
 
 
 def vm_body(request: Request, *, index: int, image_id: str, public_key: str, tags: Mapping[str, str],
-            interface_id: str, placement_id: str, data_disk_id: str | None = None, identity: bool = False) -> dict:
+            interface_id: str, placement_id: str, data_disk_id: str | None = None, identity: bool = False,
+            scale_set_id: str | None = None) -> dict:
     """virtualMachines' create body for node `index`: password logins off, the cluster's key only; boot
     diagnostics on (its serial log shows the host keys); the OS disk and the interface go with the VM, a data
-    disk stays (detached); Spot VMs are deleted when evicted (a deallocated one still bills for its disks)."""
+    disk stays (detached); Spot VMs are deleted when evicted (a deallocated one still bills for its disks); in the
+    cluster's scale set where it has one (an RDMA size: scale_set_body)."""
     properties = {
         "hardwareProfile": {"vmSize": request.vm_size},
         "storageProfile": {
@@ -276,6 +313,8 @@ def vm_body(request: Request, *, index: int, image_id: str, public_key: str, tag
         "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
         "proximityPlacementGroup": {"id": placement_id},
     }
+    if scale_set_id:
+        properties["virtualMachineScaleSet"] = {"id": scale_set_id}
     data = custom_data(request)
     if data:
         properties["osProfile"]["customData"] = data

@@ -70,6 +70,12 @@ class AzureProvider:
                  f"networkSecurityGroups {group}-nsg {json.dumps(plan.security_group_body(request, tags))}",
                  f"virtualNetworks {group}-vnet {json.dumps(plan.network_body(request, tags, nsg))}",
                  f"proximityPlacementGroups {group}-ppg {json.dumps(plan.placement_group_body(request, tags))}"]
+        # up asks Resource SKUs (RdmaEnabled); the dry run, which asks Azure nothing, goes by the size's name
+        scale_set = plan.scale_set_name(request.name) if plan.rdma_by_name(request.vm_size) else None
+        if scale_set:
+            body = plan.scale_set_body(request, tags, f"<{group}-ppg>")
+            lines.append(f"virtualMachineScaleSets {scale_set} {json.dumps(body)} ({request.vm_size} is an RDMA "
+                         "size: its VMs reach each other over InfiniBand only within one scale set)")
         if request.volume_gb:
             lines.append(f"disks {plan.disk_name(request.name, 0)} "
                          f"{json.dumps(plan.disk_body(request, index=0, tags=tags))} (each node one, from the "
@@ -77,7 +83,8 @@ class AzureProvider:
         vm = plan.vm_name(request.name, 0)
         body = plan.vm_body(request, index=0, image_id=image, public_key=plan.PUBLIC_KEY_PLACEHOLDER.format(
             path=f"{key}.pub"), tags=tags, interface_id=f"<{vm}-nic>", placement_id=f"<{group}-ppg>",
-            data_disk_id=f"<{plan.disk_name(request.name, 0)}>" if request.volume_gb else None)
+            data_disk_id=f"<{plan.disk_name(request.name, 0)}>" if request.volume_gb else None,
+            scale_set_id=f"<{scale_set}>" if scale_set else None)
         lines.append(f"per node: publicIPAddresses {vm}-ip, networkInterfaces {vm}-nic, virtualMachines {vm} "
                      f"{json.dumps(body)} (node 0 of {request.count})")
         wait = (f"and for SSH to answer on each (at most {ssh_wait:g}s)" if ssh_wait
