@@ -1,4 +1,5 @@
-"""Build local signed apt repositories of NVIDIA *stand-in* packages, for exercising kiln's NVIDIA roles here.
+"""Build local signed apt repositories of NVIDIA *stand-in* packages, for exercising kiln's NVIDIA roles here
+(and, beside them, the GPU fabric's stand-in downloads: bake/standin_fabric.py).
 
 usage: nvidia-standin-repo build OUTDIR [--force]
 
@@ -28,29 +29,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from bake import standin_fabric
+from bake.debs import Package, build_deb, make_key
 from bake.matrix import MATRIX, read_matrix
 from kiln.errors import UsageError, run_main
 
 DATA = Path(__file__).resolve().parent / "standin_files"
-MAINTAINER = "kiln stand-in <standin@kiln.invalid>"
 CUDA_REPO = "cuda/debian12/x86_64"
 TOOLKIT_REPO = "libnvidia-container/stable/deb/amd64"
-
-
-@dataclass(frozen=True)
-class Package:
-    name: str
-    version: str
-    what: str  # the real package this stands in for, in a few words
-    depends: str = ""
-    conflicts: str = ""
-    provides: str = ""
-    files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path in package -> (content, mode)
-    postinst: str = ""
-    prerm: str = ""
 
 
 def cuda_packages(m: dict[str, str]) -> list[Package]:
@@ -128,46 +116,6 @@ def toolkit_packages(m: dict[str, str]) -> list[Package]:
     return packages
 
 
-def build_deb(package: Package, outdir: Path, scratch: Path) -> None:
-    tree = scratch / f"{package.name}_{package.version}"
-    (tree / "DEBIAN").mkdir(parents=True)
-    for relpath, (content, mode) in package.files.items():
-        target = tree / relpath
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
-        target.chmod(mode)
-    doc = tree / "usr/share/doc" / package.name / "README.kiln-standin"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(f"kiln stand-in for {package.name} {package.version}: not the real NVIDIA software.\n")
-    control = [f"Package: {package.name}", f"Version: {package.version}", "Architecture: amd64",
-               f"Maintainer: {MAINTAINER}", "Section: kiln-standin", "Priority: optional"]
-    for key, value in (("Depends", package.depends), ("Conflicts", package.conflicts),
-                       ("Provides", package.provides)):
-        if value:
-            control.append(f"{key}: {value}")
-    control += [f"Description: kiln stand-in: not the real {package.what}",
-                " Empty stand-in under the real package name and version, for testing kiln's",
-                " NVIDIA roles without NVIDIA's repositories. It installs no driver and no library."]
-    (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
-    for script, body in (("postinst", package.postinst), ("prerm", package.prerm)):
-        if body:
-            path = tree / "DEBIAN" / script
-            path.write_text(f"#!/bin/sh\nset -e\n{body}\nexit 0\n")
-            path.chmod(0o755)
-    name = f"{package.name}_{package.version.replace(':', '%3a')}_amd64.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(outdir / name)],
-                   check=True, stdout=subprocess.DEVNULL)
-
-
-def make_key(gnupg: Path, uid: str) -> str:
-    """Generate a throwaway signing key; return its fingerprint."""
-    subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--passphrase", "", "--quick-gen-key", uid,
-                    "ed25519", "sign", "never"], check=True, capture_output=True)
-    listing = subprocess.run(["gpg", "--homedir", str(gnupg), "--with-colons", "--list-keys", uid],
-                             check=True, capture_output=True, text=True).stdout
-    return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
-
-
 def index_and_sign(repo: Path, gnupg: Path, fingerprint: str, label: str, keyname: str) -> None:
     ftp = ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=kiln stand-in",
            "-o", f"APT::FTPArchive::Release::Label={label} (kiln stand-in, not NVIDIA)",
@@ -186,7 +134,7 @@ def index_and_sign(repo: Path, gnupg: Path, fingerprint: str, label: str, keynam
 
 
 def input_fingerprint() -> str:
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest = hashlib.sha256(Path(__file__).read_bytes() + Path(standin_fabric.__file__).read_bytes())
     for path in sorted(DATA.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(MATRIX.read_bytes())
@@ -220,14 +168,17 @@ def build(outdir: Path, force: bool) -> dict:
             index_and_sign(repo, gnupg, key_fpr, label, keyname)
             summary["repos"][key] = {"path": relpath, "key": f"{relpath}/{keyname}", "fingerprint": key_fpr,
                                      "packages": sorted({f"{p.name}={p.version}" for p in packages})}
+        summary["efa"] = standin_fabric.build_efa_installer(outdir / "repo", gnupg, Path(scratch),
+                                                            matrix["efa_installer_version"])
+        summary["topology"] = standin_fabric.build_topology(outdir / "repo")
     subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], check=False)
     stamp.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def role_vars(summary: dict, base_url: str) -> dict[str, str]:
-    """The variables that point the nvidia_driver and container_runtime roles at the stand-ins served at
-    base_url (the folder summary["root"] served over HTTP)."""
+def role_vars(summary: dict, base_url: str) -> dict:
+    """The variables that point the nvidia_driver, container_runtime, efa and infiniband roles at the stand-ins
+    served at base_url (the folder summary["root"] served over HTTP)."""
     cuda, toolkit = summary["repos"]["cuda"], summary["repos"]["toolkit"]
     base = base_url.rstrip("/")
     return {
@@ -237,6 +188,7 @@ def role_vars(summary: dict, base_url: str) -> dict[str, str]:
         "container_runtime_nvidia_repo_url": f"{base}/{toolkit['path']}/",
         "container_runtime_nvidia_repo_key_url": f"{base}/{toolkit['key']}",
         "container_runtime_nvidia_repo_key_fingerprint": toolkit["fingerprint"],
+        **standin_fabric.role_vars(summary, base),
     }
 
 

@@ -7,10 +7,10 @@ Run the testinfra suite (tests/infra) against:
                                 scripts/verify --local -- -m gpu --gpu=required --facts-only --facts-json F
   --rootfs DIR                  a captured image's root filesystem (chroot; /proc, /sys, /dev bound in for the run)
   --container REF               a container image (make image PROVIDER=docker): one container of it, checked
-                                through testinfra's docker backend (markers image and gpu), then removed
+                                through testinfra's docker backend (markers image, gpu, fabric), then removed
   (neither)                     the newest local image in images/ (or --image DIR): boot it under qemu on a
                                 throwaway overlay, check it over SSH with its host key pinned, stop it; markers
-                                image and gpu only unless -m is given (cluster checks belong to meshed nodes
+                                image, gpu and fabric only unless -m is given (cluster checks belong to meshed nodes
                                 that reach a time server; a lone VM here reaches neither)
 The versions expected are the version matrix's; --matrix F holds the hosts to it with a matrix file's entries
 (matrices/) in place, as `make image MATRIX=F` bakes; a local image baked so is held to the entries it records.
@@ -147,7 +147,7 @@ def check(args: argparse.Namespace, extra: list[str], image: Path | None) -> int
             return subprocess.run(pytest_argv(f"--hosts={args.rootfs.resolve()}", "--connection=chroot",
                                               *extra)).returncode
     if "-m" not in extra:
-        extra = ["-m", "image or gpu", *extra]
+        extra = ["-m", "image or gpu or fabric", *extra]
     if args.container:
         with container_of(args.container) as name:
             return subprocess.run(pytest_argv(f"--hosts=docker://{name}", *extra)).returncode

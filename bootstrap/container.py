@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bootstrap import commands, launch
+from bootstrap import commands, interconnect, launch
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
@@ -239,7 +239,7 @@ class ContainerRuntime:
                 facts = node.facts
                 return NodeView(facts["uid"], facts.get("gid", facts["uid"]), facts["home"], facts.get("gpus", 0),
                                 facts.get("data_volume"), facts.get("memlock", -1), bool(facts.get("rdma")),
-                                next(iter(facts.get("nccl_topology") or []), ""))
+                                interconnect.topology_of(facts))
         raise KilnError(f"no facts for {host.label}")
 
     def name(self, host: Host) -> str:

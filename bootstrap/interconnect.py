@@ -20,6 +20,9 @@ NAMES = {"efa": "EFA", "ib": "InfiniBand", "socket": "TCP sockets"}
 # NCCL's transports by the names it registers them under: "AWS Libfabric" is the aws-ofi-nccl plugin's (its logs
 # read "via NET/AWS Libfabric"), "IB" and "Socket" NCCL's own.
 NCCL_NET = {"efa": "AWS Libfabric", "ib": "IB", "socket": "Socket"}
+# Azure's topology file for each ND size, by its GPUs' PCI device ids (pci.ids): ND H100 v5 and ND H200 v5 share
+# ndv5-topo.xml (Azure's health checks use it for both), ND A100 v4 (40 and 80 GB) ndv4-topo.xml.
+TOPOLOGY_BY_GPU = {"ndv5-topo.xml": frozenset({"2330", "2335"}), "ndv4-topo.xml": frozenset({"20b0", "20b2"})}
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,19 @@ def of_node(facts: Mapping) -> NodeFabric:
     efa = [d for d in devices if d.get("driver") == "efa"]
     ib = [d for d in devices if d.get("link_layer") == "InfiniBand"]
     kind, chosen = ("efa", efa) if efa else ("ib", ib) if ib else ("", [])
-    topology = next(iter(facts.get("nccl_topology") or []), "") if kind == "ib" else ""
+    topology = topology_of(facts) if kind == "ib" else ""
     return NodeFabric(kind, tuple(d["name"] for d in chosen if d.get("state") == ACTIVE),
                       tuple(d["name"] for d in chosen if d.get("state") != ACTIVE), topology)
+
+
+def topology_of(facts: Mapping) -> str:
+    """The NCCL topology file, of those the node's image carries, made for its machine (by its GPUs), or "": a
+    file for another machine would mislead NCCL more than none."""
+    gpus = set(facts.get("gpu_pci") or [])
+    for path in facts.get("nccl_topology") or []:
+        if gpus and gpus <= TOPOLOGY_BY_GPU.get(path.rsplit("/", 1)[-1], frozenset()):
+            return path
+    return ""
 
 
 def for_nodes(nodes: Sequence[Node], asked: str = "auto") -> Choice:
@@ -119,12 +132,14 @@ def describe_down(nodes: Sequence[tuple[str, NodeFabric]], kind: str = "") -> st
 
 def fabric_env(kind: str, nodes: Sequence[tuple[str, NodeFabric]], topology: str = "") -> dict[str, str]:
     """What NCCL (and libfabric) are told for `kind`. EFA: libfabric's EFA provider, fork-safe verbs (PyTorch's
-    data loaders fork), NCCL made to load the aws-ofi-nccl plugin; device RDMA is libfabric's default where the
+    data loaders fork), NCCL made to load the aws-ofi-nccl plugin (libnccl-net-ofi.so, as the EFA installer
+    names it from 1.44.0 on); device RDMA is libfabric's default where the
     device has it. InfiniBand: NCCL's IB transport on the HCAs every node has up (by exact name), the image's
     topology file where there is one, relaxed PCI ordering (Azure's ND guidance)."""
     env = {"NCCL_NET": NCCL_NET[kind]}
     if kind == "efa":
-        return {**env, "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1"}
+        return {**env, "NCCL_NET_PLUGIN": "ofi", "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
+                "RDMAV_FORK_SAFE": "1"}
     env.update({"NCCL_IB_DISABLE": "0", "NCCL_IB_PCI_RELAXED_ORDERING": "1"})
     if shared := [name for name in nodes[0][1].devices if all(name in node.devices for _, node in nodes)]:
         env["NCCL_IB_HCA"] = "=" + ",".join(shared)

@@ -32,6 +32,8 @@ POWER_OFF_RECHECK_S = 300  # a node still up this long after its power-off was t
 SHUTDOWNS = ("system", "namespace", "azure")
 RDMA_DEVICES = "/sys/class/infiniband"  # EFA and InfiniBand devices alike (rdma-core's view)
 NCCL_TOPOLOGY_FILES = ("/opt/microsoft/ndv5-topo.xml", "/opt/microsoft/ndv4-topo.xml")  # Azure ND images' (azhpc)
+PCI_DEVICES = "/sys/bus/pci/devices"
+NVIDIA_PCI_VENDOR = "0x10de"
 
 
 def facts(ports, names, probe=None):
@@ -57,6 +59,7 @@ def facts(ports, names, probe=None):
         "probe": mesh_probe(probe) if probe else None,
         "rdma": rdma_devices(),
         "nccl_topology": [path for path in NCCL_TOPOLOGY_FILES if os.path.isfile(path)],
+        "gpu_pci": gpu_pci_devices(),
     }
 
 
@@ -77,6 +80,22 @@ def rdma_devices(root=RDMA_DEVICES):
                       "link_layer": read_text(os.path.join(port, "link_layer")).strip(),
                       "state": read_text(os.path.join(port, "state")).strip()})
     return found
+
+
+def gpu_pci_devices(root=PCI_DEVICES):
+    """The PCI device ids of the NVIDIA GPUs here ("2330" for an H100 SXM5), sorted, from sysfs: which machine
+    this is, for the NCCL topology file that fits it (interconnect.topology_of)."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        device = os.path.join(root, name)
+        if (read_text(os.path.join(device, "vendor")).strip() == NVIDIA_PCI_VENDOR
+                and read_text(os.path.join(device, "class")).strip().startswith("0x03")):
+            found.append(read_text(os.path.join(device, "device")).strip().removeprefix("0x"))
+    return sorted(found)
 
 
 def memlock_limit():

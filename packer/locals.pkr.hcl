@@ -13,6 +13,7 @@ locals {
   # (ANSIBLE_HOST_KEY_CHECKING off); an extra var outranks the environment.
   ansible_extra_vars = jsonencode(merge(var.ansible_extra_vars, {
     kiln_image_profile        = var.profile
+    kiln_image_fabric         = var.fabric
     ansible_host_key_checking = "true"
   }))
 

@@ -33,10 +33,11 @@ source "azure-arm" "gpu" {
   }
 
   # Azure limits an image to 15 tags (Packer 1.6.6 checks it). Left out: the Name tag (AWS's idea), the
-  # driver branch (the start of the driver version) and the CUDA release NCCL was built for (the NCCL
-  # package's suffix); the fingerprint tag covers every entry of the matrix.
+  # driver branch (the start of the driver version), the CUDA release NCCL was built for (the NCCL
+  # package's suffix) and AWS's EFA installer (never in an Azure image); the fingerprint tag covers every
+  # entry of the matrix.
   azure_tags = {
     for key, value in local.tags : key => value
-    if ! contains(["Name", "kiln:nvidia_driver_branch", "kiln:cuda_nccl_cuda"], key)
+    if ! contains(["Name", "kiln:nvidia_driver_branch", "kiln:cuda_nccl_cuda", "kiln:efa_installer"], key)
   }
 }

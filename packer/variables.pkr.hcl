@@ -18,6 +18,17 @@ variable "profile" {
   }
 }
 
+variable "fabric" {
+  type        = string
+  default     = "none"
+  description = "The GPU fabric's stack the gpu profile bakes in, handed to ansible/image.yml as kiln_image_fabric: efa (AWS), infiniband (Azure's RDMA sizes) or none. vars/aws.pkrvars.hcl and vars/azure.pkrvars.hcl set it."
+
+  validation {
+    condition     = var.fabric == "none" || var.fabric == "efa" || var.fabric == "infiniband"
+    error_message = "The fabric must be none, efa or infiniband."
+  }
+}
+
 variable "base_os" {
   type        = string
   default     = "ubuntu-24.04"

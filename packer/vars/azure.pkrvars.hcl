@@ -1,5 +1,6 @@
 # Azure defaults: `make image PROVIDER=azure` after `az login`. The resource group must exist.
 profile               = "gpu"
+fabric                = "infiniband"
 base_os               = "ubuntu-22.04"
 azure_use_cli_auth    = true
 azure_location        = "eastus"

@@ -61,7 +61,7 @@ def test_the_suite_passes_on_the_booted_image(baked_vm):
     the image as it booted. `make verify` boots its own VM the same way (localcloud.vm.booted)."""
     ssh_config, _ = baked_vm
     result = run([sys.executable, "-m", "bake.verify", "--hosts", "ssh://kiln-vm", "--ssh-config", str(ssh_config),
-                  "--", "-m", "image or gpu", "-rfEs", "--durations=8"], timeout=1800)
+                  "--", "-m", "image or gpu or fabric", "-rfEs", "--durations=8"], timeout=1800)
     SAID.extend(slowest_lines("the suite on the booted VM", result.stdout))
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert " passed" in result.stdout

@@ -49,7 +49,7 @@ def gpu_vm(baked_vm, tmp_path_factory):
         second = playbook(ssh_config, ANSIBLE / "image.yml", *gpu_run) if first.returncode == 0 else None
         suite = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", str(ROOT / "tests" / "infra"),
-             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "image or gpu", "-rs",
+             "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "image or gpu or fabric", "-rs",
              # what the gpu runs changed: versions against the matrix and manifest, the GPU checks, NCCL
              "-k", "version or manifest or test_gpu or nccl"],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)

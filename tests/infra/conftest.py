@@ -1,6 +1,6 @@
 """pytest-testinfra suite: proves a baked image or a live node is what kiln says it is.
 
-    pytest tests/infra --hosts=ssh://user@host [--ssh-config=F] [--gpu=auto|required] [-m image|gpu|cluster]
+    pytest tests/infra --hosts=ssh://user@host [--ssh-config=F] [--gpu=auto|required] [-m image|gpu|cluster|fabric]
     pytest tests/infra --hosts=chroot:///path/to/rootfs     # a captured image's root filesystem
     pytest tests/infra --hosts=docker://CONTAINER           # a container of a kiln container image
 
@@ -39,7 +39,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     for marker, text in (("image", "what the image carries: versions, imports, hygiene, services"),
                          ("gpu", "NVIDIA driver, CUDA, cuDNN, NCCL, containers and TensorFlow on the GPUs"),
-                         ("cluster", "what a node needs to train with others: names, time, ports")):
+                         ("cluster", "what a node needs to train with others: names, time, ports"),
+                         ("fabric", "the GPU fabric's stack (EFA, InfiniBand) and, where present, its devices")):
         config.addinivalue_line("markers", f"{marker}: {text}")
 
 

@@ -33,3 +33,22 @@ def run_checked(host, command: str):
 
 def venv_python(code: str) -> str:
     return f"TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1 {VENV}/bin/python -c {shlex.quote(code)}"
+
+
+# The RDMA devices the kernel shows (EFA, InfiniBand HCAs), a line each: name, driver, first port's link layer
+# and state; the same view as kiln's launcher (bootstrap/node.py rdma_devices).
+RDMA_LISTING = (
+    'for d in /sys/class/infiniband/*; do [ -e "$d" ] || continue; '
+    'printf "%s|%s|%s|%s\\n" "${d##*/}" "$(basename "$(readlink "$d/device/driver")")" '
+    '"$(cat "$d/ports/1/link_layer" 2>/dev/null)" "$(cat "$d/ports/1/state" 2>/dev/null)"; done'
+)
+
+
+def rdma_devices(listing: str) -> list[dict[str, str]]:
+    """RDMA_LISTING's output as the launcher's facts have it."""
+    found = []
+    for line in listing.splitlines():
+        if line.count("|") == 3:
+            name, driver, link_layer, state = line.split("|")
+            found.append({"name": name, "driver": driver, "link_layer": link_layer, "state": state})
+    return found

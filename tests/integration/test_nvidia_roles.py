@@ -1,9 +1,13 @@
-"""The NVIDIA roles (nvidia_driver, cuda, container_runtime) for real: ansible-playbook against a Debian 12 rootfs.
+"""The NVIDIA roles (nvidia_driver, cuda, container_runtime) and the GPU fabric's (efa, infiniband) for real:
+ansible-playbook against a Debian 12 rootfs. The AWS image's set (NVIDIA's and efa) runs on one rootfs, infiniband
+(Azure's RDMA sizes, with Debian's own rdma-core) on another.
 
 NVIDIA's repositories are out of reach here, so scripts/nvidia-standin-repo builds signed local repositories of
 stand-in packages under the real names and versions, served over HTTP on 127.0.0.1; the roles get their URLs and
-throwaway key fingerprints as extra vars (their defaults stay NVIDIA's). The target is a debootstrap minbase rootfs
-(cached in ~/.cache/kiln/rootfs/, keyed by its inputs) reached with the community.general.chroot connection.
+throwaway key fingerprints as extra vars (their defaults stay NVIDIA's); beside them it builds a stand-in of AWS's
+signed EFA installer tarball and of azhpc-images' topology files (bake/standin_fabric.py). The target is a
+debootstrap minbase rootfs (cached in ~/.cache/kiln/rootfs/, keyed by its inputs) reached with the
+community.general.chroot connection.
 Debian packages the roles pull in (docker.io and its dependencies) are cached in ~/.cache/kiln/apt-archives/.
 """
 
@@ -67,6 +71,7 @@ PLAYBOOK = """\
     - role: container_runtime
       vars:
         container_runtime_nvidia: true
+    - role: efa
 """
 ONE_ROLE = """\
 - name: One role against a rootfs
@@ -147,6 +152,7 @@ def standin():
             # The chroot runs on this machine's kernel, whose headers Debian does not package; the VM bake
             # installs linux-headers-$(uname -r) for real.
             "nvidia_driver_kernel_headers_packages": [],
+            "efa_kernel_build_packages": [],
         }
     finally:
         server.terminate()
@@ -215,6 +221,85 @@ def converged(standin, tmp_path_factory):
             assert done.returncode == 0, f"ansible-playbook failed\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
         print(f"\nNVIDIA roles on a rootfs: first run {runs[0][1]:.1f} s, second run {runs[1][1]:.1f} s")
         yield target, runs, standin
+
+
+EFA_RECORD = "opt/amazon/efa_installed_packages"
+
+
+def test_the_efa_installer_ran_once_verified_and_left_no_download(converged):
+    target, runs, _ = converged
+    record = (target / EFA_RECORD).read_text().splitlines()
+    assert record[0] == f"# EFA installer version: {MATRIX['efa_installer_version']}"
+    installed = {line.split("_")[0] for line in record[3:]}
+    assert {"libfabric1-aws", "libfabric-aws-bin", "libnccl-ofi", "openmpi50-aws", "efa-config", "efa",
+            "libibverbs1", "ibverbs-providers"} <= installed, record
+    assert "openmpi40-aws" not in installed, "--mpi=openmpi5 leaves Open MPI 4 out"
+    listing = chroot(target, "dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", "libnccl-ofi", "efa")
+    assert all(line.split()[1] == "ii" for line in listing.splitlines()), listing
+    assert (target / "etc/ld.so.conf.d/kiln-ofi-nccl.conf").read_text().splitlines()[-1] == "/opt/amazon/ofi-nccl/lib"
+    assert not (target / "var/tmp/kiln-efa-installer").exists(), "the installer's downloads stay in the image"
+    assert not (target / "root/.gnupg").exists(), "checking the signature left a keyring in the image"
+    ran = [re.search(r"TASK \[efa : Run the EFA installer\][^\n]*\n(\w+):", run.stdout).group(1) for run, _ in runs]
+    assert ran == ["changed", "skipping"], "the installer runs once, and not again where its version is in place"
+
+
+def test_the_stand_in_fi_info_finds_no_efa_device_here(converged):
+    target, _, _ = converged
+    done = subprocess.run(["chroot", str(target), "/opt/amazon/efa/bin/fi_info", "-p", "efa"], capture_output=True,
+                          text=True)
+    assert done.returncode != 0 and "No data available" in done.stderr
+
+
+def test_an_installer_not_signed_by_the_pinned_key_installs_nothing(standin, tmp_path_factory):
+    wrong = "0123456789ABCDEF0123456789ABCDEF01234567"
+    workdir = tmp_path_factory.mktemp("efa-wrongkey")
+    with rootfs(tmp_path_factory, "efa-wrongkey") as target:
+        done = run_playbook(target, ONE_ROLE.format(role="efa"), {**standin, "efa_installer_key_fingerprint": wrong},
+                            workdir)
+        assert done.returncode != 0
+        assert "EFA installer signature check failed" in done.stdout and wrong in done.stdout, done.stdout[-4000:]
+        assert standin["efa_installer_key_fingerprint"] in done.stdout  # names the key that did sign it
+        assert not (target / "opt/amazon").exists()
+        assert not (target / "var/tmp/kiln-efa-installer").exists()
+
+
+@pytest.fixture(scope="module")
+def infiniband(standin, tmp_path_factory):
+    """The infiniband role twice on a fresh rootfs (Debian's real rdma-core); yields the rootfs and both runs."""
+    workdir = tmp_path_factory.mktemp("play-ib")
+    with rootfs(tmp_path_factory, "ib") as target:
+        runs = [run_playbook(target, ONE_ROLE.format(role="infiniband"), standin, workdir) for _ in range(2)]
+        for done in runs:
+            assert done.returncode == 0, f"ansible-playbook failed\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+        yield target, runs, standin
+
+
+def test_infiniband_brings_rdma_core_limits_modules_and_the_topology_files(infiniband):
+    target, runs, standin = infiniband
+    listing = chroot(target, "dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", "rdma-core",
+                     "ibverbs-providers", "ibverbs-utils", "infiniband-diags", "perftest")
+    assert [line.split()[1] for line in listing.splitlines()] == ["ii"] * 5, listing
+    shown = subprocess.run(["chroot", str(target), "ibv_devinfo"], capture_output=True, text=True)
+    # The real ibv_devinfo, which finds no HCA in a chroot (no sysfs: "Failed to get IB devices list").
+    assert shown.returncode != 0 and "IB devices" in shown.stdout + shown.stderr, shown
+    modules = (target / "etc/modules-load.d/kiln-infiniband.conf").read_text().split()
+    assert {"ib_uverbs", "ib_umad", "rdma_ucm", "nvidia-peermem"} <= set(modules)
+    assert "DefaultLimitMEMLOCK=infinity" in (target / "etc/systemd/system.conf.d/kiln-rdma.conf").read_text()
+    for entry in standin["infiniband_topology_files"]:
+        placed = target / "opt/microsoft" / entry["name"]
+        assert hashlib.sha256(placed.read_bytes()).hexdigest() == entry["sha256"]
+    assert recap(runs[0].stdout)["changed"] > 0
+    assert recap(runs[1].stdout)["changed"] == 0, runs[1].stdout[-6000:]
+
+
+def test_a_topology_file_that_is_not_the_pinned_one_stops_the_play(standin, tmp_path_factory):
+    files = [{**entry, "sha256": "0" * 64} for entry in standin["infiniband_topology_files"]]
+    workdir = tmp_path_factory.mktemp("ib-wrongsum")
+    with rootfs(tmp_path_factory, "ib-wrongsum") as target:
+        done = run_playbook(target, ONE_ROLE.format(role="infiniband"),
+                            {**standin, "infiniband_topology_files": files}, workdir)
+        assert done.returncode != 0 and "checksum" in done.stdout.lower(), done.stdout[-4000:]
+        assert not list((target / "opt/microsoft").glob("*.xml"))
 
 
 def test_packages_are_installed_at_the_matrix_versions_and_held(converged):

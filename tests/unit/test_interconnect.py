@@ -29,7 +29,7 @@ def nd_facts(down=()):
     hcas = [{"name": f"mlx5_ib{i}", "driver": "mlx5_core", "link_layer": "InfiniBand",
              "state": DOWN if i in down else UP} for i in range(8)]
     return {"rdma": [{"name": "mlx5_an0", "driver": "mlx5_core", "link_layer": "Ethernet", "state": UP}, *hcas],
-            "nccl_topology": ["/opt/microsoft/ndv5-topo.xml"]}
+            "nccl_topology": ["/opt/microsoft/ndv5-topo.xml", "/opt/microsoft/ndv4-topo.xml"], "gpu_pci": ["2330"] * 8}
 
 
 def test_a_node_s_fabric_is_read_from_its_rdma_devices():
@@ -42,12 +42,22 @@ def test_a_node_s_fabric_is_read_from_its_rdma_devices():
     assert interconnect.of_node({}) == interconnect.NodeFabric(), "facts of an older node.py"
 
 
+def test_the_topology_file_is_the_one_made_for_the_node_s_gpus():
+    """The image carries the files of every ND size (the infiniband role); each machine gets its own."""
+    both = ["/opt/microsoft/ndv5-topo.xml", "/opt/microsoft/ndv4-topo.xml"]
+    assert interconnect.topology_of({"nccl_topology": both, "gpu_pci": ["2335"] * 8}) == both[0]  # ND H200 v5
+    assert interconnect.topology_of({"nccl_topology": both, "gpu_pci": ["20b2"] * 8}) == both[1]  # ND A100 v4
+    assert interconnect.topology_of({"nccl_topology": both[:1], "gpu_pci": ["20b0"] * 8}) == ""  # not its file
+    assert interconnect.topology_of({"nccl_topology": both, "gpu_pci": ["2330", "20b0"]}) == ""  # mixed: none fits
+    assert interconnect.topology_of({"nccl_topology": both}) == "", "facts of an older node.py: no GPU ids"
+
+
 def test_every_node_with_efa_up_runs_nccl_over_the_ofi_plugin():
     nodes = [(f"node{i}", interconnect.of_node(efa_facts())) for i in (1, 2)]
     choice = interconnect.choose(nodes)
     assert choice.kind == "efa"
-    assert choice.env == {"NCCL_NET": "AWS Libfabric", "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
-                          "RDMAV_FORK_SAFE": "1"}
+    assert choice.env == {"NCCL_NET": "AWS Libfabric", "NCCL_NET_PLUGIN": "ofi", "FI_PROVIDER": "efa",
+                          "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1"}
     assert choice.note == "fabric: EFA (32 device(s) per node), NCCL over AWS Libfabric"
 
 
@@ -125,3 +135,15 @@ def test_the_node_reads_its_rdma_devices_from_sysfs(tmp_path):
         {"name": "mlx5_ib0", "driver": "mlx5_core", "link_layer": "InfiniBand", "state": UP},
         {"name": "rdmap79s0", "driver": "efa", "link_layer": "Unspecified", "state": DOWN}]
     assert node_side.rdma_devices(str(tmp_path / "none")) == []
+
+
+def test_the_node_reads_its_gpus_pci_ids_from_sysfs(tmp_path):
+    for address, vendor, klass, device in (("0001:00:00.0", "0x10de", "0x030200", "0x2330"),  # H100 SXM5
+                                           ("0101:00:00.0", "0x15b3", "0x020700", "0x101e"),  # ConnectX-7 (IB)
+                                           ("0000:00:08.0", "0x10de", "0x068000", "0x22a3")):  # NVSwitch bridge
+        folder = tmp_path / address
+        folder.mkdir()
+        for name, value in (("vendor", vendor), ("class", klass), ("device", device)):
+            (folder / name).write_text(value + "\n")
+    assert node_side.gpu_pci_devices(str(tmp_path)) == ["2330"]
+    assert node_side.gpu_pci_devices(str(tmp_path / "none")) == []

@@ -208,6 +208,7 @@ def test_every_variable_is_typed_and_described():
 def test_cloud_inputs_carry_their_provider_prefix():
     common = {
         "profile",
+        "fabric",
         "base_os",
         "image_name_prefix",
         "fingerprint",
@@ -221,7 +222,7 @@ def test_cloud_inputs_carry_their_provider_prefix():
         assert name in common or name.split("_", 1)[0] in {"aws", "gcp", "azure", "local", "docker"}, name
 
 
-@pytest.mark.parametrize("name", ["profile", "base_os", "fingerprint", "versions", "image_name_prefix"])
+@pytest.mark.parametrize("name", ["profile", "fabric", "base_os", "fingerprint", "versions", "image_name_prefix"])
 def test_inputs_that_are_easy_to_get_wrong_are_validated(name):
     assert variables()[name].get("validation"), f"variable {name} has no validation"
 
@@ -251,6 +252,7 @@ def test_ansible_connects_directly_with_one_json_extra_vars():
     text = locals_text()
     assert "ansible_extra_vars = jsonencode(merge(var.ansible_extra_vars, {" in text
     assert "kiln_image_profile        = var.profile" in text
+    assert "kiln_image_fabric         = var.fabric" in text
     assert '"ANSIBLE_CONFIG=${local.ansible_directory}/ansible.cfg"' in text
 
 
@@ -309,6 +311,15 @@ def test_each_provider_has_a_var_file_setting_its_profile():
         with (PACKER / "vars" / f"{provider}.pkrvars.hcl").open() as handle:
             profiles[provider] = hcl2.load(handle, serialization_options=OPTIONS)["profile"]
     assert profiles == {"aws": "gpu", "gcp": "gpu", "azure": "gpu", "local": "cpu", "docker": "cpu"}
+
+
+def test_aws_bakes_efa_and_azure_infiniband_and_no_other_provider_a_fabric():
+    fabrics = {}
+    for provider in ("aws", "gcp", "azure", "local", "docker"):
+        with (PACKER / "vars" / f"{provider}.pkrvars.hcl").open() as handle:
+            fabrics[provider] = hcl2.load(handle, serialization_options=OPTIONS).get("fabric", "none")
+    assert fabrics == {"aws": "efa", "gcp": "none", "azure": "infiniband", "local": "none", "docker": "none"}
+    assert variables()["fabric"]["default"] == "none"
 
 
 def test_only_known_settings_carry_the_modern_mark():

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Print what is installed, as JSON: kiln-versions COMPONENTS_JSON VENV_PYTHON.
 
-COMPONENTS_JSON maps a name to {"pip": DIST} or {"deb": PACKAGE or [PACKAGE, ...]} (the first installed
-of them: package names differ between distributions).
+COMPONENTS_JSON maps a name to {"pip": DIST}, {"deb": PACKAGE or [PACKAGE, ...]} (the first installed
+of them: package names differ between distributions) or {"record": FILE, "prefix": TEXT} (what follows TEXT on
+the first line of FILE that starts with it: an installer's record of itself, as AWS's EFA installer writes).
 Versions are upstream versions (no epoch, no Debian revision); a missing one is null.
 """
 
@@ -44,6 +45,14 @@ def pip_versions(python: str, names: list[str]) -> dict[str, str | None]:
     return json.loads(result.stdout) if result.returncode == 0 else dict.fromkeys(names)
 
 
+def record_version(path: str, prefix: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return next((line[len(prefix):].strip() for line in handle if line.startswith(prefix)), None)
+    except OSError:
+        return None
+
+
 def main() -> None:
     components = json.loads(sys.argv[1])
     python = sys.argv[2]
@@ -54,6 +63,9 @@ def main() -> None:
     installed = {name: pips.get(spec["pip"]) for name, spec in components.items() if "pip" in spec}
     for name, packages in candidates.items():
         installed[name] = next((debs[p] for p in packages if p in debs), None)
+    for name, spec in components.items():
+        if "record" in spec:
+            installed[name] = record_version(spec["record"], spec["prefix"])
     print(json.dumps(installed, sort_keys=True))
 
 
