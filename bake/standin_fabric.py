@@ -7,9 +7,10 @@
 The tarball is laid out as AWS's is (aws-efa-installer/ with efa_installer.sh, env.sh and DEBS/<DISTRO>/<arch>/
 holding the packages, rdma-core/ and efa-driver/ below it); its installer is a stand-in taking the real one's
 options and writing the real record of what it installed (/opt/amazon/efa_installed_packages). The packages carry
-the real names; none holds a library or a kernel module, and the stand-in fi_info finds no EFA device, as the real
-one finds none on a machine without one. The efa and infiniband roles reach these only through the variables
-role_vars() prints; their defaults stay AWS's and Azure's.
+the real names; none holds a library or a kernel module (the plugin's file lies where the real one does, but holds
+no code), and the stand-in fi_info finds no EFA device, as the real one finds none on a machine without one. The
+efa and infiniband roles reach these only through the variables role_vars() prints; their defaults stay AWS's and
+Azure's.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def efa_packages(version: str) -> dict[str, list[Package]]:
                     files={"opt/amazon/efa/bin/fi_info": (fi_info, 0o755)}),
             Package("libnccl-ofi", "1.16.3-1", "aws-ofi-nccl, NCCL's net plugin for libfabric",
                     depends=f"libfabric1-aws (>= {LIBFABRIC})",
-                    files={"opt/amazon/ofi-nccl/lib/README.kiln-standin": ("kiln stand-in: no plugin here\n", 0o644)}),
+                    # named as the real plugin (installer 1.44.0 on), so the role finds it; not a library
+                    files={"opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so": ("kiln stand-in: no plugin here\n", 0o644)}),
             Package("openmpi40-aws", "4.1.7-2", "Open MPI 4.1 (AWS build)",
                     files={"opt/amazon/openmpi/README.kiln-standin": ("kiln stand-in: no MPI here\n", 0o644)}),
             Package("openmpi50-aws", "5.0.8-11", "Open MPI 5 (AWS build)",

@@ -119,6 +119,11 @@ class VmHandlers:
         stored_props.pop("virtualMachineScaleSet", None)
         if scale_set:
             stored_props["virtualMachineScaleSet"] = scale_set
+            # A VM made in a Flexible set is placed by the set's proximity placement group
+            # (virtual-machine-scale-sets/proximity-placement-groups.md: set it on the scale set).
+            set_ppg = self._resources[scale_set["id"].lower()]["properties"].get("proximityPlacementGroup")
+            if set_ppg and not ppg:
+                stored_props["proximityPlacementGroup"] = dict(set_ppg)
         identity = self._access.identity(str(rid), body.get("identity"), (old or {}).get("identity"))
         extra = {"zones": body["zones"]} if body.get("zones") else {}
         stored = self._tracked(rid, location, body["tags"], stored_props, **extra,

@@ -2,8 +2,9 @@
 # kiln stand-in for AWS's efa_installer.sh, NOT AWS's installer: the same options, the same layout beside it
 # (env.sh, DEBS/<DISTRO>/<arch>/ with rdma-core/ and efa-driver/) and the same record of what it installed
 # (/opt/amazon/efa_installed_packages); it installs the stand-in packages beside it, which hold no library.
-set -u
-cd "$(dirname "$0")"
+set -euo pipefail
+shopt -s nullglob
+cd "$(dirname "$0")" || exit 1
 # shellcheck source=/dev/null
 . ./env.sh
 
@@ -63,8 +64,8 @@ packages=()
 for deb in "$base"/*.deb "$base"/rdma-core/*.deb; do
 	name="$(basename "$deb")"
 	case "${name%%_*}" in
-	efa-config) [ "$SKIP_LIMITS" -eq 1 ] && continue ;;
-	libfabric* | efa-profile) [ "$MINIMAL" -eq 1 ] && continue ;;
+	efa-config) if [ "$SKIP_LIMITS" -eq 1 ]; then continue; fi ;;
+	libfabric* | libnccl-ofi | efa-profile) if [ "$MINIMAL" -eq 1 ]; then continue; fi ;;
 	openmpi40-aws) { [ "$MINIMAL" -eq 0 ] && [[ ",$MPI," == *,openmpi4,* ]]; } || continue ;;
 	openmpi50-aws) { [ "$MINIMAL" -eq 0 ] && [[ ",$MPI," == *,openmpi5,* ]]; } || continue ;;
 	esac

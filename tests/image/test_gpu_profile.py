@@ -3,7 +3,8 @@
 repository, key pin, version pins, holds, the container toolkit's daemon.json, the version manifest,
 and a second run that changes nothing. The baked image already holds the roles both profiles share
 (its own second run proves them idempotent), so the gpu runs take `--tags gpu`: the NVIDIA driver,
-CUDA and the container runtime, then the manifest. Horovod's NCCL build needs a real CUDA compiler:
+CUDA, the container runtime and the fabric's stack (efa, as an AWS image gets it, against the stand-in of AWS's
+signed installer), then the manifest. Horovod's NCCL build needs a real CUDA compiler:
 on the stand-ins kiln_image_cuda_builds is off, and that part is proven on GPU machines."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def gpu_vm(baked_vm, tmp_path_factory):
         extra = {
             "kiln_image_profile": "gpu",
             "kiln_image_cuda_builds": False,
+            "kiln_image_fabric": "efa",
             "tensorflow_wheelhouse_url": f"http://10.0.2.2:{wheel_port}/",
             **json.loads(standin_vars.stdout),
         }
@@ -51,7 +53,7 @@ def gpu_vm(baked_vm, tmp_path_factory):
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", str(ROOT / "tests" / "infra"),
              "--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", "-m", "image or gpu or fabric", "-rs",
              # what the gpu runs changed: versions against the matrix and manifest, the GPU checks, NCCL
-             "-k", "version or manifest or test_gpu or nccl"],
+             "-k", "version or manifest or test_gpu or nccl or efa or infiniband"],
             capture_output=True, text=True, timeout=1800, cwd=ROOT)
         required = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(ROOT / "tests" / "infra"),
@@ -63,7 +65,7 @@ def gpu_vm(baked_vm, tmp_path_factory):
 def test_the_gpu_profile_converges_on_the_stand_ins(gpu_vm):
     first = gpu_vm["first"]
     assert first.returncode == 0, first.stdout[-8000:] + first.stderr[-2000:]
-    for task in ("nvidia_driver : ", "cuda : ", "container_runtime : "):
+    for task in ("nvidia_driver : ", "cuda : ", "container_runtime : ", "efa : "):
         assert f"TASK [{task}" in first.stdout, f"no {task.strip(' :')} tasks ran"
 
 
@@ -79,6 +81,9 @@ def test_the_suite_checks_every_gpu_component_version_and_skips_the_gpu_itself(g
     assert suite.returncode == 0, suite.stdout[-8000:] + suite.stderr[-2000:]
     assert "not part of the" not in suite.stdout, f"GPU component versions were skipped:\n{suite.stdout[-4000:]}"
     assert "no NVIDIA GPU on this host" in suite.stdout
+    assert "no EFA device on this host" in suite.stdout, "the EFA device check skips without a device"
+    # The EFA stack's check ran (it skips only saying the image was baked without one, or with another).
+    assert "baked without a fabric stack" not in suite.stdout and "not EFA" not in suite.stdout, suite.stdout[-4000:]
 
 
 def test_gpu_required_fails_without_a_gpu(gpu_vm):

@@ -39,7 +39,10 @@ def test_the_efa_stack_is_the_matrix_s(host, fabric, matrix):
     assert record.exists, f"{EFA_RECORD} is missing: the EFA installer did not run"
     assert record.content_string.splitlines()[0] == f"# EFA installer version: {matrix['efa_installer_version']}"
     assert host.file(FI_INFO).exists, f"{FI_INFO} is missing"
-    assert "/opt/amazon/ofi-nccl/lib" in host.file("/etc/ld.so.conf.d/kiln-ofi-nccl.conf").content_string
+    folders = [line for line in host.file("/etc/ld.so.conf.d/kiln-ofi-nccl.conf").content_string.splitlines()
+               if line.startswith("/")]
+    assert any(host.file(f"{folder}/libnccl-net-ofi.so").exists for folder in folders), (
+        f"no libnccl-net-ofi.so (aws-ofi-nccl) in the folders the dynamic linker is told of: {folders}")
 
 
 def test_the_infiniband_stack_is_in_place(host, fabric):

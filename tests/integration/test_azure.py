@@ -586,13 +586,14 @@ def test_the_stand_in_refuses_what_azure_refuses_of_a_scale_set_and_its_vms(env,
         "location": LOCATION, "properties": {"proximityPlacementGroupType": "Standard"}})
     apart = cloud.done(sets.begin_create_or_update("kiln-rules", "apart", {**flexible, "properties": {
         **flexible["properties"], "proximityPlacementGroup": {"id": other_ppg.id}}}))
-    assert refused(node(apart.id)) == "400 InvalidParameter"  # not the VM's placement group
+    joined = cloud.done(node(apart.id, "kiln-rules-8")())  # kiln names no group on a VM that joins a set:
+    assert joined.proximity_placement_group.id.lower() == other_ppg.id.lower()  # the set's places it
     elsewhere = cloud.done(sets.begin_create_or_update("kiln-rules", "elsewhere", {**flexible,
                                                                                    "location": "westus2"}))
     assert refused(node(elsewhere.id)) == "400 InvalidParameter"
     missing = kept.scale_set_id.replace("kiln-rules-vmss", "nowhere")
     assert refused(node(missing)) == "404 NotFound"
-    [vm] = vms_of(arm, "rules")
+    [vm] = [vm for vm in vms_of(arm, "rules") if vm.name != joined.name]
     moved = vm.as_dict()
     moved["properties"]["virtualMachineScaleSet"] = {"id": spread.id}
     assert refused(lambda: compute.virtual_machines.begin_create_or_update("kiln-rules", vm.name, moved)) == \

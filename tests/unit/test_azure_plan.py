@@ -209,8 +209,8 @@ def test_an_rdma_size_gets_a_flexible_scale_set_on_one_fabric_and_each_vm_joins_
     vmss = plan.resource_id(SUB, "kiln-c1", "Microsoft.Compute/virtualMachineScaleSets", "kiln-c1-vmss")
     properties = plan.vm_body(made, index=0, image_id=IMAGE, public_key="k", tags=tags, interface_id="/nic",
                               placement_id=ppg, scale_set_id=vmss)["properties"]
-    assert (properties["virtualMachineScaleSet"], properties["proximityPlacementGroup"]) == ({"id": vmss},
-                                                                                             {"id": ppg})
+    assert properties["virtualMachineScaleSet"] == {"id": vmss}
+    assert "proximityPlacementGroup" not in properties, "the set places its VMs: the group is set on it alone"
 
 
 def test_a_size_without_rdma_makes_its_vms_alone_as_before():

@@ -311,10 +311,11 @@ def vm_body(request: Request, *, index: int, image_id: str, public_key: str, tag
         "networkProfile": {"networkInterfaces": [{"id": interface_id, "properties": {
             "primary": True, "deleteOption": "Delete"}}]},
         "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
-        "proximityPlacementGroup": {"id": placement_id},
     }
-    if scale_set_id:
+    if scale_set_id:  # the scale set holds the placement group, and its VMs are placed by it (Azure's advice)
         properties["virtualMachineScaleSet"] = {"id": scale_set_id}
+    else:
+        properties["proximityPlacementGroup"] = {"id": placement_id}
     data = custom_data(request)
     if data:
         properties["osProfile"]["customData"] = data
