@@ -40,3 +40,24 @@ def test_an_hca_whose_port_is_down_or_missing_is_named():
     assert fabric.ib_not_up(ND_HCAS, down) == [f"mlx5_ib{i}: PORT_DOWN on InfiniBand" for i in range(4)]
     assert fabric.ib_not_up(["mlx5_ib9"], shown) == ["mlx5_ib9: not shown by ibv_devinfo"]
     assert fabric.ib_not_up(["mlx5_an0"], shown) == ["mlx5_an0: PORT_ACTIVE on Ethernet"]
+
+
+def test_the_recorded_machines_get_nccl_s_environment_for_their_fabric():
+    """From what each machine's own tools showed to what NCCL is told (bootstrap/interconnect.py): the facts a node
+    of each kind gathers (its sysfs devices) are built here from the recording."""
+    from bootstrap import interconnect
+
+    shown = fabric.ib_ports((DATA / "ibv-devinfo-nd-h200-v5.txt").read_text())
+    nd = {"rdma": [{"name": name, "driver": "mlx5_core", "link_layer": port["link_layer"],
+                    "state": "4: ACTIVE" if port["state"] == "PORT_ACTIVE" else "1: DOWN"}
+                   for name, port in shown.items()],
+          "nccl_topology": ["/opt/microsoft/ndv5-topo.xml", "/opt/microsoft/ndv4-topo.xml"],
+          "gpu_pci": ["2335"] * 8}  # ND H200 v5
+    ib = interconnect.choose([(f"node{i}", interconnect.of_node(nd)) for i in (1, 2)])
+    assert ib.kind == "ib" and ib.env["NCCL_IB_HCA"] == "=" + ",".join(ND_HCAS), "mlx5_an0 (Ethernet) left out"
+    assert ib.env["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
+    p4de = {"rdma": [{"name": name, "driver": "efa", "link_layer": "Unspecified", "state": "4: ACTIVE"}
+                     for name in fabric.efa_devices((DATA / "fi-info-efa-p4de.txt").read_text())]}
+    efa = interconnect.choose([(f"node{i}", interconnect.of_node(p4de)) for i in (1, 2)])
+    assert efa.kind == "efa" and efa.env["FI_PROVIDER"] == "efa" and efa.env["NCCL_NET_PLUGIN"] == "ofi"
+    assert efa.note == "fabric: EFA (4 device(s) per node), NCCL over AWS Libfabric"
