@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
 """usage: bench/throughput.py [--epochs E] [--nodes 1,2,3] [--modes horovod,tf-config,torchrun] [--image]
-                            [--against MATRIX-FILE]
+                            [--against MATRIX-FILE] [--repeat R]
 
-Training throughput on a local cluster (synthetic data), 1, 2 and 3 nodes in each
-launch mode, as examples/s and as a ratio to one node, with kiln's fixed cost
-(`kiln train`'s wall time less the training itself, first logged step to last) and where it went (the phases
-of summary.json); then kiln's launcher overhead on the most nodes, for kiln's reference trainer and for a user's program
-(examples/keras_multiworker.py, examples/horovod_keras.py, and examples/torch_ddp.py through torchrun with
-make setup's .venv-frameworks): the wall time of
-`kiln train` (mesh, check, sync, start, watch, collect) against the very processes
-kiln planned (same argv, environment and folder), started by hand over plain ssh
-and waited for. With --image, also the same user programs inside the container image `make image
-PROVIDER=docker` bakes against bare processes on the most nodes (the image already on the nodes), and the time
-to get the image onto the nodes: pulled from the cluster's registry, and shipped from this machine over kiln's
-connections. With --against FILE (a matrix file, e.g. matrices/tensorflow-2.18.yml), the first table also runs each
-mode on the Python environment made for it (make matrix-env MATRIX=FILE: its TensorFlow and Horovod), side by side
-with this one's, and says their ratio. Measured in one run; nothing is asserted.
+Training throughput on a local cluster (synthetic data), 1, 2 and 3 nodes in each launch mode, as examples/s and as
+a ratio to one node, with kiln's fixed cost (`kiln train`'s wall time less the training itself, first logged step to
+last) and where it went (the phases of summary.json); then kiln's launcher overhead on the most nodes, for kiln's
+reference trainer and for a user's program (examples/keras_multiworker.py, examples/horovod_keras.py, and
+examples/torch_ddp.py through torchrun with make setup's .venv-frameworks): the wall time of `kiln train` (mesh,
+check, sync, start, watch, collect) against the very processes kiln planned (same argv, environment and folder),
+started by hand over plain ssh and waited for: the two take turns --repeat times, after the framework was imported
+once (both find its libraries in the page cache), and their medians are compared. With --image, also the same user
+programs inside the container image `make image PROVIDER=docker` bakes against bare processes on the most nodes (the
+image already on the nodes), and the time to get the image onto the nodes: pulled from the cluster's registry, and
+shipped from this machine over kiln's connections. With --against FILE (a matrix file, e.g.
+matrices/tensorflow-2.18.yml), the first table also runs each mode on the Python environment made for it (make
+matrix-env MATRIX=FILE: its TensorFlow and Horovod), side by side with this one's, and says their ratio. Measured in
+one run; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,14 @@ def kiln_train(nodes: int, mode: str, env: dict, *, trainer_args: str = "", comm
     subprocess.run(argv, check=True, timeout=1800, env=env, cwd=PROJECT, stdout=subprocess.DEVNULL)
     total = time.perf_counter() - start
     return json.loads((Path(env["KILN_RUNS"]) / run_id / "summary.json").read_text()), total
+
+
+def warm(python: str, mode: str) -> None:
+    """Import the mode's framework once, so kiln's run and the hand-started one both find its libraries (GBs for
+    PyTorch) in the page cache the local nodes share: measured first, kiln's run would pay the cold start alone."""
+    framework = "torch" if mode == "torchrun" else "tensorflow"
+    subprocess.run([python, "-c", f"import {framework}"], check=True, timeout=600, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
 
 
 def ssh(node: str, command: str) -> subprocess.CompletedProcess:
@@ -169,6 +178,9 @@ def main() -> int:
                         help="launch modes to measure (torchrun: with make setup's .venv-frameworks)")
     parser.add_argument("--image", action="store_true", help="also measure runs in the container image")
     parser.add_argument("--against", default="", help="a matrix file: also run the first table on its environment")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="kiln and the hand-started processes take turns this many times for the launcher "
+                             "overhead; the medians are compared (one run of a program varies by seconds here)")
     options = parser.parse_args()
     modes = options.modes.split(",")
     if unknown := set(modes) - set(USER_PROGRAMS):
@@ -222,10 +234,15 @@ def main() -> int:
                 python = str(FRAMEWORKS_PYTHON) if mode == "torchrun" else sys.executable
                 programs = (("user", user),) if mode == "torchrun" else (("reference", ref), ("user", user))
                 for label, program in programs:
-                    # kiln first: it meshes and syncs what the hand-started processes then find in place.
-                    data, total = kiln_train(most, mode, env, trainer_args=trainer_args, command=program.argv,
-                                             python=python)
-                    hand = by_hand(most, mode, program, python)
+                    warm(python, mode)
+                    totals, hands = [], []
+                    for _ in range(max(1, options.repeat)):
+                        # kiln first: it meshes and syncs what the hand-started processes then find in place.
+                        data, total = kiln_train(most, mode, env, trainer_args=trainer_args, command=program.argv,
+                                                 python=python)
+                        totals.append(total)
+                        hands.append(by_hand(most, mode, program, python))
+                    total, hand = statistics.median(totals), statistics.median(hands)
                     overhead.append(f"{label:<10} {mode:<10} {hand:>9.1f} {total:>7.1f} {total - hand:>10.1f} "
                                     f"{total / hand:>6.2f}")
                     if label == "user":
