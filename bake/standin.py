@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bake import standin_fabric
+from bake import debs, standin_fabric
 from bake.debs import Package, build_deb, make_key
 from bake.matrix import MATRIX, read_matrix
 from kiln.errors import UsageError, run_main
@@ -134,7 +134,9 @@ def index_and_sign(repo: Path, gnupg: Path, fingerprint: str, label: str, keynam
 
 
 def input_fingerprint() -> str:
-    digest = hashlib.sha256(Path(__file__).read_bytes() + Path(standin_fabric.__file__).read_bytes())
+    digest = hashlib.sha256()
+    for module in (Path(__file__), Path(standin_fabric.__file__), Path(debs.__file__)):  # what builds the output
+        digest.update(module.read_bytes())
     for path in sorted(DATA.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(MATRIX.read_bytes())

@@ -31,7 +31,7 @@ LIBFABRIC = "2.1.0amzn5.0"
 RDMA_CORE = "58.0-1"
 
 
-def efa_packages(version: str) -> dict[str, list[Package]]:
+def efa_packages() -> dict[str, list[Package]]:
     """The installer's packages by the folder they lie in under DEBS/DEBIAN12/x86_64 ("" is the folder itself)."""
     fi_info = (DATA / "fi_info").read_text().replace("@VERSION@", LIBFABRIC)
     return {
@@ -76,7 +76,7 @@ def build_efa_installer(repo: Path, gnupg: Path, scratch: Path, version: str) ->
     """The signed installer tarball in repo/efa; returns where it lies and its key's fingerprint."""
     top = scratch / "efa" / "aws-efa-installer"
     base = top / "DEBS" / DIST / "x86_64"
-    for folder, packages in efa_packages(version).items():
+    for folder, packages in efa_packages().items():
         (base / folder).mkdir(parents=True, exist_ok=True)
         for package in packages:
             build_deb(package, base / folder, scratch / "efa-build")

@@ -131,11 +131,11 @@ def describe_down(nodes: Sequence[tuple[str, NodeFabric]], kind: str = "") -> st
 
 
 def fabric_env(kind: str, nodes: Sequence[tuple[str, NodeFabric]], topology: str = "") -> dict[str, str]:
-    """What NCCL (and libfabric) are told for `kind`. EFA: libfabric's EFA provider, fork-safe verbs (PyTorch's
-    data loaders fork), NCCL made to load the aws-ofi-nccl plugin (libnccl-net-ofi.so, as the EFA installer
-    names it from 1.44.0 on); device RDMA is libfabric's default where the
-    device has it. InfiniBand: NCCL's IB transport on the HCAs every node has up (by exact name), the image's
-    topology file where there is one, relaxed PCI ordering (Azure's ND guidance)."""
+    """What NCCL (and libfabric) are told for `kind`. EFA: libfabric's EFA provider, fork-safe verbs (PyTorch's data
+    loaders fork), NCCL made to load the aws-ofi-nccl plugin (libnccl-net-ofi.so, as the EFA installer names it from
+    1.44.0 on); device RDMA is libfabric's default where the device has it. InfiniBand: NCCL's IB transport on the
+    HCAs every node has up (by exact name), the image's topology file where there is one, relaxed PCI ordering
+    (Azure's ND guidance)."""
     env = {"NCCL_NET": NCCL_NET[kind]}
     if kind == "efa":
         return {**env, "NCCL_NET_PLUGIN": "ofi", "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",

@@ -86,7 +86,7 @@ def gpu_pci_devices(root=PCI_DEVICES):
     """The PCI device ids of the NVIDIA GPUs here ("2330" for an H100 SXM5), sorted, from sysfs: which machine
     this is, for the NCCL topology file that fits it (interconnect.topology_of)."""
     try:
-        names = sorted(os.listdir(root))
+        names = os.listdir(root)
     except OSError:
         return []
     found = []

@@ -77,7 +77,7 @@ class ScaleSetHandlers:
         if old and kept.get("singlePlacementGroup") is False and single:  # SINGLE_PLACEMENT
             raise invalid_parameter("singlePlacementGroup that is false may not be changed to true.",
                                     "singlePlacementGroup")
-        ppg = self._vmss_placement_group(props, rid, body["location"])
+        ppg = self._placement_group(props, body["location"], "virtual machine scale set")
         if old and ppg != id_of(kept.get("proximityPlacementGroup")) and (
                 ppg or kept.get("proximityPlacementGroup")):  # PLACEMENT_GROUP
             raise change_not_allowed("proximityPlacementGroup")
@@ -96,8 +96,9 @@ class ScaleSetHandlers:
         op, status = self._store(rid, stored, old, "compute", state="Updating" if old else "Creating")
         return Reply(status, self._view(rid.key), self._op_headers(op, location=False))
 
-    def _vmss_placement_group(self, props: dict, rid: ResourceId, location: str) -> str:
-        """The id of the proximity placement group a scale set names ("" for none); 404 or 400 as for a VM."""
+    def _placement_group(self, props: dict, location: str, holder: str) -> str:
+        """The id of the proximity placement group a VM or a scale set (`holder`) names ("" for none): 404 where it
+        does not exist, 400 where it is in another location."""
         ref = id_of(props.get("proximityPlacementGroup"))
         if not ref:
             return ""
@@ -107,7 +108,7 @@ class ScaleSetHandlers:
             raise ArmError(404, "NotFound", f"The Resource '{ref}' was not found.", "proximityPlacementGroup")
         if stored["location"] != location:
             raise invalid_parameter(f"Proximity placement group {ref} is in location '{stored['location']}', not in "
-                                    f"the virtual machine scale set's '{location}'.", "proximityPlacementGroup")
+                                    f"the {holder}'s '{location}'.", "proximityPlacementGroup")
         return stored["id"]
 
     def _vmss_members(self, key: str) -> list[str]:

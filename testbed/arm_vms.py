@@ -19,7 +19,6 @@ from testbed.arm_rules import (
     ArmError,
     ResourceId,
     VmSize,
-    id_of,
     invalid_parameter,
     linux_os_profile,
     marketplace_version,
@@ -30,7 +29,7 @@ from testbed.arm_rules import (
     version_key,
     vm_size,
 )
-from testbed.arm_types import DISK, GALLERY_VERSION, NIC, POWER_TEXT, PPG, Reply, Request
+from testbed.arm_types import DISK, GALLERY_VERSION, NIC, POWER_TEXT, Reply, Request
 
 
 def boot_log(host: str, keys: list[str], boot: int, when: datetime) -> tuple[str, str]:
@@ -89,17 +88,8 @@ class VmHandlers:
                            f"VM size {size_name} is not compatible with enabling Accelerated Networking on network "
                            f"interface(s) on the VM. Compatible VM sizes: "
                            f"{', '.join(n for n, v in VM_SIZES.items() if v.accelerated_networking)}.")
-        ppg = id_of(props.get("proximityPlacementGroup"))
-        if ppg:
-            ppg_id = parse_id(ppg)
-            stored_ppg = self._resources.get(ppg_id.key) if ppg_id and ppg_id.type == PPG else None
-            if stored_ppg is None:
-                raise ArmError(404, "NotFound", f"The Resource '{ppg}' was not found.", "proximityPlacementGroup")
-            if stored_ppg["location"] != location:
-                raise invalid_parameter(f"Proximity placement group {ppg} is in location '{stored_ppg['location']}', "
-                                        f"not in the virtual machine's '{location}'.", "proximityPlacementGroup")
-        scale_set = self._vm_scale_set(props, old, rid, location, size_name, size,
-                                       stored_ppg["id"] if ppg else "")
+        ppg = self._placement_group(props, location, "virtual machine")
+        scale_set = self._vm_scale_set(props, old, rid, location, size_name, size, ppg)
         data_disks, new_disks = self._vm_data_disks(storage.get("dataDisks") or [], rid, location)
         made = []
         if not old:
@@ -115,7 +105,7 @@ class VmHandlers:
             vmId=old["properties"]["vmId"] if old else str(uuid.uuid4()),
             timeCreated=old["properties"]["timeCreated"] if old else self._now())
         if ppg:
-            stored_props["proximityPlacementGroup"] = {"id": stored_ppg["id"]}
+            stored_props["proximityPlacementGroup"] = {"id": ppg}
         stored_props.pop("virtualMachineScaleSet", None)
         if scale_set:
             stored_props["virtualMachineScaleSet"] = scale_set
