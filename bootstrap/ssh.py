@@ -57,6 +57,21 @@ def is_unreachable(reason: str) -> bool:
     return reason.startswith("unreachable: ")
 
 
+# a connection the node ended before or after it was made: a machine going down while it answers (its sshd
+# accepted, then was killed) ends one so, as does an sshd turning away more connections (MaxStartups)
+_ENDED = re.compile(r"Connection closed by|Connection reset by peer|Broken pipe")
+
+
+def probe_verdict(reason: str | None) -> str:
+    """What one fresh connection says of a host (pure): "up" (it answered, or turned us away for a reason of
+    its own), "lost" (it cannot be reached), or "unclear": the node ended the connection (ask again)."""
+    if reason is None:
+        return "up"
+    if is_unreachable(reason):
+        return "lost"
+    return "unclear" if reason == SILENT_END or _ENDED.search(reason) else "up"
+
+
 class HostFailure(KilnError):
     """One host failed one call; the message is the reason shown to the user."""
 
@@ -330,6 +345,22 @@ class Remote:
         fresh = replace(self.options, control_path="none")
         result = self._execute(host, commands.ssh_argv(host, "true", fresh), self.options.connect_timeout, None)
         return None if result.code == 0 else describe_failure(result.code, result.stderr)
+
+    def unreachable(self, hosts: Iterable[Host], probes: int = 3, pause: float = 1.0) -> list[Host]:
+        """The hosts among `hosts` whose machine is gone: a fresh connection cannot be made. One that ends with
+        no word is tried again (up to `probes` times, `pause` seconds apart): a machine on its way down ends
+        one, then refuses or times out; one that keeps doing so is not called lost."""
+        hosts = list(hosts)
+        lost, asking = set(), hosts
+        for probe in range(probes):
+            if probe:
+                time.sleep(pause)
+            reasons = self.map(asking, self.reachable)[0]
+            verdicts = {host: probe_verdict(reasons.get(host)) for host in asking}
+            lost.update(host for host, verdict in verdicts.items() if verdict == "lost")
+            if not (asking := [host for host, verdict in verdicts.items() if verdict == "unclear"]):
+                break
+        return [host for host in hosts if host in lost]
 
     def reset(self, hosts: Iterable[Host]) -> None:
         """Drop what is open to `hosts` (their machines were replaced): their agents and shared connections."""

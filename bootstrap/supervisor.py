@@ -19,7 +19,7 @@ from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
 from bootstrap.providers import Replacement
-from bootstrap.ssh import HostFailure, is_unreachable
+from bootstrap.ssh import HostFailure
 from bootstrap.state import RunRecord
 from bootstrap.timeline import Timeline, node_spans
 
@@ -159,7 +159,7 @@ class Supervisor:
         where horovodrun runs, are let go: the run goes on without them. Otherwise, or for any other failure,
         the watch fails as always."""
         going = [host for host in failures if host != self.group.hosts[0]] if self.plan.elastic else []
-        lost = [host for host in going if is_unreachable(self.group.remote.reachable(host) or "")]
+        lost = self.group.remote.unreachable(going)
         if not lost or len(lost) != len(failures):
             raise RemoteError("status", {h.label: r for h, r in failures.items()})
         self.leave(lost, "stopped answering")
@@ -368,8 +368,7 @@ class Supervisor:
     def lost_hosts(self) -> list[Host]:
         """Hosts whose machine is gone: a fresh connection to them (not the shared one, which may hang on a
         dead peer) cannot be made."""
-        reasons = self.group.remote.map(self.group.hosts, self.group.remote.reachable)[0]
-        return [host for host in self.group.hosts if reasons.get(host) and is_unreachable(reasons[host])]
+        return self.group.remote.unreachable(self.group.hosts)
 
     def keep_chief_checkpoints(self, going: Sequence[Host]) -> None:
         """Before the chief's machine is replaced, keep the checkpoints collected from it as the copy every node

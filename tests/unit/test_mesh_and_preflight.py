@@ -287,3 +287,55 @@ def test_an_rsync_whose_files_vanished_meanwhile_copied_the_rest_and_did_not_fai
     with pytest.raises(HostFailure, match="exit 23: rsync error: some files could not be transferred"):
         remote.rsync(Host("h"), ["sh", "-c", "echo 'rsync error: some files could not be transferred' >&2; exit 23"],
                      timeout=10)
+
+
+@pytest.mark.parametrize(("code", "stderr", "verdict"), [
+    (0, "", "up"),
+    (255, "ssh: connect to host 10.9.0.3 port 22: Connection refused", "lost"),
+    (255, "ssh: connect to host 10.9.0.3 port 22: No route to host", "lost"),
+    (255, "", "unclear"),  # the session was cut (LogLevel=ERROR says nothing)
+    (255, "kex_exchange_identification: Connection closed by remote host", "unclear"),
+    (255, "kex_exchange_identification: read: Connection reset by peer", "unclear"),
+    (255, "root@node2: Permission denied (publickey).", "up"),  # it answered: not lost
+    (255, "Host key verification failed.", "up"),
+])
+def test_a_fresh_connection_says_a_host_is_up_lost_or_unclear(code, stderr, verdict):
+    from bootstrap.ssh import probe_verdict
+
+    assert probe_verdict(describe_failure(code, stderr) if code else None) == verdict
+
+
+def test_a_node_that_ends_a_connection_and_then_refuses_is_lost_and_one_that_stays_is_not(tmp_path):
+    """As a machine goes down while kiln looks: its sshd accepts a fresh connection and is killed (the connection
+    ends), then nothing listens (refused). A real ssh against a local socket that does just that."""
+    import socket
+    import threading
+
+    from bootstrap.commands import SshOptions
+    from bootstrap.ssh import Remote
+
+    def going(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        conn.close()
+        listener.close()
+
+    def staying(listener: socket.socket) -> None:  # ends every connection, and keeps listening
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    listeners, hosts = [], []
+    for serve in (going, staying):
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+        hosts.append(Host("127.0.0.1", listener.getsockname()[1]))
+        threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    remote = Remote(SshOptions(control_path="none", known_hosts=(str(tmp_path / "known_hosts"),)))
+    try:
+        assert remote.unreachable(hosts, probes=3, pause=0.2) == [hosts[0]]
+    finally:
+        for listener in listeners:
+            listener.close()
