@@ -11,7 +11,8 @@ usage: local-cluster up [N] [--name NAME] [--subnet CIDR] [--metadata] [--docker
        local-cluster env [--name NAME]    # set -a; eval "$(local-cluster env)"; set +a
 
 Node i of cluster NAME: network namespace NAME-n{i} on bridge NAME-br (veth NAME-v{i}, eth0 inside), hostname
-node{i}, private bind mounts over /etc/ssh, /etc/hosts, /root/.ssh and /root/kiln, its own sshd on port 22.
+node{i}, private bind mounts over /etc/ssh, /etc/hosts, /etc/resolv.conf, /root/.ssh and /root/kiln, its own sshd
+on port 22.
 The operator reaches nodes with a per-cluster key and pinned host keys: `ssh -F STATE/ssh_config node2 hostname`.
 State: /run/kiln/local/NAME/. `down` finds everything by name, so it also works after a crash or without the
 state directory. With `up --metadata`, every node has its own stand-in metadata service of EC2, GCE and Azure (IMDSv2,
@@ -176,6 +177,7 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
     if Path("/etc/ssh/ssh_config").is_file():  # the image's ssh client defaults
         shutil.copy2("/etc/ssh/ssh_config", etc / "ssh_config")
     write(node_dir / "hosts", plan.hosts_text(node))
+    write(node_dir / "resolv.conf", plan.resolv_text())
     write(node_dir / "ssh" / "authorized_keys", operator_pub, 0o600)
     dotfiles = tuple(name for name in plan.NODE_DOTFILES if Path("/root", name).is_file())
     (node_dir / "dotfiles").mkdir()

@@ -21,7 +21,8 @@ NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 MAX_NODES = 1000
 # (path in the node's state dir, mountpoint). /tmp stays shared: the project and its
 # virtual environment may live there (a CI clone), and nodes share this machine's Python.
-NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"))
+NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("resolv.conf", "/etc/resolv.conf"),
+               ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"))
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
@@ -233,6 +234,14 @@ def dockerd_argv(sshd_pid: int, engine: NodeEngine, registry: str) -> list[str]:
 def hosts_text(node: Node) -> str:
     """A fresh cloud image's /etc/hosts: the hostname maps to loopback, no other nodes."""
     return f"127.0.0.1 localhost\n::1 localhost\n127.0.1.1 {node.name}\n"
+
+
+def resolv_text() -> str:
+    """A node's resolver settings. The local cloud has no DNS server: this machine's nameserver is out of a node's
+    network, and each lookup /etc/hosts cannot answer (a reverse lookup of a peer's address, as PyTorch's c10d
+    store makes of each client) waited two tries of 5 s there. A node's resolver is its own loopback, where
+    nothing listens: such a lookup fails at once, as a cloud's resolver answers within milliseconds."""
+    return "# the local cloud has no DNS server: names come from /etc/hosts (kiln mesh)\nnameserver 127.0.0.1\n"
 
 
 def ssh_config_text(cluster: Cluster, state: Path) -> str:

@@ -75,7 +75,7 @@ def pids_in(netns_inodes: set[tuple[int, int]]) -> list[int]:
 def host_files() -> dict[str, tuple[int, bytes]]:
     """Mode and content of the host files the nodes' bind mounts cover."""
     found = {}
-    for top in (Path("/etc/hosts"), Path("/etc/ssh"), Path("/root/.ssh")):
+    for top in (Path("/etc/hosts"), Path("/etc/resolv.conf"), Path("/etc/ssh"), Path("/root/.ssh")):
         for path in [top, *top.rglob("*")] if top.exists() else []:
             st = path.lstat()
             found[str(path)] = (st.st_mode, path.read_bytes() if path.is_file() else b"")
@@ -117,6 +117,15 @@ def test_node_hosts_file_maps_its_hostname_to_loopback_only(cluster):
     hosts = ssh(NAME, "node2", "cat /etc/hosts").stdout
     assert "127.0.1.1 node2" in hosts.splitlines()
     assert "node1" not in hosts and "node3" not in hosts
+
+
+def test_a_nodes_resolver_is_its_own_loopback_and_a_name_not_in_its_hosts_file_is_not_found(cluster):
+    """This machine's nameserver is out of the nodes' network (each lookup waited 10 s for it): a node asks its
+    own loopback, where nothing answers, and a name /etc/hosts lacks is not found."""
+    resolv = ssh(NAME, "node2", "cat /etc/resolv.conf").stdout
+    assert [line for line in resolv.splitlines() if line.startswith("nameserver")] == ["nameserver 127.0.0.1"]
+    assert ssh(NAME, "node2", "getent hosts nosuch.kiln.invalid").returncode == 2  # getent: not found
+    assert ssh(NAME, "node2", "getent hosts node2").stdout.split() == ["127.0.1.1", "node2"]
 
 
 def test_nodes_have_distinct_host_keys_and_see_this_machines_python(cluster):
