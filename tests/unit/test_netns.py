@@ -69,6 +69,7 @@ def test_node_mounts_cover_the_private_paths_and_hide_the_state():
     assert plan.fstab_text(Path("/run/kiln/local/kiln/node1")).splitlines() == [
         "/run/kiln/local/kiln/node1/etc-ssh /etc/ssh none bind 0 0",
         "/run/kiln/local/kiln/node1/hosts /etc/hosts none bind 0 0",
+        "/run/kiln/local/kiln/node1/resolv.conf /etc/resolv.conf none bind 0 0",
         "/run/kiln/local/kiln/node1/ssh /root/.ssh none bind 0 0",
         "/run/kiln/local/kiln/node1/kiln /root/kiln none bind 0 0",
         "kiln-hidden /run/kiln tmpfs size=64k,mode=755 0 0"]
