@@ -347,9 +347,9 @@ class Remote:
         return None if result.code == 0 else describe_failure(result.code, result.stderr)
 
     def unreachable(self, hosts: Iterable[Host], probes: int = 3, pause: float = 1.0) -> list[Host]:
-        """The hosts among `hosts` whose machine is gone: a fresh connection cannot be made. One that ends with
-        no word is tried again (up to `probes` times, `pause` seconds apart): a machine on its way down ends
-        one, then refuses or times out; one that keeps doing so is not called lost."""
+        """The hosts among `hosts` whose machine is gone: a fresh connection cannot be made. A host that ends
+        the connection (probe_verdict's "unclear") is asked again, up to `probes` times `pause` seconds apart: a
+        machine on its way down ends one, then refuses or times out; one that keeps ending them is not lost."""
         hosts = list(hosts)
         lost, asking = set(), hosts
         for probe in range(probes):
