@@ -620,6 +620,7 @@ def progress(run_id, run_dir, signs=False):
     return found
 
 
+LOOK_POLL_S = 0.05  # how often a waiting look reads its tasks' states (a few files each)
 HEARTBEAT = "heartbeat"  # in the run folder: KILN_HEARTBEAT, a file a program may touch to say it is alive
 
 
@@ -686,10 +687,19 @@ def status(run_dir, tasks):
     return result
 
 
-def look(run_dir, tasks):
+def look(run_dir, wait_s, tasks):
     """What the launcher's watch asks every node at each look: its tasks' states and the spot interruption
-    notice its watcher wrote, if any."""
-    return {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
+    notice its watcher wrote, if any. The answer waits up to `wait_s` for either to change (read every
+    LOOK_POLL_S here, where reading is cheap), so the watch learns of a process's end when it happens, not at
+    its next look."""
+    first = {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(LOOK_POLL_S, left))
+        now = {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
+        if now != first:
+            return now
+    return first
 
 
 def notice(run_dir):
@@ -923,7 +933,7 @@ def answer(verb, args, stdin):
     if verb == "progress":
         return progress(args[0], args[1], signs=args[2:3] == ["signs"])
     if verb == "look":
-        return look(args[0], args[1:])
+        return look(args[0], float(args[1]), args[2:])
     if verb == "runs":
         return runs_here()
     if verb == "autostop":

@@ -106,16 +106,15 @@ class Supervisor:
         self.released = False  # the run's port reservations went with the machines (a move that failed)
 
     def start(self) -> None:
-        """Make the run folder on every node (clearing a previous attempt's pid and
-        exit files), then start every process detached."""
+        """On every node, in one command: make the run folder (clearing a previous attempt's pid and exit files),
+        then start its processes detached."""
         taken = self.group.reserve_ports(self.plan.run_id, self.paths.root, self.plan.ports)  # ours, refreshed
         if taken:
             raise KilnError(f"run {self.plan.run_id} cannot start: {topology.describe_reserved(taken)}")
         run_dir = shlex.quote(self.run_dir)
         prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit {run_dir}/notice.json"
-        self.group.remote.map_or_raise("prepare", self.group.hosts, lambda h: self.group.remote.check(h, prepare))
         _, failures = self.group.remote.map(self.group.hosts, lambda h: self.group.remote.check(
-            h, self.start_command(self.plan, h), timeout=60))
+            h, f"{prepare} && {self.start_command(self.plan, h)}", timeout=60))
         if failures:
             self.stop()
             raise RemoteError("start", {h.label: r for h, r in failures.items()})
@@ -140,12 +139,14 @@ class Supervisor:
         results = self.group.remote.map_or_raise("status", [hosts[i] for i in wanted], look)
         return {hosts.index(h): states for h, states in results.items()}
 
-    def look(self) -> tuple[dict[int, dict[str, dict]], dict[Host, dict]]:
+    def look(self, wait: float = 0.0) -> tuple[dict[int, dict[str, dict]], dict[Host, dict]]:
         """One question to every node (also those without processes of their own, whose loss or notice
-        matters too): its processes' states, and the spot interruption notice its watcher wrote, if any."""
+        matters too): its processes' states, and the spot interruption notice its watcher wrote, if any. Each
+        node answers when either changes there, or after `wait` seconds."""
         hosts, remote = self.group.hosts, self.group.remote
         answers, failures = remote.map(self.watched(), lambda h: remote.node(
-            h, self.group.python, "look", self.run_dir, *self.plan.tasks_on(hosts.index(h)), timeout=30))
+            h, self.group.python, "look", self.run_dir, f"{wait:g}", *self.plan.tasks_on(hosts.index(h)),
+            timeout=30 + wait))
         if failures:
             self.let_go(failures)
         states = {hosts.index(h): answer["tasks"] for h, answer in answers.items() if answer["tasks"]}
@@ -228,7 +229,7 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         steps, output, activity = watchdog.Progress(), watchdog.Progress(), watchdog.Activity()
         while True:
-            states, noticed = self.look()
+            states, noticed = self.look(wait=self.interval)  # at once where something ended: no sleep
             if noticed and self.plan.elastic:  # the run goes on without noticed nodes, but the first
                 first = self.group.hosts[0]
                 self.leave([host for host in noticed if host != first], "has a spot interruption notice")
@@ -247,7 +248,6 @@ class Supervisor:
                 self.check_progress(steps, output, activity, launch.exited_ok(self.plan, states))
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
-            time.sleep(self.interval)
 
     def progress(self, signs: bool = False) -> dict[Host, dict]:
         """Every host's last logged steps and stopped processes of this run (with `signs`, its signs of work)."""

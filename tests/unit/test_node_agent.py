@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
+import threading
 import urllib.error
 
 import pytest
@@ -94,3 +96,33 @@ def test_the_agents_json_says_what_it_cannot_write():
 def test_a_refused_azure_call_is_one_line_whatever_its_body(body, said):
     refused = urllib.error.HTTPError("https://x", 403, "Forbidden", {}, io.BytesIO(body))
     assert "could not go: HTTP 403" + node_side.said_by(refused) == said
+
+
+def running_task(run_dir, task: str) -> None:
+    (run_dir / f"{task}.pid").write_text(str(os.getpid()))  # this process: alive for the test's length
+
+
+@pytest.mark.timeout(30)  # a look that waited its whole minute fails here
+def test_a_waiting_look_answers_when_a_task_ends_there(tmp_path):
+    running_task(tmp_path, "worker-0")
+    running_task(tmp_path, "worker-1")
+    threading.Timer(0.3, (tmp_path / "worker-1.exit").write_text, ["0\n"]).start()
+    answer = node_side.look(str(tmp_path), 60.0, ["worker-0", "worker-1"])
+    assert answer["tasks"]["worker-1"] == {"state": "exited", "code": 0}
+    assert answer["tasks"]["worker-0"]["state"] == "running" and answer["notice"] is None
+
+
+@pytest.mark.timeout(30)  # a look that waited its whole minute fails here
+def test_a_waiting_look_answers_when_a_notice_comes(tmp_path):
+    running_task(tmp_path, "worker-0")
+    threading.Timer(0.3, (tmp_path / "notice.json").write_text, ['{"action": "terminate"}']).start()
+    answer = node_side.look(str(tmp_path), 60.0, ["worker-0"])
+    assert answer["notice"] == {"action": "terminate"} and answer["tasks"]["worker-0"]["state"] == "running"
+
+
+def test_a_look_with_nothing_changing_gives_the_states_it_found(tmp_path):
+    running_task(tmp_path, "worker-0")
+    (tmp_path / "worker-1.exit").write_text("3\n")
+    answer = node_side.look(str(tmp_path), 0.2, ["worker-0", "worker-1", "worker-2"])
+    assert answer["tasks"] == {"worker-0": {"state": "running", "pid": os.getpid()},
+                               "worker-1": {"state": "exited", "code": 3}, "worker-2": {"state": "starting"}}
