@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -112,9 +113,9 @@ class Cluster:
             return None
         return [entry.name for entry in saved]
 
-    def preflight(self, ports: Sequence[int] = (), probes: int = 8, gpu_framework: str | None = None,
-                  frameworks: bool = True, deep: bool = False, required: Sequence[str] = ("tensorflow",),
-                  fabric: bool = False) -> tuple[str, bool]:
+    def preflight(self, ports: Sequence[int] = (), probes: int = preflight.MESH_PROBES,
+                  gpu_framework: str | None = None, frameworks: bool = True, deep: bool = False,
+                  required: Sequence[str] = ("tensorflow",), fabric: bool = False) -> tuple[str, bool]:
         """Run every check in one round when the mesh's node names are known (two
         otherwise); `probes` nodes log in to the next one; with `gpu_framework`, the
         GPU health check too (with `deep`, DCGM's diagnostics as well); without `frameworks`, the nodes' own
@@ -250,6 +251,14 @@ class Cluster:
                                                                      self.remote.options))
 
         self.remote.map_or_raise("sync", self.hosts, push)
+
+    def sync_run(self, lib: str, project: str | None = None, code: str = "") -> None:
+        """kiln's node part (sync_lib) into `lib` and, given a `project` folder, the project (sync) into `code` on
+        every node, the two side by side (each into its own folder, under its own lock)."""
+        with ThreadPoolExecutor(2) as pool:
+            pushes = [pool.submit(self.sync_lib, lib), *([pool.submit(self.sync, project, code)] if project else [])]
+        for push in pushes:
+            push.result()
 
     def autostop(self, args: Sequence[str], hosts: Sequence[Host] | None = None) -> dict[Host, dict]:
         """Start (or, with idle 0, stop) every node's idle agent (bootstrap.autostop); its pid per host."""

@@ -58,6 +58,12 @@ class RunPlan:
     elastic: bool = False  # horovodrun's or torchrun's elastic mode: nodes but the first may go, the run goes on
 
     @property
+    def logs_in_between_nodes(self) -> bool:
+        """Whether the run's processes log in from node to node over the mesh (horovodrun starts the other
+        nodes' ranks over SSH); the other modes' processes, each started from here, only connect over TCP."""
+        return self.mode == "horovod" and len(self.names) > 1
+
+    @property
     def frameworks(self) -> tuple[str, ...]:
         """What the nodes' Python must have for this run (preflight)."""
         return FRAMEWORKS.get(self.mode, ("tensorflow",))

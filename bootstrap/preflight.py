@@ -10,6 +10,7 @@ from bootstrap import interconnect
 from bootstrap.mesh import Node
 
 CHECKS = ("reach", "hostname", "resolve", "versions", "ports", "mesh")
+MESH_PROBES = 8  # nodes that prove the mesh by logging in to the next (kiln check --probes)
 VERSIONED = ("python", "tensorflow", "tf-keras", "horovod")  # the same on every node, whatever the run
 FRAMEWORKS = ("torch", "jax", "keras")  # the same on every node where the run needs them
 

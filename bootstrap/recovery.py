@@ -56,11 +56,9 @@ class Recovery:
 
     def bring_code(self, group: Cluster) -> None:
         """kiln's node part and the project on the (new) machines, and the program checked there."""
-        group.sync_lib(self.paths.lib)
-        if self.folder:
-            group.sync(str(self.folder), self.paths.code)
-            if self.check_on_nodes:
-                group.check_program(launch.program_check(self.program, group.python, self.paths))
+        group.sync_run(self.paths.lib, str(self.folder) if self.folder else None, self.paths.code)
+        if self.folder and self.check_on_nodes:
+            group.check_program(launch.program_check(self.program, group.python, self.paths))
 
     def as_move(self) -> Move:
         return Move(self.wanted, self.move)

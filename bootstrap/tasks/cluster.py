@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bootstrap import autostop as autostop_plan
 from bootstrap import hosts as hostlists
-from bootstrap import interconnect, launch, mesh, providers, state, topology
+from bootstrap import interconnect, launch, mesh, preflight, providers, state, topology
 from bootstrap.cluster import REMOTE_ROOT, Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.container import check_reference
@@ -157,8 +157,9 @@ def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
                            "each other by)",
                     "gpu_framework": "what measures the GPUs: auto (the first of tensorflow, torch, jax, cupy "
                                      "the nodes' Python has) or one of them"})
-def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=8, gpu=False,
-          gpu_framework="auto", deep=False, collective=False, nic=None, accept_new_host_keys=False, dry_run=False):
+def check(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, ports="", probes=preflight.MESH_PROBES,
+          gpu=False, gpu_framework="auto", deep=False, collective=False, nic=None, accept_new_host_keys=False,
+          dry_run=False):
     """Preflight: reachability, unique and routable hostnames, same versions, free ports, the mesh (and, with
     --gpu, the GPUs' health and speed)."""
     frameworks = ("auto", *probe.FRAMEWORKS)
@@ -225,8 +226,7 @@ def sync(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, code=N
         print(f"would mirror {source} to {where}: " + ", ".join(h.label for h in goal.hosts))
         return
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    group.sync(str(source), f"{REMOTE_ROOT}/code")
-    group.sync_lib(f"{REMOTE_ROOT}/lib")
+    group.sync_run(f"{REMOTE_ROOT}/lib", str(source), f"{REMOTE_ROOT}/code")
     print(f"synced {source} to {where}")
 
 
