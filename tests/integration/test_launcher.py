@@ -199,12 +199,15 @@ MARKERS = {"worker-1": b'"type":"worker","index":1}', "rank-1": b"HOROVOD_RANK=1
 
 
 def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: float = 120, signal: str = "-9",
-                       min_step: int = 1) -> None:
-    """Once `task` on `node` has logged `min_step`, send `signal` to its Python (not the wrapper around it)."""
+                       min_step: int = 1, training_s: float = 0.0) -> None:
+    """Once `task` on `node` has logged `min_step` and trained `training_s` seconds more, send `signal` to its
+    Python (not the wrapper around it)."""
     metrics = cluster.node_dir(node) / "kiln" / "runs" / run_id / f"metrics.{task}.jsonl"
-    end = time.monotonic() + deadline
+    end, training = time.monotonic() + deadline, None
     while time.monotonic() < end:
         if last_step(metrics) >= min_step:
+            training = training or time.monotonic()
+        if training and time.monotonic() - training >= training_s:
             for pid in run_processes(run_id):
                 try:
                     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -219,13 +222,15 @@ def kill_when_training(cluster, run_id: str, node: str, task: str, deadline: flo
 
 
 def train_and_signal(cluster, run_id: str, options: list[str], task: str, *, signal: str = "-9", min_step: int = 1,
-                     timeout: float = 300) -> tuple[int, str, str]:
-    """Start cluster.train, send `signal` to `task` on node2 once it has logged `min_step`; (code, out, err)."""
+                     training_s: float = 0.0, timeout: float = 300) -> tuple[int, str, str]:
+    """Start cluster.train, send `signal` to `task` on node2 once it has logged `min_step` and trained `training_s`
+    seconds more; (code, out, err)."""
     argv = [str(FAB), "-S", cluster.ssh_config, "-H", HOSTS, "cluster.train", "--run-id", run_id, *options]
     with subprocess.Popen(argv, cwd=ROOT, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as train:
         try:
-            kill_when_training(cluster, run_id, "node2", task, signal=signal, min_step=min_step)
+            kill_when_training(cluster, run_id, "node2", task, signal=signal, min_step=min_step,
+                               training_s=training_s)
             out, err = train.communicate(timeout=timeout)
         finally:
             if train.poll() is None:
@@ -251,10 +256,11 @@ def test_a_killed_process_fails_the_run_naming_its_host(cluster, mode, task):
 @pytest.mark.parametrize(("mode", "task"), [("horovod", "rank-1"), ("tf-config", "worker-1")])
 def test_a_frozen_process_stops_the_run_naming_its_host(cluster, mode, task):
     """Horovod's peers wait for a frozen rank (the watchdog ends it); TensorFlow's multi-worker peers fail
-    on their own (kiln still names the frozen host)."""
+    on their own (kiln still names the frozen host). The process freezes after seconds of steps, which kiln's watch
+    has seen move (a freeze at the first step, judged by the time to it, is tests/unit/test_launch.py's)."""
     run_id = f"stall-{mode}"
     options = ["--mode", mode, "--stall-factor", "5", "--stall-minimum", "5", "--args", "--epochs 400 --log-every 1"]
-    code, _, err = train_and_signal(cluster, run_id, options, task, signal="-STOP")
+    code, _, err = train_and_signal(cluster, run_id, options, task, signal="-STOP", training_s=4)
     assert code != 0
     assert "stalled: node2 (a process there is stopped)" in err, err
     assert summary(cluster, run_id)["status"] == "failed"
