@@ -689,11 +689,13 @@ def status(run_dir, tasks):
 
 def look(run_dir, wait_s, tasks):
     """What the launcher's watch asks every node at each look: its tasks' states and the spot interruption
-    notice its watcher wrote, if any. The answer waits up to `wait_s` for either to change (read every
-    LOOK_POLL_S here, where reading is cheap), so the watch learns of a process's end when it happens, not at
-    its next look."""
+    notice its watcher wrote, if any. Where a task here is still starting or running, the answer waits up to
+    `wait_s` for either to change (read every LOOK_POLL_S here, where reading is cheap), so the watch learns of a
+    process's end when it happens, not at its next look; a node with none (its tasks ended, or it has none of its
+    own) answers at once, keeping no look waiting on it."""
     first = {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
-    deadline = time.monotonic() + wait_s
+    going = any(task["state"] in ("starting", "running") for task in first["tasks"].values())
+    deadline = time.monotonic() + (wait_s if going else 0)
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(LOOK_POLL_S, left))
         now = {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}

@@ -126,3 +126,12 @@ def test_a_look_with_nothing_changing_gives_the_states_it_found(tmp_path):
     answer = node_side.look(str(tmp_path), 0.2, ["worker-0", "worker-1", "worker-2"])
     assert answer["tasks"] == {"worker-0": {"state": "running", "pid": os.getpid()},
                                "worker-1": {"state": "exited", "code": 3}, "worker-2": {"state": "starting"}}
+
+
+@pytest.mark.timeout(30)  # a look that waited its whole minute fails here
+def test_a_node_with_nothing_running_answers_a_waiting_look_at_once(tmp_path):
+    """Its processes ended, or it has none of its own (a horovod run's other nodes): the watch's look round
+    waits on the nodes where processes run, not on this one."""
+    (tmp_path / "worker-1.exit").write_text("0\n")
+    assert node_side.look(str(tmp_path), 60.0, ["worker-1"])["tasks"] == {"worker-1": {"state": "exited", "code": 0}}
+    assert node_side.look(str(tmp_path), 60.0, []) == {"tasks": {}, "notice": None}
