@@ -140,7 +140,8 @@ class Cluster:
         findings = preflight.check_nodes(self.nodes, ports=ports, required=tuple(required) if frameworks else (),
                                          compare_versions=frameworks)
         findings += preflight.check_probes(self.nodes)
-        checks, summary = preflight.CHECKS, []
+        checks = preflight.CHECKS if probes else tuple(check for check in preflight.CHECKS if check != "mesh")
+        summary = []
         if fabric and (judged := preflight.check_fabric(self.nodes))[1]:
             findings += judged[0]
             checks, summary = (*checks, "fabric"), [judged[1]]
@@ -257,8 +258,11 @@ class Cluster:
         every node, the two side by side (each into its own folder, under its own lock)."""
         with ThreadPoolExecutor(2) as pool:
             pushes = [pool.submit(self.sync_lib, lib), *([pool.submit(self.sync, project, code)] if project else [])]
-        for push in pushes:
-            push.result()
+        errors = [error for push in pushes if (error := push.exception())]
+        if errors and all(isinstance(error, RemoteError) for error in errors):
+            raise RemoteError("sync", {host: reason for error in errors for host, reason in error.failures.items()})
+        if errors:
+            raise errors[0]
 
     def autostop(self, args: Sequence[str], hosts: Sequence[Host] | None = None) -> dict[Host, dict]:
         """Start (or, with idle 0, stop) every node's idle agent (bootstrap.autostop); its pid per host."""

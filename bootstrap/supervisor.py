@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import shutil
 import sys
@@ -114,7 +115,7 @@ class Supervisor:
         run_dir = shlex.quote(self.run_dir)
         prepare = f"mkdir -p {run_dir} && rm -f {run_dir}/*.pid {run_dir}/*.exit {run_dir}/notice.json"
         _, failures = self.group.remote.map(self.group.hosts, lambda h: self.group.remote.check(
-            h, f"{prepare} && {self.start_command(self.plan, h)}", timeout=60))
+            h, f"{prepare} && {{ {self.start_command(self.plan, h)}; }}", timeout=60))
         if failures:
             self.stop()
             raise RemoteError("start", {h.label: r for h, r in failures.items()})
@@ -142,9 +143,11 @@ class Supervisor:
     def look(self, wait: float = 0.0) -> tuple[dict[int, dict[str, dict]], dict[Host, dict]]:
         """One question to every node (also those without processes of their own, whose loss or notice
         matters too): its processes' states, and the spot interruption notice its watcher wrote, if any. Each
-        node answers when either changes there, or after `wait` seconds."""
-        hosts, remote = self.group.hosts, self.group.remote
-        answers, failures = remote.map(self.watched(), lambda h: remote.node(
+        node answers when either changes there, or after `wait` seconds (shared out among the rounds of `fanout`
+        nodes a look takes on a larger cluster, so that one look takes `wait` at most)."""
+        hosts, remote, watched = self.group.hosts, self.group.remote, self.watched()
+        wait /= math.ceil(len(watched) / remote.fanout) or 1
+        answers, failures = remote.map(watched, lambda h: remote.node(
             h, self.group.python, "look", self.run_dir, f"{wait:g}", *self.plan.tasks_on(hosts.index(h)),
             timeout=30 + wait))
         if failures:

@@ -212,7 +212,6 @@ def test_plan_run_decides_the_ports_once_for_preflight():
     assert plan_run(RunSpec("r2", "horovod", ("n1",), (2,), "/v/bin/python", "/root/kiln")).ports == ()
 
 
-
 @pytest.mark.parametrize(("mode", "names", "logs_in"), [
     ("horovod", ("n1", "n2"), True),  # horovodrun starts n2's ranks over SSH
     ("horovod", ("n1",), False),
@@ -223,6 +222,7 @@ def test_only_a_horovod_run_across_nodes_logs_in_between_them(mode, names, logs_
     spec = RunSpec("r1", mode, names, (1,) * len(names), "/v/bin/python", "/root/kiln",
                    Program(argv=("python", "p.py")))
     assert plan_run(spec).logs_in_between_nodes is logs_in
+
 
 def test_an_attempt_names_the_frozen_host_and_is_not_restarted_when_processes_survive():
     from bootstrap.launch import Attempt, RunPlan, Verdict, judge_attempt, should_restart

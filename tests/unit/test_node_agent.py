@@ -98,6 +98,13 @@ def test_a_refused_azure_call_is_one_line_whatever_its_body(body, said):
     assert "could not go: HTTP 403" + node_side.said_by(refused) == said
 
 
+def written(path, text: str) -> None:
+    """`text` in `path` whole at once, as the node's wrappers write their files (a rename): a look never reads it
+    half written."""
+    path.with_suffix(".tmp").write_text(text)
+    os.replace(path.with_suffix(".tmp"), path)
+
+
 def running_task(run_dir, task: str) -> None:
     (run_dir / f"{task}.pid").write_text(str(os.getpid()))  # this process: alive for the test's length
 
@@ -106,7 +113,7 @@ def running_task(run_dir, task: str) -> None:
 def test_a_waiting_look_answers_when_a_task_ends_there(tmp_path):
     running_task(tmp_path, "worker-0")
     running_task(tmp_path, "worker-1")
-    threading.Timer(0.3, (tmp_path / "worker-1.exit").write_text, ["0\n"]).start()
+    threading.Timer(0.3, written, [tmp_path / "worker-1.exit", "0\n"]).start()
     answer = node_side.look(str(tmp_path), 60.0, ["worker-0", "worker-1"])
     assert answer["tasks"]["worker-1"] == {"state": "exited", "code": 0}
     assert answer["tasks"]["worker-0"]["state"] == "running" and answer["notice"] is None
@@ -115,7 +122,7 @@ def test_a_waiting_look_answers_when_a_task_ends_there(tmp_path):
 @pytest.mark.timeout(30)  # a look that waited its whole minute fails here
 def test_a_waiting_look_answers_when_a_notice_comes(tmp_path):
     running_task(tmp_path, "worker-0")
-    threading.Timer(0.3, (tmp_path / "notice.json").write_text, ['{"action": "terminate"}']).start()
+    threading.Timer(0.3, written, [tmp_path / "notice.json", '{"action": "terminate"}']).start()
     answer = node_side.look(str(tmp_path), 60.0, ["worker-0"])
     assert answer["notice"] == {"action": "terminate"} and answer["tasks"]["worker-0"]["state"] == "running"
 
