@@ -693,13 +693,15 @@ def look(run_dir, wait_s, tasks):
     `wait_s` for either to change (read every LOOK_POLL_S here, where reading is cheap), so the watch learns of a
     process's end when it happens, not at its next look; a node with none (its tasks ended, or it has none of its
     own) answers at once, keeping no look waiting on it."""
-    first = {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
+    def read():
+        return {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
+
+    first = read()
     going = any(task["state"] in ("starting", "running") for task in first["tasks"].values())
     deadline = time.monotonic() + (wait_s if going else 0)
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(LOOK_POLL_S, left))
-        now = {"tasks": status(run_dir, tasks), "notice": notice(run_dir)}
-        if now != first:
+        if (now := read()) != first:
             return now
     return first
 

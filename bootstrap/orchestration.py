@@ -95,7 +95,7 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     """Preflight, sync, the runtime made ready and checked, the program checked, the run recorded, every
     process started: (the run's record, its supervisor)."""
     # In a container image, the image's frameworks are checked instead. The mesh is proved by a login between
-    # nodes (a handshake: 0.2 s of a 1 s preflight here) where the run logs in between nodes.
+    # nodes (an SSH handshake, most of a preflight's time) only where the run logs in between nodes.
     with timeline.phase("preflight"):
         table, passed = group.preflight(ports=plan.ports, frameworks=runtime.needs_node_frameworks,
                                         required=plan.frameworks,
