@@ -7,6 +7,7 @@ loads. Bad input is checked before TensorFlow is imported, and reported as one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -84,10 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainer import report, run  # imports TensorFlow
         from trainer.checkpoints import Preempted
 
-        with tempfile.TemporaryDirectory(prefix="kiln-export-") as staging:
+        with contextlib.ExitStack() as staging:
             if config.model_uri is not None:
-                # The chief exports here, then uploads to --model-dir (see run.train).
-                config = dataclasses.replace(config, model_dir=Path(staging) / "model")
+                # The chief exports here, then uploads to --model-dir (see run.train); only then: a folder per
+                # process would stay behind wherever a process is killed.
+                folder = staging.enter_context(tempfile.TemporaryDirectory(prefix="kiln-export-"))
+                config = dataclasses.replace(config, model_dir=Path(folder) / "model")
             try:
                 result = run.train(config, task, cluster, started=started,
                                    restore_from=restore_from, trained_on=trained_on)

@@ -17,6 +17,8 @@ def checked_arrays(name: str, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray,
         raise TrainerError(f"--data {path}: y must be a vector of N labels, got shape {y.shape}")
     if len(x) != len(y):
         raise TrainerError(f"--data {path}: x has {len(x)} rows but y has {len(y)} labels")
+    if len(x) < 2:
+        raise TrainerError(f"--data {path}: one example; the trainer needs two at least (one to train on, one to test)")
     if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x)):
         raise TrainerError(f"--data {path}: x must hold finite numbers")
     if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:

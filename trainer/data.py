@@ -9,15 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
+from trainer import splits
 from trainer.inputs import load_npz
 from trainer.tfrecords import load_tfrecords
 
 FEATURES = 64
 CLASSES = 10
-TEST_FRACTION = 0.2
 SYNTHETIC_EXAMPLES = 1797  # as many as digits
 
 
@@ -49,21 +47,13 @@ def shard_split(split: Split, shard: tuple[int, int] | None) -> Split:
 
 
 def _split(x: np.ndarray, y: np.ndarray, seed: int, classes: int = CLASSES) -> Split:
-    try:
-        parts = train_test_split(x, y, test_size=TEST_FRACTION, random_state=seed, stratify=y)
-    except ValueError:
-        # A class too rare to stratify (user data): fall back to a plain seeded split.
-        parts = train_test_split(x, y, test_size=TEST_FRACTION, random_state=seed)
-    x_train, x_test, y_train, y_test = parts
-    return Split(x_train, y_train, x_test, y_test, classes)
+    train, test = splits.split_indices(y, seed)
+    return Split(x[train], y[train], x[test], y[test], classes)
 
 
 def digits_split(seed: int) -> Split:
     """scikit-learn's bundled 8x8 digits, pixels scaled to [0, 1]."""
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
-    return _split(x, y, seed)
+    return _split(*splits.digits(), seed)
 
 
 def synthetic_split(seed: int) -> Split:

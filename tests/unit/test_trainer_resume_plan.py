@@ -87,6 +87,8 @@ def test_npz_arrays_are_loaded_as_float32_and_int32(tmp_path):
         ({"x": np.zeros((3, 2))}, "the .npz has no array 'y' (it has: x)"),
         ({"x": np.zeros((3, 2)), "y": np.zeros(2, int)}, "x has 3 rows but y has 2 labels"),
         ({"x": np.zeros(3), "y": np.zeros(3, int)}, "x must be a non-empty N x features array, got shape (3,)"),
+        ({"x": np.zeros((1, 2)), "y": np.zeros(1, int)},
+         "one example; the trainer needs two at least (one to train on, one to test)"),
         ({"x": np.zeros((3, 2)), "y": np.array([0.5, 1, 2])}, "y must hold non-negative integer labels, got float64"),
         ({"x": np.zeros((3, 2)), "y": np.array([0, -1, 2])}, "y must hold non-negative integer labels, got int64"),
     ],
