@@ -6,6 +6,7 @@ Region, profile and credentials come from boto3's standard chain; kiln never wri
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -76,22 +77,35 @@ class Aws:
     region: str
 
 
+@functools.cache
+def service_models(data_path: str | None):
+    """botocore's loader of the services' models, one per process (and AWS_DATA_PATH): a session of its own reads
+    and parses EC2's model again (MBs of JSON, most of a connect's CPU), and a command over several regions
+    connects once a region."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader(data_path)
+
+
 def connect(region: str | None = None, profile: str | None = None) -> Aws:
-    import boto3
+    """EC2 and STS clients for a region (--region, else AWS_REGION, else the configured region) and a profile."""
     import botocore.config
     import botocore.exceptions
+    import botocore.session
 
     try:
-        session = boto3.session.Session(region_name=region, profile_name=profile)
+        session = botocore.session.Session(profile=profile)
+        session.register_component("data_loader", service_models(session.get_config_variable("data_path")))
+        region = region or os.environ.get("AWS_REGION") or session.get_config_variable("region")
     except botocore.exceptions.ProfileNotFound as error:
         raise UsageError(f"AWS profile: {error}") from None
-    if not session.region_name:
+    if not region:
         raise UsageError("no AWS region: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
     config = botocore.config.Config(connect_timeout=10, read_timeout=60,
                                     retries={"max_attempts": 5, "mode": "standard"})
     endpoint = os.environ.get(ENDPOINT_ENV) or None
-    return Aws(session.client("ec2", endpoint_url=endpoint, config=config),
-               session.client("sts", endpoint_url=endpoint, config=config), session.region_name)
+    return Aws(*(session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
+                 for service in ("ec2", "sts")), region)
 
 
 def describe_error(error: BaseException) -> str:
