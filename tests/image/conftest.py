@@ -77,11 +77,13 @@ def pytest_testnodedown(node, error):
     SAID.extend(getattr(node, "workeroutput", {}).get("said-image", []))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def baked_vm(baked_image, tmp_path_factory):
     """The baked image booted once on a throwaway overlay for the tests that provision it again, with the
     wheelhouse served to it and a blank data volume attached (as kiln up --volume gives a node): yields
-    (ssh_config, wheelhouse port)."""
+    (ssh_config, wheelhouse port). The image tests' own: it powers off when a worker moves on to other tests (in
+    make test, the integration modules), where an idle guest under TCG held a core's share for the rest of the
+    session."""
     state = tmp_path_factory.mktemp("baked-vm")
     # One virtual CPU: make test runs this beside a worker of cluster tests on 2 cores, where a second vCPU thread
     # only waits its turn (a guest's vCPU held off the host's cores spins its peers on kernel locks, under TCG)

@@ -53,7 +53,11 @@ def test_each_node_has_its_own_engine_and_the_host_forward_policy_is_unchanged(d
 def test_a_pushed_image_runs_on_a_node_in_the_nodes_network_and_files(docker_cluster):
     operator, nodes = docker_cluster["registry"]["operator"], docker_cluster["registry"]["nodes"]
     subprocess.run(["docker", "tag", docker_cluster["base"], f"{operator}/base:test"], check=True, timeout=60)
-    pushed = subprocess.run(["docker", "push", f"{operator}/base:test"], capture_output=True, text=True, timeout=300)
+    try:
+        pushed = subprocess.run(["docker", "push", f"{operator}/base:test"], capture_output=True, text=True,
+                                timeout=300)
+    finally:  # the tag names this cluster's registry: it would stay in this machine's engine, one per run
+        subprocess.run(["docker", "rmi", f"{operator}/base:test"], capture_output=True, timeout=60)
     assert pushed.returncode == 0, pushed.stderr
     assert ssh(NAME, "node2", "echo private-to-node2 > /root/kiln/marker").returncode == 0
     probe = ("hostname; cat /root/kiln/marker; "
