@@ -184,6 +184,7 @@ class Runtime(Protocol):
     """Where a run's processes run: what the supervisor and the launch tasks ask of it."""
 
     needs_node_frameworks: bool  # whether the nodes' own Python must have TensorFlow and Horovod
+    contained: bool  # whether the run's processes run in a container on each node (its engine knows where)
 
     def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str: ...
 
@@ -200,6 +201,7 @@ class HostRuntime:
     """Processes run on the nodes themselves (the default)."""
 
     needs_node_frameworks = True
+    contained = False
 
     def launch_command(self, item: launch.Launch, paths: NodePaths, run_id: str) -> str:
         return launch.launch_command(item, paths, run_id)
@@ -222,6 +224,7 @@ class ContainerRuntime:
     """Every process of the run in the run's container on its node, from one image (one image id everywhere)."""
 
     needs_node_frameworks = False
+    contained = True
 
     def __init__(self, group: Cluster, reference: str, paths: NodePaths, run_id: str, *,
                  checkpoint_dir: str | None = None, python: str | None = None, pull_timeout: float = 1800):

@@ -577,11 +577,11 @@ def stop(run_id, grace):
     return {"left": left, **({"container": failed} if failed else {})}
 
 
-def progress(run_id, run_dir, signs=False):
+def progress(run_id, run_dir, signs=False, container=True):
     """The last logged step of every metrics file here, how much each process has printed (its log; a
     horovod rank's files), this node's processes of the run that are stopped (state T: hung or frozen), and the
     signs of their work when asked (`signs`): their CPU seconds, whether a GPU is busy, when the run's heartbeat
-    file was touched."""
+    file was touched. `container` False: the run has none (its processes are found without asking docker)."""
     try:
         entries = os.listdir(run_dir)
     except OSError:
@@ -604,7 +604,7 @@ def progress(run_id, run_dir, signs=False):
             output["rank-" + name[len("rank."):]] = sum(file_size(os.path.join(folder, f))
                                                        for f in ("stdout", "stderr"))
     stopped, ticks = [], 0
-    for pid in run_processes(run_id):
+    for pid in run_processes(run_id, inside=0 if container else None):
         try:
             with open(f"/proc/{pid}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
@@ -935,7 +935,7 @@ def answer(verb, args, stdin):
     if verb == "status":
         return status(args[0], args[1:])
     if verb == "progress":
-        return progress(args[0], args[1], signs=args[2:3] == ["signs"])
+        return progress(args[0], args[1], signs="signs" in args[2:], container="bare" not in args[2:])
     if verb == "look":
         return look(args[0], float(args[1]), args[2:])
     if verb == "runs":

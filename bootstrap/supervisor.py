@@ -253,10 +253,13 @@ class Supervisor:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
 
     def progress(self, signs: bool = False) -> dict[Host, dict]:
-        """Every host's last logged steps and stopped processes of this run (with `signs`, its signs of work)."""
+        """Every host's last logged steps and stopped processes of this run (with `signs`, its signs of work). A
+        run without containers says so: its nodes then find its processes without asking a Docker engine (a CLI
+        call each look, on every node)."""
         remote, python = self.group.remote, self.group.python
+        flags = [*(["signs"] if signs else []), *([] if self.runtime.contained else ["bare"])]
         found, failures = remote.map(self.watched(), lambda h: remote.node(
-            h, python, "progress", self.plan.run_id, self.run_dir, *(["signs"] if signs else []), timeout=30))
+            h, python, "progress", self.plan.run_id, self.run_dir, *flags, timeout=30))
         if failures:
             self.let_go(failures)
         return found

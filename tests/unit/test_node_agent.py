@@ -142,3 +142,25 @@ def test_a_node_with_nothing_running_answers_a_waiting_look_at_once(tmp_path):
     (tmp_path / "worker-1.exit").write_text("0\n")
     assert node_side.look(str(tmp_path), 60.0, ["worker-1"])["tasks"] == {"worker-1": {"state": "exited", "code": 0}}
     assert node_side.look(str(tmp_path), 60.0, []) == {"tasks": {}, "notice": None}
+
+
+@pytest.mark.parametrize(("flags", "asked"), [((), True), (("bare",), False), (("signs", "bare"), False)])
+def test_progress_asks_docker_for_the_runs_container_only_where_the_run_may_have_one(tmp_path, flags, asked):
+    """A run without containers (`bare`, as the supervisor says of one) is found in /proc alone: no docker call on
+    every node at every look. The docker on PATH here only notes that it was called."""
+    (tmp_path / "bin").mkdir()
+    calls = tmp_path / "calls"
+    docker = tmp_path / "bin" / "docker"
+    docker.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexit 1\n")
+    docker.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    done = subprocess.run([sys.executable, "-S", "-c", NODE_SCRIPT, "progress", "r-bare", str(run_dir), *flags],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["stopped"] == [] and ("activity" in answer) == ("signs" in flags)
+    assert calls.exists() == asked, calls.read_text() if calls.exists() else "docker was not called"
+    if asked:
+        assert calls.read_text().split()[:1] == ["inspect"]
