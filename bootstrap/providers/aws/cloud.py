@@ -1,6 +1,7 @@
 """AWS clusters with boto3: create, find by tag, tear down. Decisions live in bootstrap.providers.aws.plan.
 
-Region, profile and credentials come from boto3's standard chain; kiln never writes credentials.
+Region, profile and credentials come from botocore's standard chain (boto3's own; AWS_REGION too); kiln never
+writes credentials.
 `KILN_AWS_ENDPOINT_URL` aims every client at another endpoint (the tests' moto server).
 """
 
