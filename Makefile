@@ -43,7 +43,7 @@ demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, resul
 # leaves the other room.
 test: setup ## everything CI runs: lint, validate beside unit, suites (.ci/run prints how long each stage took)
 	@$(MAKE) --no-print-directory lint
-	@$(MAKE) --no-print-directory -j2 --output-sync=target validate unit
+	@$(MAKE) --no-print-directory -j2 --output-sync=target validate unit UNIT_ARGS="$(VALIDATE_TESTS:%=--ignore=%)"
 	@$(MAKE) --no-print-directory suites
 
 test-fast: setup ## the inner loop (a few minutes): lint, unit, and the integration modules marked quick; says what it left out
@@ -68,9 +68,14 @@ lint: setup ## ruff over every Python file, shellcheck over every shell script
 	shellcheck $(SHELL_SCRIPTS)
 	$(stage_end)
 
+# The unit modules make validate runs too (packer validate of every source among them): make test's unit leaves
+# them to validate.
+VALIDATE_TESTS = tests/unit/test_image_matrix.py tests/unit/test_packer_templates.py
+UNIT_ARGS ?=
+
 unit: setup ## pure-code tests (seconds)
 	$(stage_begin)
-	$(PY) -m pytest -q -n 2 tests/unit
+	$(PY) -m pytest -q -n 2 $(UNIT_ARGS) tests/unit
 	$(stage_end)
 
 integration: setup ## real sshd nodes in network namespaces, real TensorFlow and Horovod (root); WORKERS=N modules side by side
@@ -83,7 +88,7 @@ validate: setup ## static checks of the bake: packer fmt and validate (4 sources
 	$(PY) -m bake.validate
 	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(VENV)/bin/ansible-playbook -i localhost, --syntax-check image.yml cleanup.yml
 	cd ansible && ../$(VENV)/bin/ansible-lint --profile production --offline -q
-	$(PY) -m pytest -q tests/unit/test_image_matrix.py tests/unit/test_packer_templates.py
+	$(PY) -m pytest -q $(VALIDATE_TESTS)
 	$(stage_end)
 
 image: validate $(if $(and $(MATRIX),$(filter local docker,$(PROVIDER))),matrix-env) ## bake: PROVIDER=aws|gcp|azure|local (default)|docker, PROFILE=gpu|cpu, VARS=my.pkrvars.hcl, REGISTRY=host:port (docker: push), MATRIX=matrices/F.yml; reuses an unchanged one
