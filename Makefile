@@ -17,9 +17,10 @@ MATRIX ?=
 # the modules one after another.
 WORKERS ?= 0
 # pytest-xdist workers for make suites (make test): the integration modules and the local bake's tests in one pool,
-# the longest first. Two on a 2-core machine keep both cores busy (in a whole run, the two workers' processes used
-# 1.6 of them, the engine and the kernel most of the rest); three beside the bake's VM made every test slower.
-POOL ?= 2
+# the longest first. Three on a 2-core machine: with two, the cores idled 15% of a whole run (both workers waiting on
+# timers, handshakes, a node's start at once: 85% busy, 1572 s); a third fills that (95% busy, 1439 s), though each
+# test takes longer.
+POOL ?= 3
 
 .PHONY: help setup matrix-env demo test test-fast lint unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
 
