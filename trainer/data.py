@@ -4,7 +4,6 @@ each strategy feeds from them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,38 +11,11 @@ import tensorflow as tf
 
 from trainer import splits
 from trainer.inputs import load_npz
+from trainer.splits import CLASSES, Split, shard_split  # noqa: F401 (the trainer's names for them)
 from trainer.tfrecords import load_tfrecords
 
 FEATURES = 64
-CLASSES = 10
 SYNTHETIC_EXAMPLES = 1797  # as many as digits
-
-
-@dataclass(frozen=True)
-class Split:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: int = CLASSES
-
-    @property
-    def train_size(self) -> int:
-        return len(self.x_train)
-
-    @property
-    def features(self) -> int:
-        return int(self.x_train.shape[1])
-
-
-def shard_split(split: Split, shard: tuple[int, int] | None) -> Split:
-    """Keep every COUNT-th training example from INDEX (`--shard INDEX/COUNT`): for plain
-    data-parallel jobs where each process just trains on its own part of the input.
-    The test split stays whole, so every shard is judged on the same examples."""
-    if shard is None:
-        return split
-    index, count = shard
-    return Split(split.x_train[index::count], split.y_train[index::count], split.x_test, split.y_test, split.classes)
 
 
 def _split(x: np.ndarray, y: np.ndarray, seed: int, classes: int = CLASSES) -> Split:

@@ -1,4 +1,4 @@
-"""The train/test split every dataset gets, and the bundled digits (numpy only).
+"""The train/test split every dataset gets, its shards, and the bundled digits (numpy only).
 
 Neither imports scikit-learn: its import is 0.7 CPU-seconds of every trainer
 start (TensorFlow's is 3), for a file and a shuffle. The digits are
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,34 @@ from trainer.errors import TrainerError
 
 TEST_FRACTION = 0.2
 DIGITS_FILE = "sklearn/datasets/data/digits.csv.gz"  # load_digits' own: 64 pixels (0-16) and the digit, per row
+CLASSES = 10  # digits 0-9
+
+
+@dataclass(frozen=True)
+class Split:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: int = CLASSES
+
+    @property
+    def train_size(self) -> int:
+        return len(self.x_train)
+
+    @property
+    def features(self) -> int:
+        return int(self.x_train.shape[1])
+
+
+def shard_split(split: Split, shard: tuple[int, int] | None) -> Split:
+    """Keep every COUNT-th training example from INDEX (`--shard INDEX/COUNT`): for plain
+    data-parallel jobs where each process just trains on its own part of the input.
+    The test split stays whole, so every shard is judged on the same examples."""
+    if shard is None:
+        return split
+    index, count = shard
+    return Split(split.x_train[index::count], split.y_train[index::count], split.x_test, split.y_test, split.classes)
 
 
 def test_count(examples: int, fraction: float = TEST_FRACTION) -> int:

@@ -85,7 +85,7 @@ def baked_vm(baked_image, tmp_path_factory):
     make test, the integration modules), where an idle guest under TCG held a core's share for the rest of the
     session."""
     state = tmp_path_factory.mktemp("baked-vm")
-    # One virtual CPU: make test runs this beside a worker of cluster tests on 2 cores, where a second vCPU thread
+    # One virtual CPU: make test runs this beside workers of cluster tests on 2 cores, where a second vCPU thread
     # only waits its turn (a guest's vCPU held off the host's cores spins its peers on kernel locks, under TCG)
     with booted(baked_image, state / "vm", "kiln-again", data_gib=1, cpus=1) as ssh_config, \
             served(wheelhouse()) as port:

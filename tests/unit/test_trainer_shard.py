@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from trainer.cli import parse_args
-from trainer.data import Split, shard_split
 from trainer.errors import TrainerError
+from trainer.splits import Split, shard_split
 
 
 def test_shard_option_parses_index_and_count():
