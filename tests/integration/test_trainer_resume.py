@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 from test_trainer_local import (
     HOROVODRUN,
     ROOT,
@@ -202,9 +201,17 @@ def save_npz(path: Path, **arrays: np.ndarray) -> Path:
     return path
 
 
-def test_npz_data_trains(tmp_path, processes):
+def digits_npz(path: Path) -> Path:
+    """scikit-learn's digits as an .npz of pixels in [0, 1] and labels (imported here, not by every worker that
+    collects this module)."""
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
-    data = save_npz(tmp_path / "digits.npz", x=digits.data / 16.0, y=digits.target)
+    return save_npz(path, x=digits.data / 16.0, y=digits.target)
+
+
+def test_npz_data_trains(tmp_path, processes):
+    data = digits_npz(tmp_path / "digits.npz")
     run_dir = tmp_path / "run"
     process = processes.start("npz", trainer("--data", str(data), "--epochs", "3", "--learning-rate", "0.05",
                                          "--run-dir", str(run_dir), "--model-dir", str(tmp_path / "model")),
@@ -272,8 +279,7 @@ def test_state_lives_in_the_model_dir_and_another_model_dir_starts_fresh(tmp_pat
 
 
 def test_checkpoints_of_other_data_are_refused_unless_resume_from_names_them(tmp_path):
-    digits = load_digits()
-    data = save_npz(tmp_path / "digits.npz", x=digits.data / 16.0, y=digits.target)
+    data = digits_npz(tmp_path / "digits.npz")
     model_dir = tmp_path / "model"
     first = run_trainer_in(tmp_path / "work", "--epochs", "1", "--model-dir", str(model_dir))
     assert first.returncode == 0, first.stderr
