@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from trainer import splits
 from trainer.inputs import load_npz
-from trainer.splits import CLASSES, Split, shard_split  # noqa: F401 (the trainer's names for them)
+from trainer.splits import CLASSES, Split
 from trainer.tfrecords import load_tfrecords
 
 FEATURES = 64

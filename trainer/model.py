@@ -11,8 +11,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer.data import CLASSES, FEATURES
+from trainer.data import FEATURES
 from trainer.errors import TrainerError
+from trainer.splits import CLASSES
 
 MOMENTUM = 0.9
 

@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import data, evaluator, lineage, report, storage, strategies
+from trainer import data, evaluator, lineage, report, splits, storage, strategies
 from trainer.checkpoints import Agreement, CheckpointCallback, Checkpoints, Preempted, StopFlag
 from trainer.cluster import Task, horovod_task, is_chief, training_workers
 from trainer.config import TrainConfig
@@ -35,7 +35,7 @@ class Setup:
     agreement: Agreement | None = None
 
 
-def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder | None, hvd: Any) -> Setup:
+def _setup_horovod(config: TrainConfig, split: splits.Split, recorder: IdRecorder | None, hvd: Any) -> Setup:
     plan = plan_training(config, replicas_for("horovod", hvd.size()), split.train_size)
     task = horovod_task(hvd.rank())
     dataset = data.train_dataset(
@@ -68,7 +68,7 @@ def _setup_horovod(config: TrainConfig, split: data.Split, recorder: IdRecorder 
     )
 
 
-def _ps_dataset_creator(split: data.Split, global_batch_size: int, seed: int) -> Any:
+def _ps_dataset_creator(split: splits.Split, global_batch_size: int, seed: int) -> Any:
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         return data.train_dataset(
             split,
@@ -81,7 +81,7 @@ def _ps_dataset_creator(split: data.Split, global_batch_size: int, seed: int) ->
 
 
 def _setup_tf_distribute(
-    config: TrainConfig, split: data.Split, task: Task, cluster: dict[str, list[str]], recorder: IdRecorder | None
+    config: TrainConfig, split: splits.Split, task: Task, cluster: dict[str, list[str]], recorder: IdRecorder | None
 ) -> Setup:
     strategy = strategies.build(config.strategy)
     workers = len(cluster.get("worker", [])) if config.strategy == "ps" else training_workers(cluster) or 1
@@ -129,7 +129,7 @@ def train(
         # MultiWorkerMirroredStrategy keeps SIGTERM's default (see strategies.multiworker):
         # one worker stopping alone would leave its peers blocked in a collective.
         stop.install()
-    split = data.shard_split(data.load_split(config.data, config.seed), config.shard)
+    split = splits.shard_split(data.load_split(config.data, config.seed), config.shard)
     recorder = IdRecorder() if config.record_ids else None
     if config.strategy == "horovod":
         setup = _setup_horovod(config, split, recorder, hvd)

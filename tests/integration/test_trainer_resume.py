@@ -27,6 +27,8 @@ from test_trainer_local import (
     trainer,
 )
 
+from trainer import splits
+
 pytestmark = pytest.mark.integration
 
 DIGITS_STEPS = 23  # steps per epoch: ceil(1437 / 64)
@@ -202,12 +204,9 @@ def save_npz(path: Path, **arrays: np.ndarray) -> Path:
 
 
 def digits_npz(path: Path) -> Path:
-    """scikit-learn's digits as an .npz of pixels in [0, 1] and labels (imported here, not by every worker that
-    collects this module)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    return save_npz(path, x=digits.data / 16.0, y=digits.target)
+    """The bundled digits (the trainer's own reader: pixels in [0, 1], labels) as an .npz."""
+    x, y = splits.digits()
+    return save_npz(path, x=x, y=y)
 
 
 def test_npz_data_trains(tmp_path, processes):
