@@ -5,6 +5,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.kiln-ready
+# Python keeps the bytecode of what it imports in the environment's pycache/, not beside the sources, and keeps it
+# even where the shell says PYTHONDONTWRITEBYTECODE=1 (as CI's does): there every process compiled all it imported
+# again, TensorFlow's 1,800 modules 2 CPU-s a time, the CLI, Ansible and pytest's workers theirs.
+export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
+unexport PYTHONDONTWRITEBYTECODE
 NODES ?= 3
 PROVIDER ?= local
 PROFILE ?=
