@@ -68,8 +68,8 @@ def test_wrong_values_fail_the_measurement():
 def test_a_cluster_is_judged_by_its_node_type_only_where_it_is_known():
     measured = parse_nccl_tests(TWO_NODES)
     found, notes = collective.judge_cluster(measured, "p5.48xlarge", 8, "efa")
-    assert found == ["all-reduce bus bandwidth 196.5 GB/s over 16 GPU(s), under the 800 GB/s floor "
-                     "(AWS cluster health checks (advisory), p5 across nodes)"]
+    assert found == ["all-reduce bus bandwidth 196.5 GB/s over 16 GPU(s), under the 450 GB/s floor "
+                     "(60% of the ceiling of 3200 Gbps EFA per p5 node, aws.amazon.com/ec2/instance-types/p5)"]
     found, notes = collective.judge_cluster(measured, None, 8)
     assert found == [] and notes == [f"the cluster: no all-reduce floor for {H100} x 16, bus bandwidth 196.5 GB/s "
                                      "not judged"]
@@ -78,9 +78,9 @@ def test_a_cluster_is_judged_by_its_node_type_only_where_it_is_known():
 def test_a_p5_cluster_measured_over_sockets_is_told_its_efa_is_not_in_use():
     measured = parse_nccl_tests(TWO_NODES)
     found, _ = collective.judge_cluster(measured, "p5.48xlarge", 8)
-    assert found[-1] == ("the all-reduce ran over TCP sockets where p5.48xlarge is held to 800 GB/s over EFA (AWS "
-                         "cluster health checks (advisory), p5 across nodes): the nodes' EFA is not in use (kiln "
-                         "check's fabric column says why)")
+    assert found[-1] == ("the all-reduce ran over TCP sockets where p5.48xlarge is held to 450 GB/s over EFA (60% "
+                         "of the ceiling of 3200 Gbps EFA per p5 node, aws.amazon.com/ec2/instance-types/p5): the "
+                         "nodes' EFA is not in use (kiln check's fabric column says why)")
     assert len(found) == 2 and found[0].startswith("all-reduce bus bandwidth 196.5 GB/s"), "and the figure itself"
     assert len(collective.judge_cluster(measured, "p5.48xlarge", 8, "efa")[0]) == 1, "over EFA: the figure alone"
     assert collective.judge_cluster(measured, "g6.xlarge", 1, "")[0] == [], "no floor: nothing to hold it to"
@@ -193,3 +193,39 @@ def test_a_node_with_nothing_to_measure_the_all_reduce_with_is_noted_not_failed(
     report = health.NodeReport("a", facts, None, {"unavailable": why})
     assert not any("all-reduce" in problem for problem in health.judge_cluster([report])["a"])
     assert health.summary(report).endswith(f"; all-reduce not measured ({why})")
+
+
+def test_a_fabrics_ceiling_is_what_an_all_reduce_can_move_through_each_nodes_network():
+    """400 GB/s of EFA per p5 node: 750 GB/s of bus bandwidth on 2 nodes, 575 on 3, falling towards 400."""
+    assert collective.ceiling(400.0, 2, 8) == pytest.approx(750.0)
+    assert collective.ceiling(400.0, 3, 8) == pytest.approx(575.0)
+    assert 400.0 < collective.ceiling(400.0, 1000, 8) < 401.0
+    with pytest.raises(ValueError):
+        collective.ceiling(400.0, 1, 8)
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 4, 8, 16, 64, 1024])
+def test_every_cluster_floor_is_below_its_fabrics_ceiling_for_every_node_count(nodes):
+    """A healthy cluster can meet its floor: none above what its fabric's line rate lets the all-reduce reach; each
+    names a public source and its fabric."""
+    floors = [floor for floor in collective.FLOORS if floor.scope == "cluster"]
+    assert floors
+    for floor in floors:
+        assert floor.fabric and floor.line_rate > 0 and "aws.amazon.com" in floor.source
+        assert 0 < floor.wanted(nodes) <= collective.ceiling(floor.line_rate, nodes, floor.gpus), (floor, nodes)
+
+
+def test_a_healthy_two_node_p5_figure_passes_and_three_nodes_are_held_to_less():
+    p5 = collective.floor_for("cluster", "p5.48xlarge", 8)
+    assert (round(p5.wanted(2)), round(p5.wanted(3))) == (450, 345)
+
+    def measured(ranks: int, busbw: float):
+        size = 16 << 30
+        return collective.from_probe({"ranks": ranks, "devices": [H100], "timings": [
+            [size, size / 1e9 * 2 * (ranks - 1) / ranks / busbw]]})
+
+    assert collective.judge_cluster(measured(16, 480.0), "p5.48xlarge", 8, "efa")[0] == []
+    assert collective.judge_cluster(measured(16, 440.0), "p5.48xlarge", 8, "efa")[0] == [
+        "all-reduce bus bandwidth 440.0 GB/s over 16 GPU(s), under the 450 GB/s floor (60% of the ceiling of 3200 "
+        "Gbps EFA per p5 node, aws.amazon.com/ec2/instance-types/p5)"]
+    assert collective.judge_cluster(measured(24, 400.0), "p5.48xlarge", 8, "efa")[0] == []
