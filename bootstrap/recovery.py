@@ -65,7 +65,8 @@ class Recovery:
 
     def wanted(self, failure: KilnError) -> bool:
         """Whether a replacement failed for want of capacity where the cluster is (failover.classify)."""
-        return failover.classify(self.provider.kind, getattr(failure, "code", "") or "") == "capacity"
+        return failover.classify(self.provider.kind, getattr(failure, "code", "") or "",
+                                  str(failure)) == "capacity"
 
     def move(self, gone: Sequence[Host] = ()) -> tuple[Cluster, RunPlan, str]:
         """The whole cluster taken down and brought up again as its `kiln up` was asked (`up_again`, given its

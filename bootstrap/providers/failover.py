@@ -4,10 +4,10 @@ codes as the clouds document them, and the loop that takes the first candidate t
 the loop's `attempt`, which makes one candidate's cluster (all of it, or nothing: each cloud's `up` undoes what it
 made on any failure).
 
-A capacity error (the zone or region has no such machines now), or a request refused for that place alone before
-anything is made (a type the zone does not offer), moves on to the next candidate; a quota error skips
-the rest of that region (a quota is regional) and says which; any other error stops at once (a bad request fails
-everywhere), as does an attempt that could not remove all it made.
+What an error means is bootstrap.providers.meanings' tables. A capacity error (the zone or region has no such
+machines now), or a request refused for that place alone (a type the zone does not offer), moves on to the next
+candidate; a quota error skips the rest of that region (of the cloud, for a quota of every region) and says which;
+any other error stops at once (a bad request fails everywhere), as does an attempt that could not remove all it made.
 """
 
 from __future__ import annotations
@@ -18,26 +18,8 @@ from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from bootstrap.errors import KilnError, UsageError
-from bootstrap.providers import catalog
+from bootstrap.providers import catalog, meanings
 
-# Each cloud's error codes for "no capacity here now" and "over a quota", as its documentation names them:
-#   EC2: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html
-#   Compute Engine: https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-resource-availability
-#   Azure: https://learn.microsoft.com/troubleshoot/azure/virtual-machines/windows/allocation-failure
-CAPACITY = {
-    "aws": frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
-                      "InsufficientReservedInstanceCapacity", "Unsupported", "SpotMaxPriceTooLow"}),
-    "gcp": frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-                      "RESOURCE_POOL_EXHAUSTED", "UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE"}),
-    "azure": frozenset({"SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed",
-                        "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"}),
-    "local": frozenset({"NoLocalCapacity"}),  # localcloud's `exhaust`, as a zone that preemption emptied
-}
-QUOTA = {
-    "aws": frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"}),
-    "gcp": frozenset({"QUOTA_EXCEEDED"}),
-    "azure": frozenset({"QuotaExceeded", "OperationNotAllowed"}),
-}
 CLOUDS = ("aws", "gcp", "azure")
 
 
@@ -107,24 +89,23 @@ def candidates(clouds: Sequence[str], places: Mapping[str, Sequence[str]], types
             for kind in types[cloud]]
 
 
-def classify(cloud: str, code: str) -> str:
-    """capacity, quota, or stop: what a failed attempt's error code means for the next candidate."""
-    if code in CAPACITY.get(cloud, ()):
-        return "capacity"
-    if code in QUOTA.get(cloud, ()):
-        return "quota"
-    return "stop"
+def classify(cloud: str, code: str, message: str = "") -> str:
+    """capacity, unavailable, quota, or stop: what a failed attempt's error (its code, and its message where the
+    code says several things) means for the next candidate (meanings' tables; transient and bad requests stop)."""
+    verdict = meanings.meaning(cloud, code, message).verdict
+    return verdict if verdict in ("capacity", "unavailable", "quota") else "stop"
 
 
 def verdict_of(cloud: str, error: CloudError | Unavailable) -> str:
     """classify's verdict on a failed attempt; a request refused for its place alone before anything was made
     (Unavailable: a type the zone does not offer, a size not open to the subscription there) is `unavailable`,
     whatever its code, but for a quota's."""
-    verdict = classify(cloud, error.code)
+    verdict = classify(cloud, error.code, str(error))
     return "unavailable" if isinstance(error, Unavailable) and verdict != "quota" else verdict
 
 
 T = TypeVar("T")
+EVERY_REGION = "*"  # a quota that holds in every region of a cloud (GCE's GPUS_ALL_REGIONS)
 
 
 def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
@@ -135,7 +116,8 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
     tried: list[Tried] = []
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
     for index, candidate in enumerate(order):
-        if (candidate.cloud, candidate.region, candidate.spot) in over_quota:
+        if {(candidate.cloud, candidate.region, candidate.spot), (candidate.cloud, EVERY_REGION, candidate.spot)} \
+                & over_quota:
             continue
         if len(order) > 1:
             say(f"up: trying {candidate.describe()} ({index + 1} of {len(order)})")
@@ -147,9 +129,12 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
                 raise
             tried.append(Tried(candidate, verdict, error.code, isinstance(error, Unavailable)))
             if verdict == "quota":
-                over_quota.add((candidate.cloud, candidate.region, candidate.spot))
-                say(f"up: {candidate.cloud} {candidate.region or 'its default place'}: over a quota ({error.code}): "
-                    "skipping the region")
+                meant = meanings.meaning(candidate.cloud, error.code, str(error))
+                over_quota.add((candidate.cloud, EVERY_REGION if meant.everywhere else candidate.region,
+                                candidate.spot))
+                which = f"{error.code}: {meant.quota}" if meant.quota else error.code
+                say(f"up: {candidate.cloud} {candidate.region or 'its default place'}: over a quota ({which}): "
+                    + (f"skipping every region of {candidate.cloud}" if meant.everywhere else "skipping the region"))
             elif verdict == "unavailable":
                 say(f"up: {candidate.describe()}: {error}; nothing was made")
             else:
@@ -169,7 +154,8 @@ def retryable(error: BaseException, cloud: str) -> bool:
     round where every place refused the request itself (Unavailable: a size not offered) is not tried again."""
     if isinstance(error, NoCapacity):
         return not error.refused_only
-    return isinstance(error, CloudError) and not error.left and classify(cloud, error.code) in ("capacity", "quota")
+    return isinstance(error, CloudError) and not error.left and \
+        classify(cloud, error.code, str(error)) in ("capacity", "quota")
 
 
 def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say: Callable[[str], None],

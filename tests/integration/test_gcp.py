@@ -291,9 +291,9 @@ def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, gce
     assert leftovers(gce, "stay") == before and state.load_cluster("stay") == record and pinned(env, "stay") == keys
 
 
-def kiln(env: Path, *args: str) -> subprocess.CompletedProcess:
+def kiln(env: Path, *args: str, extra: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(KILN), *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "KILN_HOME": str(env / "kiln")})
+                          env={**os.environ, "KILN_HOME": str(env / "kiln"), **(extra or {})})
 
 
 def test_the_cli_makes_lists_sweeps_and_removes_a_gcp_cluster(env, gce):
@@ -311,6 +311,25 @@ def test_the_cli_makes_lists_sweeps_and_removes_a_gcp_cluster(env, gce):
     assert down.returncode == 0, down.stderr
     assert "node 1's data disk kept as snapshot kiln-cli-data-1-" in down.stdout
     assert leftovers(gce, "cli", snapshots=False) == []
+
+
+def test_down_finds_a_cluster_where_its_file_says_not_where_the_shell_points(env, gce):
+    """A cluster made in another region's zone, then removed from a shell whose project and zone are others: kiln
+    down with no place looks in the project its cluster file records; list looks there too, and names the project
+    it could not read (the stand-in serves one project, as a project without the rights would answer)."""
+    up = kiln(env, "up", "far", "--provider", "gcp", "--zone", OTHER_REGION_ZONE, "--ssh-cidr", CIDR, "--ssh-wait",
+              "0")
+    assert up.returncode == 0, up.stderr
+    assert state.load_cluster("far").where == {"project": PROJECT, "zone": OTHER_REGION_ZONE}
+    elsewhere = {"GOOGLE_CLOUD_PROJECT": "elsewhere-1", "CLOUDSDK_COMPUTE_ZONE": ZONE}
+    listed = kiln(env, "list", "--provider", "gcp", extra=elsewhere)
+    assert f"gcp project {PROJECT}:\n  far: 1 instance(s)" in listed.stdout, listed.stdout
+    assert listed.returncode == 1 and "could not look in 1 place(s): gcp project elsewhere-1: " in listed.stderr
+    refused = kiln(env, "down", "far", "--zone", ZONE, extra=elsewhere)
+    assert refused.returncode == 2 and f"--zone {ZONE}: cluster far is in zone {OTHER_REGION_ZONE}" in refused.stderr
+    down = kiln(env, "down", "far", extra=elsewhere)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(gce, "far") == [] and state.load_cluster("far") is None
 
 
 def test_an_empty_zone_moves_up_on_to_the_next_and_leaves_nothing_of_the_try(env, gce):
@@ -372,7 +391,7 @@ def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_n
     up = kiln(env, "up", "fq", "--provider", "gcp", "--zones", f"{ZONE},us-central1-b,{OTHER_REGION_ZONE}",
               "--count", "1", "--ssh-cidr", CIDR, "--ssh-wait", "0")
     assert up.returncode == 0, up.stdout + up.stderr
-    assert "up: gcp us-central1: over a quota (QUOTA_EXCEEDED): skipping the region" in up.stdout
+    assert "up: gcp us-central1: over a quota (QUOTA_EXCEEDED: NVIDIA_L4_GPUS): skipping the region" in up.stdout
     assert "trying gcp us-central1-b" not in up.stdout and state.load_cluster("fq").region == OTHER_REGION_ZONE
     assert kiln(env, "down", "fq").returncode == 0
     for zone in (ZONE, OTHER_REGION_ZONE):

@@ -32,14 +32,14 @@ def test_candidates_go_cloud_by_cloud_place_by_place_type_by_type_spot_first_the
 
 
 @pytest.mark.parametrize(("cloud", "code", "verdict"), [
-    ("aws", "InsufficientInstanceCapacity", "capacity"), ("aws", "Unsupported", "capacity"),
+    ("aws", "InsufficientInstanceCapacity", "capacity"), ("aws", "Unsupported", "stop"),
     ("aws", "VcpuLimitExceeded", "quota"), ("aws", "InstanceLimitExceeded", "quota"),
     ("aws", "InvalidAMIID.NotFound", "stop"), ("aws", "UnauthorizedOperation", "stop"),
     ("gcp", "ZONE_RESOURCE_POOL_EXHAUSTED", "capacity"),
     ("gcp", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "capacity"),
     ("gcp", "QUOTA_EXCEEDED", "quota"), ("gcp", "RESOURCE_NOT_FOUND", "stop"),
     ("azure", "SkuNotAvailable", "capacity"), ("azure", "ZonalAllocationFailed", "capacity"),
-    ("azure", "AllocationFailed", "capacity"), ("azure", "OperationNotAllowed", "quota"),
+    ("azure", "AllocationFailed", "capacity"), ("azure", "OperationNotAllowed", "stop"),
     ("azure", "InvalidParameter", "stop"), ("aws", "", "stop"),
     ("gcp", "InsufficientInstanceCapacity", "stop"),  # one cloud's code means nothing on another
 ])
