@@ -130,11 +130,19 @@ class ClusterRecord:
     provider: str | None = None
     idle_minutes: float | None = None  # autostop: nodes power off after this long without a kiln run
     node_type: str | None = None  # the provider's machine type (p5.48xlarge): the collective check's floor
+    # Where the cluster is, as the options that place it (("region", "us-west-2"),): written once, by the up that
+    # made it, and read by every later verb (providers.placed), whatever the command line's defaults say.
+    place: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def where(self) -> dict[str, str]:
+        return dict(self.place)
 
 
 def save_cluster(record: ClusterRecord) -> None:
     data = asdict(record)
     data["hosts"] = [host_to_json(h) for h in record.hosts]
+    data["place"] = dict(record.place)
     write_json(cluster_dir(record.name) / "cluster.json", data)
 
 
@@ -149,10 +157,19 @@ def load_cluster(name: str) -> ClusterRecord | None:
             ssh=SshSettings(**data.get("ssh", {})), region=data.get("region"), user=data.get("user"),
             instances=tuple(Instance(**i) for i in data.get("instances", [])),
             provider=data.get("provider", "aws" if data.get("instances") else None),
-            idle_minutes=data.get("idle_minutes"), node_type=data.get("node_type"))
-    except (KeyError, TypeError) as error:
+            idle_minutes=data.get("idle_minutes"), node_type=data.get("node_type"),
+            place=tuple(sorted(data["place"].items())) if "place" in data else legacy_place(data))
+    except (KeyError, TypeError, AttributeError) as error:
         raise KilnError(f"{path} is not a kiln cluster file ({error}); remove it and set the cluster up again") \
             from None
+
+
+def legacy_place(data: dict) -> tuple[tuple[str, str], ...]:
+    """The place of a cluster file written before files kept one: an AWS cluster's region (GCP's project and
+    Azure's subscription are in their gcp.json and azure.json, where their providers look)."""
+    if data.get("provider", "aws" if data.get("instances") else None) == "aws" and data.get("region"):
+        return (("region", data["region"]),)
+    return ()
 
 
 def known_hosts_path(cluster: str, *, first_contact: bool = False) -> Path:

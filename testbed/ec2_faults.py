@@ -58,6 +58,7 @@ class Ec2Faults:
         self.refused: list[tuple[str, str, str]] = []  # (action, region, code) of each request answered here
         self.prices: dict[str, list[tuple[str, str, float, datetime]]] = {}  # region -> (type, zone, USD, time)
         self.answered: list[tuple[str, str]] = []  # (action, region) of each request the hop answered itself
+        self.launches: list[tuple[str, str]] = []  # (region, ClientToken or "") of every RunInstances that came
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _handler(self))
         self._server.daemon_threads = True
@@ -151,6 +152,9 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             fields = parse_qs(body.decode(errors="replace")) if self.command == "POST" else {}
             scope = SCOPE.search(self.headers.get("Authorization", ""))
             action, region = (fields.get("Action") or [""])[0], scope.group(1) if scope else ""
+            if action == "RunInstances":
+                with hop._lock:
+                    hop.launches.append((region, (fields.get("ClientToken") or [""])[0]))
             history = hop.price_history(region, fields) if action == "DescribeSpotPriceHistory" else None
             if history is not None:
                 self._answer(200, {"Content-Type": "text/xml;charset=UTF-8"}, history)

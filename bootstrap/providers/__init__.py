@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bootstrap import state
-from bootstrap.errors import UsageError
+from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.shim import interruption
 
@@ -80,6 +80,17 @@ class Gone:
     kept: tuple[str, ...] = ()
 
 
+class Unfound(KilnError):
+    """`down` found nothing of a cluster where its cluster file says it is: the files stay (its key among them), and
+    the message says where kiln looked."""
+
+    def __init__(self, name: str, looked: str, folder: str):
+        self.name, self.looked, self.folder = name, looked, folder
+        super().__init__(f"cluster {name}: nothing of it is in {looked}, where its cluster file says it is; kiln "
+                         f"keeps its key and files ({folder}) rather than forget a cluster that may still run "
+                         f"somewhere. Once you know it is gone: kiln down {name} --forget")
+
+
 class Provider(Protocol):
     kind: str
     # Where the nodes' host keys come from (the provider shows them; kiln never trusts a first contact).
@@ -97,6 +108,9 @@ class Provider(Protocol):
     where: tuple[str, ...]
     # Where up --by-price reads the spot price of its machines now ("": kiln reads none there).
     prices: str
+    # The option of `where` that bounds what `list` and `sweep` see (an AWS region; a GCP project and an Azure
+    # subscription hold every region's clusters); None: one place holds them all (local).
+    scope: str | None
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> Any:
         """Check a `kiln up` (one UsageError line naming the bad input); nothing is made."""
@@ -115,6 +129,10 @@ class Provider(Protocol):
 
     def sweep(self, *, dry_run: bool = False) -> list[str]:
         """Remove what is past its expiry; a line for each."""
+
+    def places(self, every: bool = False) -> list[str | None]:
+        """The values of `scope` that `list` and `sweep` look in besides the clusters' files: its own (given, or
+        configured; None where only the cloud can tell), or with `every` all the account's (list --all-regions)."""
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         """Put a fresh machine in a lost one's place, as the cluster's others were made; the old one goes."""
@@ -147,15 +165,84 @@ def named(kind: str, where: Mapping[str, Any] | None = None) -> Provider:
 
 
 def for_cluster(record: state.ClusterRecord | None, name: str | None) -> Provider:
-    """The provider of a cluster kiln made, from its cluster file."""
+    """The provider of a cluster kiln made, placed where its cluster file says it is."""
     if record is None or record.provider is None:
         raise UsageError(f"--managed and --down-after need a cluster that kiln started (kiln up NAME --provider "
                          f"{'|'.join(sorted(KINDS))}, then --cluster NAME); {name or 'these hosts'} "
                          f"{'is' if name else 'are'} not one")
+    return placed(record, {})
+
+
+def placed(record: state.ClusterRecord, given: Mapping[str, Any]) -> Provider:
+    """The provider of a cluster kiln made (`record`, its cluster file), placed where the file says it is; the
+    options `given` on the command line only add what the file does not hold (an AWS profile)."""
     if record.provider not in KINDS:
         raise UsageError(f"cluster {record.name}: kiln does not know the provider {record.provider!r} of its file")
-    chosen = provider_class(record.provider)
-    return named(record.provider, {"region": record.region} if record.region and "region" in chosen.where else None)
+    return named(record.provider, place_of(record.name, record.where, given))
+
+
+def place_of(name: str, recorded: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a cluster's verbs look (pure): the place its file records, whatever the command line's defaults
+    (AWS_DEFAULT_REGION) say; the options given fill only what the record does not hold, and one that says
+    otherwise than the record is refused by flag (the cluster is not there)."""
+    given = {key: value for key, value in given.items() if value is not None}
+    for key, value in sorted(given.items()):
+        if key in recorded and str(value) != recorded[key]:
+            raise UsageError(f"--{key} {value}: cluster {name} is in {key} {recorded[key]} (its cluster file says "
+                             f"so); leave --{key} out")
+    return {**given, **recorded}
+
+
+def search_places(recorded: Sequence[str | None], own: Sequence[str | None]) -> list[str | None]:
+    """Where `list` and `sweep` look (pure): every place a cluster file here records, then the provider's own
+    (given, configured, or all the account's), each once. A place only the cloud can tell (None: a GCP project from
+    the credentials alone) is looked in only where there is no other."""
+    order = list(dict.fromkeys(place for place in (*recorded, *own) if place))
+    return order or [None]
+
+
+def recorded_places(kind: str, records: Sequence[state.ClusterRecord]) -> list[str]:
+    """The `scope` values of the clusters of this kind that kiln made from here (their cluster files)."""
+    scope = provider_class(kind).scope
+    return [record.where[scope] for record in records
+            if scope and record.provider == kind and scope in record.where]
+
+
+@dataclass(frozen=True)
+class Looked:
+    """What `list` or `sweep` found in each place it looked: the lines (under a heading per place where it looked
+    in several), the places, and those it could not look in (place, why)."""
+
+    lines: tuple[str, ...]
+    places: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...] = ()
+
+
+def look_everywhere(kind: str, given: Mapping[str, Any], every: bool, verb: str, **options: Any) -> Looked:
+    """Call a provider's `list` or `sweep` (`verb`, with `options`) in every place that holds its clusters
+    (search_places: the cluster files' places, then the given or configured one, or with `every` all the
+    account's): a cluster made elsewhere than the default is never missed. One place that cannot be read does not
+    hide the others."""
+    own = named(kind, given)
+    if not own.scope:
+        return Looked(tuple(getattr(own, verb)(**options)), ())
+    places = search_places(recorded_places(kind, state.list_clusters()), own.places(every))
+    if places == [None]:
+        return Looked(tuple(getattr(own, verb)(**options)), ())
+    lines: list[str] = []
+    failed: list[tuple[str, str]] = []
+    for place in places:
+        where = f"{kind} {own.scope} {place}"
+        try:
+            found = getattr(named(kind, {**given, own.scope: place}), verb)(**options)
+        except KilnError as error:
+            failed.append((where, str(error)))
+            continue
+        if len(places) == 1:
+            lines += found
+        elif found:
+            lines += [f"{where}:", *(f"  {line}" for line in found)]
+    return Looked(tuple(lines), tuple(f"{own.scope} {place}" for place in places), tuple(failed))
 
 
 def notice_source(record: state.ClusterRecord | None) -> str:

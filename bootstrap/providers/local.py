@@ -39,6 +39,7 @@ class LocalProvider:
     up_options = frozenset({"docker"})
     volumes = False
     where = ("zone",)
+    scope = None  # every local cluster is on this machine
     prices = ""
 
     def __init__(self, zone: str | None = None):
@@ -75,7 +76,7 @@ class LocalProvider:
         record = state.ClusterRecord(
             request.name, tuple(Host(node.name) for node in made.nodes), python,
             state.SshSettings(config_file=str(netns.STATE_ROOT / request.name / "ssh_config")), region=request.zone,
-            provider=self.kind)
+            provider=self.kind, place=(("zone", request.zone),) if request.zone else ())
         state.save_cluster(record)
         return Made(request.name, (f"cluster {request.name}: {len(record.hosts)} local node(s) up: "
                                    f"{', '.join(h.label for h in record.hosts)}; next: kiln check --cluster "
@@ -94,6 +95,9 @@ class LocalProvider:
 
     def sweep(self, *, dry_run: bool = False) -> list[str]:
         return []  # local clusters carry no expiry: kiln down removes them
+
+    def places(self, every: bool = False) -> list[str | None]:
+        return [None]
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         try:

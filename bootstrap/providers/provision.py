@@ -15,6 +15,7 @@ from typing import ClassVar, Self
 from bootstrap import mesh, state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import Unfound
 from bootstrap.providers.common import DATA_MOUNT, Rollback, no_answer_error, pin_host_keys
 from bootstrap.providers.failover import CloudError
 from kiln.sshwait import wait_for_ssh
@@ -59,7 +60,9 @@ class Verbs:
     keys_step: str = "read the host keys the nodes show"
     keys_source: str = "shown"  # where pinned keys came from, as the cluster file says
     settle: Callable[[], None] = field(default=lambda: None)
-    down_where: str = ""  # the option kiln down needs to find what an undo left (--region us-west-2)
+    # Where the cluster is, as the options that place it ({"region": "us-west-2"}): the cluster file keeps it for
+    # every later verb (providers.placed), and a failed undo's message names it.
+    place: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,16 +109,21 @@ def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, pytho
             name, nodes.hosts, python, state.SshSettings(identity=identity), region=region, user=user,
             instances=tuple(state.Instance(i, h.address, pinned[h.address]) for i, h in zip(nodes.ids, nodes.hosts,
                                                                                            strict=True)),
-            provider=verbs.kind, node_type=node_type))
+            provider=verbs.kind, node_type=node_type, place=tuple(sorted(verbs.place.items()))))
     except BaseException as error:
         verbs.settle()
         failures = rollback.run(verbs.describe)
         if isinstance(error, UsageError) and not failures:
             raise
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else verbs.describe(error)
-        raise verbs.error(failed_line(name, f"--provider {verbs.kind} {verbs.down_where}".strip(), progress.step,
+        raise verbs.error(failed_line(name, " ".join((f"--provider {verbs.kind}", *flags(verbs.place))), progress.step,
                                       said, failures), code=verbs.code(error), left=bool(failures)) from None
     return Cluster(nodes, pinned, identity)
+
+
+def flags(place: Mapping[str, str]) -> list[str]:
+    """The command line's options of a place: {"region": "us-west-2"} -> ["--region us-west-2"]."""
+    return [f"--{key} {value}" for key, value in sorted(place.items())]
 
 
 def failed_line(name: str, where: str, step: str, said: str, failures: Sequence[str]) -> str:
@@ -242,10 +250,15 @@ class CloudRecord:
             return None
 
 
-def forget_local(name: str, kind: str) -> None:
-    """Remove the local files of a cluster, only where kiln's record says it made it on this cloud."""
-    if state.has_cloud_state(name, kind):
-        state.forget_cluster(name)
+def forget_local(name: str, kind: str, *, found: bool = True, looked: str = "") -> None:
+    """After a `down`: remove the local files of a cluster, only where kiln's record says it made it on this cloud.
+    Where that record is and nothing of the cluster was found where the down looked (`looked`: the place, as the
+    record gave it), the files stay, its key among them: a cluster kiln cannot find is never forgotten (Unfound)."""
+    if not state.has_cloud_state(name, kind):
+        return
+    if not found:
+        raise Unfound(name, looked, str(state.cluster_dir(name)))
+    state.forget_cluster(name)
 
 
 def made_lines(made: Mapping, *, where: str, image: str, ids: Sequence[str], volumes: Sequence[str],

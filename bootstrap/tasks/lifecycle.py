@@ -287,45 +287,77 @@ def launch(c, name, provider="aws", count=1, instance_type=None, spot=False, max
         down(c, name, snapshot=snapshot, **where)
 
 
-@cluster_task(help={**{k: UP_HELP[k] for k in ("name", *WHERE_OPTIONS)}, **SNAPSHOT_HELP,
-                    "provider": "where a cluster without a cluster file here was made (default aws)"})
+DOWN_HELP = {**{k: UP_HELP[k] for k in ("name", *WHERE_OPTIONS)}, **SNAPSHOT_HELP,
+             "provider": "where a cluster without a cluster file here was made (default aws)",
+             "forget": "where nothing of the cluster is left where its cluster file says it is (you removed it "
+                       "yourself), remove kiln's files of it, its key among them"}
+for key in WHERE_OPTIONS:
+    DOWN_HELP[key] += "; only for a cluster without a cluster file here: one with a file is looked for where it says"
+
+
+@cluster_task(help=DOWN_HELP)
 def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=common.SNAPSHOT_TTL_DAYS,
-         provider="aws", project=None, zone=None, subscription=None, location=None):
+         provider="aws", project=None, zone=None, subscription=None, location=None, forget=False):
     """Remove a cluster: terminate (GCP: delete) its machines and delete everything tagged or labelled with its
-    name (safe to repeat)."""
+    name (safe to repeat). A cluster kiln made from here is looked for where its cluster file says it is."""
     record = state.load_cluster(name) if common.NAME.fullmatch(name or "") else None
-    kind = record.provider if record is not None and record.provider else provider
-    chosen = providers.named(kind, {"region": region, "profile": profile, "project": project, "zone": zone,
-                                    "subscription": subscription, "location": location})
+    given = {"region": region, "profile": profile, "project": project, "zone": zone, "subscription": subscription,
+             "location": location}
+    placed = record is not None and record.provider
+    chosen = providers.placed(record, given) if placed else providers.named(provider, given)
     if snapshot and not chosen.volumes:
-        raise UsageError(f"--snapshot: cluster {name} is {kind}; its nodes have no data volumes")
-    gone = chosen.down(name, snapshot_ttl_days=float(snapshot_ttl_days) if snapshot else None)
+        raise UsageError(f"--snapshot: cluster {name} is {chosen.kind}; its nodes have no data volumes")
+    try:
+        gone = chosen.down(name, snapshot_ttl_days=float(snapshot_ttl_days) if snapshot else None)
+    except providers.Unfound as unfound:
+        if not forget:
+            raise
+        state.forget_cluster(name)
+        print(f"cluster {name}: nothing of it is in {unfound.looked}; kiln's files of it are removed (--forget)")
+        return
     print("\n".join(gone.lines))
     if gone.kept:
         raise KilnError(f"cluster.down {name}: could not snapshot {len(gone.kept)} data volume(s), kept (kiln down "
                         f"{name} --snapshot tries again): " + "; ".join(gone.kept))
 
 
-WHERE_HELP = {**{k: UP_HELP[k] for k in WHERE_OPTIONS}, "provider": "aws (default), gcp, azure or local"}
+WHERE_HELP = {**{k: UP_HELP[k] for k in WHERE_OPTIONS}, "provider": "aws (default), gcp, azure or local",
+              "all_regions": "look in every region of the account (AWS: those DescribeRegions gives), not only in "
+                             "the regions of the clusters made from here and the one given or configured"}
 
 
 @cluster_task(name="list", help=WHERE_HELP)
-def list_(c, region=None, profile=None, provider="aws", project=None, zone=None, subscription=None, location=None):
+def list_(c, region=None, profile=None, provider="aws", project=None, zone=None, subscription=None, location=None,
+          all_regions=False):
     """List the clusters kiln has made (AWS: tagged, GCP: labelled, with their expiry, and the snapshots of their
-    data volumes)."""
-    lines = providers.named(provider, {"region": region, "profile": profile, "project": project, "zone": zone,
-                                       "subscription": subscription, "location": location}).list()
-    print("\n".join(lines) if lines else "no kiln clusters")
+    data volumes), in every region that holds a cluster made from here, and the one given or configured."""
+    looked = providers.look_everywhere(provider, {"region": region, "profile": profile, "project": project,
+                                                  "zone": zone, "subscription": subscription, "location": location},
+                                       bool(all_regions), "list")
+    print("\n".join(looked.lines) if looked.lines else f"no kiln clusters{in_places(looked)}")
+    fail_where_unread(looked)
 
 
 @cluster_task(help={**WHERE_HELP, "dry_run": UP_HELP["dry_run"]})
 def sweep(c, region=None, profile=None, dry_run=False, provider="aws", project=None, zone=None, subscription=None,
-          location=None):
+          location=None, all_regions=False):
     """Remove every kiln cluster and data snapshot past its expiry (AWS: its kiln:expires tag; GCP: its
-    kiln-expires label)."""
-    lines = providers.named(provider, {"region": region, "profile": profile, "project": project, "zone": zone,
-                                       "subscription": subscription, "location": location}).sweep(dry_run=dry_run)
-    print("\n".join(lines) if lines else "nothing has expired")
+    kiln-expires label), in every region that holds a cluster made from here, and the one given or configured."""
+    looked = providers.look_everywhere(provider, {"region": region, "profile": profile, "project": project,
+                                                  "zone": zone, "subscription": subscription, "location": location},
+                                       bool(all_regions), "sweep", dry_run=bool(dry_run))
+    print("\n".join(looked.lines) if looked.lines else f"nothing has expired{in_places(looked)}")
+    fail_where_unread(looked)
+
+
+def in_places(looked: providers.Looked) -> str:
+    return f" in {', '.join(looked.places)}" if len(looked.places) > 1 else ""
+
+
+def fail_where_unread(looked: providers.Looked) -> None:
+    if looked.failed:
+        raise KilnError(f"could not look in {len(looked.failed)} place(s): "
+                        + "; ".join(f"{where}: {why}" for where, why in looked.failed))
 
 
 @cluster_task(help={"provider": "only this cloud's: aws, gcp or azure (default: every cloud's)"})

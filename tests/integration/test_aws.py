@@ -8,6 +8,7 @@ DeletePlacementGroup refusing while a live instance is in the group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -267,6 +268,39 @@ def test_down_finds_the_cluster_by_tags_without_its_file(env, ec2, image):
     (env / "kiln" / "clusters" / "lost" / "cluster.json").unlink()
     (env / "kiln" / "clusters" / "lost" / "aws.json").unlink()
     assert aws.down("lost")
+    assert leftovers(ec2) == []
+
+
+def test_an_up_that_loses_a_race_for_the_name_leaves_the_winners_resources(env, ec2, image):
+    """Two ups of one name: the other one's resources appear after this up checked the name was free (a second
+    operator's up, at the same moment); this up's key pair import is refused as a duplicate, and its undo removes
+    what it made alone: the winner's key pair, group and instances stay."""
+    connected = aws.connect()
+
+    class Race:
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, attribute):
+            value = getattr(self.client, attribute)
+            if attribute != "import_key_pair":
+                return value
+
+            def import_key_pair(**kwargs):
+                aws.up("race", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=aws.connect())  # the winner
+                return value(**kwargs)
+            return import_key_pair
+
+    try:
+        connected.ec2 = Race(connected.ec2)
+        with pytest.raises(aws.AwsError, match="could not import the key pair: InvalidKeyPair.Duplicate"):
+            aws.up("race", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+        kinds = sorted(line.split()[0] for line in leftovers(ec2, "race"))
+        assert kinds == ["instance", "key-pair", "placement-group", "security-group", "volume"], kinds
+        assert len(instances_of(ec2, "race")) == 1
+    finally:
+        with contextlib.suppress(KilnError):
+            aws.down("race")
     assert leftovers(ec2) == []
 
 
@@ -893,6 +927,56 @@ def west(server):
     client.deregister_image(ImageId=made)
 
 
+def test_down_and_list_find_a_cluster_where_it_came_up_not_where_the_shell_points(env, ec2, image, west):
+    """kiln up --region us-west-2 from a shell whose default region is us-east-1: kiln list shows it, kiln down with
+    no region removes it there (its cluster file says where it is), and a --region that says otherwise is refused.
+    Nothing is left in either region."""
+    try:
+        made = fab(env, "cluster.up", "--name", "trw", "--region", "us-west-2", "--instance-type", "g4dn.xlarge",
+                   "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert state.load_cluster("trw").where == {"region": "us-west-2"}
+        listed = fab(env, "cluster.list")
+        assert listed.returncode == 0, listed.stderr
+        assert "aws region us-west-2:\n  trw: 1 instance(s)" in listed.stdout, listed.stdout
+        refused = fab(env, "cluster.down", "trw", "--region", "us-east-1")
+        assert refused.returncode == 2 and refused.stderr.strip().endswith(
+            "--region us-east-1: cluster trw is in region us-west-2 (its cluster file says so); leave --region out"), \
+            refused.stderr
+        gone = fab(env, "cluster.down", "trw")
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        assert gone.stdout.startswith("cluster trw: removed ") and "instance i-" in gone.stdout
+        assert leftovers(west, "trw") == [] and leftovers(ec2, "trw") == []
+        assert state.load_cluster("trw") is None
+    finally:
+        aws.down("trw", region="us-west-2")
+
+
+def test_a_cluster_that_is_not_where_its_file_says_is_never_forgotten(env, ec2, image, west):
+    """Everything of a cluster removed behind kiln's back (the console): kiln down finds nothing where its cluster
+    file says it is, says where it looked, exits 1 and keeps the key and files; --forget then removes them."""
+    try:
+        assert fab(env, "cluster.up", "--name", "gone", "--region", "us-west-2", "--instance-type", "g4dn.xlarge",
+                   "--ssh-cidr", CIDR, "--ssh-wait", "0").returncode == 0
+        key = env / "kiln" / "clusters" / "gone" / "id_ed25519"
+        assert key.exists()
+        there = aws.connect("us-west-2")
+        aws.remove(there, aws.find_resources(there, "gone"))  # by its tags, as someone in the console would
+        assert leftovers(west, "gone") == []
+        kept = fab(env, "cluster.down", "gone")
+        assert kept.returncode == 1, kept.stdout + kept.stderr
+        assert "cluster gone: nothing of it is in region us-west-2, where its cluster file says it is" in kept.stderr
+        assert "kiln down gone --forget" in kept.stderr
+        assert key.exists() and state.load_cluster("gone") is not None
+        forgot = fab(env, "cluster.down", "gone", "--forget")
+        assert forgot.returncode == 0, forgot.stderr
+        assert "nothing of it is in region us-west-2; kiln's files of it are removed" in forgot.stdout
+        assert not key.exists() and state.load_cluster("gone") is None
+    finally:
+        with contextlib.suppress(KilnError):
+            aws.down("gone", region="us-west-2")
+
+
 def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_nothing_there(env, ec2, image, server,
                                                                                           west, monkeypatch):
     """--regions A,B,C: A does not offer the type (EC2's offerings, as moto has them: no p5.48xlarge in eu-west-1),
@@ -913,7 +997,12 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
         assert "up: trying aws us-east-1 p5.48xlarge on-demand (2 of 3)" in made.stdout
         assert ("up: aws us-east-1 p5.48xlarge on-demand: no capacity (InsufficientInstanceCapacity); nothing of it "
                 "is left") in made.stdout
-        assert hop.refused and set(hop.refused) == {("RunInstances", "us-east-1", "InsufficientInstanceCapacity")}
+        # one RunInstances in us-east-1 (the SDK did not send it again behind kiln's back), one in us-west-2, each
+        # with a ClientToken of its own
+        assert hop.refused == [("RunInstances", "us-east-1", "InsufficientInstanceCapacity")]
+        assert [region for region, _ in hop.launches] == ["us-east-1", "us-west-2"]
+        tokens = [token for _, token in hop.launches]
+        assert all(token.startswith("kiln-fo-") for token in tokens) and len(set(tokens)) == 2, tokens
         assert leftovers(ec2) == []  # nothing of the try in us-east-1
         saved = state.load_cluster("fo")
         assert saved.region == "us-west-2" and saved.node_type == "p5.48xlarge"

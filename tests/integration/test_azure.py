@@ -259,6 +259,27 @@ def test_the_cli_makes_lists_and_removes_an_azure_cluster(env, arm):
     assert leftovers(arm, "cli", snapshots=False) == []
 
 
+def test_down_finds_a_cluster_where_its_file_says_not_where_the_shell_points(env, arm):
+    """A cluster made in westus2, removed from a shell whose subscription and location are others: kiln down with
+    no place deletes it in the subscription its cluster file records; a --subscription that says otherwise is
+    refused by flag."""
+    def kiln(*args, **extra):
+        return subprocess.run([str(KILN), *args], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "KILN_HOME": str(env / "kiln"), **extra})
+
+    arm.add_image("kiln-images-far", "kiln-gpu-far", tags={"kiln:profile": "gpu"}, location="westus2")
+    up = kiln("up", "far", "--provider", "azure", "--location", "westus2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert up.returncode == 0, up.stderr
+    assert state.load_cluster("far").where == {"subscription": SUB, "location": "westus2"}
+    other = "11111111-1111-1111-1111-111111111111"
+    refused = kiln("down", "far", "--subscription", other)
+    assert refused.returncode == 2 and f"--subscription {other}: cluster far is in subscription {SUB}" in \
+        refused.stderr, refused.stderr
+    down = kiln("down", "far", AZURE_SUBSCRIPTION_ID=other, AZURE_LOCATION=LOCATION)
+    assert down.returncode == 0, down.stderr
+    assert leftovers(arm, "far") == [] and state.load_cluster("far") is None
+
+
 def test_an_up_that_loses_a_race_for_the_name_leaves_the_winners_group(env, arm):
     """Both `up`s looked before either made the group: the one whose PUT finds it there (200, not 201) stops
     without undoing anything, since nothing there is its own (ARM has no create-only PUT for a group: the loser's

@@ -14,7 +14,7 @@ from bootstrap.errors import UsageError
 from bootstrap.shim import interruption
 
 TASKS = Path(providers.__file__).resolve().parents[1] / "tasks"
-VERBS = ("request", "plan", "up", "down", "list", "sweep", "replace", "arm_autostop", "spot_prices")
+VERBS = ("request", "plan", "up", "down", "list", "sweep", "places", "replace", "arm_autostop", "spot_prices")
 FACTS = ("kind", "host_keys", "shutdown", "notice", "up_options", "volumes", "where", "prices")
 
 
@@ -36,6 +36,7 @@ def test_every_provider_implements_every_verb_with_the_seams_parameters(provider
         assert have[:len(wanted)] == wanted, f"{provider.kind}.{verb}{tuple(have)}: the seam has {tuple(wanted)}"
     for fact in FACTS:
         assert getattr(provider, fact) is not None, f"{provider.kind} does not say its {fact}"
+    assert provider.scope is None or provider.scope in provider.where
     assert provider.kind in providers.KINDS
     assert provider.notice.source in (*interruption.SOURCES, "any") and provider.notice.grace_s < provider.notice.lead_s
 
@@ -108,7 +109,7 @@ def test_a_cluster_file_names_its_provider(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="need a cluster that kiln started"):
         providers.for_cluster(None, "x")
     record = state.ClusterRecord("x", (Host("n1"),), "python3", state.SshSettings(), provider="aws",
-                                 region="eu-west-1")
+                                 region="eu-west-1", place=(("region", "eu-west-1"),))
     found = providers.for_cluster(record, "x")
     assert (found.kind, found.region) == ("aws", "eu-west-1")
     with pytest.raises(UsageError, match="does not know the provider 'gce'"):
@@ -125,3 +126,42 @@ def test_a_clusters_watchers_read_its_providers_notices_and_keep_its_grace():
     # the grace comes from the watcher's table; a watcher of any source keeps the shortest (GCE's)
     assert (providers.Notice("ec2", "").grace_s, providers.Notice("any", "").grace_s) == (
         interruption.SOURCES["ec2"][1], interruption.SOURCES["gce"][1])
+
+
+def test_a_cluster_is_looked_for_where_its_file_says_whatever_the_defaults_say(monkeypatch):
+    """The record's place wins over the environment's default region; the command line adds only what the record
+    does not hold, and a place that contradicts the record is refused by flag."""
+    from bootstrap.hosts import Host
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    record = state.ClusterRecord("trw", (Host("n1"),), "python3", provider="aws", region="us-west-2",
+                                 place=(("region", "us-west-2"),))
+    found = providers.placed(record, {"region": None, "profile": "team", "project": None})
+    assert (found.region, found.profile) == ("us-west-2", "team")
+    assert providers.placed(record, {"region": "us-west-2"}).region == "us-west-2"
+    with pytest.raises(UsageError) as error:
+        providers.placed(record, {"region": "us-east-1"})
+    assert str(error.value) == ("--region us-east-1: cluster trw is in region us-west-2 (its cluster file says so); "
+                                "leave --region out")
+    gcp = state.ClusterRecord("g", (), "python3", provider="gcp", place=(("project", "p-1"), ("zone", "z-a")))
+    assert (providers.placed(gcp, {}).project, providers.placed(gcp, {}).zone) == ("p-1", "z-a")
+
+
+def test_list_looks_in_every_recorded_place_then_its_own_each_once():
+    assert providers.search_places(["us-west-2", "eu-west-1", "us-west-2"], ["us-east-1"]) == [
+        "us-west-2", "eu-west-1", "us-east-1"]
+    assert providers.search_places(["us-west-2"], ["us-west-2"]) == ["us-west-2"]
+    assert providers.search_places([], []) == [None]  # the provider's own default, as its connect finds it
+    assert providers.search_places(["p-1"], [None]) == ["p-1"]
+    assert providers.search_places([], [None]) == [None]
+
+
+def test_the_recorded_places_are_those_of_this_providers_clusters():
+    def record(name, provider, **place):
+        return state.ClusterRecord(name, (), "python3", provider=provider, place=tuple(place.items()))
+
+    records = [record("a", "aws", region="us-west-2"), record("b", "gcp", project="p-1", zone="z"),
+               record("c", "aws", region="eu-west-1"), record("d", None), record("e", "local")]
+    assert providers.recorded_places("aws", records) == ["us-west-2", "eu-west-1"]
+    assert providers.recorded_places("gcp", records) == ["p-1"]
+    assert providers.recorded_places("local", records) == []

@@ -49,7 +49,7 @@ def verbs(log: list[str], *, fail_at: str | None = None, undo_fails: bool = Fals
 
     return Verbs("test", Boom, make, lambda ids, timeout_s: {i: [KEY] for i in ids} if keys else {},
                  lambda nodes: log.append(f"save {','.join(nodes.ids)}"), str, lambda error: "CODE-1",
-                 settle=lambda: log.append("settle"))
+                 settle=lambda: log.append("settle"), place={"region": "r1"})
 
 
 def test_up_makes_pins_and_writes_the_cluster_file_last():
@@ -59,6 +59,7 @@ def test_up_makes_pins_and_writes_the_cluster_file_last():
     assert made.pinned == {"10.0.0.1": "shown", "10.0.0.2": "shown"}
     record = state.load_cluster("c")
     assert (record.provider, record.region, record.node_type) == ("test", "r1", "t1")
+    assert record.where == {"region": "r1"}
     assert [(i.id, i.address) for i in record.instances] == [("n-1", "10.0.0.1"), ("n-2", "10.0.0.2")]
     assert KEY.split()[1] in (state.cluster_dir("c") / "known_hosts").read_text()
 
@@ -76,7 +77,7 @@ def test_a_failed_step_undoes_every_step_before_it_in_reverse_and_names_itself(h
 
 
 def test_an_undo_that_fails_is_named_with_how_to_find_it_and_marks_the_error_left():
-    failing = dataclasses.replace(verbs([], fail_at="create the nodes", undo_fails=True), down_where="--region r1")
+    failing = dataclasses.replace(verbs([], fail_at="create the nodes", undo_fails=True), place={"region": "r1"})
     with pytest.raises(Boom) as failed:
         provision.up("c", failing, region="r1", user="u", node_type="t1", python="python3", ssh_wait_s=0)
     assert failed.value.left

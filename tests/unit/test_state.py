@@ -29,6 +29,19 @@ def test_a_cluster_record_round_trips_with_its_hosts_parsed():
     assert state.load_cluster("other") is None
 
 
+def test_a_clusters_place_round_trips_and_an_older_aws_file_is_placed_by_its_region():
+    record = state.ClusterRecord("trw", (Host("10.0.0.5"),), "python3", region="us-west-2", provider="aws",
+                                 place=(("region", "us-west-2"),))
+    state.save_cluster(record)
+    assert state.load_cluster("trw") == record and state.load_cluster("trw").where == {"region": "us-west-2"}
+    older = json.loads((state.cluster_dir("trw") / "cluster.json").read_text())
+    del older["place"]
+    (state.cluster_dir("trw") / "cluster.json").write_text(json.dumps(older))
+    assert state.load_cluster("trw").where == {"region": "us-west-2"}
+    state.save_cluster(state.ClusterRecord("hosts", (Host("h1"),), "python3", region="us-west-2"))
+    assert state.load_cluster("hosts").where == {}  # hosts kiln was given: placed nowhere
+
+
 def test_forgetting_a_cluster_removes_its_files():
     state.save_cluster(state.ClusterRecord("gone", (Host("h1"),), "python3"))
     state.save_cloud_state("gone", {"region": "r"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
@@ -18,7 +19,7 @@ from typing import ClassVar
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import provision
+from bootstrap.providers import meanings, provision
 from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, poll_host_keys
@@ -88,25 +89,61 @@ def service_models(data_path: str | None):
     return botocore.loaders.create_loader(data_path)
 
 
-def connect(region: str | None = None, profile: str | None = None) -> Aws:
-    """EC2 and STS clients for a region (--region, else AWS_REGION, else the configured region) and a profile."""
-    import botocore.config
+def session_of(profile: str | None):
+    """botocore's session for a profile, sharing the process's models."""
     import botocore.exceptions
     import botocore.session
 
     try:
         session = botocore.session.Session(profile=profile)
         session.register_component("data_loader", service_models(session.get_config_variable("data_path")))
-        region = region or os.environ.get("AWS_REGION") or session.get_config_variable("region")
+        return session
     except botocore.exceptions.ProfileNotFound as error:
         raise UsageError(f"AWS profile: {error}") from None
+
+
+def configured_region(session) -> str | None:
+    """The region when none is given: AWS_REGION, else the configured one (AWS_DEFAULT_REGION, the profile's)."""
+    import botocore.exceptions
+
+    try:
+        return os.environ.get("AWS_REGION") or session.get_config_variable("region")
+    except botocore.exceptions.ProfileNotFound as error:
+        raise UsageError(f"AWS profile: {error}") from None
+
+
+def default_region(profile: str | None = None) -> str | None:
+    """The region a command without --region uses, or None where none is configured (no call is made)."""
+    return configured_region(session_of(profile))
+
+
+def connect(region: str | None = None, profile: str | None = None) -> Aws:
+    """EC2 and STS clients for a region (--region, else AWS_REGION, else the configured region) and a profile."""
+    import botocore.config
+
+    session = session_of(profile)
+    region = region or configured_region(session)
     if not region:
         raise UsageError("no AWS region: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
     config = botocore.config.Config(connect_timeout=10, read_timeout=60,
                                     retries={"max_attempts": 5, "mode": "standard"})
     endpoint = os.environ.get(ENDPOINT_ENV) or None
-    return Aws(*(session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
-                 for service in ("ec2", "sts")), region)
+    ec2, sts = (session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
+                for service in ("ec2", "sts"))
+    ec2.meta.events.register("needs-retry.ec2.RunInstances", launch_retried)
+    return Aws(ec2, sts, region)
+
+
+def launch_retried(response=None, **_) -> bool | None:
+    """botocore's question whether to send a failed RunInstances again, asked of kiln first: not where EC2 said
+    there is no capacity, no such type here, or a quota (EC2 sends its capacity errors as HTTP 500, which the
+    SDK's standard mode retries 5 times): kiln's failover decides what comes next, at once. None leaves the rest
+    (throttling, a timeout) to the SDK's policy, which the launch's ClientToken makes safe."""
+    if not response:
+        return None
+    error = (response[1] or {}).get("Error") or {}
+    meant = meanings.meaning("aws", error.get("Code", ""), error.get("Message", ""))
+    return False if meant.verdict in ("capacity", "unavailable", "quota") else None
 
 
 def describe_error(error: BaseException) -> str:
@@ -367,14 +404,19 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         raise AwsError(f"cluster.up {request.name}: could not look for snapshots of its data volumes: "
                        f"{describe_error(error)}; nothing was created") from None
     note = plan.restore_note(request.name, request.count, restored) if request.volume_gib else None
-    tags = plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours)
+    attempt = secrets.token_hex(8)
+    tags = {**plan.cluster_tags(request.name, owner, now or datetime.now(UTC), request.ttl_hours),
+            plan.TAG_ATTEMPT: attempt}
+    token = plan.client_token(request.name, attempt)
     made: dict = {}  # what make() learns that the record and the answer need
 
     def mine(kind: str) -> list[plan.Resource]:
-        return [r for r in find_resources(aws, request.name) if r.kind == kind]
+        """What this up made of a kind (its tags name this attempt): the undo removes that alone."""
+        return [r for r in find_resources(aws, request.name) if r.kind == kind
+                and r.tags.get(plan.TAG_ATTEMPT) == attempt]
 
     def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
-        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, efa=network)
+        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, efa=network, token=token)
 
         progress.step = "import the key pair"
         rollback.push("delete the key pair", lambda: [delete(aws, r) for r in mine("key-pair")])
@@ -384,7 +426,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         rollback.push("delete the security group", lambda: [delete(aws, r) for r in mine("security-group")])
         made["group_id"] = aws.ec2.create_security_group(**steps.create_security_group)["GroupId"]
         steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=made["group_id"],
-                                  efa=network)
+                                  efa=network, token=token)
 
         progress.step = "allow SSH and cluster traffic in the security group"
         aws.ec2.authorize_security_group_ingress(**steps.authorize_ingress)
@@ -425,7 +467,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     cluster = provision.up(request.name, Verbs(
         "aws", AwsError, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s), save, describe_error,
         error_code, keys_step="read the host keys from the consoles", keys_source="console",
-        down_where=f"--region {aws.region}"),
+        place={"region": aws.region}),
         region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in cluster.nodes.hosts],
             "ami": image, "instances": list(cluster.nodes.ids), "identity": cluster.identity,
@@ -471,7 +513,8 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
 
     def make(replacing: Progress) -> tuple[str, Host]:
         params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags,
-                                            efa=network)
+                                            efa=network,
+                                            client_token=plan.client_token(name, secrets.token_hex(8)))
         new_id = replacing.made = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
         replacing.step = "wait until it runs"
         wait(aws, "instance_running", [new_id], running_timeout_s)
@@ -539,7 +582,7 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
         removed = remove(aws, find_resources(aws, name), timeout_s)
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
-    provision.forget_local(name, "aws")
+    provision.forget_local(name, "aws", found=bool(removed), looked=f"region {aws.region}")
     return removed
 
 
@@ -595,7 +638,8 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}"
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
-    provision.forget_local(name, "aws")
+    if not kept:  # a kept volume keeps the cluster's files, so `kiln down NAME --snapshot` finds where it is
+        provision.forget_local(name, "aws", found=bool(removed), looked=f"region {aws.region}")
     return Teardown(removed, snapshots, kept)
 
 
@@ -644,6 +688,15 @@ def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, regio
     if failed:
         raise AwsError(f"sweep: could not delete {len(failed)} expired snapshot(s): {'; '.join(failed)}")
     return expired
+
+
+def regions(*, region: str | None = None, profile: str | None = None, aws: Aws | None = None) -> list[str]:
+    """Every region the account can use (EC2's DescribeRegions: those enabled for it), by name."""
+    aws = aws or connect(region, profile)
+    try:
+        return sorted(r["RegionName"] for r in aws.ec2.describe_regions()["Regions"])
+    except Exception as error:
+        raise AwsError(f"list the regions of the account: {describe_error(error)}") from None
 
 
 def list_clusters(*, region: str | None = None, profile: str | None = None,

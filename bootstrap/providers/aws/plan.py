@@ -54,6 +54,9 @@ TAG_EXPIRES = "kiln:expires"
 TAG_PROFILE = "kiln:profile"
 TAG_DATA = "kiln:data"  # on a data volume and its snapshots: the node's index in launch order
 TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`: its time
+# The `up` that made a resource (its random part): that up's undo removes what it made alone, never what another
+# up of the same name (one that won a race for the name) made.
+TAG_ATTEMPT = "kiln:attempt"
 
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 # `kiln up`'s default: the first of the catalog's EC2 GPU types (kiln up --gpus picks from them all; Blackwell needs
@@ -71,6 +74,7 @@ DATA_DEVICE = "/dev/sdf"
 AMI_PLACEHOLDER = "<newest available AMI tagged kiln:profile={profile}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
 GROUP_PLACEHOLDER = "<id of security group kiln-{name}>"
+TOKEN_PLACEHOLDER = "<kiln-NAME-ATTEMPT: one per launch>"
 
 
 @dataclass(frozen=True)
@@ -186,11 +190,13 @@ def address_request(tags: dict[str, str]) -> dict:
 
 
 def run_instances_request(request: Request, *, ami: str, group_id: str, tags: dict[str, str],
-                          efa: efa_plan.Efa | None = None) -> dict:
+                          efa: efa_plan.Efa | None = None, client_token: str | None = None) -> dict:
     """RunInstances of the cluster (of one node, for a replacement). With EFA, the security group goes on each of
-    the interfaces, not on the request (EC2 refuses both)."""
+    the interfaces, not on the request (EC2 refuses both). `client_token` makes the call idempotent: EC2 answers a
+    retry of it (the SDK's, after a timeout) with the instances the first one launched, never with more."""
     resources = resource_name(request.name)
     params = {
+        **({"ClientToken": client_token} if client_token else {}),
         "ImageId": ami,
         "InstanceType": request.instance_type,
         "MinCount": request.count,
@@ -218,8 +224,15 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
     return params
 
 
+def client_token(name: str, attempt: str) -> str:
+    """RunInstances' idempotency token of one launch (at most 64 ASCII characters, as EC2 takes): the cluster's
+    name and the attempt's own random part, so no other launch shares it."""
+    return f"kiln-{name}-{attempt}"[:64]
+
+
 def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key: str,
-                 group_id: str | None = None, efa: efa_plan.Efa | None = None) -> Plan:
+                 group_id: str | None = None, efa: efa_plan.Efa | None = None,
+                 token: str = TOKEN_PLACEHOLDER) -> Plan:
     """The requests of `kiln up`; `group_id` is known only once the security group exists; `efa` where the type
     has EFA."""
     resources = resource_name(request.name)
@@ -235,7 +248,8 @@ def plan_cluster(request: Request, *, tags: dict[str, str], ami: str, public_key
         authorize_ingress={"GroupId": group_id, "IpPermissions": ingress_permissions(group_id, request.ssh_cidr)},
         create_placement_group={"GroupName": resources, "Strategy": "cluster",
                                 "TagSpecifications": tag_specifications(tags, "placement-group")},
-        run_instances=run_instances_request(request, ami=ami, group_id=group_id, tags=tags, efa=efa),
+        run_instances=run_instances_request(request, ami=ami, group_id=group_id, tags=tags, efa=efa,
+                                            client_token=token),
         authorize_egress={"GroupId": group_id, "IpPermissions": efa_plan.egress_permissions(group_id)} if efa else None,
         allocate_address=address_request(tags) if efa else None,
         efa=efa,

@@ -19,6 +19,8 @@ from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import listing, swept
 
+ANY_REGION = "us-east-1"  # where the list of regions is asked when none is configured
+
 
 @dataclass(frozen=True)
 class AwsRequest:
@@ -35,6 +37,7 @@ class AwsProvider:
                             "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"})
     volumes = True
     where = ("region", "profile")
+    scope = "region"
     prices = "EC2's spot price history (the newest price in each zone of the region, the lowest of them)"
 
     def __init__(self, region: str | None = None, profile: str | None = None):
@@ -124,6 +127,14 @@ class AwsProvider:
                      lambda summary: f"{summary.resources} resource(s)",
                      lambda snapshot: f"{snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
                                       f"{snapshot.taken_at}, expired {plan.format_time(snapshot.expires)}")
+
+    def places(self, every: bool = False) -> list[str | None]:
+        from bootstrap.providers.aws import cloud
+
+        own = self.region or cloud.default_region(self.profile)
+        if every:  # any region answers DescribeRegions
+            return cloud.regions(region=own or ANY_REGION, profile=self.profile)
+        return [own] if own else []
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         from bootstrap.providers.aws import cloud

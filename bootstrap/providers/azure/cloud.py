@@ -512,7 +512,8 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
     cluster = provision.up(request.name, Verbs(
         "azure", AzureError, make, lambda names, timeout_s: host_keys(azure, group, names, timeout_s), save,
         describe_error, error_code, keys_step="read the host keys from the serial logs",
-        settle=lambda: settle(pollers, timeout_s), down_where=f"--subscription {azure.subscription}"),
+        settle=lambda: settle(pollers, timeout_s),
+        place={"subscription": azure.subscription, "location": request.location}),
         region=request.location, user=request.user, node_type=request.vm_size, python=python,
         ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "subscription": azure.subscription, "location": request.location, "group": group,
@@ -663,7 +664,8 @@ def down(name: str, *, subscription: str | None = None, azure: Azure | None = No
         removed = [f"resource-group {group}"] if delete_group(azure, group, timeout_s) else []
     except Exception as error:
         raise AzureError(f"cluster.down {name}: {describe_error(error)}") from None
-    provision.forget_local(name, "azure")
+    provision.forget_local(name, "azure", found=bool(removed),
+                           looked=f"subscription {azure.subscription} (resource group {group})")
     return removed
 
 
@@ -690,7 +692,8 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
     kept: list[tuple[str, str, str]] = []
     try:
         if not azure.resources.resource_groups.check_existence(group):
-            provision.forget_local(name, "azure")
+            provision.forget_local(name, "azure", found=False,
+                                   looked=f"subscription {azure.subscription} (resource group {group})")
             return Teardown([], [], [])
         for vm in azure.compute.virtual_machines.list(group):
             delete_node(azure, group, vm.name, timeout_s)
@@ -727,7 +730,8 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
                          + (f" (snapshots made: {', '.join(s.name for s in snapshots)})" if snapshots else "")) \
             from None
     if not kept:
-        provision.forget_local(name, "azure")
+        provision.forget_local(name, "azure", found=bool(removed),
+                               looked=f"subscription {azure.subscription} (resource group {group})")
     return Teardown(removed, snapshots, kept)
 
 

@@ -40,6 +40,7 @@ class AzureProvider:
                             "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"})
     volumes = True
     where = ("subscription", "location")
+    scope = "subscription"  # a subscription's list holds every location's resource groups
     prices = "Azure's Retail Prices API (the Linux Spot meter of the size in the location)"
 
     def __init__(self, subscription: str | None = None, location: str | None = None):
@@ -141,6 +142,9 @@ class AzureProvider:
                      lambda summary: f"resource group {plan.group_name(summary.name)}",
                      lambda snapshot: f"{snapshot.name} of {snapshot.cluster} node {snapshot.index}, taken "
                                       f"{snapshot.taken_at}, expired {snapshot.tags.get(plan.TAG_EXPIRES)}")
+
+    def places(self, every: bool = False) -> list[str | None]:
+        return [self.subscription or os.environ.get("AZURE_SUBSCRIPTION_ID") or None]
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         from bootstrap.providers.azure import cloud

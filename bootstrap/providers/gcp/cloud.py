@@ -433,7 +433,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
     cluster = provision.up(request.name, Verbs(
         "gcp", GcpError, make, lambda names, timeout_s: host_keys(gce, request.zone, names, timeout_s), save,
         describe_error, error_code, keys_step="read the host keys the instances show",
-        settle=lambda: settle(gce, operations), down_where=f"--project {gce.project}"),
+        settle=lambda: settle(gce, operations), place={"project": gce.project, "zone": request.zone}),
         region=request.zone, user=request.user, node_type=request.machine_type, python=python,
         ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "project": gce.project, "zone": request.zone,
@@ -498,7 +498,7 @@ def down(name: str, *, project: str | None = None, gce: Gce | None = None,
         removed = remove(gce, find_resources(gce, name), timeout_s)
     except Exception as error:
         raise GcpError(f"cluster.down {name}: {describe_error(error)}") from None
-    provision.forget_local(name, "gcp")
+    provision.forget_local(name, "gcp", found=bool(removed), looked=f"project {gce.project}")
     return removed
 
 
@@ -544,7 +544,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, proje
         raise GcpError(f"cluster.down {name}: {describe_error(error)}"
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
     if not kept:  # a kept disk keeps the cluster's files, so `kiln down NAME --snapshot` finds its provider
-        provision.forget_local(name, "gcp")
+        provision.forget_local(name, "gcp", found=bool(removed), looked=f"project {gce.project}")
     return Teardown(removed, snapshots, kept)
 
 

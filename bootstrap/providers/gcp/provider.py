@@ -38,6 +38,7 @@ class GcpProvider:
                             "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"})
     volumes = True
     where = ("project", "zone")
+    scope = "project"  # a project's list holds every zone's machines
     prices = ""
 
     def __init__(self, project: str | None = None, zone: str | None = None):
@@ -122,6 +123,12 @@ class GcpProvider:
                      lambda summary: f"{summary.resources} resource(s)",
                      lambda snapshot: f"{snapshot.id} of {snapshot.cluster} node {snapshot.index}, taken "
                                       f"{snapshot.taken_at}, expired {plan.format_expiry(snapshot.labels)}")
+
+    def places(self, every: bool = False) -> list[str | None]:
+        from bootstrap.providers.gcp import cloud
+
+        return [self.project or next((os.environ[name] for name in cloud.PROJECT_ENVS if os.environ.get(name)),
+                                     None)]
 
     def replace(self, cluster: str, host: Host) -> Replacement:
         from bootstrap.providers.gcp import cloud
