@@ -5,18 +5,20 @@ connect and print; this does the work through the cluster, the supervisor and th
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from bootstrap import interconnect, launch, mesh, preflight, state, topology
+from bootstrap import interconnect, launch, mesh, preflight, runs, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.container import ContainerRuntime, HostRuntime, Runtime
 from bootstrap.errors import KilnError
 from bootstrap.supervisor import Move, Recover, Supervisor, record_run
 from bootstrap.timeline import Timeline
 from kiln.gpu import collective as gpu_collective
+from kiln.shield import shielded
 
 CPU_ALLREDUCE_BYTES = 32 << 20  # across CPU-only nodes (Gloo over TCP): the network's pace shows at this size
 PORT_TRIES = 20  # base ports tried, each past the last, before a run gives up finding free ones
@@ -122,10 +124,12 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
                     stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
                     max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None,
-                    notice_source: str = "any", move: Move | None = None) -> None:
+                    notice_source: str = "any", move: Move | None = None, stop_if_interrupted: bool = False) -> None:
     """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
     `python`, default the nodes'), then (unless detached) watch it to its end. Until the processes have
-    started, a failure stops what was made ready and gives up the run's port reservations."""
+    started, a failure stops what was made ready and gives up the run's port reservations. A Ctrl-C while it is
+    watched leaves the run going, or with `stop_if_interrupted` (its cluster goes next: --down-after) stops it and
+    collects what its nodes hold first."""
     runtime = runtime or HostRuntime()
     try:
         record, supervisor = ready_and_start(group, plan, paths, program, folder, timeline=timeline,
@@ -146,8 +150,29 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         supervisor.run(record, timeout, max_restarts=max_restarts, recover=recover, max_recoveries=max_recoveries,
                        move=move)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")
+        if not stop_if_interrupted:
+            print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")
+            raise Exit(code=130) from None
+        print(f"\ninterrupted: stopping run {plan.run_id} and collecting its nodes' folders before its cluster goes",
+              flush=True)
+        stop_and_collect(group, record, supervisor, paths)
         raise Exit(code=130) from None
+
+
+def stop_and_collect(group: Cluster, record: state.RunRecord, supervisor: Supervisor,
+                     paths: launch.NodePaths) -> None:
+    """Stop every process of a run, collect its nodes' folders and write its summary (stopped), a Ctrl-C while it
+    does told to wait: what the nodes hold is gone once the cluster is."""
+    with shielded(f"stopping run {record.run_id} and collecting its nodes' folders",
+                  "loses what is not collected yet when the cluster goes"):
+        left = supervisor.stop()
+        folder = supervisor.collect()
+        group.release_ports(record.run_id, paths.root)
+        state.save_summary(record.run_id, runs.summary(
+            record, status="stopped", failure="interrupted (Ctrl-C)" + (
+                f"; could not stop: {', '.join(left)}" if left else ""), folder=folder,
+            wall=time.time() - record.started))
+    print(f"stopped run {record.run_id}; run folder: {folder}", flush=True)
 
 
 def same_root(group: Cluster) -> str:

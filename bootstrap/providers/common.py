@@ -253,11 +253,15 @@ class Rollback:
         self.undo.append((what, action))
 
     def run(self, describe: Callable[[BaseException], str] = str) -> list[str]:
-        """Undo in reverse order; the failures, as lines (each error told by `describe`)."""
+        """Undo in reverse order; the failures, as lines (each error told by `describe`). A KeyboardInterrupt (the
+        Ctrl-C that stops an undo, kiln.shield) ends it there: the step it cut and those not yet run are named."""
         failures = []
-        for what, action in reversed(self.undo):
+        steps = list(reversed(self.undo))
+        for index, (what, action) in enumerate(steps):
             try:
                 action()
+            except KeyboardInterrupt:
+                return failures + [f"{later}: not done (Ctrl-C)" for later, _ in steps[index:]]
             except Exception as error:  # keep undoing the rest; report every failure
                 failures.append(f"{what}: {describe(error)}")
         return failures

@@ -18,6 +18,7 @@ from bootstrap.hosts import Host
 from bootstrap.providers import Unfound
 from bootstrap.providers.common import DATA_MOUNT, Rollback, no_answer_error, pin_host_keys
 from bootstrap.providers.failover import CloudError
+from kiln.shield import shielded
 from kiln.sshwait import wait_for_ssh
 
 
@@ -111,14 +112,26 @@ def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, pytho
                                                                                            strict=True)),
             provider=verbs.kind, node_type=node_type, place=tuple(sorted(verbs.place.items()))))
     except BaseException as error:
-        verbs.settle()
-        failures = rollback.run(verbs.describe)
+        where = " ".join((f"--provider {verbs.kind}", *flags(verbs.place)))
+        failures = undo(name, verbs, rollback, where)
         if isinstance(error, UsageError) and not failures:
             raise
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else verbs.describe(error)
-        raise verbs.error(failed_line(name, " ".join((f"--provider {verbs.kind}", *flags(verbs.place))), progress.step,
-                                      said, failures), code=verbs.code(error), left=bool(failures)) from None
+        raise verbs.error(failed_line(name, where, progress.step, said, failures), code=verbs.code(error),
+                          left=bool(failures)) from None
     return Cluster(nodes, pinned, identity)
+
+
+def undo(name: str, verbs: Verbs, rollback: Rollback, where: str) -> list[str]:
+    """Settle what the cloud started, then undo every step, in reverse; what could not be undone, as lines. A
+    Ctrl-C while it runs is told that the undo goes on; a second one stops it, and what was not yet undone is
+    named among the failures (so the error names the kiln down to run)."""
+    with shielded(f"undoing what cluster.up {name} made", f"leaves it for kiln down {name} {where}"):
+        try:
+            verbs.settle()
+        except KeyboardInterrupt:
+            return [f"{what}: not done (Ctrl-C)" for what, _ in reversed(rollback.undo)]
+        return rollback.run(verbs.describe)
 
 
 def flags(place: Mapping[str, str]) -> list[str]:

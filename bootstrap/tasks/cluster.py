@@ -393,7 +393,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
                         timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
                         stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
                         max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
-                        python=processes_python, notice_source=providers.notice_source(record), move=move)
+                        python=processes_python, notice_source=providers.notice_source(record), move=move,
+                        stop_if_interrupted=bool(down_after))
     finally:
         if down_after:  # the provider of where the cluster is now (a managed run may have moved it)
             print(f"--down-after: removing cluster {goal.name}", flush=True)

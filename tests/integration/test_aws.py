@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -376,6 +377,35 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
     connected.ec2 = Interrupting(connected.ec2, "", KeyboardInterrupt())
     with pytest.raises(aws.AwsError, match="could not run the instances: interrupted"):
         aws.up("ctrlc", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+    assert leftovers(ec2) == []
+
+
+def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, ec2, image, capsys):
+    """Ctrl-C after the instances were launched starts the undo; a second one, pressed (a real SIGINT) as the undo
+    terminates them, is told that the undo goes on, and nothing is left."""
+    connected = aws.connect()
+    real = connected.ec2
+
+    class Operator:
+        def __getattr__(self, attribute):
+            value = getattr(real, attribute)
+            if attribute == "run_instances":
+                def launch(**kwargs):
+                    value(**kwargs)
+                    raise KeyboardInterrupt
+                return launch
+            if attribute == "terminate_instances":
+                def terminate(**kwargs):
+                    os.kill(os.getpid(), signal.SIGINT)  # impatient
+                    return value(**kwargs)
+                return terminate
+            return value
+
+    connected.ec2 = Operator()
+    with pytest.raises(aws.AwsError, match="could not run the instances: interrupted; everything it had created "
+                                           "was removed$"):
+        aws.up("twice", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capsys.readouterr().err
     assert leftovers(ec2) == []
 
 

@@ -170,6 +170,39 @@ def test_ctrl_c_during_the_vms_rolls_back(env, arm):
     assert leftovers(arm) == []
 
 
+def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, arm, capsys):
+    """Ctrl-C once the VMs are made starts the undo; a second one (a real SIGINT) as the resource group is deleted
+    is told that the undo goes on, and nothing is left."""
+    connected = cloud.connect()
+    real_vms, real_groups = connected.compute.virtual_machines, connected.resources.resource_groups
+
+    class Interrupting:
+        def __getattr__(self, attribute):
+            if attribute == "begin_create_or_update":
+                def call(*args, **kwargs):
+                    real_vms.begin_create_or_update(*args, **kwargs).result()
+                    raise KeyboardInterrupt
+                return call
+            return getattr(real_vms, attribute)
+
+    class Impatient:
+        def __getattr__(self, attribute):
+            if attribute == "begin_delete":
+                def delete(*args, **kwargs):
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return real_groups.begin_delete(*args, **kwargs)
+                return delete
+            return getattr(real_groups, attribute)
+
+    connected.compute.virtual_machines = Interrupting()
+    connected.resources.resource_groups = Impatient()
+    with pytest.raises(cloud.AzureError, match="could not create the VMs: interrupted; everything it had created "
+                                               "was removed"):
+        cloud.up(request("twice"), azure=connected, ssh_wait_s=0)
+    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capsys.readouterr().err
+    assert leftovers(arm) == []
+
+
 def test_sweep_removes_expired_clusters_only(env, arm):
     cloud.up(request("old", 1, ttl_hours=1), now=datetime.now(UTC) - timedelta(hours=3), ssh_wait_s=0)
     cloud.up(request("fresh", 1, ttl_hours=1), ssh_wait_s=0)

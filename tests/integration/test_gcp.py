@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -193,6 +194,31 @@ def test_ctrl_c_during_the_instances_insert_rolls_back(env, gce):
     with pytest.raises(cloud.GcpError, match="could not create the instances: interrupted; everything it had "
                                              "created was removed"):
         cloud.up(request("ctrlc"), gce=connected, ssh_wait_s=0)
+    assert leftovers(gce) == []
+
+
+def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, gce, capsys):
+    """Ctrl-C once the instances are being made starts the undo; a second one (a real SIGINT) as it deletes them is
+    told that the undo goes on, and nothing is left."""
+    connected = cloud.connect()
+
+    pressed = []
+
+    class Impatient(Interrupting):
+        def __getattr__(self, attribute):
+            if attribute == "delete_unary":
+                def delete(**kwargs):
+                    if not pressed:  # once, as the first instance is deleted
+                        pressed.append(os.kill(os.getpid(), signal.SIGINT))
+                    return self.real.delete_unary(**kwargs)
+                return delete
+            return super().__getattr__(attribute)
+
+    connected._clients["instances"] = Impatient(connected.instances)
+    with pytest.raises(cloud.GcpError, match="could not create the instances: interrupted; everything it had "
+                                             "created was removed"):
+        cloud.up(request("twice"), gce=connected, ssh_wait_s=0)
+    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capsys.readouterr().err
     assert leftovers(gce) == []
 
 

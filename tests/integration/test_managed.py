@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -408,6 +409,43 @@ def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
         assert not (netns.STATE_ROOT / "kd").exists() and not (once.home / "clusters" / "kd").exists()
     finally:
         remove_local("kd")
+
+
+def test_down_after_with_ctrl_c_stops_and_collects_the_run_before_the_cluster_goes(tmp_path):
+    """Ctrl-C (SIGINT) while a --down-after run is watched: the run is stopped and what its node holds collected
+    (summary: stopped), and only then is the cluster removed."""
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+    (tmp_path / "long.py").write_text("import os, pathlib, time\n"
+                                      "pathlib.Path(os.environ['KILN_OUTPUT_DIR'], 'made.txt').write_text('kept')\n"
+                                      "print('written', flush=True)\n"
+                                      "time.sleep(600)\n")
+    try:
+        assert once.kiln("up", "kc", "--provider", "local", "--count", "1").returncode == 0
+        env = {**os.environ, "KILN_HOME": str(once.home), "KILN_RUNS": str(once.runs)}
+        train = subprocess.Popen([str(KILN), "train", "--cluster", "kc", "--mode", "tf-config", "--run-id",
+                                  "cut-short", "--down-after", "--", "python", "long.py"], cwd=tmp_path, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said = []
+        for line in train.stdout:
+            said.append(line)
+            if line.startswith("run cut-short started"):
+                break
+        log = once.runs / "cut-short"
+        time.sleep(5)  # the program writes its file as it starts, then sleeps
+        train.send_signal(signal.SIGINT)
+        rest, _ = train.communicate(timeout=180)
+        said.append(rest)
+        output = "".join(said)
+        assert train.returncode == 130, output
+        assert "interrupted: stopping run cut-short and collecting its nodes' folders before its cluster goes" in output
+        assert once.summary("cut-short")["status"] == "stopped"
+        assert (log / "hosts" / "node1" / "output" / "worker-0" / "made.txt").read_text() == "kept"
+        assert output.index("stopped run cut-short") < output.index("--down-after: removing cluster kc")
+        assert not (netns.STATE_ROOT / "kc").exists() and not (once.home / "clusters" / "kc").exists()
+    finally:
+        remove_local("kc")
 
 
 def reachable(node: str, name: str) -> bool:

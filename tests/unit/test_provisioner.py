@@ -85,6 +85,53 @@ def test_an_undo_that_fails_is_named_with_how_to_find_it_and_marks_the_error_lef
                                       "r1): undo create the nodes: still there")
 
 
+def press_ctrl_c(times: int):
+    """A settle during which the operator presses Ctrl-C `times` times: real SIGINTs to this process."""
+    import os
+    import signal
+
+    def settle() -> None:
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+    return settle
+
+
+def test_a_ctrl_c_during_the_undo_is_told_to_wait_and_the_undo_runs_to_its_end(capsys):
+    """The first Ctrl-C (here: the failure itself) started the undo; the next one, pressed while it settles, does
+    not skip it: every step is undone and nothing is left."""
+    log: list[str] = []
+    pressed = dataclasses.replace(verbs(log, fail_at="create the nodes"), settle=press_ctrl_c(1))
+    with pytest.raises(Boom) as failed:
+        provision.up("c", pressed, region="r1", user="u", node_type="t1", python="python3", ssh_wait_s=0)
+    assert not failed.value.left and str(failed.value).endswith("everything it had created was removed")
+    assert log == ["create the network", "undo create the nodes", "undo create the network"]
+    assert ("kiln: undoing what cluster.up c made; Ctrl-C again stops it, which leaves it for kiln down c "
+            "--provider test --region r1") in capsys.readouterr().err
+
+
+def test_a_second_ctrl_c_during_the_undo_stops_it_and_names_what_is_left_with_the_kiln_down_to_run():
+    log: list[str] = []
+    pressed = dataclasses.replace(verbs(log, fail_at="create the nodes"), settle=press_ctrl_c(2))
+    with pytest.raises(Boom) as failed:
+        provision.up("c", pressed, region="r1", user="u", node_type="t1", python="python3", ssh_wait_s=0)
+    assert failed.value.left and log == ["create the network"]
+    assert str(failed.value).endswith(
+        "rolling back left things behind (run kiln down c --provider test --region r1): undo create the nodes: not "
+        "done (Ctrl-C); undo create the network: not done (Ctrl-C); remove the local files: not done (Ctrl-C)")
+
+
+def test_an_undo_stopped_between_its_steps_names_the_step_it_cut_and_those_after_it():
+    from bootstrap.providers.common import Rollback
+
+    done: list[str] = []
+    rollback = Rollback()
+    rollback.push("first", lambda: done.append("first"))
+    rollback.push("second", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    rollback.push("third", lambda: done.append("third"))
+    assert rollback.run() == ["second: not done (Ctrl-C)", "first: not done (Ctrl-C)"]
+    assert done == ["third"]
+
+
 def test_bad_input_found_late_is_raised_as_it_is_once_all_is_undone():
     log: list[str] = []
     with pytest.raises(UsageError, match="^name taken meanwhile$"):

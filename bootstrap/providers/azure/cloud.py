@@ -452,12 +452,17 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
 
     def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
         progress.step = "create the resource group"
+        # registered before the call: a Ctrl-C while it is under way leaves a group that may be ours (no answer
+        # yet); one answered 200 was there already, another `up` of this name made it: not ours to undo
+        answered: list[int] = []
+        rollback.push(f"delete the resource group {group}",
+                      lambda: answered[:1] != [200] and delete_group(azure, group, timeout_s))
         status = azure.resources.resource_groups.create_or_update(
             group, {"location": request.location, "tags": tags},
             cls=lambda response, *_: response.http_response.status_code)
-        if status != 201:  # 200: it was there already, another `up` of this name made it: it is not ours to undo
+        answered.append(status)
+        if status != 201:
             raise UsageError(f"cluster name {request.name!r} is taken: resource group {group} was made meanwhile")
-        rollback.push(f"delete the resource group {group}", lambda: delete_group(azure, group, timeout_s))
 
         progress.step = "create the network security group"
         nsg = done(azure.network.network_security_groups.begin_create_or_update(
