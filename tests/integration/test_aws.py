@@ -1044,6 +1044,32 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
         aws.down("fo", region="us-west-2")
 
 
+def test_an_efa_cluster_the_elastic_ip_quota_cannot_hold_skips_the_region_before_anything_is_made(env, ec2, image,
+                                                                                                     west):
+    """Four of the region's five Elastic IPs (moto's vpc-max-elastic-ips, as EC2's default quota) taken in us-east-1:
+    two p5 nodes need two, so kiln says which quota and moves to us-west-2 without launching anything in
+    us-east-1; a failed association releases the address it had allocated."""
+    taken = [ec2.allocate_address(Domain="vpc")["AllocationId"] for _ in range(4)]
+    try:
+        made = fab(env, "cluster.up", "--name", "eip", "--gpus", "H100:8", "--count", "2", "--regions",
+                   "us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert ("up: aws us-east-1: over a quota (AddressLimitExceeded: Elastic IP addresses): skipping the region"
+                in made.stdout), made.stdout
+        assert leftovers(ec2, "eip") == [] and state.load_cluster("eip").region == "us-west-2"
+    finally:
+        aws.down("eip", region="us-west-2")
+        for allocation in taken:
+            ec2.release_address(AllocationId=allocation)
+    connected = aws.connect()
+    connected.ec2 = FailOn(connected.ec2, "associate_address", capacity_error("AssociateAddress"))
+    instance = {"InstanceId": "i-0", "NetworkInterfaces": [{"NetworkInterfaceId": "eni-0", "Attachment": {
+        "NetworkCardIndex": 0, "DeviceIndex": 0}}]}
+    with pytest.raises(Exception, match="InsufficientInstanceCapacity"):
+        aws.give_addresses(connected, [instance], {plan.TAG_CLUSTER: "eip"})
+    assert ec2.describe_addresses()["Addresses"] == []
+
+
 def test_by_price_tries_the_region_whose_spot_price_is_lowest_now_first(env, ec2, image, server, west,
                                                                        monkeypatch):
     """--by-price reads each region's spot price history (answered by the hop, since moto gives every type one

@@ -163,3 +163,11 @@ def test_kiln_up_dry_run_shows_the_efa_interfaces_the_egress_rule_and_the_elasti
     plain = aws.plan(aws.request("pl", 2, {"ssh_cidr": "203.0.113.7/32", "instance_type": "g4dn.xlarge",
                                            "ssh_wait": 300}, None))
     assert not any(line.startswith(("EFA:", "AuthorizeSecurityGroupEgress", "AllocateAddress")) for line in plain)
+
+
+def test_an_efa_cluster_that_the_elastic_ip_quota_cannot_hold_is_named_before_launch():
+    assert efa_plan.addresses_short(5, 3, 2) is None
+    assert efa_plan.addresses_short(5, 4, 2) == (
+        "2 EFA node(s) need 2 Elastic IP(s), and the account holds 4 of its 5 (EC2-VPC Elastic IPs, L-0263D0A3: ask "
+        "Service Quotas for more, or release some)")
+    assert efa_plan.addresses_short(5, 0, 6) is not None

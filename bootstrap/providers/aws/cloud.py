@@ -7,6 +7,7 @@ writes credentials.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -228,8 +229,29 @@ def give_addresses(aws: Aws, instances: Sequence[dict], tags: dict[str, str]) ->
             raise AwsError(f"{instance['InstanceId']} has no network interface at card 0, device 0")
         allocation = aws.ec2.allocate_address(**plan.address_request(tags))["AllocationId"]
         allocated.append(allocation)
-        aws.ec2.associate_address(AllocationId=allocation, NetworkInterfaceId=interface)
+        try:
+            aws.ec2.associate_address(AllocationId=allocation, NetworkInterfaceId=interface)
+        except BaseException:  # not left allocated (and billed) where no undo looks for it
+            with contextlib.suppress(Exception):
+                release_address(aws, allocation)
+            raise
     return allocated
+
+
+def check_addresses(aws: Aws, request: plan.Request) -> None:
+    """Refuse, before anything is made, an EFA cluster the region's Elastic IP quota cannot hold (each EFA node
+    needs one: efa.addresses_short): a quota error (AddressLimitExceeded), so failover skips the region. A lookup
+    that fails (a role without ec2:DescribeAccountAttributes) checks nothing: the launch says it all the same."""
+    try:
+        attributes = aws.ec2.describe_account_attributes(AttributeNames=["vpc-max-elastic-ips"])["AccountAttributes"]
+        limit = int(attributes[0]["AttributeValues"][0]["AttributeValue"])
+        used = len(aws.ec2.describe_addresses()["Addresses"])
+    except Exception:
+        return
+    short = efa_plan.addresses_short(limit, used, request.count)
+    if short:
+        raise AwsError(f"cluster.up {request.name}: {short} in {aws.region}; nothing was created",
+                       code="AddressLimitExceeded")
 
 
 def described_instances(aws: Aws, instance_ids: Sequence[str]) -> list[dict]:
@@ -389,6 +411,8 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     owner = caller(aws)
     check_instance_type(aws, request)
     network = efa_network(aws, request)
+    if network:
+        check_addresses(aws, request)
     image = find_image(aws, request)
     taken = find_resources(aws, request.name)
     if taken:

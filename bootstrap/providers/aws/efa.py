@@ -95,3 +95,16 @@ def primary_interface(instance: dict) -> str | None:
 def addresses_at(addresses: Iterable[dict], public_ip: str) -> list[str]:
     """The allocation ids of the Elastic IPs (DescribeAddresses) with that public address."""
     return [a["AllocationId"] for a in addresses if a.get("PublicIp") == public_ip and a.get("AllocationId")]
+
+
+# The Service Quotas code of the quota an EFA cluster's Elastic IPs count against (5 per region by default).
+ADDRESS_QUOTA = "EC2-VPC Elastic IPs, L-0263D0A3"
+
+
+def addresses_short(limit: int, used: int, wanted: int) -> str | None:
+    """What is wrong where `wanted` more Elastic IPs (one per EFA node) do not fit the account's `limit` with `used`
+    taken; None where they fit."""
+    if used + wanted <= limit:
+        return None
+    return (f"{wanted} EFA node(s) need {wanted} Elastic IP(s), and the account holds {used} of its {limit} "
+            f"({ADDRESS_QUOTA}: ask Service Quotas for more, or release some)")
