@@ -604,7 +604,8 @@ def progress(run_id, run_dir, signs=False, container=True):
             output["rank-" + name[len("rank."):]] = sum(file_size(os.path.join(folder, f))
                                                        for f in ("stdout", "stderr"))
     stopped, ticks = [], 0
-    for pid in run_processes(run_id, inside=0 if container else None):
+    pids = run_processes(run_id, inside=0 if container else None)
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
@@ -615,7 +616,7 @@ def progress(run_id, run_dir, signs=False, container=True):
             stopped.append(pid)
     found = {"metrics": metrics, "output": output, "stopped": stopped}
     if signs:  # only for the silence watch (--stall-minimum): nvidia-smi is no cheap call
-        found["activity"] = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu_busy(),
+        found["activity"] = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu_busy(pids),
                              "beat": mtime(os.path.join(run_dir, HEARTBEAT))}
     return found
 
@@ -631,18 +632,33 @@ def mtime(path):
         return 0.0
 
 
-def gpu_busy():
-    """Whether any NVIDIA GPU here is computing now (nvidia-smi's utilization); False without GPUs or an answer."""
+def gpu_busy(pids):
+    """Whether a GPU that one of the run's processes (`pids`) computes on is busy now (nvidia-smi's compute apps
+    and utilization: another run's or program's GPU is no sign of this run's work); False without GPUs or an
+    answer."""
     import subprocess
 
-    if not os.path.exists("/dev/nvidiactl"):
+    if not pids or not os.path.exists("/dev/nvidiactl"):
         return False
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return any(word.strip().isdigit() and int(word) > 0 for word in done.stdout.splitlines())
+    answers = []
+    for query in ("--query-compute-apps=pid,gpu_uuid", "--query-gpu=uuid,utilization.gpu"):
+        try:
+            answers.append(subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
+                                          text=True, timeout=10, stdin=subprocess.DEVNULL).stdout)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return runs_gpu_busy(answers[0], answers[1], pids)
+
+
+def runs_gpu_busy(apps, gpus, pids):
+    """From nvidia-smi's CSV answers (compute apps: pid, GPU uuid; GPUs: uuid, utilization %): whether a GPU the
+    processes `pids` compute on is busy (pure)."""
+    wanted = {str(pid) for pid in pids}
+    mine = {gpu.strip() for pid, _, gpu in (line.partition(",") for line in apps.splitlines()) if pid.strip() in wanted}
+    for uuid, _, used in (line.partition(",") for line in gpus.splitlines()):
+        if uuid.strip() in mine and used.strip().isdigit() and int(used) > 0:
+            return True
+    return False
 
 
 def file_size(path):

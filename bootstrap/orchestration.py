@@ -11,7 +11,7 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from bootstrap import interconnect, launch, mesh, preflight, runs, state, topology
+from bootstrap import interconnect, launch, mesh, preflight, runs, state, topology, watchdog
 from bootstrap.cluster import Cluster
 from bootstrap.container import ContainerRuntime, HostRuntime, Runtime
 from bootstrap.errors import KilnError
@@ -93,7 +93,8 @@ def choose_runtime(group: Cluster, image: str | None, paths: launch.NodePaths, r
 def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, timeline: Timeline, runtime: Runtime, python: str | None,
                     stall_factor: float, stall_minimum: float, timeout: float,
-                    notice_source: str = "any", watched: bool = True) -> tuple[state.RunRecord, Supervisor]:
+                    notice_source: str = "any", watched: bool = True,
+                    stall_busy: float = watchdog.BUSY_LIMIT_S) -> tuple[state.RunRecord, Supervisor]:
     """Preflight, sync, the runtime made ready and checked, the program checked, the run recorded, every
     process started: (the run's record, its supervisor)."""
     # In a container image, the image's frameworks are checked instead. The mesh is proved by a login between
@@ -114,6 +115,7 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
                                                plan.run_id))
     record = record_run(group, plan, paths, watched=watched)
     supervisor = Supervisor(group, plan, paths, stall_factor=stall_factor, stall_minimum=stall_minimum,
+                            stall_busy=stall_busy,
                             timeline=timeline, notice_watch=timeout, notice_source=notice_source, runtime=runtime)
     with timeline.phase("start"):
         supervisor.start()
@@ -124,7 +126,8 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
                     stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
                     max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None,
-                    notice_source: str = "any", move: Move | None = None, stop_if_interrupted: bool = False) -> None:
+                    notice_source: str = "any", move: Move | None = None, stop_if_interrupted: bool = False,
+                    stall_busy: float = watchdog.BUSY_LIMIT_S) -> None:
     """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
     `python`, default the nodes'), then (unless detached) watch it to its end. Until the processes have
     started, a failure stops what was made ready and gives up the run's port reservations. A Ctrl-C while it is
@@ -134,7 +137,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
     try:
         record, supervisor = ready_and_start(group, plan, paths, program, folder, timeline=timeline,
                                              runtime=runtime, python=python, stall_factor=stall_factor,
-                                             stall_minimum=stall_minimum, timeout=timeout,
+                                             stall_minimum=stall_minimum, timeout=timeout, stall_busy=stall_busy,
                                              notice_source=notice_source, watched=not detach)
     except BaseException:
         group.remote.map(group.hosts, lambda h: group.remote.node(h, group.python, "stop", plan.run_id, "5"))

@@ -15,6 +15,7 @@ from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, Program, RunPlan, RunSpec
 from bootstrap.orchestration import same_root
 from bootstrap.providers import Provider, Replacement, failover
+from bootstrap.providers.common import SNAPSHOT_TTL_DAYS
 from bootstrap.supervisor import Move
 
 
@@ -78,11 +79,22 @@ class Recovery:
         if not capacity or not capacity.get("asked") or not self.up_again or not self.reopen:
             raise KilnError(f"cluster {old.name} has no record of what its kiln up asked: it cannot be brought up "
                             "elsewhere")
+        came_up = failover.candidates_of(capacity)[1]
+        if not failover.moved_order(*failover.candidates_of(capacity)):
+            raise KilnError(f"cluster {old.name} has no place to move to but {came_up.describe()}, which has just "
+                            f"refused a machine (its kiln up named no other: --zones, --regions, --provider): kiln "
+                            f"does not take it down; it is left as it is")
         if others := self.other_runs([host for host in self.group.hosts if host not in gone]):
             raise KilnError(f"cluster {old.name} also runs {', '.join(others)}: kiln does not take it down under "
                             f"{'that run' if len(others) == 1 else 'those runs'}")
         old.remote.reset(old.hosts)
-        print("\n".join(self.provider.down(old.name).lines), flush=True)
+        keep = SNAPSHOT_TTL_DAYS if capacity["asked"].get("volume") and self.provider.volumes else None
+        gone_now = self.provider.down(old.name, snapshot_ttl_days=keep)  # data volumes kept as snapshots
+        print("\n".join(gone_now.lines), flush=True)
+        if gone_now.kept:
+            raise KilnError(f"cluster {old.name}: its machines are gone, but data volumes could not be snapshotted "
+                            f"and are kept ({'; '.join(gone_now.kept)}): kiln does not bring it up elsewhere without "
+                            f"them (kiln down {old.name} --snapshot tries again)")
         try:
             where = self.up_again(capacity)
         except KilnError as error:

@@ -90,7 +90,8 @@ class Supervisor:
 
     def __init__(self, group: Cluster, plan: RunPlan, paths: NodePaths, *, interval: float = 1.0,
                  stall_factor: float = 0, stall_minimum: float = 0, timeline: Timeline | None = None,
-                 notice_watch: float = 3600, notice_source: str = "any", runtime: Runtime | None = None):
+                 notice_watch: float = 3600, notice_source: str = "any", runtime: Runtime | None = None,
+                 stall_busy: float = watchdog.BUSY_LIMIT_S):
         self.group, self.plan, self.paths, self.interval = group, plan, paths, interval
         self.runtime = runtime or HostRuntime()
         self.record: RunRecord | None = None
@@ -101,7 +102,7 @@ class Supervisor:
         self.max_joins = 0
         self.joins: list[dict] = []  # each replacement that joined the elastic run
         self.timeline = timeline or Timeline()
-        self.stall_factor, self.stall_minimum = stall_factor, stall_minimum
+        self.stall_factor, self.stall_minimum, self.stall_busy = stall_factor, stall_minimum, stall_busy
         self.run_dir = paths.run(plan.run_id)
         self.folder = state.run_folder(plan.run_id)
         self.released = False  # the run's port reservations went with the machines (a move that failed)
@@ -284,28 +285,29 @@ class Supervisor:
         the way out for the coordination service of a chief that left first."""
         floor = self.stall_minimum or watchdog.STEP_FLOOR_S
         minimum = max(floor, launch.FINISH_GRACE_S) if done & set(self.plan.finishing) else floor
-        seen = self.progress(signs=bool(self.stall_minimum))
+        seen = self.progress(signs=True)  # late steps and silence are both judged by the signs of work
         now = time.monotonic()
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
         gone = {names[host] for host in self.gone}  # an elastic run's nodes that went: their streams stand still
-        late, limit, quiet = [], minimum, []
+        for host, found in seen.items():
+            activity.observe(now, names[host], watchdog.Sign.from_answer(found.get("activity", {})))
+        late, limit, quiet, spinning = [], minimum, [], []
         if self.stall_factor:
             steps.observe(now, {f"{task}@{names[host]}": row["step"]
                                 for host, found in seen.items() for task, row in found["metrics"].items()})
-            late, limit = steps.stalled(now, factor=self.stall_factor, minimum=minimum)
+            behind, limit = steps.stalled(now, factor=self.stall_factor, minimum=minimum)
+            late, spinning = watchdog.late_verdicts(behind, steps, activity, now, limit, self.stall_busy)
         if self.stall_minimum:
             output.observe(now, watchdog.output_streams(self.plan, {names[host]: found
                                                                     for host, found in seen.items()}))
-            for host, found in seen.items():
-                activity.observe(now, names[host], watchdog.Sign.from_answer(found.get("activity", {})))
             quiet = watchdog.hung(output.silent(now, minimum=minimum), activity, now, minimum)
-        late, quiet = ([s for s in streams if s.split("@", 1)[0] not in done and s.rsplit("@", 1)[1] not in gone]
-                       for streams in (late, quiet))
-        if late or quiet:
+        late, quiet, spinning = ([s for s in streams if s.split("@", 1)[0] not in done
+                                  and s.rsplit("@", 1)[1] not in gone] for streams in (late, quiet, spinning))
+        if late or quiet or spinning:
             frozen = [names[host] for host, found in seen.items() if found["stopped"]]
-            hosts = watchdog.blame(late + quiet, frozen)
+            hosts = watchdog.blame(late + quiet + spinning, frozen)
             detail = " (a process there is stopped)" if frozen else ""
-            what = watchdog.describe_stall(late, limit, quiet, minimum)
+            what = watchdog.describe_stall(late, limit, quiet, minimum, spinning, self.stall_busy)
             raise Stalled(f"{'; '.join(what)}; stalled: {', '.join(hosts)}{detail}", hosts)
 
     def stop(self, skip: Sequence[Host] = (), patient: Mapping[Host, dict] = MappingProxyType({})) -> dict[str, str]:
@@ -455,8 +457,9 @@ class Supervisor:
               "its last checkpoint", flush=True)
         try:
             self.keep_checkpoints()
-        except KilnError as failure:
-            print(f"warning: the first node's checkpoints could not be kept: {failure}", file=sys.stderr, flush=True)
+        except KilnError as failure:  # the machines that hold them would go with the cluster
+            return (f"recovery failed: {why}; the cluster was not moved, as the first node's checkpoints could not "
+                    f"be kept here first ({failure}): it is left as it is")
         before = [h.label for h in self.group.hosts]
         lost = [name for h, name in names.items() if h in self.lost]
         interrupted = [name for h, name in names.items() if h not in self.lost]

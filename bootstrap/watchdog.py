@@ -1,11 +1,14 @@
 """The watchdog's judgement (pure): which of a run's processes stopped moving, told from those that are busy.
 
 Three things move while a run is healthy: the steps a program logs as kiln metrics, the output it prints, and the
-work its processes do (CPU time, a GPU busy, a heartbeat file touched). A late step is a stall by the run's own
-pace (a factor of the median time between its steps). Output silence alone never is: a program busy for minutes
-between two lines (an epoch, a first XLA compile, a shuffle) prints nothing and is healthy. Silence is a stall
-only when the operator asks (`--stall-minimum`), and then only where the node's processes also show no sign of
-work for that long: a program asleep or blocked forever."""
+work its processes do (CPU time, a GPU of theirs busy, a heartbeat file touched). A late step is judged by the
+run's own pace (a factor of the median time between its steps) and by the same signs as silence: late with no sign
+of work for as long, it is a stall at once; late while busy (an evaluation, a checkpoint written), only once it is
+later than the busy limit (`--stall-busy`, 10 minutes by default, as torch.distributed's collective timeout):
+a collective that hangs keeps its GPU (or a CPU poller) busy forever, and is then named as such. Output silence
+alone never is a stall: a program busy for minutes between two lines (an epoch, a first XLA compile, a shuffle)
+prints nothing and is healthy. Silence is a stall only when the operator asks (`--stall-minimum`), and then only
+where the node's processes also show no sign of work for that long: a program asleep or blocked forever."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from dataclasses import dataclass, field
 from bootstrap import launch
 
 STEP_FLOOR_S = 60.0  # a late logged step is a stall only after this long at least (unless --stall-minimum)
+# How long a logged step may be late while its node shows work: torch.distributed's default collective timeout
+# (its process groups' `timeout`, 10 minutes for NCCL), after which a hung collective would fail there too.
+BUSY_LIMIT_S = 600.0
 CPU_SIGN_RATE = 0.05  # the share of one core a node's processes of the run must use between two looks to show work
 SIGNS = ("CPU time", "a GPU busy", "the heartbeat file")  # what counts as work, as the messages say it
 
@@ -94,6 +100,16 @@ class Activity:
         return now - self.last[node] if node in self.last else 0.0
 
 
+def late_verdicts(late: Sequence[str], steps: Progress, activity: Activity, now: float, limit: float,
+                  busy_limit: float) -> tuple[list[str], list[str]]:
+    """Of the streams whose step is late (`task@node`): (those whose node showed no work for over `limit` either:
+    stalled, those late for over `busy_limit` whose node stays busy: a hung collective spins)."""
+    idle = [stream for stream in late if activity.idle(now, stream.rsplit("@", 1)[1]) > limit]
+    spinning = [stream for stream in late if stream not in idle
+                and now - steps.changes[stream][-1][0] > max(limit, busy_limit)]
+    return idle, spinning
+
+
 def hung(quiet: Sequence[str], activity: Activity, now: float, minimum: float) -> list[str]:
     """The silent streams (`task@node`) whose node has shown no work either for over `minimum` seconds."""
     return [stream for stream in quiet if activity.idle(now, stream.rsplit("@", 1)[1]) > minimum]
@@ -133,9 +149,14 @@ def blame(stalled: list[str], stopped_hosts: list[str]) -> list[str]:
     return sorted({stream.rsplit("@", 1)[1] for stream in stalled})
 
 
-def describe_stall(late: Sequence[str], limit: float, quiet: Sequence[str], minimum: float) -> list[str]:
+def describe_stall(late: Sequence[str], limit: float, quiet: Sequence[str], minimum: float,
+                   spinning: Sequence[str] = (), busy_limit: float = BUSY_LIMIT_S) -> list[str]:
     """What stalled, as a person reads it."""
-    what = [f"no step progress for over {limit:.0f}s from {', '.join(late)}"] if late else []
+    what = [f"no step progress and no sign of work ({', '.join(SIGNS)}) for over {limit:.0f}s from "
+            f"{', '.join(late)}"] if late else []
+    if spinning:
+        what.append(f"no step progress for over {max(limit, busy_limit):.0f}s from {', '.join(spinning)} while "
+                    f"its processes stay busy (a collective that hangs keeps its GPU or CPU busy)")
     if quiet:
         what.append(f"no output and no sign of work ({', '.join(SIGNS)}) for over {minimum:.0f}s from "
                     f"{', '.join(quiet)}")

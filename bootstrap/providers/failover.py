@@ -282,10 +282,11 @@ def candidates_of(record: Mapping) -> tuple[list[Candidate], Candidate]:
 
 
 def moved_order(order: Sequence[Candidate], came_up: Candidate) -> list[Candidate]:
-    """Where a cluster whose place ran out of capacity is brought up again: its `up`'s other candidates first, in
-    their order, then those of the place it was in (its capacity may be back by then)."""
+    """Where a cluster whose place ran out of capacity is brought up again: its `up`'s candidates at other places,
+    in their order; none at the place that just refused (taking a cluster down to ask that place again would lose
+    its machines for nothing). Empty: the cluster has no other place, and is not taken down."""
     here = (came_up.cloud, came_up.place)
-    return [c for c in order if (c.cloud, c.place) != here] + [c for c in order if (c.cloud, c.place) == here]
+    return [c for c in order if (c.cloud, c.place) != here]
 
 
 def refuse_across_places(order: Sequence[Candidate], given: Mapping[str, object]) -> None:

@@ -297,6 +297,9 @@ TRAIN_HELP = {
     "stall_minimum": "also stop a run whose process prints nothing for this many seconds while its node shows no "
                      "work (no CPU time, no GPU busy, no touch of KILN_HEARTBEAT); the floor of --stall-factor "
                      "too (default 0: silence alone never stops a run)",
+    "stall_busy": "how long a logged step may be late while its node shows work (an evaluation, a checkpoint) "
+                  "before kiln stops the run as a hung collective (default 600 s, torch.distributed's collective "
+                  "timeout)",
     "image": "run every process inside this container image, one container per node (pulled on every node, or "
              "shipped from this machine's Docker engine; the same image id everywhere); --python then names the "
              "image's Python (default: its python3)",
@@ -309,7 +312,8 @@ TRAIN_HELP = {
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None, min_np=0, max_np=0,
           base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
-          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=0.0, managed=False, max_recoveries=3,
+          timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=0.0, stall_busy=600.0, managed=False,
+          max_recoveries=3,
           relocate=False, down_after=False, image=None, fabric="auto", dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
@@ -391,7 +395,8 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         move = recovery.as_move() if recovery and relocate else None
         start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
                         timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
-                        stall_minimum=float(stall_minimum), timeline=timeline, recover=recover,
+                        stall_minimum=float(stall_minimum), stall_busy=float(stall_busy), timeline=timeline,
+                        recover=recover,
                         max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
                         python=processes_python, notice_source=providers.notice_source(record), move=move,
                         stop_if_interrupted=bool(down_after))

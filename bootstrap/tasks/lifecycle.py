@@ -182,8 +182,8 @@ def asked(values: dict) -> dict:
 
 def up_again(name: str, capacity: dict, say) -> failover.Candidate:
     """Bring cluster `name` (taken down already) up again as its `kiln up` was asked (`capacity`: its capacity.json,
-    read before the down), first at its other candidates, then where it was (failover.moved_order): where a managed
-    run moves when its place has no capacity left. The candidate it came up at."""
+    read before the down), at its candidates of other places (failover.moved_order): where a managed run moves when
+    its place has no capacity left. The candidate it came up at."""
     values = capacity.get("asked")
     if not values:
         raise KilnError(f"cluster {name}: what its kiln up asked is not on record (made by an older kiln): it cannot "

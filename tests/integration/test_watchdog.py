@@ -1,6 +1,8 @@
 """The watchdog on a real 3-node local cluster: a program busy and silent for 90 s is never stopped by default,
 nor when --stall-minimum is given (its node's CPU time moves); one asleep forever is stopped when asked, named by
-its host. Four runs share the cluster side by side."""
+its host. A program that logs kiln metrics and then computes for 80 s without a step (an evaluation) finishes; one
+whose steps stop while it spins (a hung collective) is stopped past the busy limit and named. Six runs share the
+cluster side by side."""
 
 from __future__ import annotations
 
@@ -40,6 +42,30 @@ time.sleep(100000)  # blocked forever, without a word and without work
 """
 
 
+STEPS_THEN = f"""\
+import json, os, sys, time
+SHARE = {2 * CPU_SIGN_RATE}
+metrics = os.path.join(os.path.dirname(os.environ["KILN_HEARTBEAT"]), f"metrics.{{os.environ['KILN_TASK']}}.jsonl")
+pause = float(sys.argv[1])  # then busy (computing, no step) this long: an evaluation; forever: a hung collective
+
+def step(number):
+    with open(metrics, "a") as out:
+        out.write(json.dumps({{"step": number, "loss": 1.0 / (number + 1)}}) + "\\n")
+
+for number in range(25):  # a step every 0.2 s
+    step(number)
+    time.sleep(0.2)
+began = time.monotonic()
+while time.monotonic() - began < pause:
+    if time.process_time() < SHARE * (time.monotonic() - began):
+        sum(i * i for i in range(10000))
+    else:
+        time.sleep(0.02)
+step(25)
+print("done", flush=True)
+"""
+
+
 def start(cluster, cwd, *args: str, hosts: str = "node1,node2") -> subprocess.Popen:
     argv = [str(KILN), "-S", cluster.ssh_config, "-H", hosts, *args]
     return subprocess.Popen(argv, cwd=cwd, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -49,6 +75,7 @@ def start(cluster, cwd, *args: str, hosts: str = "node1,node2") -> subprocess.Po
 def test_busy_silent_programs_finish_and_a_hung_one_is_stopped_when_asked(cluster, tmp_path):
     (tmp_path / "busy.py").write_text(BUSY)
     (tmp_path / "asleep.py").write_text(ASLEEP)
+    (tmp_path / "steps.py").write_text(STEPS_THEN)
     runs = {
         "busy-train": start(cluster, tmp_path, "train", "--mode", "tf-config", "--run-id", "busy-train", "--",
                             "python", "busy.py"),
@@ -57,10 +84,16 @@ def test_busy_silent_programs_finish_and_a_hung_one_is_stopped_when_asked(cluste
                               "python", "busy.py"),
         "asleep": start(cluster, tmp_path, "run", "--run-id", "asleep", "--stall-minimum", "20", "--",
                         "python", "asleep.py", hosts="node1,node2,node3"),
+        # late past the 60 s step limit, but busy: an evaluation, not a stall
+        "evaluates": start(cluster, tmp_path, "train", "--mode", "tf-config", "--run-id", "evaluates", "--",
+                           "python", "steps.py", "80", hosts="node3"),
+        # steps stopped while it spins: stopped once the step is late past the step limit and --stall-busy
+        "spins": start(cluster, tmp_path, "train", "--mode", "tf-config", "--run-id", "spins", "--stall-busy", "30",
+                       "--", "python", "steps.py", "100000", hosts="node3"),
     }
     began = time.monotonic()
     done = {run_id: (process.wait(timeout=900), *process.communicate()) for run_id, process in runs.items()}
-    for run_id in ("busy-train", "busy-run", "busy-watched"):
+    for run_id in ("busy-train", "busy-run", "busy-watched", "evaluates"):
         code, out, err = done[run_id]
         assert code == 0, f"{run_id}: {out[-3000:]}{err[-3000:]}"
         summary = json.loads((cluster.runs / run_id / "summary.json").read_text())
@@ -73,4 +106,8 @@ def test_busy_silent_programs_finish_and_a_hung_one_is_stopped_when_asked(cluste
                         r"from ((?:shard-\d@node\d(?:, )?)+); stalled: ((?:node\d(?:, )?)+)", err)
     assert stalled, out[-3000:] + err
     assert {s.split("@")[1] for s in stalled.group(1).split(", ")} == set(stalled.group(2).split(", ")), err
+    code, out, err = done["spins"]
+    assert code == 1, out + err
+    assert ("no step progress for over 60s from worker-0@node3 while its processes stay busy (a collective that "
+            "hangs keeps its GPU or CPU busy); stalled: node3") in err, out[-3000:] + err
     assert all(run_processes(run_id) == [] for run_id in runs)

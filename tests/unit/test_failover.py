@@ -321,12 +321,13 @@ def test_the_spot_price_of_a_type_is_the_newest_of_each_zone_and_the_lowest_of_t
     assert plan.lowest_spot_prices(history) == {"p5": 31.25, "g6": 0.4}
 
 
-def test_a_cluster_that_must_move_tries_its_other_places_first_and_its_own_last():
+def test_a_cluster_that_must_move_tries_its_other_places_only():
     order = [Candidate("aws", "us-east-1", "p5.48xlarge", True), Candidate("aws", "us-west-2", "p5.48xlarge", True),
              Candidate("gcp", "us-central1-a", "a3-highgpu-8g", True),
              Candidate("aws", "us-east-1", "p5.48xlarge", False)]
-    assert failover.moved_order(order, order[0]) == [order[1], order[2], order[0], order[3]]
-    assert failover.moved_order(order[:1], order[0]) == order[:1], "one place: that place again"
+    assert failover.moved_order(order, order[0]) == [order[1], order[2]]
+    assert failover.moved_order(order[:1], order[0]) == [], "one place: no move (that place just refused)"
+    assert failover.moved_order([order[0], order[3]], order[3]) == [], "spot or on demand: the same place"
 
 
 def test_capacity_json_keeps_what_up_asked_and_reads_back_its_candidates():
@@ -336,3 +337,26 @@ def test_capacity_json_keeps_what_up_asked_and_reads_back_its_candidates():
     assert failover.candidates_of(record) == (order, order[0])
     assert "asked" not in failover.capacity_record(order, order[0], [])
     assert failover.classify("local", "NoLocalCapacity") == "capacity"
+
+
+def test_a_cluster_with_no_other_place_is_not_taken_down_to_move(tmp_path, monkeypatch):
+    """A managed run's move of a cluster whose up named one place (one zone; every --volume cluster) is refused
+    before anything goes: the recovery says why, the cluster stays. Nothing is asked of the cluster or its
+    provider (None here: any call would fail)."""
+    from types import SimpleNamespace
+
+    from bootstrap import state
+    from bootstrap.errors import KilnError
+    from bootstrap.recovery import Recovery
+
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    only = Candidate("aws", "us-east-1", "p5.48xlarge", False)
+    state.save_capacity("one", failover.capacity_record([only], only, [], {"count": 2, "volume": 100}))
+    recovery = Recovery(SimpleNamespace(name="one"), None, None, None, None, None, up_again=lambda capacity: "",
+                        reopen=lambda: None)
+    with pytest.raises(KilnError) as refused:
+        recovery.move()
+    assert str(refused.value) == (
+        "cluster one has no place to move to but aws us-east-1 p5.48xlarge on-demand, which has just refused a "
+        "machine (its kiln up named no other: --zones, --regions, --provider): kiln does not take it down; it is "
+        "left as it is")

@@ -1,6 +1,7 @@
 """The watchdog's verdict with each sign of work: output silence is a stall only when the node shows none."""
 
-from bootstrap.watchdog import CPU_SIGN_RATE, Activity, Progress, Sign, describe_stall, hung
+from bootstrap.node import runs_gpu_busy
+from bootstrap.watchdog import CPU_SIGN_RATE, Activity, Progress, Sign, describe_stall, hung, late_verdicts
 
 
 def silent_streams(now: float) -> list[str]:
@@ -81,4 +82,46 @@ def test_signs_read_from_a_node_answer_and_an_old_node_without_them():
 def test_the_stall_message_names_what_was_looked_at():
     assert describe_stall([], 60, ["worker-1@node2"], 6) == [
         "no output and no sign of work (CPU time, a GPU busy, the heartbeat file) for over 6s from worker-1@node2"]
-    assert describe_stall(["rank-0@node1"], 75.2, [], 60) == ["no step progress for over 75s from rank-0@node1"]
+    assert describe_stall(["rank-0@node1"], 75.2, [], 60) == [
+        "no step progress and no sign of work (CPU time, a GPU busy, the heartbeat file) for over 75s from "
+        "rank-0@node1"]
+    assert describe_stall([], 75.2, [], 60, ["rank-1@node2"], 600) == [
+        "no step progress for over 600s from rank-1@node2 while its processes stay busy (a collective that hangs "
+        "keeps its GPU or CPU busy)"]
+
+
+def steps_then(stop_at: float) -> Progress:
+    """Two streams stepping every second until `stop_at`, then still."""
+    steps = Progress()
+    for t in range(0, int(stop_at) + 1):
+        steps.observe(t, {"worker-0@node1": t, "worker-1@node2": t})
+    return steps
+
+
+def test_a_late_step_on_a_node_that_shows_no_work_is_a_stall_at_the_limit():
+    steps, activity = steps_then(30), Activity()
+    for t in range(0, 200, 10):
+        activity.observe(t, "node1", Sign(cpu=1.0 + min(t, 30)))  # busy until its steps stop, then idle
+        activity.observe(t, "node2", Sign(cpu=1.0 + t))  # busy throughout (an evaluation, a spinning collective)
+    late, limit = steps.stalled(190, factor=20, minimum=60)
+    assert (late, limit) == (["worker-0@node1", "worker-1@node2"], 60)
+    assert late_verdicts(late, steps, activity, 190, limit, 600) == (["worker-0@node1"], [])
+
+
+def test_a_late_step_on_a_busy_node_is_a_stall_only_past_the_busy_limit():
+    steps, activity = steps_then(30), Activity()
+    for t in range(0, 700, 10):
+        activity.observe(t, "node2", Sign(cpu=1.0 + t))
+    assert late_verdicts(["worker-1@node2"], steps, activity, 600, 60, 600) == ([], [])  # an evaluation, say
+    assert late_verdicts(["worker-1@node2"], steps, activity, 640, 60, 600) == ([], ["worker-1@node2"])
+    assert late_verdicts(["worker-1@node2"], steps, activity, 100, 60, 30) == ([], ["worker-1@node2"]), \
+        "never sooner than the step limit itself"
+
+
+def test_a_gpu_counts_as_the_runs_work_only_where_a_process_of_the_run_computes_on_it():
+    apps = "4242, GPU-aaa\n5151, GPU-bbb\n"
+    gpus = "GPU-aaa, 0\nGPU-bbb, 100\nGPU-ccc, 97\n"
+    assert runs_gpu_busy(apps, gpus, [5151]) is True
+    assert runs_gpu_busy(apps, gpus, [4242]) is False, "its GPU is idle; another program's is busy"
+    assert runs_gpu_busy(apps, gpus, [7]) is False
+    assert runs_gpu_busy("", "", [4242]) is False
