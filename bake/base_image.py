@@ -125,17 +125,28 @@ def kernel_files(rootfs: Path) -> tuple[Path, Path, str]:
     return kernels[0], initrd, version
 
 
+@contextlib.contextmanager
+def debs_cache(cache: Path):
+    """debootstrap's package cache (--cache-dir), held alone while one debootstrap uses it: two at once (the local
+    image's base and the container base, baked side by side by the tests' workers) move each other's files away
+    (`cp: cannot stat .../diffutils_1%3a3.8-4_amd64.deb`, seen on a fresh machine)."""
+    debs = cache / "debootstrap-debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".debootstrap-debs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield debs
+
+
 def build(out: Path, cache: Path, key: str) -> None:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         rootfs = work / "rootfs"
-        debs = cache / "debootstrap-debs"
-        debs.mkdir(parents=True, exist_ok=True)
         try:
-            run(["debootstrap", "--variant=minbase", f"--arch={ARCH}", f"--components={COMPONENTS.replace(' ', ',')}",
-                 f"--include={','.join(PACKAGES)}", f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR],
-                timeout=1800)
+            with debs_cache(cache) as debs:
+                run(["debootstrap", "--variant=minbase", f"--arch={ARCH}",
+                     f"--components={COMPONENTS.replace(' ', ',')}", f"--include={','.join(PACKAGES)}",
+                     f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR], timeout=1800)
         except KilnError:
             log = rootfs / "debootstrap/debootstrap.log"
             if log.exists():

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bake.base_image import ARCH, COMPONENTS, MIRROR, SECURITY_MIRROR, SUITE, remove_tree
+from bake.base_image import ARCH, COMPONENTS, MIRROR, SECURITY_MIRROR, SUITE, debs_cache, remove_tree
 from kiln import proc
 from kiln.errors import KilnError, run_main
 from kiln.paths import cache_dir
@@ -84,12 +84,12 @@ def build(name: str, cache: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=".container-base.", dir=cache))
     try:
         rootfs = work / "rootfs"
-        debs = cache / "debootstrap-debs"
-        debs.mkdir(parents=True, exist_ok=True)
-        argv = ["debootstrap", "--variant=minbase", f"--arch={ARCH}", f"--components={COMPONENTS.replace(' ', ',')}",
-                f"--include={','.join(PACKAGES)}", f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR]
-        print(f"container-base: {proc.shown(argv, 6)}", file=sys.stderr)
-        proc.run(argv, timeout=1800)
+        with debs_cache(cache) as debs:
+            argv = ["debootstrap", "--variant=minbase", f"--arch={ARCH}",
+                    f"--components={COMPONENTS.replace(' ', ',')}", f"--include={','.join(PACKAGES)}",
+                    f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR]
+            print(f"container-base: {proc.shown(argv, 6)}", file=sys.stderr)
+            proc.run(argv, timeout=1800)
         configure(rootfs)
         tar = subprocess.Popen(["tar", "--numeric-owner", "-cf", "-", "-C", str(rootfs), "."],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)

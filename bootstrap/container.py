@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bootstrap import commands, interconnect, launch
+from bootstrap import commands, interconnect, launch, mesh
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
@@ -68,17 +68,31 @@ class NodeView:
 
 def mounts(paths: NodePaths, node: NodeView, checkpoint_dir: str | None) -> list[tuple[str, str]]:
     """Bind mounts (source, options), each at the same path inside: kiln's folder (code, lib, runs), the
-    checkpoint folder and the data volume where they are elsewhere on the node, the user's ~/.ssh (read-only:
-    the cluster's key and pinned known_hosts, for horovodrun's ssh), and the node's users and hosts (read-only:
-    ssh needs the login user's name; the mesh's names stay current after a node is replaced)."""
+    checkpoint folder and the data volume where they are elsewhere on the node, and the node's users and hosts
+    (read-only: ssh needs the login user's name; the mesh's names stay current after a node is replaced). Not the
+    user's ~/.ssh: the container gets the run's own access (access_dir, run_argv), never the cluster's key."""
     found = [(paths.root, "rw")]
     for extra in (checkpoint_dir, node.data_volume):
         if extra and extra.startswith("/") and not extra.startswith(paths.root.rstrip("/") + "/"):
             found.append((extra, "rw"))
-    found += [(f"{node.home}/.ssh", "ro"), ("/etc/passwd", "ro"), ("/etc/group", "ro"), ("/etc/hosts", "ro")]
+    found += [("/etc/passwd", "ro"), ("/etc/group", "ro"), ("/etc/hosts", "ro")]
     if node.topology:
         found.append((node.topology, "ro"))
     return found
+
+
+def access_dir(home: str, run_id: str) -> str:
+    """Where a node keeps a container run's own ssh access (its key, the pinned known_hosts, its ssh config): the
+    container's ~/.ssh, read-only (node.py container_access writes it; its stop removes it)."""
+    return f"{home}/.ssh/kiln/runs/{run_id}"
+
+
+def access_line(public_key: str, run_id: str, addresses: Sequence[str]) -> str:
+    """The authorized_keys line of a run's container key (pure): from the cluster's addresses only, and good for
+    one thing, a command run in that run's container on this node (a forced command: no shell on the node, no
+    forwarding, whatever the caller asks)."""
+    command = f'docker exec -i {container_name(run_id)} sh -c \\"$SSH_ORIGINAL_COMMAND\\"'
+    return f'restrict,from="{",".join(addresses)}",command="{command}" {public_key} kiln-run-{run_id}'
 
 
 def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str, str]],
@@ -102,6 +116,7 @@ def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str,
         argv += ["--device", "/dev/infiniband"]
     for source, options in binds:
         argv += ["-v", f"{source}:{source}:{options}"]
+    argv += ["-v", f"{access_dir(node.home, run_id)}:{node.home}/.ssh:ro"]  # the run's key, not the cluster's
     return [*argv, "--entrypoint", "sleep", image, "infinity"]
 
 
@@ -359,10 +374,13 @@ class ContainerRuntime:
 
         names = [node.name for node in self.group.nodes]
 
+        access = self.access_payload()
+
         def start(host: Host) -> None:
             node = self.view(host)
             binds = mounts(self.paths, node, self.checkpoint_dir)
             argv = run_argv(self.run_id, self.image, node, binds, names)
+            remote.node(host, self.group.python, "container_access", input=access, timeout=60)
             made = remote.run(host, ["mkdir", "-p", *(source for source, options in binds if options == "rw")],
                               timeout=60)  # as the login user: docker would make them root's
             if made.code != 0:
@@ -373,6 +391,17 @@ class ContainerRuntime:
                 raise HostFailure(f"docker run: {docker_error(result.stderr) or f'exit {result.code}'}")
 
         remote.map_or_raise("container", hosts, start)
+
+    def access_payload(self) -> dict:
+        """What each node needs to give the run's containers their own way to each other (node.py
+        container_access): a key made for this run alone, the cluster's pinned known_hosts, and an ssh config that
+        names them as the container's ~/.ssh."""
+        private_key, public_key = mesh.new_key(f"kiln-run-{self.run_id}")
+        nodes = self.group.nodes
+        return {"run_id": self.run_id, "private_key": private_key,
+                "known_hosts": mesh.known_hosts_text(nodes),
+                "ssh_config": mesh.node_ssh_config(self.group.name, nodes, base="~/.ssh"),
+                "authorized": access_line(public_key, self.run_id, [node.address for node in nodes])}
 
     def python_path(self, host: Host) -> str:
         """The Python the image runs (`--python`, else the first python3 on the image's PATH); the image must be

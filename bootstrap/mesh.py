@@ -8,6 +8,7 @@ import ipaddress
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from bootstrap import state
 from bootstrap.errors import KilnError, UsageError
@@ -59,6 +60,20 @@ def ensure_cluster_key(cluster: str) -> tuple[str, str]:
             except (OSError, subprocess.SubprocessError) as error:
                 raise KilnError(f"could not generate the cluster key in {folder}: {error}") from None
         return key.read_text(), (folder / "id_ed25519.pub").read_text().strip()
+
+
+def new_key(comment: str) -> tuple[str, str]:
+    """A fresh ed25519 key pair, kept nowhere here: (private key text, public key line)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        key = Path(folder) / "id_ed25519"
+        try:
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
+                           check=True, capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise KilnError(f"could not generate a key: {error}") from None
+        return key.read_text(), key.with_suffix(".pub").read_text().strip()
 
 
 def choose_address(facts: dict) -> tuple[str, str]:
@@ -128,9 +143,10 @@ def pin_replacements(cluster: str, nodes: Sequence[Node], replaced: Sequence) ->
                                 first_contact=True)
 
 
-def node_ssh_config(cluster: str, nodes: Sequence[Node]) -> str:
-    """The ssh config every node includes: the cluster key and pinned keys for cluster names only."""
-    base = f"~/.ssh/kiln/{cluster}"
+def node_ssh_config(cluster: str, nodes: Sequence[Node], base: str | None = None) -> str:
+    """The ssh config every node includes: the cluster key and pinned keys (in `base`, the cluster's folder under
+    ~/.ssh/kiln by default) for cluster names only."""
+    base = base or f"~/.ssh/kiln/{cluster}"
     blocks = []
     for node in nodes:
         extra = "".join([f"  Port {node.host.port}\n" if node.host.port else "",

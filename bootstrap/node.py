@@ -574,7 +574,52 @@ def stop(run_id, grace):
             break
     left = run_processes(run_id, helpers=True, inside=inside)
     failed = remove_container(run_id)
+    revoke_container_access(run_id)
     return {"left": left, **({"container": failed} if failed else {})}
+
+
+def container_access(payload):
+    """A container run's own way to the cluster's other nodes (kiln train --image), never the cluster's key: the
+    run's key, the pinned known_hosts and an ssh config in ~/.ssh/kiln/runs/RUN (the container's ~/.ssh,
+    read-only), and that key authorized here only to run a command in the run's container (its forced command);
+    stop takes both away."""
+    import fcntl
+
+    run_id = payload["run_id"]
+    folder = os.path.expanduser(f"~/.ssh/kiln/runs/{run_id}")
+    for path in (os.path.dirname(os.path.dirname(folder)), os.path.dirname(folder), folder):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    for name, text in (("id_ed25519", payload["private_key"]), ("known_hosts", payload["known_hosts"]),
+                       ("config", payload["ssh_config"])):
+        path = os.path.join(folder, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+            handle.write(text)
+    authorized = os.path.expanduser("~/.ssh/authorized_keys")
+    with open(os.path.expanduser("~/.ssh/kiln/.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tag = f"kiln-run-{run_id}"
+        kept = [line for line in read_text(authorized).splitlines() if not line.endswith(" " + tag)]
+        write_if_changed(authorized, "\n".join([*kept, payload["authorized"]]) + "\n")
+    return {"access": folder}
+
+
+def revoke_container_access(run_id):
+    """Take a container run's key away on this node (its authorized line, its folder): nothing of it outlives the
+    run's containers."""
+    import fcntl
+    import shutil
+
+    authorized = os.path.expanduser("~/.ssh/authorized_keys")
+    lock_path = os.path.expanduser("~/.ssh/kiln/.lock")
+    if not os.path.isdir(os.path.dirname(lock_path)):
+        return
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = read_text(authorized)
+        kept = [line for line in current.splitlines() if not line.endswith(f" kiln-run-{run_id}")]
+        if kept != current.splitlines():
+            write_if_changed(authorized, "\n".join(kept) + ("\n" if kept else ""))
+    shutil.rmtree(os.path.expanduser(f"~/.ssh/kiln/runs/{run_id}"), ignore_errors=True)
 
 
 def progress(run_id, run_dir, signs=False, container=True):
@@ -944,6 +989,8 @@ def answer(verb, args, stdin):
         return mesh(payload, args or ["ssh", "hosts"])
     if verb == "stop":
         return stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
+    if verb == "container_access":
+        return container_access(stdin())
     if verb == "reserve":
         return reserve(args[0], args[1], [int(p) for p in args[2:]])
     if verb == "release":

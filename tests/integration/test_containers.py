@@ -119,6 +119,52 @@ def test_every_process_runs_in_its_nodes_container_seeing_the_nodes_name_and_add
     no_containers(cluster)
 
 
+KEYS = """\
+import json, os, subprocess
+out = os.environ["KILN_OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
+found = {}
+for top in sorted({os.path.expanduser("~"), "/root", "/home"}):
+    for folder, _, files in os.walk(top):
+        for name in files:
+            try:
+                text = open(os.path.join(folder, name), errors="replace").read(1 << 16)
+            except OSError:
+                continue
+            if text.startswith("-----BEGIN ") and "PRIVATE KEY-----" in text.splitlines()[0]:
+                found[os.path.join(folder, name)] = text
+other = {"0": "node2", "1": "node1"}[os.environ["KILN_SHARD_INDEX"]]
+where = subprocess.run(["ssh", other, "tr '\\\\0' ' ' </proc/1/cmdline; echo; hostname; ls -a ~/.ssh"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+json.dump({"keys": found, "ssh": where.stdout, "ssh_error": where.stderr, "code": where.returncode},
+          open(os.path.join(out, "keys.json"), "w"))
+"""
+
+
+def test_a_container_reads_no_cluster_key_and_its_own_key_opens_only_the_runs_containers(cluster, project):
+    """A program in the run's containers looks for private keys everywhere its home and mounts reach: it finds
+    the run's own key alone, never the cluster's (which each node keeps in its ~/.ssh); with it, ssh to the other
+    node lands in that node's container of the run (its first process is the container's init), not on the node;
+    after the run the key is authorized nowhere."""
+    (project / "keys.py").write_text(KEYS)
+    done = cluster.kiln("run", "--image", cluster.image, "--run-id", "ckeys", "--", "python", "keys.py",
+                        cwd=project, hosts="node1,node2", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cluster_keys = {path.read_text() for path in cluster.kiln_home.glob("clusters/*/id_ed25519")}
+    assert cluster_keys, "the cluster key kiln made"
+    for shard, seen in outputs(cluster, "ckeys", "keys.json").items():
+        assert not set(seen["keys"].values()) & cluster_keys, (shard, sorted(seen["keys"]))
+        assert sorted(seen["keys"]) == ["/root/.ssh/id_ed25519"], (shard, sorted(seen["keys"]))
+        assert seen["code"] == 0, seen
+        init, hostname, *listing = seen["ssh"].split("\n")
+        assert "docker-init" in init or "sleep infinity" in init, seen  # the container's, not the node's
+        assert "kiln" not in " ".join(listing).split(), seen  # no ~/.ssh/kiln: the node's ~/.ssh is not there
+    for node in ("node1", "node2"):
+        authorized = cluster.ssh(node, "cat ~/.ssh/authorized_keys").stdout
+        assert "kiln-run-ckeys" not in authorized and cluster.ssh(node, "test -e ~/.ssh/kiln/runs/ckeys").returncode
+    no_containers(cluster)
+
+
 def test_an_image_only_this_machine_has_is_shipped_to_the_nodes_once(cluster, project):
     """Any image runs, not only kiln's: the Debian base, which only this machine's engine has (no registry holds
     it), goes to every node over kiln's connections; a second run finds it there and ships nothing."""

@@ -22,9 +22,20 @@ def test_the_run_container_has_what_multi_node_training_needs():
         "--init", "--ulimit", "memlock=-1:-1", "--user", "1000:1000", "-e", "HOME=/home/u",
         "-e", "KILN_CONTAINER=kiln-r1", "-e", "KILN_CLUSTER_HOSTS=node1,node2",
         "--tmpfs", "/home/u:uid=1000,gid=1000,mode=0700", "--workdir", "/home/u",
-        "-v", "/home/u/kiln:/home/u/kiln:rw", "-v", "/home/u/.ssh:/home/u/.ssh:ro",
+        "-v", "/home/u/kiln:/home/u/kiln:rw",
         "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro", "-v", "/etc/hosts:/etc/hosts:ro",
+        "-v", "/home/u/.ssh/kiln/runs/r1:/home/u/.ssh:ro",
         "--entrypoint", "sleep", "sha256:abc", "infinity"]
+
+
+def test_a_containers_key_is_the_runs_and_opens_only_the_runs_container_on_each_node():
+    """The container's ~/.ssh is the run's access folder, never the node's (the cluster's key stays out); the
+    run's key is authorized from the cluster's addresses, for a command in that run's container alone."""
+    argv = container.run_argv("r1", "img", NODE, container.mounts(PATHS, NODE, None))
+    assert not [arg for arg in argv if arg.startswith("/home/u/.ssh:")]
+    assert container.access_line("ssh-ed25519 AAAAkey", "r1", ["10.0.0.1", "10.0.0.2"]) == (
+        'restrict,from="10.0.0.1,10.0.0.2",command="docker exec -i kiln-r1 sh -c \\"$SSH_ORIGINAL_COMMAND\\"" '
+        "ssh-ed25519 AAAAkey kiln-run-r1")
 
 
 def test_gpus_memlock_checkpoints_and_the_data_volume_follow_the_node():

@@ -164,3 +164,26 @@ def test_progress_asks_docker_for_the_runs_container_only_where_the_run_may_have
     assert calls.exists() == asked, calls.read_text() if calls.exists() else "docker was not called"
     if asked:
         assert calls.read_text().split()[:1] == ["inspect"]
+
+
+def test_a_container_runs_access_is_written_authorized_for_the_run_alone_and_taken_away_at_its_stop(tmp_path,
+                                                                                                    monkeypatch):
+    """node.py container_access beside the cluster's own authorized key, then revoke (stop): the run's line and
+    folder go, the cluster's line stays."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh" / "kiln").mkdir(parents=True)
+    cluster_line = "from=\"10.0.0.1\" ssh-ed25519 AAAAcluster kiln-c1"
+    (tmp_path / ".ssh" / "authorized_keys").write_text(cluster_line + "\n")
+    node_side.container_access({"run_id": "r1", "private_key": "PRIVATE\n", "known_hosts": "node1 ssh-ed25519 AAAAn1\n",
+                           "ssh_config": "Host node1\n", "authorized": "restrict,command=\"x\" ssh-ed25519 AAAAr1 "
+                                                                        "kiln-run-r1"})
+    folder = tmp_path / ".ssh" / "kiln" / "runs" / "r1"
+    assert (folder / "id_ed25519").read_text() == "PRIVATE\n"
+    assert oct((folder / "id_ed25519").stat().st_mode & 0o777) == "0o600"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert (tmp_path / ".ssh" / "authorized_keys").read_text().splitlines() == [
+        cluster_line, 'restrict,command="x" ssh-ed25519 AAAAr1 kiln-run-r1']
+    node_side.revoke_container_access("r1")
+    assert (tmp_path / ".ssh" / "authorized_keys").read_text().splitlines() == [cluster_line]
+    assert not folder.exists()
+    node_side.revoke_container_access("r1")  # again, or on a node that never had it: nothing to do
