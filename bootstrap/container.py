@@ -84,7 +84,7 @@ def mounts(paths: NodePaths, node: NodeView, checkpoint_dir: str | None) -> list
 def access_dir(home: str, run_id: str) -> str:
     """Where a node keeps a container run's own ssh access (its key, the pinned known_hosts, its ssh config): the
     container's ~/.ssh, read-only (node.py container_access writes it; its stop removes it)."""
-    return f"{home}/.ssh/kiln/runs/{run_id}"
+    return f"{home}/.ssh/kiln-runs/{run_id}"
 
 
 def access_line(public_key: str, run_id: str, addresses: Sequence[str]) -> str:
@@ -246,6 +246,7 @@ class ContainerRuntime:
         self.group, self.reference, self.paths, self.run_id = group, check_reference(reference), paths, run_id
         self.checkpoint_dir, self.python, self.pull_timeout = checkpoint_dir, python, pull_timeout
         self.image = ""  # the image id, once resolved
+        self.key: tuple[str, str] | None = None  # the run's containers' key pair, made once for the run
 
     def moved(self, group: Cluster) -> None:
         """The run moved to another cluster (a managed run's move): its containers are made there at the restart."""
@@ -375,6 +376,10 @@ class ContainerRuntime:
         names = [node.name for node in self.group.nodes]
 
         access = self.access_payload()
+        others = [host for host in self.group.hosts if host not in hosts]
+        if others:  # a node that joins: the containers there already learn its address and host key
+            remote.map(others, lambda host: remote.node(host, self.group.python, "container_access", input=access,
+                                                        timeout=60))
 
         def start(host: Host) -> None:
             node = self.view(host)
@@ -396,7 +401,8 @@ class ContainerRuntime:
         """What each node needs to give the run's containers their own way to each other (node.py
         container_access): a key made for this run alone, the cluster's pinned known_hosts, and an ssh config that
         names them as the container's ~/.ssh."""
-        private_key, public_key = mesh.new_key(f"kiln-run-{self.run_id}")
+        self.key = self.key or mesh.new_key(f"kiln-run-{self.run_id}")
+        private_key, public_key = self.key
         nodes = self.group.nodes
         return {"run_id": self.run_id, "private_key": private_key,
                 "known_hosts": mesh.known_hosts_text(nodes),

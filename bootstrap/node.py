@@ -580,14 +580,14 @@ def stop(run_id, grace):
 
 def container_access(payload):
     """A container run's own way to the cluster's other nodes (kiln train --image), never the cluster's key: the
-    run's key, the pinned known_hosts and an ssh config in ~/.ssh/kiln/runs/RUN (the container's ~/.ssh,
+    run's key, the pinned known_hosts and an ssh config in ~/.ssh/kiln-runs/RUN (the container's ~/.ssh,
     read-only), and that key authorized here only to run a command in the run's container (its forced command);
     stop takes both away."""
     import fcntl
 
     run_id = payload["run_id"]
-    folder = os.path.expanduser(f"~/.ssh/kiln/runs/{run_id}")
-    for path in (os.path.dirname(os.path.dirname(folder)), os.path.dirname(folder), folder):
+    folder = os.path.expanduser(f"~/.ssh/kiln-runs/{run_id}")
+    for path in (os.path.expanduser("~/.ssh/kiln"), os.path.dirname(folder), folder):
         os.makedirs(path, mode=0o700, exist_ok=True)
     for name, text in (("id_ed25519", payload["private_key"]), ("known_hosts", payload["known_hosts"]),
                        ("config", payload["ssh_config"])):
@@ -619,10 +619,10 @@ def revoke_container_access(run_id):
         kept = [line for line in current.splitlines() if not line.endswith(f" kiln-run-{run_id}")]
         if kept != current.splitlines():
             write_if_changed(authorized, "\n".join(kept) + ("\n" if kept else ""))
-    shutil.rmtree(os.path.expanduser(f"~/.ssh/kiln/runs/{run_id}"), ignore_errors=True)
+    shutil.rmtree(os.path.expanduser(f"~/.ssh/kiln-runs/{run_id}"), ignore_errors=True)
 
 
-def progress(run_id, run_dir, signs=False, container=True):
+def progress(run_id, run_dir, signs=False, container=True, gpu=False):
     """The last logged step of every metrics file here, how much each process has printed (its log; a
     horovod rank's files), this node's processes of the run that are stopped (state T: hung or frozen), and the
     signs of their work when asked (`signs`): their CPU seconds, whether a GPU is busy, when the run's heartbeat
@@ -660,8 +660,8 @@ def progress(run_id, run_dir, signs=False, container=True):
         if state in ("T", "t"):
             stopped.append(pid)
     found = {"metrics": metrics, "output": output, "stopped": stopped}
-    if signs:  # only for the silence watch (--stall-minimum): nvidia-smi is no cheap call
-        found["activity"] = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu_busy(pids),
+    if signs:  # CPU time and the heartbeat are cheap; a GPU's (two nvidia-smi calls) only when asked (`gpu`)
+        found["activity"] = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu and gpu_busy(pids),
                              "beat": mtime(os.path.join(run_dir, HEARTBEAT))}
     return found
 
@@ -998,7 +998,8 @@ def answer(verb, args, stdin):
     if verb == "status":
         return status(args[0], args[1:])
     if verb == "progress":
-        return progress(args[0], args[1], signs="signs" in args[2:], container="bare" not in args[2:])
+        return progress(args[0], args[1], signs="signs" in args[2:], container="bare" not in args[2:],
+                        gpu="gpu" in args[2:])
     if verb == "look":
         return look(args[0], float(args[1]), args[2:])
     if verb == "runs":

@@ -158,19 +158,21 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
             raise Exit(code=130) from None
         print(f"\ninterrupted: stopping run {plan.run_id} and collecting its nodes' folders before its cluster goes",
               flush=True)
-        stop_and_collect(group, record, supervisor, paths)
+        stop_and_collect(supervisor, paths)
         raise Exit(code=130) from None
 
 
-def stop_and_collect(group: Cluster, record: state.RunRecord, supervisor: Supervisor,
-                     paths: launch.NodePaths) -> None:
+def stop_and_collect(supervisor: Supervisor, paths: launch.NodePaths) -> None:
     """Stop every process of a run, collect its nodes' folders and write its summary (stopped), a Ctrl-C while it
-    does told to wait: what the nodes hold is gone once the cluster is."""
+    does told to wait: what the nodes hold is gone once the cluster is. The supervisor's cluster and record are
+    the run's of now (a managed run may have moved)."""
+    group, record = supervisor.group, supervisor.record
     with shielded(f"stopping run {record.run_id} and collecting its nodes' folders",
                   "loses what is not collected yet when the cluster goes"):
         left = supervisor.stop()
         folder = supervisor.collect()
-        group.release_ports(record.run_id, paths.root)
+        if not supervisor.released:
+            group.release_ports(record.run_id, paths.root)
         state.save_summary(record.run_id, runs.summary(
             record, status="stopped", failure="interrupted (Ctrl-C)" + (
                 f"; could not stop: {', '.join(left)}" if left else ""), folder=folder,

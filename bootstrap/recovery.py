@@ -62,7 +62,7 @@ class Recovery:
             group.check_program(launch.program_check(self.program, group.python, self.paths))
 
     def as_move(self) -> Move:
-        return Move(self.wanted, self.move)
+        return Move(self.wanted, self.move, self.possible)
 
     def wanted(self, failure: KilnError) -> bool:
         """Whether a replacement failed for want of capacity where the cluster is (failover.classify)."""
@@ -75,15 +75,7 @@ class Recovery:
         project, and the run planned on it: (the new cluster, the run's new plan, where it came up). Refused,
         before anything goes, where another run has processes on the cluster (the down would end it too)."""
         old = self.group
-        capacity = state.load_capacity(old.name)  # read before the down forgets it
-        if not capacity or not capacity.get("asked") or not self.up_again or not self.reopen:
-            raise KilnError(f"cluster {old.name} has no record of what its kiln up asked: it cannot be brought up "
-                            "elsewhere")
-        came_up = failover.candidates_of(capacity)[1]
-        if not failover.moved_order(*failover.candidates_of(capacity)):
-            raise KilnError(f"cluster {old.name} has no place to move to but {came_up.describe()}, which has just "
-                            f"refused a machine (its kiln up named no other: --zones, --regions, --provider): kiln "
-                            f"does not take it down; it is left as it is")
+        capacity = self.possible()  # read before the down forgets it
         if others := self.other_runs([host for host in self.group.hosts if host not in gone]):
             raise KilnError(f"cluster {old.name} also runs {', '.join(others)}: kiln does not take it down under "
                             f"{'that run' if len(others) == 1 else 'those runs'}")
@@ -107,6 +99,21 @@ class Recovery:
         except KilnError as error:
             raise KilnError(f"cluster {old.name} is up again at {where}, but the run cannot go on there: {error} "
                             f"(kiln down {old.name} removes it)") from None
+
+    def possible(self) -> dict:
+        """The cluster's capacity.json, where it can move at all: KilnError (nothing done) where kiln cannot know
+        what its up asked, or the up named no place but the one that has just refused."""
+        name = self.group.name
+        capacity = state.load_capacity(name)
+        if not capacity or not capacity.get("asked") or not self.up_again or not self.reopen:
+            raise KilnError(f"cluster {name} has no record of what its kiln up asked: it cannot be brought up "
+                            "elsewhere")
+        came_up = failover.candidates_of(capacity)[1]
+        if not failover.moved_order(*failover.candidates_of(capacity)):
+            raise KilnError(f"cluster {name} has no place to move to but {came_up.describe()}, which has just "
+                            f"refused a machine (its kiln up named no other: --zones, --regions, --provider): kiln "
+                            f"does not take it down; it is left as it is")
+        return capacity
 
     def settle(self, record: state.ClusterRecord) -> tuple[Cluster, RunPlan]:
         """The cluster brought up again, reached, meshed, armed (autostop), given the code, and the run planned on

@@ -131,8 +131,10 @@ class Agent:
     def __init__(self, host: Host, python: str, options: SshOptions):
         self.host, self.python = host, python
         command = shlex.join([python, "-S", "-c", NODE_SCRIPT, "serve", str(self.LIFETIME)])
+        # in a session of its own: a Ctrl-C at the terminal reaches kiln alone, which decides (an undo or a stop
+        # under kiln.shield goes on over these connections); the agent ends when kiln closes its input
         self.process = subprocess.Popen(commands.ssh_argv(host, command, options), stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.buffer = b""
 
     @property
@@ -262,7 +264,7 @@ class Remote:
         limit = timeout + self.options.connect_timeout + 10
         try:
             done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=limit,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
+                                  stdin=None if input is not None else subprocess.DEVNULL, start_new_session=True)
         except subprocess.TimeoutExpired:
             return Result(host, 124, "", f"no answer within {limit:g}s")
         return Result(host, done.returncode, done.stdout, done.stderr)

@@ -190,10 +190,16 @@ def write_known_hosts(cluster: str, text: str, *, first_contact: bool = False) -
     return path
 
 
-def list_clusters() -> list[ClusterRecord]:
-    """Every cluster with a cluster file here, by name."""
+def list_clusters(*, lenient: bool = False) -> list[ClusterRecord]:
+    """Every cluster with a cluster file here, by name (`lenient`: those whose file cannot be read left out)."""
     root = kiln_home() / "clusters"
-    records = (load_cluster(path.name) for path in sorted(root.iterdir())) if root.is_dir() else ()
+    records = []
+    for path in sorted(root.iterdir()) if root.is_dir() else ():
+        try:
+            records.append(load_cluster(path.name))
+        except KilnError:
+            if not lenient:
+                raise
     return [record for record in records if record is not None]
 
 

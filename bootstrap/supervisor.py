@@ -37,6 +37,8 @@ class Move:
 
     wanted: Callable[[KilnError], bool]
     make: Callable[[Sequence[Host]], tuple[Cluster, RunPlan, str]]
+    # raises KilnError where the cluster cannot move at all (no other place to go), before anything is done
+    possible: Callable[[], None] = lambda: None
 
 
 class Interrupted(KilnError):
@@ -103,6 +105,7 @@ class Supervisor:
         self.joins: list[dict] = []  # each replacement that joined the elastic run
         self.timeline = timeline or Timeline()
         self.stall_factor, self.stall_minimum, self.stall_busy = stall_factor, stall_minimum, stall_busy
+        self.gpu_wanted = False  # a logged step is half as late as its limit: the GPUs' signs are asked too
         self.run_dir = paths.run(plan.run_id)
         self.folder = state.run_folder(plan.run_id)
         self.released = False  # the run's port reservations went with the machines (a move that failed)
@@ -253,12 +256,14 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {self.plan.run_id} made no end within {timeout:g}s; stopped")
 
-    def progress(self, signs: bool = False) -> dict[Host, dict]:
-        """Every host's last logged steps and stopped processes of this run (with `signs`, its signs of work). A
-        run without containers says so: its nodes then find its processes without asking a Docker engine (a CLI
-        call each look, on every node)."""
+    def progress(self, signs: bool = False, gpu: bool = False) -> dict[Host, dict]:
+        """Every host's last logged steps and stopped processes of this run (with `signs`, its signs of work; with
+        `gpu`, whether the GPUs its processes use are busy: two nvidia-smi calls). A run without containers says
+        so: its nodes then find its processes without asking a Docker engine (a CLI call each look, on every
+        node)."""
         remote, python = self.group.remote, self.group.python
-        flags = [*(["signs"] if signs else []), *([] if self.runtime.contained else ["bare"])]
+        flags = [*(["signs"] if signs else []), *(["gpu"] if gpu else []),
+                 *([] if self.runtime.contained else ["bare"])]
         found, failures = remote.map(self.watched(), lambda h: remote.node(
             h, python, "progress", self.plan.run_id, self.run_dir, *flags, timeout=30))
         if failures:
@@ -285,7 +290,9 @@ class Supervisor:
         the way out for the coordination service of a chief that left first."""
         floor = self.stall_minimum or watchdog.STEP_FLOOR_S
         minimum = max(floor, launch.FINISH_GRACE_S) if done & set(self.plan.finishing) else floor
-        seen = self.progress(signs=True)  # late steps and silence are both judged by the signs of work
+        # late steps and silence are both judged by the signs of work; the GPUs' (nvidia-smi) are asked for the
+        # silence watch, and once a step is half as late as its limit (so they are known when it is late)
+        seen = self.progress(signs=True, gpu=bool(self.stall_minimum) or self.gpu_wanted)
         now = time.monotonic()
         names = dict(zip(self.group.hosts, self.plan.names, strict=True))
         gone = {names[host] for host in self.gone}  # an elastic run's nodes that went: their streams stand still
@@ -297,6 +304,7 @@ class Supervisor:
                                 for host, found in seen.items() for task, row in found["metrics"].items()})
             behind, limit = steps.stalled(now, factor=self.stall_factor, minimum=minimum)
             late, spinning = watchdog.late_verdicts(behind, steps, activity, now, limit, self.stall_busy)
+            self.gpu_wanted = bool(steps.stalled(now, factor=self.stall_factor / 2, minimum=minimum / 2)[0])
         if self.stall_minimum:
             output.observe(now, watchdog.output_streams(self.plan, {names[host]: found
                                                                     for host, found in seen.items()}))
@@ -455,6 +463,10 @@ class Supervisor:
         print(f"recovery {number} of {of}: no capacity to replace {', '.join(names.values())} where cluster "
               f"{self.group.name} is ({why}); bringing the whole cluster up again elsewhere, the run to resume from "
               "its last checkpoint", flush=True)
+        try:
+            move.possible()
+        except KilnError as failure:
+            return f"recovery failed: {why}; the cluster could not move: {failure}"
         try:
             self.keep_checkpoints()
         except KilnError as failure:  # the machines that hold them would go with the cluster

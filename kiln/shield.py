@@ -6,8 +6,8 @@ Signals reach Python's main thread alone: elsewhere the shield holds nothing and
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -25,10 +25,12 @@ def shielded(what: str, stopping_leaves: str) -> Iterator[list[int]]:
         presses[0] += 1
         if presses[0] >= 2:
             raise KeyboardInterrupt
-        print(f"\nkiln: {what}; Ctrl-C again stops it, which {stopping_leaves}", file=sys.stderr, flush=True)
+        # os.write: a print here could land inside another print to stderr (Python refuses the reentrant call)
+        os.write(2, f"\nkiln: {what}; Ctrl-C again stops it, which {stopping_leaves}\n".encode())
 
     previous = signal.signal(signal.SIGINT, pressed)
     try:
         yield presses
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # a handler set outside Python reads as None, and cannot be set back: Python's default stands in
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)

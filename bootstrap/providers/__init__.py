@@ -226,7 +226,8 @@ def look_everywhere(kind: str, given: Mapping[str, Any], every: bool, verb: str,
     own = named(kind, given)
     if not own.scope:
         return Looked(tuple(getattr(own, verb)(**options)), ())
-    places = search_places(recorded_places(kind, state.list_clusters()), own.places(every))
+    # a cluster file that cannot be read takes nothing away from the search (sweep is the expiry's safety net)
+    places = search_places(recorded_places(kind, state.list_clusters(lenient=True)), own.places(every))
     if places == [None]:
         return Looked(tuple(getattr(own, verb)(**options)), ())
     lines: list[str] = []

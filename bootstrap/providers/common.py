@@ -252,15 +252,18 @@ class Rollback:
     def push(self, what: str, action: Callable[[], object]) -> None:
         self.undo.append((what, action))
 
-    def run(self, describe: Callable[[BaseException], str] = str) -> list[str]:
-        """Undo in reverse order; the failures, as lines (each error told by `describe`). A KeyboardInterrupt (the
-        Ctrl-C that stops an undo, kiln.shield) ends it there: the step it cut and those not yet run are named."""
+    def run(self, describe: Callable[[BaseException], str] = str, *, stoppable: bool = False) -> list[str]:
+        """Undo in reverse order; the failures, as lines (each error told by `describe`). With `stoppable` (an undo
+        under kiln.shield, whose second Ctrl-C stops it), a KeyboardInterrupt ends it there: the step it cut and
+        those not yet run are named; elsewhere it goes up as it came."""
         failures = []
         steps = list(reversed(self.undo))
         for index, (what, action) in enumerate(steps):
             try:
                 action()
             except KeyboardInterrupt:
+                if not stoppable:
+                    raise
                 return failures + [f"{later}: not done (Ctrl-C)" for later, _ in steps[index:]]
             except Exception as error:  # keep undoing the rest; report every failure
                 failures.append(f"{what}: {describe(error)}")

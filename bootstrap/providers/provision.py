@@ -131,7 +131,7 @@ def undo(name: str, verbs: Verbs, rollback: Rollback, where: str) -> list[str]:
             verbs.settle()
         except KeyboardInterrupt:
             return [f"{what}: not done (Ctrl-C)" for what, _ in reversed(rollback.undo)]
-        return rollback.run(verbs.describe)
+        return rollback.run(verbs.describe, stoppable=True)
 
 
 def flags(place: Mapping[str, str]) -> list[str]:

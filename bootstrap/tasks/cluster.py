@@ -293,7 +293,8 @@ TRAIN_HELP = {
     "down_after": "remove the cluster (kiln up made it) once the run has ended and its folder is collected, "
                   "also when it failed",
     "stall_factor": "stop a run whose logged steps (kiln metrics) stop moving for this many times the median "
-                    "time between them, and at least 60 s (default 20; 0: no watchdog)",
+                    "time between them, and at least 60 s, while its node shows no work (past --stall-busy while "
+                    "it does) (default 20; 0: no watchdog)",
     "stall_minimum": "also stop a run whose process prints nothing for this many seconds while its node shows no "
                      "work (no CPU time, no GPU busy, no touch of KILN_HEARTBEAT); the floor of --stall-factor "
                      "too (default 0: silence alone never stops a run)",

@@ -188,23 +188,25 @@ def up_again(name: str, capacity: dict, say) -> failover.Candidate:
     if not values:
         raise KilnError(f"cluster {name}: what its kiln up asked is not on record (made by an older kiln): it cannot "
                         "be brought up elsewhere")
+    candidates = failover.candidates_of(capacity)[0]
     order = failover.moved_order(*failover.candidates_of(capacity))
     clouds = list(dict.fromkeys(candidate.cloud for candidate in order))
     idle_minutes = autostop.validate_idle_minutes(values.get("idle_minutes")) or None
     prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
                 for candidate in order}
-    made, candidate = bring_up(order, prepared, values, say, 0.0)
+    made, candidate = bring_up(order, prepared, values, say, 0.0, candidates)
     say("\n".join(made.lines))
     return candidate
 
 
-def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say,
-             deadline_s: float) -> tuple[providers.Made, failover.Candidate]:
+def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say, deadline_s: float,
+             candidates: list[failover.Candidate] | None = None) -> tuple[providers.Made, failover.Candidate]:
     """The first candidate that comes up (failover.until_up), and where: capacity.json records it, with what the
-    up was asked (`values`)."""
+    up was asked (`values`) and every candidate it named (`candidates`, default `order`: a move tries fewer, but
+    the place it left stays one to move back to)."""
     made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]), say,
                                                deadline_s)
-    state.save_capacity(made.name, failover.capacity_record(order, candidate, tried, values))
+    state.save_capacity(made.name, failover.capacity_record(candidates or order, candidate, tried, values))
     return made, candidate
 
 
@@ -292,7 +294,8 @@ DOWN_HELP = {**{k: UP_HELP[k] for k in ("name", *WHERE_OPTIONS)}, **SNAPSHOT_HEL
              "forget": "where nothing of the cluster is left where its cluster file says it is (you removed it "
                        "yourself), remove kiln's files of it, its key among them"}
 for key in WHERE_OPTIONS:
-    DOWN_HELP[key] += "; only for a cluster without a cluster file here: one with a file is looked for where it says"
+    DOWN_HELP[key] += ("; a cluster with a cluster file here is looked for where the file says (a place given must "
+                       "be that place)")
 
 
 @cluster_task(help=DOWN_HELP)
@@ -334,7 +337,8 @@ def list_(c, region=None, profile=None, provider="aws", project=None, zone=None,
     looked = providers.look_everywhere(provider, {"region": region, "profile": profile, "project": project,
                                                   "zone": zone, "subscription": subscription, "location": location},
                                        bool(all_regions), "list")
-    print("\n".join(looked.lines) if looked.lines else f"no kiln clusters{in_places(looked)}")
+    if looked.lines or not looked.failed:
+        print("\n".join(looked.lines) if looked.lines else f"no kiln clusters{in_places(looked)}")
     fail_where_unread(looked)
 
 
@@ -346,7 +350,8 @@ def sweep(c, region=None, profile=None, dry_run=False, provider="aws", project=N
     looked = providers.look_everywhere(provider, {"region": region, "profile": profile, "project": project,
                                                   "zone": zone, "subscription": subscription, "location": location},
                                        bool(all_regions), "sweep", dry_run=bool(dry_run))
-    print("\n".join(looked.lines) if looked.lines else f"nothing has expired{in_places(looked)}")
+    if looked.lines or not looked.failed:
+        print("\n".join(looked.lines) if looked.lines else f"nothing has expired{in_places(looked)}")
     fail_where_unread(looked)
 
 

@@ -105,8 +105,9 @@ class Floor:
     """The lowest all-reduce bus bandwidth (GB/s) a healthy node (scope "node": all its GPUs) or cluster of such
     nodes (scope "cluster": all ranks over the network) shows. `pattern` matches the GPU model for node floors,
     the node type (instance type) for cluster floors; `gpus`: the GPU count it holds for. A node floor is `busbw`;
-    a cluster floor is `share` of the ceiling its fabric's `line_rate` (GB/s each way, per node) sets for the
-    cluster's node count (ceiling), as no fixed figure holds for every node count."""
+    a cluster floor is `share` of the most its fabric's `line_rate` (GB/s each way, per node) lets whichever
+    algorithm NCCL picks reach (ring_ceiling: a ring gets the line rate at most; a hierarchical all-reduce more on
+    few nodes, ceiling), so it holds for every node count."""
 
     scope: str
     pattern: str
@@ -124,7 +125,13 @@ class Floor:
         """The bus bandwidth held to (GB/s), for a cluster floor over `nodes` nodes."""
         if self.scope == "node":
             return self.busbw
-        return self.share * ceiling(self.line_rate, max(2, nodes), self.gpus)
+        return self.share * min(ring_ceiling(self.line_rate), ceiling(self.line_rate, max(2, nodes), self.gpus))
+
+
+def ring_ceiling(line_rate: float) -> float:
+    """The highest bus bandwidth a ring all-reduce across nodes can show: each node's network carries 2(N-1)/N of
+    the data, as much as nccl-tests counts as bus traffic, so the bus bandwidth is the line rate at most."""
+    return line_rate
 
 
 def ceiling(line_rate: float, nodes: int, gpus: int) -> float:
@@ -147,7 +154,8 @@ FLOORS = (
     # Across p5 nodes over EFA: 3200 Gbps (400 GB/s) of EFA per node (AWS's P5 instance page,
     # https://aws.amazon.com/ec2/instance-types/p5/: p5, p5e and p5en alike) sets the ceiling; nccl-tests' bus
     # bandwidth is read against such a hardware peak (NVIDIA/nccl-tests, doc/PERFORMANCE.md). kiln holds a healthy
-    # cluster to 60% of it: 450 GB/s on 2 nodes, 345 on 3, 256 on 16.
+    # cluster to 60% of what a ring can reach over it (the line rate; a tree or hierarchical all-reduce reaches
+    # more on few nodes): 240 GB/s on any node count.
     Floor("cluster", r"^p5\.48xlarge$|^p5e\.48xlarge$|^p5en\.48xlarge$", 8, 0.0,
           "60% of the ceiling of 3200 Gbps EFA per p5 node, aws.amazon.com/ec2/instance-types/p5", "efa",
           line_rate=400.0, share=0.6),

@@ -380,7 +380,7 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
     assert leftovers(ec2) == []
 
 
-def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, ec2, image, capsys):
+def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, ec2, image, capfd):
     """Ctrl-C after the instances were launched starts the undo; a second one, pressed (a real SIGINT) as the undo
     terminates them, is told that the undo goes on, and nothing is left."""
     connected = aws.connect()
@@ -405,7 +405,7 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, ec2, image, capsy
     with pytest.raises(aws.AwsError, match="could not run the instances: interrupted; everything it had created "
                                            "was removed$"):
         aws.up("twice", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
-    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capsys.readouterr().err
+    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capfd.readouterr().err
     assert leftovers(ec2) == []
 
 

@@ -170,7 +170,7 @@ def test_ctrl_c_during_the_vms_rolls_back(env, arm):
     assert leftovers(arm) == []
 
 
-def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, arm, capsys):
+def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, arm, capfd):
     """Ctrl-C once the VMs are made starts the undo; a second one (a real SIGINT) as the resource group is deleted
     is told that the undo goes on, and nothing is left."""
     connected = cloud.connect()
@@ -199,7 +199,7 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, arm, capsys):
     with pytest.raises(cloud.AzureError, match="could not create the VMs: interrupted; everything it had created "
                                                "was removed"):
         cloud.up(request("twice"), azure=connected, ssh_wait_s=0)
-    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capsys.readouterr().err
+    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capfd.readouterr().err
     assert leftovers(arm) == []
 
 

@@ -161,7 +161,7 @@ def test_a_container_reads_no_cluster_key_and_its_own_key_opens_only_the_runs_co
         assert "kiln" not in " ".join(listing).split(), seen  # no ~/.ssh/kiln: the node's ~/.ssh is not there
     for node in ("node1", "node2"):
         authorized = cluster.ssh(node, "cat ~/.ssh/authorized_keys").stdout
-        assert "kiln-run-ckeys" not in authorized and cluster.ssh(node, "test -e ~/.ssh/kiln/runs/ckeys").returncode
+        assert "kiln-run-ckeys" not in authorized and cluster.ssh(node, "test -e ~/.ssh/kiln-runs/ckeys").returncode
     no_containers(cluster)
 
 

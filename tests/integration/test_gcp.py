@@ -197,7 +197,7 @@ def test_ctrl_c_during_the_instances_insert_rolls_back(env, gce):
     assert leftovers(gce) == []
 
 
-def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, gce, capsys):
+def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, gce, capfd):
     """Ctrl-C once the instances are being made starts the undo; a second one (a real SIGINT) as it deletes them is
     told that the undo goes on, and nothing is left."""
     connected = cloud.connect()
@@ -218,7 +218,7 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, gce, capsys):
     with pytest.raises(cloud.GcpError, match="could not create the instances: interrupted; everything it had "
                                              "created was removed"):
         cloud.up(request("twice"), gce=connected, ssh_wait_s=0)
-    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capsys.readouterr().err
+    assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capfd.readouterr().err
     assert leftovers(gce) == []
 
 

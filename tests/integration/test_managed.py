@@ -422,9 +422,9 @@ def test_down_after_with_ctrl_c_stops_and_collects_the_run_before_the_cluster_go
                                       "print('written', flush=True)\n"
                                       "time.sleep(600)\n")
     try:
-        assert once.kiln("up", "kc", "--provider", "local", "--count", "1").returncode == 0
+        assert once.kiln("up", "kx", "--provider", "local", "--count", "1").returncode == 0
         env = {**os.environ, "KILN_HOME": str(once.home), "KILN_RUNS": str(once.runs)}
-        train = subprocess.Popen([str(KILN), "train", "--cluster", "kc", "--mode", "tf-config", "--run-id",
+        train = subprocess.Popen([str(KILN), "train", "--cluster", "kx", "--mode", "tf-config", "--run-id",
                                   "cut-short", "--down-after", "--", "python", "long.py"], cwd=tmp_path, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         said = []
@@ -442,10 +442,10 @@ def test_down_after_with_ctrl_c_stops_and_collects_the_run_before_the_cluster_go
         assert "interrupted: stopping run cut-short and collecting its nodes' folders before its cluster goes" in output
         assert once.summary("cut-short")["status"] == "stopped"
         assert (log / "hosts" / "node1" / "output" / "worker-0" / "made.txt").read_text() == "kept"
-        assert output.index("stopped run cut-short") < output.index("--down-after: removing cluster kc")
-        assert not (netns.STATE_ROOT / "kc").exists() and not (once.home / "clusters" / "kc").exists()
+        assert output.index("stopped run cut-short") < output.index("--down-after: removing cluster kx")
+        assert not (netns.STATE_ROOT / "kx").exists() and not (once.home / "clusters" / "kx").exists()
     finally:
-        remove_local("kc")
+        remove_local("kx")
 
 
 def reachable(node: str, name: str) -> bool:

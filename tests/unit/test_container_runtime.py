@@ -24,7 +24,7 @@ def test_the_run_container_has_what_multi_node_training_needs():
         "--tmpfs", "/home/u:uid=1000,gid=1000,mode=0700", "--workdir", "/home/u",
         "-v", "/home/u/kiln:/home/u/kiln:rw",
         "-v", "/etc/passwd:/etc/passwd:ro", "-v", "/etc/group:/etc/group:ro", "-v", "/etc/hosts:/etc/hosts:ro",
-        "-v", "/home/u/.ssh/kiln/runs/r1:/home/u/.ssh:ro",
+        "-v", "/home/u/.ssh/kiln-runs/r1:/home/u/.ssh:ro",
         "--entrypoint", "sleep", "sha256:abc", "infinity"]
 
 

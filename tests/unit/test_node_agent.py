@@ -177,7 +177,7 @@ def test_a_container_runs_access_is_written_authorized_for_the_run_alone_and_tak
     node_side.container_access({"run_id": "r1", "private_key": "PRIVATE\n", "known_hosts": "node1 ssh-ed25519 AAAAn1\n",
                            "ssh_config": "Host node1\n", "authorized": "restrict,command=\"x\" ssh-ed25519 AAAAr1 "
                                                                         "kiln-run-r1"})
-    folder = tmp_path / ".ssh" / "kiln" / "runs" / "r1"
+    folder = tmp_path / ".ssh" / "kiln-runs" / "r1"
     assert (folder / "id_ed25519").read_text() == "PRIVATE\n"
     assert oct((folder / "id_ed25519").stat().st_mode & 0o777) == "0o600"
     assert oct(folder.stat().st_mode & 0o777) == "0o700"

@@ -96,7 +96,7 @@ def press_ctrl_c(times: int):
     return settle
 
 
-def test_a_ctrl_c_during_the_undo_is_told_to_wait_and_the_undo_runs_to_its_end(capsys):
+def test_a_ctrl_c_during_the_undo_is_told_to_wait_and_the_undo_runs_to_its_end(capfd):
     """The first Ctrl-C (here: the failure itself) started the undo; the next one, pressed while it settles, does
     not skip it: every step is undone and nothing is left."""
     log: list[str] = []
@@ -106,7 +106,7 @@ def test_a_ctrl_c_during_the_undo_is_told_to_wait_and_the_undo_runs_to_its_end(c
     assert not failed.value.left and str(failed.value).endswith("everything it had created was removed")
     assert log == ["create the network", "undo create the nodes", "undo create the network"]
     assert ("kiln: undoing what cluster.up c made; Ctrl-C again stops it, which leaves it for kiln down c "
-            "--provider test --region r1") in capsys.readouterr().err
+            "--provider test --region r1") in capfd.readouterr().err
 
 
 def test_a_second_ctrl_c_during_the_undo_stops_it_and_names_what_is_left_with_the_kiln_down_to_run():
@@ -128,8 +128,10 @@ def test_an_undo_stopped_between_its_steps_names_the_step_it_cut_and_those_after
     rollback.push("first", lambda: done.append("first"))
     rollback.push("second", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
     rollback.push("third", lambda: done.append("third"))
-    assert rollback.run() == ["second: not done (Ctrl-C)", "first: not done (Ctrl-C)"]
+    assert rollback.run(stoppable=True) == ["second: not done (Ctrl-C)", "first: not done (Ctrl-C)"]
     assert done == ["third"]
+    with pytest.raises(KeyboardInterrupt):  # an undo no shield holds: the Ctrl-C goes up as it came
+        rollback.run()
 
 
 def test_bad_input_found_late_is_raised_as_it_is_once_all_is_undone():

@@ -491,7 +491,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     cluster = provision.up(request.name, Verbs(
         "aws", AwsError, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s), save, describe_error,
         error_code, keys_step="read the host keys from the consoles", keys_source="console",
-        place={"region": aws.region}),
+        place={"region": aws.region, **({"profile": profile} if profile else {})}),
         region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s)
     return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in cluster.nodes.hosts],
             "ami": image, "instances": list(cluster.nodes.ids), "identity": cluster.identity,

@@ -452,14 +452,20 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
 
     def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
         progress.step = "create the resource group"
-        # registered before the call: a Ctrl-C while it is under way leaves a group that may be ours (no answer
-        # yet); one answered 200 was there already, another `up` of this name made it: not ours to undo
+        # registered before the call: a Ctrl-C while it is under way (no answer yet) leaves a group that may be
+        # ours; one Resource Manager answered anything but 201 (200: there already; 409: there in another
+        # location) is another `up`'s of this name, not ours to undo
         answered: list[int] = []
         rollback.push(f"delete the resource group {group}",
-                      lambda: answered[:1] != [200] and delete_group(azure, group, timeout_s))
-        status = azure.resources.resource_groups.create_or_update(
-            group, {"location": request.location, "tags": tags},
-            cls=lambda response, *_: response.http_response.status_code)
+                      lambda: answered[:1] in ([], [201]) and delete_group(azure, group, timeout_s))
+        try:
+            status = azure.resources.resource_groups.create_or_update(
+                group, {"location": request.location, "tags": tags},
+                cls=lambda response, *_: response.http_response.status_code)
+        except Exception as error:
+            if getattr(error, "status_code", None):  # refused: it made nothing (no answer at all: it may have)
+                answered.append(error.status_code)
+            raise
         answered.append(status)
         if status != 201:
             raise UsageError(f"cluster name {request.name!r} is taken: resource group {group} was made meanwhile")
