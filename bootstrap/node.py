@@ -583,7 +583,6 @@ def container_access(payload):
     run's key, the pinned known_hosts and an ssh config in ~/.ssh/kiln-runs/RUN (the container's ~/.ssh,
     read-only), and that key authorized here only to run a command in the run's container (its forced command);
     stop takes both away."""
-    import fcntl
 
     run_id = payload["run_id"]
     folder = os.path.expanduser(f"~/.ssh/kiln-runs/{run_id}")
@@ -594,31 +593,32 @@ def container_access(payload):
         path = os.path.join(folder, name)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
             handle.write(text)
+    authorize_run(run_id, payload["authorized"])
+    return {"access": folder}
+
+
+def authorize_run(run_id, line=None):
+    """authorized_keys with the run's line (tagged kiln-run-RUN) replaced by `line`, or taken out (None), under the
+    lock every writer of the file here holds (mesh_ssh)."""
+    import fcntl
+
     authorized = os.path.expanduser("~/.ssh/authorized_keys")
     with open(os.path.expanduser("~/.ssh/kiln/.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        tag = f"kiln-run-{run_id}"
-        kept = [line for line in read_text(authorized).splitlines() if not line.endswith(" " + tag)]
-        write_if_changed(authorized, "\n".join([*kept, payload["authorized"]]) + "\n")
-    return {"access": folder}
+        current = read_text(authorized).splitlines()
+        kept = [old for old in current if not old.endswith(f" kiln-run-{run_id}")] + ([line] if line else [])
+        if kept != current:
+            write_if_changed(authorized, "\n".join(kept) + ("\n" if kept else ""))
 
 
 def revoke_container_access(run_id):
     """Take a container run's key away on this node (its authorized line, its folder): nothing of it outlives the
     run's containers."""
-    import fcntl
     import shutil
 
-    authorized = os.path.expanduser("~/.ssh/authorized_keys")
-    lock_path = os.path.expanduser("~/.ssh/kiln/.lock")
-    if not os.path.isdir(os.path.dirname(lock_path)):
-        return
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        current = read_text(authorized)
-        kept = [line for line in current.splitlines() if not line.endswith(f" kiln-run-{run_id}")]
-        if kept != current.splitlines():
-            write_if_changed(authorized, "\n".join(kept) + ("\n" if kept else ""))
+    if not os.path.isdir(os.path.expanduser("~/.ssh/kiln")):
+        return  # never meshed here: nothing of a run's either
+    authorize_run(run_id)
     shutil.rmtree(os.path.expanduser(f"~/.ssh/kiln-runs/{run_id}"), ignore_errors=True)
 
 

@@ -64,6 +64,13 @@ class Meaning:
         return f"quota {self.quota or self.code}" + (" (every region)" if self.everywhere else "")
 
 
+def gce_quota_rows(code: str) -> tuple[Row, ...]:
+    """A GCE quota code's rows: its message names the quota, and says `globally` where it holds everywhere."""
+    named = r"quota '([A-Z0-9_]+)' exceeded"
+    return (Row(code, "quota", GCE_QUOTAS, words=named + r".*\bglobally\b", everywhere=True),
+            Row(code, "quota", GCE_QUOTAS, words=named), Row(code, "quota", GCE_QUOTAS))
+
+
 TABLES: dict[str, tuple[Row, ...]] = {
     "aws": (
         Row("InsufficientInstanceCapacity", "capacity", EC2_CAPACITY),
@@ -92,14 +99,8 @@ TABLES: dict[str, tuple[Row, ...]] = {
         Row("UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE", "unavailable", GCE_AVAILABILITY),
         # an operation's error (QUOTA_EXCEEDED) and a refused call's reason (quotaExceeded, HTTP 403) say the same:
         # "Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally." holds everywhere; "... in region us-central1."
-        Row("QUOTA_EXCEEDED", "quota", GCE_QUOTAS, words=r"quota '([A-Z0-9_]+)' exceeded.*\bglobally\b",
-            everywhere=True),
-        Row("QUOTA_EXCEEDED", "quota", GCE_QUOTAS, words=r"quota '([A-Z0-9_]+)' exceeded"),
-        Row("QUOTA_EXCEEDED", "quota", GCE_QUOTAS),
-        Row("quotaExceeded", "quota", GCE_QUOTAS, words=r"quota '([A-Z0-9_]+)' exceeded.*\bglobally\b",
-            everywhere=True),
-        Row("quotaExceeded", "quota", GCE_QUOTAS, words=r"quota '([A-Z0-9_]+)' exceeded"),
-        Row("quotaExceeded", "quota", GCE_QUOTAS),
+        *gce_quota_rows("QUOTA_EXCEEDED"),
+        *gce_quota_rows("quotaExceeded"),
         Row("rateLimitExceeded", "transient", GCE_API_ERRORS),
         Row("userRateLimitExceeded", "transient", GCE_API_ERRORS),
         Row("backendError", "transient", GCE_API_ERRORS),
