@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bootstrap import commands, interconnect, launch, mesh
+from bootstrap import node as node_side
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
@@ -95,21 +96,30 @@ def access_line(public_key: str, run_id: str, addresses: Sequence[str]) -> str:
     return f'restrict,from="{",".join(addresses)}",command="{command}" {public_key} kiln-run-{run_id}'
 
 
+def cgroup_parent(driver: str) -> str:
+    """`docker run --cgroup-parent` for the cgroup a node keeps from the metadata services (node.py
+    guard_metadata): a slice under the engine's systemd cgroup driver, a path under cgroupfs."""
+    return node_side.GUARD_SLICE if driver == "systemd" else f"/{node_side.GUARD_SLICE}"
+
+
 def run_argv(run_id: str, image: str, node: NodeView, binds: Sequence[tuple[str, str]],
-             hosts: Sequence[str] = ()) -> list[str]:
+             hosts: Sequence[str] = (), cgroup_parent: str | None = None) -> list[str]:
     """`docker run` of the run's container on one node: the node's network (Gloo, gRPC and NCCL see its
     interface and hostname), its IPC namespace (NCCL's shared memory), every GPU where it has any, its RDMA
     devices where it has any, unlimited
     locked memory (RDMA; up to the node's own hard limit), an init process that reaps and passes signals, the
     login user's uid (outputs are theirs) with a home of its own to write in (a tmpfs under the binds), the
-    binds at the same paths, and the cluster's node names (`hosts`: the ssh shim execs only into those); it
-    idles until the run's processes are exec'd into it."""
+    binds at the same paths, and the cluster's node names (`hosts`: the ssh shim execs only into those), under
+    `cgroup_parent` (the cgroup the node keeps from the metadata services); it idles until the run's processes
+    are exec'd into it."""
     name = container_name(run_id)
     argv = ["docker", "run", "-d", "--name", name, "--label", f"kiln.run={run_id}", "--network", "host",
             "--ipc", "host", "--init", "--ulimit", f"memlock={node.memlock}:{node.memlock}",
             "--user", f"{node.uid}:{node.gid}", "-e", f"HOME={node.home}", "-e", f"KILN_CONTAINER={name}",
             "-e", f"KILN_CLUSTER_HOSTS={','.join(hosts)}",
             "--tmpfs", f"{node.home}:uid={node.uid},gid={node.gid},mode=0700", "--workdir", node.home]
+    if cgroup_parent:
+        argv += ["--cgroup-parent", cgroup_parent]
     if node.gpus:
         argv += ["--gpus", "all"]
     if node.rdma:  # the fabric's verbs devices (uverbs*, rdma_cm), for NCCL's IB transport or libfabric's EFA
@@ -384,18 +394,36 @@ class ContainerRuntime:
         def start(host: Host) -> None:
             node = self.view(host)
             binds = mounts(self.paths, node, self.checkpoint_dir)
-            argv = run_argv(self.run_id, self.image, node, binds, names)
             remote.node(host, self.group.python, "container_access", input=access, timeout=60)
             made = remote.run(host, ["mkdir", "-p", *(source for source, options in binds if options == "rw")],
                               timeout=60)  # as the login user: docker would make them root's
             if made.code != 0:
                 raise HostFailure(f"mkdir: {made.reason()}")
-            remote.run(host, ["docker", "rm", "-f", name], timeout=60)
+            guarded = self.guard(host)
+            driver = remote.run(host, f"docker rm -f {name} >/dev/null 2>&1; "
+                                      "docker info --format '{{.CgroupDriver}}'", timeout=60).stdout.strip()
+            argv = run_argv(self.run_id, self.image, node, binds, names,
+                            cgroup_parent(driver) if guarded else None)
             result = remote.run(host, argv, timeout=120)
             if result.code != 0:
                 raise HostFailure(f"docker run: {docker_error(result.stderr) or f'exit {result.code}'}")
 
         remote.map_or_raise("container", hosts, start)
+
+    def guard(self, host: Host) -> bool:
+        """The node keeps the run's container from the cloud's metadata services (True), or has none to keep it
+        from (False); a node whose metadata service answers and that cannot keep it out is refused."""
+        remote = self.group.remote
+        try:
+            answer = remote.node(host, self.group.python, "guard_metadata", sudo=True, timeout=60)
+        except HostFailure as error:  # no root here (sudo asks for a password): is there anything to keep out?
+            answer = {"refused": str(error), **remote.node(host, self.group.python, "metadata_open", timeout=30)}
+        if "guarded" in answer:
+            return True
+        if answer["open"]:
+            raise HostFailure(f"the cloud's metadata service answers here and kiln cannot keep it from the run's "
+                              f"container ({answer['refused']})")
+        return False
 
     def access_payload(self) -> dict:
         """What each node needs to give the run's containers their own way to each other (node.py
@@ -414,7 +442,8 @@ class ContainerRuntime:
         on the host (resolve)."""
         if self.python:
             return self.python
-        result = self.group.remote.run(host, ["docker", "run", "--rm", "--entrypoint", "sh", self.image or
+        result = self.group.remote.run(host, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh",
+                                              self.image or
                                               self.reference, "-c", PYTHON_PROBE], timeout=120)
         found = result.stdout.strip()
         if result.code != 0 or not found:

@@ -622,6 +622,101 @@ def revoke_container_access(run_id):
     shutil.rmtree(os.path.expanduser(f"~/.ssh/kiln-runs/{run_id}"), ignore_errors=True)
 
 
+# Where a machine's identity and credentials are asked for: EC2's IMDS, GCE's metadata server and Azure's IMDS at
+# 169.254.169.254 (EC2's also at fd00:ec2::254), Azure's WireServer at 168.63.129.16. A run's container is kept from
+# them: its processes live under one cgroup (kiln.slice, docker run --cgroup-parent), whose packets to these
+# addresses the node rejects (iptables' cgroup match: the net_cls class under cgroup v1, the path under v2).
+METADATA_ADDRESSES = ("169.254.169.254", "168.63.129.16", "fd00:ec2::254")
+GUARD_SLICE = "kiln.slice"
+GUARD_CLASSID = 0x4B4C0001  # the slice's net_cls class (cgroup v1): "KL" 1
+GUARD_TAG = "kiln-containers"  # the rules' comment (under v2, with the slice's inode: a rule names one cgroup)
+
+
+def cgroup_v1_mount(mountinfo, controller):
+    """Where `controller`'s cgroup v1 hierarchy is mounted, from /proc/self/mountinfo's text; None where it is not."""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" in fields:
+            fs = fields[fields.index("-") + 1:]
+            if len(fs) >= 3 and fs[0] == "cgroup" and controller in fs[2].split(","):
+                return fields[4]
+    return None
+
+
+def guard_rules(tag, match):
+    """(tool, rule) for each metadata address: packets from the containers' cgroup (`match`) to it rejected."""
+    return [("ip6tables" if ":" in address else "iptables",
+             ["OUTPUT", "-d", address, "-m", "cgroup", *match, "-m", "comment", "--comment", tag, "-j", "REJECT"])
+            for address in METADATA_ADDRESSES]
+
+
+def stale_rules(listing, tag):
+    """The rules of `iptables -S OUTPUT` that guarded a kiln.slice since removed (another inode than `tag`'s),
+    as the arguments that delete each."""
+    import shlex
+
+    stale = []
+    for line in listing.splitlines():
+        words = shlex.split(line)
+        if "--comment" in words and words[0] == "-A":
+            comment = words[words.index("--comment") + 1]
+            if comment.startswith(GUARD_TAG + "-") and comment != tag:
+                stale.append(["-D", *words[1:]])
+    return stale
+
+
+def guard_metadata(mountinfo="/proc/self/mountinfo", cgroup2="/sys/fs/cgroup"):
+    """As root, before a run's container starts: kiln.slice made (its net_cls class set under cgroup v1) and its
+    packets to the metadata services rejected, idempotently. {"guarded": "v1"|"v2"}, or {"refused": why,
+    "open": whether the metadata service answers here} where this node cannot."""
+    import shutil
+    import subprocess
+
+    net_cls = cgroup_v1_mount(read_text(mountinfo), "net_cls")
+    if net_cls:
+        folder, version = os.path.join(net_cls, GUARD_SLICE), "v1"
+    elif os.path.exists(os.path.join(cgroup2, "cgroup.controllers")):
+        folder, version = os.path.join(cgroup2, GUARD_SLICE), "v2"
+    else:
+        return {"refused": "neither net_cls (cgroup v1) nor cgroup v2 is mounted", "open": metadata_open()}
+    os.makedirs(folder, exist_ok=True)
+    if version == "v1":
+        with open(os.path.join(folder, "net_cls.classid"), "w") as handle:
+            handle.write(str(GUARD_CLASSID))
+        tag, match = GUARD_TAG, ["--cgroup", str(GUARD_CLASSID)]
+    else:
+        tag, match = f"{GUARD_TAG}-{os.stat(folder).st_ino}", ["--path", "/" + GUARD_SLICE]
+    for tool, rule in guard_rules(tag, match):
+        if not shutil.which(tool):
+            if tool == "ip6tables":
+                continue  # no IPv6 filtering here, and so no way to EC2's IPv6 endpoint either
+            return {"refused": f"{tool} is not installed", "open": metadata_open()}
+        if subprocess.run([tool, "-C", *rule], capture_output=True, timeout=30).returncode == 0:
+            continue
+        done = subprocess.run([tool, "-I", *rule], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            return {"refused": f"{tool}: {done.stderr.strip()}", "open": metadata_open()}
+    for tool in ("iptables", "ip6tables"):
+        if version == "v2" and shutil.which(tool):
+            listing = subprocess.run([tool, "-S", "OUTPUT"], capture_output=True, text=True, timeout=30).stdout
+            for rule in stale_rules(listing, tag):
+                subprocess.run([tool, *rule], capture_output=True, timeout=30)
+    return {"guarded": version}
+
+
+def metadata_open(timeout=2.0):
+    """Whether the cloud's metadata service takes a connection here."""
+    connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    connection.settimeout(timeout)
+    try:
+        connection.connect((METADATA_ADDRESSES[0], 80))
+    except OSError:
+        return False
+    finally:
+        connection.close()
+    return True
+
+
 def progress(run_id, run_dir, signs=False, container=True, gpu=False):
     """The last logged step of every metrics file here, how much each process has printed (its log; a
     horovod rank's files), this node's processes of the run that are stopped (state T: hung or frozen), and the
@@ -991,6 +1086,10 @@ def answer(verb, args, stdin):
         return stop(args[0], float(args[1]) if len(args) > 1 else 5.0)
     if verb == "container_access":
         return container_access(stdin())
+    if verb == "guard_metadata":
+        return guard_metadata()
+    if verb == "metadata_open":
+        return {"open": metadata_open()}
     if verb == "reserve":
         return reserve(args[0], args[1], [int(p) for p in args[2:]])
     if verb == "release":

@@ -32,6 +32,7 @@ from bootstrap.hosts import Host
 
 T = TypeVar("T")
 NODE_SCRIPT = (Path(__file__).parent / "node.py").read_text()
+AS_ROOT = 'if [ "$(id -u)" = 0 ]; then exec "$@"; fi; exec sudo -n "$@"'  # sh -c AS_ROOT kiln ARGV: ARGV as root
 
 _FAILURES = (
     (re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED"),
@@ -299,8 +300,8 @@ class Remote:
                     self.forget(agent)
                 raise
         text = input if input is None or isinstance(input, str) else json.dumps(input)  # a one-off call reads text
-        result = self.run(host, ["sudo", "-n", python, "-S", "-c", NODE_SCRIPT, verb, *args], input=text,
-                          timeout=limit)
+        result = self.run(host, ["sh", "-c", AS_ROOT, "kiln", python, "-S", "-c", NODE_SCRIPT, verb, *args],
+                          input=text, timeout=limit)
         if result.code != 0:
             raise HostFailure(describe_failure(result.code, result.stderr))
         try:

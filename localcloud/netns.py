@@ -32,8 +32,9 @@ METADATA_ADDRESS = "169.254.169.254"  # EC2's and GCE's instance metadata servic
 ENGINE_DATA_ROOT = Path("/var/lib/kiln-local")
 ENGINE_RUN_ROOT = Path("/run/kiln-docker")
 REGISTRY_PORT = 5000
-# The cgroup v1 hierarchies dockerd needs: `ip netns exec` remounted /sys for the node, hiding the host's.
-CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids")
+# The cgroup v1 hierarchies dockerd needs, and net_cls (as systemd mounts it on a cgroup v1 machine: kiln's node
+# side keeps run containers from the metadata service by class): `ip netns exec` remounted /sys, hiding the host's.
+CGROUP_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "net_cls")
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,15 @@ def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image):
         assert running.stdout.strip() == "cgroupfs", f"the engine runs with {running.stdout.strip()}"
 
 
+def test_a_node_can_keep_run_containers_from_the_metadata_service(host, machine_image):
+    """kiln keeps a run's container from the cloud's metadata service with iptables' cgroup match (node.py
+    guard_metadata); docker.io brings iptables, and the kernel's match must load."""
+    assert host.exists("iptables") or host.file("/usr/sbin/iptables").exists, "iptables is missing"
+    if host.user().name == "root" or host.run("sudo -n true").rc == 0:
+        listed = host.run("sudo -n iptables -m cgroup --help 2>&1 || iptables -m cgroup --help 2>&1")
+        assert "--cgroup" in listed.stdout, f"iptables has no cgroup match: {listed.stdout[-300:]}"
+
+
 def test_docker_can_confine_its_containers_where_the_kernel_has_apparmor(host, machine_image):
     """On a kernel with AppArmor on, dockerd starts no container without apparmor_parser to load its
     docker-default profile (found baking the local image: docker.io only recommends apparmor)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -119,6 +120,27 @@ def test_every_process_runs_in_its_nodes_container_seeing_the_nodes_name_and_add
     no_containers(cluster)
 
 
+# What a program asks the clouds' metadata services for a token (EC2's IMDSv2 session token, GCE's and Azure's
+# identity tokens): each answer's HTTP status, or "refused: ..." where no connection is made.
+ASK_METADATA = """\
+import urllib.error, urllib.request
+def ask(path, method="GET", **headers):
+    try:
+        with urllib.request.urlopen(urllib.request.Request("http://169.254.169.254" + path, method=method,
+                                                           headers=headers), timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError as error:
+        return "refused: " + str(error)
+def ask_metadata():
+    return {"ec2": ask("/latest/api/token", "PUT", **{"X-aws-ec2-metadata-token-ttl-seconds": "60"}),
+            "gce": ask("/computeMetadata/v1/instance/service-accounts/default/token",
+                       **{"Metadata-Flavor": "Google"}),
+            "azure": ask("/metadata/identity/oauth2/token?api-version=2018-02-01"
+                         "&resource=https://management.azure.com/", Metadata="true")}
+"""
+
 KEYS = """\
 import json, os, subprocess
 out = os.environ["KILN_OUTPUT_DIR"]
@@ -133,10 +155,12 @@ for top in sorted({os.path.expanduser("~"), "/root", "/home"}):
                 continue
             if text.startswith("-----BEGIN ") and "PRIVATE KEY-----" in text.splitlines()[0]:
                 found[os.path.join(folder, name)] = text
+""" + ASK_METADATA + """\
 other = {"0": "node2", "1": "node1"}[os.environ["KILN_SHARD_INDEX"]]
 where = subprocess.run(["ssh", other, "tr '\\\\0' ' ' </proc/1/cmdline; echo; hostname; ls -a ~/.ssh"],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-json.dump({"keys": found, "ssh": where.stdout, "ssh_error": where.stderr, "code": where.returncode},
+json.dump({"keys": found, "ssh": where.stdout, "ssh_error": where.stderr, "code": where.returncode,
+           "metadata": ask_metadata()},
           open(os.path.join(out, "keys.json"), "w"))
 """
 
@@ -145,7 +169,8 @@ def test_a_container_reads_no_cluster_key_and_its_own_key_opens_only_the_runs_co
     """A program in the run's containers looks for private keys everywhere its home and mounts reach: it finds
     the run's own key alone, never the cluster's (which each node keeps in its ~/.ssh); with it, ssh to the other
     node lands in that node's container of the run (its first process is the container's init), not on the node;
-    after the run the key is authorized nowhere."""
+    after the run the key is authorized nowhere. It asks the metadata service for a token and reaches none, though
+    the same ask made on the node is answered."""
     (project / "keys.py").write_text(KEYS)
     done = cluster.kiln("run", "--image", cluster.image, "--run-id", "ckeys", "--", "python", "keys.py",
                         cwd=project, hosts="node1,node2", timeout=900)
@@ -159,6 +184,10 @@ def test_a_container_reads_no_cluster_key_and_its_own_key_opens_only_the_runs_co
         init, hostname, *listing = seen["ssh"].split("\n")
         assert "docker-init" in init or "sleep infinity" in init, seen  # the container's, not the node's
         assert "kiln" not in " ".join(listing).split(), seen  # no ~/.ssh/kiln: the node's ~/.ssh is not there
+        refused = {cloud: str(said).startswith("refused: ") for cloud, said in seen["metadata"].items()}
+        assert refused == {"ec2": True, "gce": True, "azure": True}, seen["metadata"]
+    on_node = cluster.ssh("node1", f"python3 -c {shlex.quote(ASK_METADATA + 'print(ask_metadata())')}")
+    assert "'ec2': 200" in on_node.stdout, on_node.stdout + on_node.stderr  # the stand-in answers the node itself
     for node in ("node1", "node2"):
         authorized = cluster.ssh(node, "cat ~/.ssh/authorized_keys").stdout
         assert "kiln-run-ckeys" not in authorized and cluster.ssh(node, "test -e ~/.ssh/kiln-runs/ckeys").returncode

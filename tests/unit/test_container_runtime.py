@@ -7,6 +7,7 @@ import shlex
 import pytest
 
 from bootstrap import container, launch
+from bootstrap import node as node_side
 from bootstrap.errors import UsageError
 from bootstrap.launch import NodePaths
 
@@ -36,6 +37,17 @@ def test_a_containers_key_is_the_runs_and_opens_only_the_runs_container_on_each_
     assert container.access_line("ssh-ed25519 AAAAkey", "r1", ["10.0.0.1", "10.0.0.2"]) == (
         'restrict,from="10.0.0.1,10.0.0.2",command="docker exec -i kiln-r1 sh -c \\"$SSH_ORIGINAL_COMMAND\\"" '
         "ssh-ed25519 AAAAkey kiln-run-r1")
+
+
+def test_the_run_container_lives_in_the_slice_the_node_keeps_from_the_metadata_services():
+    """Under the engine's systemd driver the parent is a slice name, under cgroupfs a path; one slice, named once
+    (node.py's, whose rules reject that cgroup's packets to the metadata addresses)."""
+    assert container.cgroup_parent("systemd") == "kiln.slice" == node_side.GUARD_SLICE
+    assert container.cgroup_parent("cgroupfs") == "/kiln.slice"
+    argv = container.run_argv("r1", "img", NODE, container.mounts(PATHS, NODE, None), cgroup_parent="/kiln.slice")
+    assert argv[argv.index("--cgroup-parent") + 1] == "/kiln.slice"
+    assert argv.index("--cgroup-parent") < argv.index("img")
+    assert "--cgroup-parent" not in container.run_argv("r1", "img", NODE, container.mounts(PATHS, NODE, None))
 
 
 def test_gpus_memlock_checkpoints_and_the_data_volume_follow_the_node():

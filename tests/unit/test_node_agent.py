@@ -187,3 +187,46 @@ def test_a_container_runs_access_is_written_authorized_for_the_run_alone_and_tak
     assert (tmp_path / ".ssh" / "authorized_keys").read_text().splitlines() == [cluster_line]
     assert not folder.exists()
     node_side.revoke_container_access("r1")  # again, or on a node that never had it: nothing to do
+
+
+# /proc/self/mountinfo as a cgroup v1 machine (systemd's mounts, net_cls with net_prio) and a cgroup v2 one show it.
+MOUNTINFO_V1 = """\
+24 29 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+26 24 0:24 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+33 26 0:31 / /sys/fs/cgroup/net_cls,net_prio rw,nosuid,nodev,noexec shared:15 - cgroup cgroup rw,net_cls,net_prio
+34 26 0:32 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:16 - cgroup cgroup rw,memory
+"""
+MOUNTINFO_V2 = "30 24 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def test_the_net_cls_hierarchy_is_found_where_it_is_mounted_and_nowhere_else():
+    assert node_side.cgroup_v1_mount(MOUNTINFO_V1, "net_cls") == "/sys/fs/cgroup/net_cls,net_prio"
+    assert node_side.cgroup_v1_mount(MOUNTINFO_V1, "memory") == "/sys/fs/cgroup/memory"
+    assert node_side.cgroup_v1_mount(MOUNTINFO_V2, "net_cls") is None
+    assert node_side.cgroup_v1_mount(MOUNTINFO_V1, "net_prio") == "/sys/fs/cgroup/net_cls,net_prio"
+    assert node_side.cgroup_v1_mount(MOUNTINFO_V1, "net") is None  # a controller, not a prefix of one
+
+
+def test_every_metadata_address_is_rejected_for_the_containers_cgroup_ipv6_by_ip6tables():
+    rules = node_side.guard_rules("kiln-containers", ["--cgroup", "1263271937"])
+    assert [(tool, rule[2]) for tool, rule in rules] == [
+        ("iptables", "169.254.169.254"), ("iptables", "168.63.129.16"), ("ip6tables", "fd00:ec2::254")]
+    assert rules[0][1] == ["OUTPUT", "-d", "169.254.169.254", "-m", "cgroup", "--cgroup", "1263271937",
+                           "-m", "comment", "--comment", "kiln-containers", "-j", "REJECT"]
+    assert node_side.GUARD_CLASSID == 1263271937
+
+
+def test_rules_of_a_slice_since_removed_are_the_ones_taken_out():
+    """Under cgroup v2 a rule holds the cgroup it was made for: one made for an earlier kiln.slice (another inode)
+    matches nothing now and goes; the current one, the v1 class rule and others' rules stay."""
+    listing = ('-P OUTPUT ACCEPT\n'
+               '-A OUTPUT -d 169.254.169.254/32 -m cgroup --path "/kiln.slice" -m comment --comment '
+               'kiln-containers-11 -j REJECT --reject-with icmp-port-unreachable\n'
+               '-A OUTPUT -d 169.254.169.254/32 -m cgroup --path "/kiln.slice" -m comment --comment '
+               'kiln-containers-12 -j REJECT --reject-with icmp-port-unreachable\n'
+               '-A OUTPUT -d 169.254.169.254/32 -m cgroup --cgroup 1263271937 -m comment --comment kiln-containers '
+               '-j REJECT --reject-with icmp-port-unreachable\n'
+               '-A OUTPUT -d 10.0.0.1/32 -m comment --comment "theirs" -j DROP\n')
+    assert node_side.stale_rules(listing, "kiln-containers-12") == [
+        ["-D", "OUTPUT", "-d", "169.254.169.254/32", "-m", "cgroup", "--path", "/kiln.slice", "-m", "comment",
+         "--comment", "kiln-containers-11", "-j", "REJECT", "--reject-with", "icmp-port-unreachable"]]
