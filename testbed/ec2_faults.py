@@ -4,7 +4,9 @@ or only spot or on-demand requests, where given), which the hop answers itself w
 Query API's XML error document, at the HTTP status EC2 sends (500 for the capacity errors, which EC2 lists as
 server errors; 400 for the client errors such as the vCPU quota's). Nothing of a refused request reaches the
 endpoint, as nothing is made by EC2. It also answers DescribeSpotPriceHistory in a region where a test set prices
-(`price()`), as EC2's Query API does (moto gives every type one price), so that prices can order candidates.
+(`price()`), as EC2's Query API does (moto gives every type one price), so that prices can order candidates, and
+Service Quotas' GetServiceQuota for an EC2 quota a test set in a region (`quota()`), as that JSON API does (moto
+serves VPC quotas alone); everything else, Service Quotas' other calls included, goes on to the endpoint.
 
     with Ec2Faults(moto_endpoint) as hop:
         hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity")
@@ -17,6 +19,7 @@ form fields boto3 sends.
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import threading
 import uuid
@@ -25,7 +28,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/ec2/aws4_request")
+SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/[a-z0-9-]+/aws4_request")
 # EC2's messages for the errors tests ask for most (from its error code reference); others get a generic one.
 MESSAGES = {
     "InsufficientInstanceCapacity": "We currently do not have sufficient {type} capacity in the Availability Zone "
@@ -59,6 +62,7 @@ class Ec2Faults:
         self.prices: dict[str, list[tuple[str, str, float, datetime]]] = {}  # region -> (type, zone, USD, time)
         self.answered: list[tuple[str, str]] = []  # (action, region) of each request the hop answered itself
         self.launches: list[tuple[str, str]] = []  # (region, ClientToken or "") of every RunInstances that came
+        self.quotas: dict[tuple[str, str], tuple[str, float]] = {}  # (region, code) -> (name, value): EC2's quotas
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _handler(self))
         self._server.daemon_threads = True
@@ -85,10 +89,32 @@ class Ec2Faults:
             self.prices.setdefault(region, []).append(
                 (instance_type, zone or f"{region}a", usd, at or datetime.now(UTC).replace(microsecond=0)))
 
+    def quota(self, region: str, code: str, name: str, value: float) -> None:
+        """Answer GetServiceQuota for EC2's quota `code` in `region` itself from now on: `value` (vCPUs)."""
+        with self._lock:
+            self.quotas[(region, code)] = (name, value)
+
+    def service_quota(self, region: str, body: bytes) -> bytes | None:
+        """Service Quotas' GetServiceQuota answer for a quota given in `region` (None: none given, it goes on)."""
+        asked = json.loads(body or b"{}")
+        with self._lock:
+            found = self.quotas.get((region, asked.get("QuotaCode", ""))) if asked.get("ServiceCode") == "ec2" \
+                else None
+        if found is None:
+            return None
+        self.answered.append(("GetServiceQuota", region))
+        name, value = found
+        return json.dumps({"Quota": {
+            "ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+            "QuotaArn": f"arn:aws:servicequotas:{region}:123456789012:ec2/{asked['QuotaCode']}",
+            "QuotaCode": asked["QuotaCode"], "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True,
+            "GlobalQuota": False}}).encode()
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
             self.prices.clear()
+            self.quotas.clear()
             self.answered.clear()
 
     def price_history(self, region: str, fields: dict[str, list[str]]) -> bytes | None:
@@ -155,6 +181,11 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             if action == "RunInstances":
                 with hop._lock:
                     hop.launches.append((region, (fields.get("ClientToken") or [""])[0]))
+            if self.headers.get("X-Amz-Target") == "ServiceQuotasV20190624.GetServiceQuota":
+                quota = hop.service_quota(region, body)
+                if quota is not None:
+                    self._answer(200, {"Content-Type": "application/x-amz-json-1.1"}, quota)
+                    return
             history = hop.price_history(region, fields) if action == "DescribeSpotPriceHistory" else None
             if history is not None:
                 self._answer(200, {"Content-Type": "text/xml;charset=UTF-8"}, history)

@@ -25,11 +25,12 @@ CLOUDS = ("aws", "gcp", "azure")
 
 class CloudError(KilnError):
     """A cloud call failed; `code` is the cloud's own error code where it gave one, `left` whether undoing the
-    attempt left anything behind (then kiln tries nothing else)."""
+    attempt left anything behind (then kiln tries nothing else), `detail` what kiln measured where it refused
+    before asking the cloud (a quota's numbers), said beside the verdict."""
 
-    def __init__(self, message: str = "", *, code: str = "", left: bool = False):
+    def __init__(self, message: str = "", *, code: str = "", left: bool = False, detail: str = ""):
         super().__init__(message)
-        self.code, self.left = code, left
+        self.code, self.left, self.detail = code, left, detail
 
 
 class Unavailable(UsageError):
@@ -134,7 +135,8 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
                                 candidate.spot))
                 which = f"{error.code}: {meant.quota}" if meant.quota else error.code
                 say(f"up: {candidate.cloud} {candidate.region or 'its default place'}: over a quota ({which}): "
-                    + (f"skipping every region of {candidate.cloud}" if meant.everywhere else "skipping the region"))
+                    + (f"skipping every region of {candidate.cloud}" if meant.everywhere else "skipping the region")
+                    + (f" ({error.detail})" if getattr(error, "detail", "") else ""))
             elif verdict == "unavailable":
                 say(f"up: {candidate.describe()}: {error}; nothing was made")
             else:

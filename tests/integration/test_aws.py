@@ -33,6 +33,7 @@ from bootstrap.errors import KilnError, UsageError  # noqa: E402
 from bootstrap.providers.aws import cloud as aws  # noqa: E402
 from bootstrap.providers.aws import efa as efa_plan  # noqa: E402
 from bootstrap.providers.aws import plan  # noqa: E402
+from bootstrap.recovery import Recovery  # noqa: E402
 from kiln import sshwait as reach  # noqa: E402
 
 CIDR = "203.0.113.7/32"
@@ -1044,6 +1045,38 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
         aws.down("fo", region="us-west-2")
 
 
+def test_a_cluster_the_vcpu_quota_cannot_hold_skips_the_region_before_anything_is_launched(env, ec2, image, server,
+                                                                                            west, monkeypatch):
+    """Service Quotas (the hop answers for EC2's quotas; moto serves VPC's alone) says the account may run 12
+    vCPUs of G instances on demand in us-east-1, where a g6.xlarge (4 vCPUs) already runs: three more (12 vCPUs)
+    do not fit the 8 left, so kiln names the quota with its numbers and comes up in us-west-2 (its quota 64)
+    without launching anything in us-east-1."""
+    from testbed.ec2_faults import Ec2Faults
+
+    running = ec2.run_instances(ImageId=image, InstanceType="g6.xlarge", MinCount=1, MaxCount=1)["Instances"][0]
+    try:
+        with Ec2Faults(server) as hop:
+            on_demand = plan.VCPU_QUOTAS[("G", False)]
+            hop.quota("us-east-1", on_demand.code, on_demand.name, 12.0)
+            hop.quota("us-west-2", on_demand.code, on_demand.name, 64.0)
+            monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+            made = fab(env, "cluster.up", "--name", "vq", "--gpus", "L4:1", "--count", "3", "--regions",
+                       "us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+            monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert ("up: aws us-east-1: over a quota (VcpuLimitExceeded: running On-Demand vCPUs of the instance "
+                "family): skipping the region (3 g6.xlarge need 12 vCPUs of the quota 'Running On-Demand G and VT "
+                "instances' (L-DB2E81BA), which is 12 here with 4 in use: ask Service Quotas for more)\n"
+                ) in made.stdout, made.stdout
+        assert [region for region, _ in hop.launches] == ["us-west-2"]
+        assert {("GetServiceQuota", "us-east-1"), ("GetServiceQuota", "us-west-2")} <= set(hop.answered)
+        assert state.load_cluster("vq").region == "us-west-2"
+    finally:
+        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+        aws.down("vq", region="us-west-2")
+        ec2.terminate_instances(InstanceIds=[running["InstanceId"]])
+
+
 def test_an_efa_cluster_the_elastic_ip_quota_cannot_hold_skips_the_region_before_anything_is_made(env, ec2, image,
                                                                                                      west):
     """Four of the region's five Elastic IPs (moto's vpc-max-elastic-ips, as EC2's default quota) taken in us-east-1:
@@ -1134,3 +1167,57 @@ def test_no_spot_capacity_falls_back_to_on_demand_and_an_empty_aws_to_gcp(env, e
     assert "up: trying gcp us-central1-a g2-standard-4 on-demand (2 of 2)" in other.stdout
     assert [summary.name for summary in gcp_made] == ["xc"] and state.load_cluster("xc") is None  # down removed it
     assert leftovers(ec2) == []
+
+
+def managed_move(name: str) -> Recovery:
+    """A managed run's recovery of cluster `name` as `kiln train --managed --relocate` makes it, with the real
+    bring-up of the task (lifecycle.up_again); moto's machines are records, not machines, so the new cluster is
+    not reached (`reopen`: the one step a cloud test cannot take)."""
+    from bootstrap import providers
+    from bootstrap.launch import RunSpec
+    from bootstrap.tasks import lifecycle
+
+    record = state.load_cluster(name)
+    group = Cluster.connect(name, record.hosts, SshOptions(), python="python3", fanout=4, timeout=30)
+
+    def unreachable():
+        raise KilnError("moto's machines answer no ssh")
+
+    spec = RunSpec("moved", "tf-config", ("node1", "node2"), (None, None), "python3", "/home/ubuntu/kiln")
+    return Recovery(group, providers.for_cluster(record, name), spec, None, None, None,
+                    up_again=lambda capacity: lifecycle.up_again(name, capacity, print).describe(),
+                    reopen=unreachable)
+
+
+def test_a_managed_move_comes_up_at_the_other_place_and_a_cluster_with_data_volumes_stays(env, ec2, image, west):
+    """A managed run's move on EC2 (its place has no capacity for a replacement): a cluster whose up named
+    us-east-1 and us-west-2 and came up in us-east-1 goes down there, leaving nothing, and comes up in us-west-2,
+    the other place its up named. A cluster with data volumes (whose up could name one place only: the snapshots
+    and the image live in one region) is not taken down: its machines and volumes stay as they are."""
+    made = fab(env, "cluster.up", "--name", "mv", "--gpus", "L4:1", "--count", "2", "--regions",
+               "us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert state.load_cluster("mv").region == "us-east-1"
+    try:
+        with pytest.raises(KilnError) as unreached:
+            managed_move("mv").move(state.load_cluster("mv").hosts)
+        assert "cluster mv is up again at aws us-west-2 g6.xlarge on-demand" in str(unreached.value)
+        assert leftovers(ec2, "mv") == []
+        assert state.load_cluster("mv").region == "us-west-2"
+        assert [item.split()[0] for item in leftovers(west, "mv")].count("instance") == 2
+    finally:
+        for region in ("us-east-1", "us-west-2"):
+            with contextlib.suppress(KilnError):
+                aws.down("mv", region=region)
+
+    made = fab(env, "cluster.up", "--name", "stay", "--gpus", "L4:1", "--count", "2", "--volume", "20",
+               "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert made.returncode == 0, made.stdout + made.stderr
+    try:
+        before = leftovers(ec2, "stay")
+        with pytest.raises(KilnError, match=r"has no place to move to but aws \(its default place\) g6.xlarge"):
+            managed_move("stay").move(state.load_cluster("stay").hosts)
+        assert leftovers(ec2, "stay") == before
+        assert [item.split()[0] for item in before].count("volume") == 4  # two root volumes, two data volumes
+    finally:
+        aws.down("stay")

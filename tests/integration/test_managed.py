@@ -81,10 +81,11 @@ def last_step(metrics: Path) -> int:
 
 
 def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int = 2 * CHECKPOINT_EVERY + 2,
-                   how: str = "lose", node: str = "node2",
-                   cloud: str = "ec2") -> tuple[subprocess.CompletedProcess, float]:
-    """Start a tf-config run (`options`: --managed...); once node2's worker has logged `min_step`, lose `node`
-    (`how`: or post a spot interruption notice on it, as `cloud` does). (result, when)"""
+                   how: str = "lose", node: str = "node2", cloud: str = "ec2",
+                   before_loss=None) -> tuple[subprocess.CompletedProcess, float]:
+    """Start a tf-config run (`options`: --managed...); once node2's worker has logged `min_step`, call
+    `before_loss` (if given) and lose `node` (`how`: or post a spot interruption notice on it, as `cloud` does).
+    (result, when)"""
     argv = [str(KILN), "train", "--cluster", NAME, "--mode", "tf-config", "--run-id", run_id, *options,
             "--args", f"--epochs {EPOCHS} --log-every 1 --checkpoint-every {CHECKPOINT_EVERY}"]
     env = {**os.environ, "KILN_HOME": str(managed.home), "KILN_RUNS": str(managed.runs)}
@@ -99,6 +100,8 @@ def train_and_lose(managed: Managed, run_id: str, *options: str, min_step: int =
                     out, err = train.communicate()
                     raise AssertionError(f"node2 never got to training: {out[-3000:]}{err[-3000:]}")
                 time.sleep(0.3)
+            if before_loss:
+                before_loss()
             lost_at = time.time()  # the loss begins: kiln may see it before the command returns
             lost = local_cluster(how, node, *(["--cloud", cloud] if how == "interrupt" else []))
             assert lost.returncode == 0, lost.stderr
@@ -248,6 +251,34 @@ def test_a_lost_node_whose_zone_has_no_capacity_moves_the_cluster_to_another_zon
     after = {name: pinned_keys(managed, name) for name in before}
     assert all(after[name] and not after[name] & before[name] for name in before), "three new machines"
     assert run_processes("relocate") == []
+
+
+def test_a_move_whose_checkpoints_cannot_be_kept_here_first_leaves_the_cluster_as_it_is(managed):
+    """--managed --relocate with the cluster's zone emptied, as above, but the copy of the first node's checkpoints
+    to this machine fails (where they go in the run's folder here, a file stands): kiln does not take the cluster
+    down without them; it says why, the run fails, and the cluster file names the same machines where they were."""
+    cluster_file = managed.home / "clusters" / NAME / "cluster.json"
+    before = json.loads(cluster_file.read_text())
+    folder = managed.runs / "keep-failed"
+
+    def block_the_copy():
+        (folder / "checkpoints").write_text("not a folder\n")
+
+    try:
+        exhausted = local_cluster("exhaust", "--zone", before["region"])
+        assert exhausted.returncode == 0, exhausted.stderr
+        done, _ = train_and_lose(managed, "keep-failed", "--managed", "--relocate", before_loss=block_the_copy)
+    finally:
+        local_cluster("exhaust", "--zone", before["region"], "--times", "0")
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said[-4000:]
+    assert "the cluster was not moved, as the first node's checkpoints could not be kept here first" in said, said
+    assert "it is left as it is" in said, said
+    assert json.loads(cluster_file.read_text()) == before
+    assert managed.summary("keep-failed")["status"] == "failed"
+    assert run_processes("keep-failed") == []
+    again = local_cluster("replace", "node2")  # what a later `kiln up` would do; the next test needs node2
+    assert again.returncode == 0, again.stderr
 
 
 def test_with_no_recovery_left_a_lost_node_fails_the_run_and_leaves_nothing_running(managed):

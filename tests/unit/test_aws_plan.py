@@ -270,3 +270,40 @@ def test_expired_snapshots_in_cluster_time_and_node_order():
             snapshot("snap-x", 0, "T0", expires="2025-02-01T00:00:00Z", cluster="alpha")]
     assert [s.id for s in plan.expired_snapshots([kept, *gone], NOW)] == ["snap-x", "snap-y", "snap-z"]
     assert not snapshot("snap-n", 0, "T", expires="").expired(NOW)
+
+
+@pytest.mark.parametrize(("instance_type", "family"), [
+    ("p5.48xlarge", "P"), ("p4de.24xlarge", "P"), ("p6-b200.48xlarge", "P"), ("g6e.xlarge", "G"),
+    ("gr6.4xlarge", "G"), ("vt1.3xlarge", "G"), ("c7gn.large", "Standard"), ("im4gn.large", "Standard"),
+    ("m7i-flex.large", "Standard"), ("trn1.32xlarge", None), ("inf2.xlarge", None), ("hpc7a.96xlarge", None),
+    ("dl1.24xlarge", None), ("x2idn.32xlarge", None), ("u-6tb1.metal", None), ("mac2.metal", None)])
+def test_an_instance_type_counts_against_its_familys_vcpu_quota(instance_type, family):
+    assert plan.quota_family(instance_type) == family
+
+
+def test_every_checked_family_has_an_on_demand_and_a_spot_quota_each_its_own():
+    assert {family for family, _ in plan.VCPU_QUOTAS} == {"P", "G", "Standard"}
+    assert all((family, spot) in plan.VCPU_QUOTAS for family in ("P", "G", "Standard") for spot in (False, True))
+    codes = [quota.code for quota in plan.VCPU_QUOTAS.values()]
+    assert len(set(codes)) == len(codes) and all(code.startswith("L-") for code in codes)
+
+
+def test_vcpus_in_use_are_the_familys_live_machines_on_its_side_of_spot():
+    instances = [{"InstanceType": "p5.48xlarge", "State": {"Name": "running"}},
+                 {"InstanceType": "p4d.24xlarge", "State": {"Name": "pending"}},
+                 {"InstanceType": "p5.48xlarge", "State": {"Name": "running"}, "InstanceLifecycle": "spot"},
+                 {"InstanceType": "p5.48xlarge", "State": {"Name": "stopped"}},
+                 {"InstanceType": "g6.xlarge", "State": {"Name": "running"}}]
+    vcpus = {"p5.48xlarge": 192, "p4d.24xlarge": 96, "g6.xlarge": 4}
+    assert plan.vcpus_in_use(instances, vcpus, "P", spot=False) == 288
+    assert plan.vcpus_in_use(instances, vcpus, "P", spot=True) == 192
+    assert plan.vcpus_in_use(instances, vcpus, "G", spot=False) == 4
+
+
+def test_a_launch_over_the_quota_is_named_with_its_numbers_and_one_that_fits_is_not():
+    quota = plan.VCPU_QUOTAS[("P", False)]
+    assert plan.vcpus_short(quota, 384.0, 0, 384, 2, "p5.48xlarge") is None
+    assert plan.vcpus_short(quota, 192.0, 0, 384, 2, "p5.48xlarge") == (
+        "2 p5.48xlarge need 384 vCPUs of the quota 'Running On-Demand P instances' (L-417A185B), which is 192 here "
+        "with 0 in use: ask Service Quotas for more")
+    assert plan.vcpus_short(quota, 384.0, 1, 384, 2, "p5.48xlarge") is not None

@@ -78,6 +78,7 @@ class Aws:
     ec2: object
     sts: object
     region: str
+    quotas: object = None  # Service Quotas (the vCPU quotas read before a launch), where connect made one
 
 
 @functools.cache
@@ -129,10 +130,10 @@ def connect(region: str | None = None, profile: str | None = None) -> Aws:
     config = botocore.config.Config(connect_timeout=10, read_timeout=60,
                                     retries={"max_attempts": 5, "mode": "standard"})
     endpoint = os.environ.get(ENDPOINT_ENV) or None
-    ec2, sts = (session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
-                for service in ("ec2", "sts"))
+    ec2, sts, quotas = (session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
+                        for service in ("ec2", "sts", "service-quotas"))
     ec2.meta.events.register("needs-retry.ec2.RunInstances", launch_retried)
-    return Aws(ec2, sts, region)
+    return Aws(ec2, sts, region, quotas)
 
 
 def launch_retried(response=None, **_) -> bool | None:
@@ -251,7 +252,35 @@ def check_addresses(aws: Aws, request: plan.Request) -> None:
     short = efa_plan.addresses_short(limit, used, request.count)
     if short:
         raise AwsError(f"cluster.up {request.name}: {short} in {aws.region}; nothing was created",
-                       code="AddressLimitExceeded")
+                       code="AddressLimitExceeded", detail=short)
+
+
+def check_vcpus(aws: Aws, request: plan.Request) -> None:
+    """Refuse, before anything is made, machines that the region's vCPU quota for their family (plan.VCPU_QUOTAS:
+    on-demand or spot) cannot hold beside the family's machines already running: a quota error, as EC2 would
+    answer the launch (VcpuLimitExceeded; MaxSpotInstanceCountExceeded for spot), so failover skips the region. A
+    quota that cannot be read (a role without servicequotas:GetServiceQuota, a family kiln does not read) checks
+    nothing: the launch says it all the same."""
+    quota = plan.VCPU_QUOTAS.get((plan.quota_family(request.instance_type), request.spot))
+    if quota is None or aws.quotas is None:
+        return
+    try:
+        limit = float(aws.quotas.get_service_quota(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]["Value"])
+        pages = aws.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        instances = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+        kinds = sorted({i["InstanceType"] for i in instances} | {request.instance_type})
+        vcpus = {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"])
+                 for t in aws.ec2.describe_instance_types(InstanceTypes=kinds)["InstanceTypes"]}
+    except Exception:  # no right to ask, no such quota here, throttled
+        return
+    family = plan.quota_family(request.instance_type)
+    used = plan.vcpus_in_use(instances, vcpus, family, request.spot)
+    short = plan.vcpus_short(quota, limit, used, vcpus.get(request.instance_type, 0) * request.count, request.count,
+                             request.instance_type)
+    if short:
+        raise AwsError(f"cluster.up {request.name}: {short} in {aws.region}; nothing was created",
+                       code="MaxSpotInstanceCountExceeded" if request.spot else "VcpuLimitExceeded", detail=short)
 
 
 def described_instances(aws: Aws, instance_ids: Sequence[str]) -> list[dict]:
@@ -410,6 +439,7 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
     aws = aws or connect(region, profile)
     owner = caller(aws)
     check_instance_type(aws, request)
+    check_vcpus(aws, request)
     network = efa_network(aws, request)
     if network:
         check_addresses(aws, request)

@@ -395,3 +395,56 @@ def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snap
 def snapshot_order(snapshot: Snapshot) -> tuple:
     """Cluster, then the time of its set, then node."""
     return (snapshot.cluster, snapshot.taken_at, -1 if snapshot.index is None else snapshot.index, snapshot.id)
+
+
+# EC2's vCPU quotas (Service Quotas, service code ec2), one on-demand and one spot per family of instance types:
+# what a launch of the family needs in vCPUs, running and pending machines of the family counting against it.
+# From EC2's "Amazon EC2 instance type quotas" (docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html);
+# the families kiln's catalog launches (its GPUs: P, G; its CPU types: standard). Others are not read before launch.
+@dataclass(frozen=True)
+class VcpuQuota:
+    code: str
+    name: str
+
+
+VCPU_QUOTAS = {
+    ("P", False): VcpuQuota("L-417A185B", "Running On-Demand P instances"),
+    ("P", True): VcpuQuota("L-7212CCBC", "All P Spot Instance Requests"),
+    ("G", False): VcpuQuota("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("G", True): VcpuQuota("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("Standard", False): VcpuQuota("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+    ("Standard", True): VcpuQuota("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+}
+# Families whose letters start as a standard one's but that have quotas of their own (Inf, HPC, DL, Mac, Trn).
+OWN_QUOTA_FAMILIES = ("inf", "hpc", "dl", "mac", "trn")
+
+
+def quota_family(instance_type: str) -> str | None:
+    """The vCPU quota family of an instance type, from the letters before its generation (p5.48xlarge: P;
+    g6e.xlarge, gr6.4xlarge, vt1.3xlarge: G; c7gn.large, im4gn.large: Standard); None for a family kiln does not
+    check (trn1, inf2, x2idn, hpc7a, u-6tb1)."""
+    letters = re.match(r"[a-z]*", instance_type).group()
+    if letters == "p":
+        return "P"
+    if letters in ("g", "gr", "vt"):
+        return "G"
+    if letters[:1] and letters[:1] in "acdhimrtz" and letters not in OWN_QUOTA_FAMILIES:
+        return "Standard"
+    return None
+
+
+def vcpus_in_use(instances: Iterable[dict], vcpus: dict[str, int], family: str, spot: bool) -> int:
+    """vCPUs that count against a family's quota: pending and running machines of the family, spot ones against
+    the spot quota, the others against the on-demand one (DescribeInstances' entries; `vcpus`: per type)."""
+    return sum(vcpus.get(i["InstanceType"], 0) for i in instances
+               if i.get("State", {}).get("Name") in ("pending", "running")
+               and quota_family(i["InstanceType"]) == family and (i.get("InstanceLifecycle") == "spot") == spot)
+
+
+def vcpus_short(quota: VcpuQuota, limit: float, used: int, wanted: int, count: int, instance_type: str) -> str | None:
+    """What is wrong where `count` machines of `wanted` vCPUs in all do not fit the quota's `limit` with `used`
+    taken; None where they fit."""
+    if used + wanted <= limit:
+        return None
+    return (f"{count} {instance_type} need {wanted} vCPUs of the quota {quota.name!r} ({quota.code}), which is "
+            f"{limit:g} here with {used} in use: ask Service Quotas for more")
