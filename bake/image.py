@@ -31,12 +31,12 @@ import threading
 import time
 from pathlib import Path
 
-from bake import base_image, container, container_base, provision
+from bake import container
 from bake import plan as imagelib
 from bake.matrix import labels, read_matrix, read_override
 from bake.packer import compat_tree, is_modern, parse_packer_version, pkrvars
 from bake.plan import Bake
-from bake.provision import VM_ADDRESS_OF_HOST
+from bake.targets import TARGETS
 from kiln import proc
 from kiln.errors import KilnError, UsageError, run_main
 from kiln.paths import PROJECT as ROOT
@@ -78,75 +78,21 @@ def run_packer(argv: list[str], log: Path, timeout: float) -> None:
         raise KilnError(f"packer build failed (exit {process.returncode}); its log: {log}")
 
 
-def local_inputs(matrix_file: Path | None) -> tuple[dict[str, str], Path, Path]:
-    base = base_image.ensure(cache_dir())
-    wheelhouse = provision.wheelhouse(matrix_file)
-    return {"base": base.name, "wheelhouse": wheelhouse.name}, base, wheelhouse
-
-
-def docker_inputs(profile: str, matrix: dict[str, str],
-                  matrix_file: Path | None) -> tuple[dict[str, str], str, bool, Path | None]:
-    """The base image (made here on cpu, NVIDIA's on gpu), whether packer pulls it, and the wheelhouse (cpu: the
-    Horovod wheel built here fits the Debian base; gpu: Horovod is built in the image against CUDA)."""
-    if not shutil.which("docker"):
-        raise UsageError("PROVIDER=docker needs docker (make setup installs Debian's docker.io)")
-    if profile == "gpu":
-        base, pull = container.base_image(profile, matrix)
-        return {"base": base}, base, pull, None
-    base, pull = container.base_image(profile, matrix, container_base.ensure(cache_dir()))
-    wheelhouse = provision.wheelhouse(matrix_file)
-    return {"base": container.image_id(base), "wheelhouse": wheelhouse.name}, base, pull, wheelhouse
-
-
-def publish(record: dict, registry: str) -> None:
-    """Tag the baked image kiln:PROFILE-FINGERPRINT (and push it to `registry`); record what was made."""
-    name = container.tag(record["profile"], record["fingerprint"])
-    container.tag_image(record["image_id"], name)
-    record["image"] = name
-    if registry:
-        remote = container.tag(record["profile"], record["fingerprint"], registry)
-        container.tag_image(record["image_id"], remote)
-        record["pushed"] = container.push(remote)
-        print(f"image: pushed {record['pushed']}")
-
-
-def reusable(output: Path, provider: str, registry: str) -> bool:
-    """An image with this fingerprint is there: its records, and for docker the image in the engine (pushed
-    now where a registry is asked for and it was not pushed there yet)."""
-    if not (output / "image.json").exists():
-        return False
-    if provider != "docker":
-        return True
-    record = json.loads((output / "image.json").read_text())
-    if container.inspect(record.get("image", "")) is None:
-        return False
-    if registry and not record.get("pushed", "").startswith(f"{registry}/"):
-        publish(record, registry)
-        (output / "image.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return True
-
-
 def bake(args) -> Path:
     profile = imagelib.choose_profile(args.provider, args.profile)
+    target = TARGETS[args.provider]
     version = packer_version()
     imagelib.check_packer_for(args.provider, version)
     registry = container.check_registry(args.registry) if args.registry else ""
-    if registry and args.provider != "docker":
+    if registry and not target.pushes:
         raise UsageError(f"REGISTRY={registry} belongs to PROVIDER=docker (a container image is pushed)")
     matrix_file = Path(args.matrix) if args.matrix else None
     base_matrix = read_matrix()
     chosen = read_override(matrix_file, base_matrix) if matrix_file else {}
     matrix = {**base_matrix, **chosen}
-    # The local VM reaches the wheelhouse over plain http on qemu's host address, which pip trusts only where told
-    # (the tensorflow role tells it; the frameworks role does not yet).
-    carried = [name for name in ("frameworks_torch_version", "frameworks_jax_version") if matrix.get(name)]
-    if carried and args.provider == "local":
-        raise UsageError(f"MATRIX={matrix_file}: {', '.join(carried)} for PROVIDER=local: the frameworks role does "
-                         "not install from a wheelhouse served to a VM yet; bake them into a container image "
-                         "(PROVIDER=docker) or a cloud image (aws|gcp|azure)")
-    extra, base, wheelhouse = local_inputs(matrix_file) if args.provider == "local" else ({}, None, None)
-    if args.provider == "docker":
-        extra, docker_base, docker_pull, wheelhouse = docker_inputs(profile, matrix, matrix_file)
+    target.check(matrix, matrix_file)
+    prepared = target.prepare(profile, matrix, matrix_file)
+    extra = dict(prepared.extra)
     if chosen:
         extra["matrix-override"] = json.dumps(chosen, sort_keys=True)
     for var_file in args.var_file:
@@ -156,7 +102,7 @@ def bake(args) -> Path:
     fingerprint = imagelib.fingerprint(ROOT, args.provider, profile, extra)
     output = imagelib.output_dir(IMAGES, args.provider, profile, fingerprint)
     job = Bake(args.provider, profile, fingerprint, output)
-    if not args.force and reusable(output, args.provider, registry):
+    if not args.force and target.reusable(output, registry):
         print(f"image: up to date, fingerprint {fingerprint} unchanged: {output}")
         return output
 
@@ -177,20 +123,9 @@ def bake(args) -> Path:
     }
     try:
         with contextlib.ExitStack() as stack:
-            if args.provider == "local":
-                port = stack.enter_context(provision.served(wheelhouse))
-                variables["ansible_extra_vars"]["tensorflow_wheelhouse_url"] = f"http://{VM_ADDRESS_OF_HOST}:{port}/"
-                variables.update({
-                    "local_base_disk": str(base / "disk.qcow2"), "local_kernel": str(base / "vmlinuz"),
-                    "local_initrd": str(base / "initrd.img"), "local_ssh_private_key_file": str(base / "bake_key"),
-                    "local_output_directory": str(work / "disk"), "local_serial_log": str(work / "console.log"),
-                })
-            if args.provider == "docker":
-                variables["ansible_extra_vars"]["kiln_image_target"] = "container"
-                variables.update({"docker_base_image": docker_base, "docker_pull": docker_pull})
-                if wheelhouse:  # the container runs on the host's network: 127.0.0.1 is this machine
-                    port = stack.enter_context(provision.served(wheelhouse))
-                    variables["ansible_extra_vars"]["tensorflow_wheelhouse_url"] = f"http://127.0.0.1:{port}/"
+            own, extra_vars = target.variables(prepared, work, stack)
+            variables.update(own)
+            variables["ansible_extra_vars"].update(extra_vars)
             (work / "kiln.pkrvars.hcl").write_text(pkrvars(variables))
             var_files = [ROOT / "packer" / "vars" / f"{args.provider}.pkrvars.hcl", *map(Path, args.var_file),
                          work / "kiln.pkrvars.hcl"]
@@ -198,19 +133,11 @@ def bake(args) -> Path:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    if args.provider == "local":
-        for name in ("vmlinuz", "initrd.img"):
-            shutil.copy2(base / name, work / name)
     record = {"provider": args.provider, "profile": profile, "fingerprint": fingerprint,
               "versions": json.loads((work / "versions.json").read_text()),
               "bake_seconds": round(time.monotonic() - started, 1),
               "matrix_override": {"file": str(matrix_file), "entries": chosen} if chosen else None}
-    if args.provider == "local":
-        record.update({"disk": "disk/kiln.qcow2", "kernel": "vmlinuz", "initrd": "initrd.img"})
-    if args.provider == "docker":
-        record["image_id"] = container.artifact_id(json.loads((work / "packer-manifest.json").read_text()))
-        record["base"] = docker_base
-        publish(record, registry)
+    target.finish(prepared, work, record, registry)
     (work / "image.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(output, ignore_errors=True)
     work.rename(output)

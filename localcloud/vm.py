@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bootstrap.providers.aws import plan
+from bootstrap.providers.common import data_volume_file
 from kiln import proc, sshwait
 from kiln.errors import KilnError, UsageError, run_main
 from kiln.hostkeys import console_host_keys, known_hosts_lines
@@ -181,7 +181,7 @@ def boot(args: argparse.Namespace) -> int:
         data_disk = state / "data.img"
         with open(data_disk, "wb") as blank:  # sparse: a fresh, never formatted volume at every boot
             blank.truncate(args.data_gib * 2**30)
-        files = [plan.data_volume_file(args.data_gib, "root")]
+        files = [data_volume_file(args.data_gib, "root")]
     spec = VmSpec(disk=args.disk.resolve(), kernel=args.kernel.resolve(), initrd=args.initrd.resolve(), state=state,
                   port=free_port(), memory=args.memory, cpus=args.cpus, snapshot=args.snapshot, append=args.append,
                   data_disk=data_disk)

@@ -31,3 +31,15 @@ def test_no_product_module_imports_the_tests_stand_ins():
 def test_the_stand_ins_build_on_the_local_cloud():
     used = {name for path in (ROOT / "testbed").glob("*.py") for name in imported(path)}
     assert "localcloud.guest" in used
+
+
+CLOUDS = ("bootstrap.providers.aws", "bootstrap.providers.gcp", "bootstrap.providers.azure")
+
+
+def test_the_local_cloud_imports_no_clouds_package():
+    """The local cloud stands beside the clouds: what it shares with them is the providers' neutral part
+    (bootstrap.providers.common), never one cloud's plan."""
+    found = {str(path.relative_to(ROOT)): sorted(name for name in imported(path) if name.startswith(CLOUDS))
+             for path in (ROOT / "localcloud").rglob("*.py")}
+    assert {path: names for path, names in found.items() if names} == {}
+    assert len(found) > 5
