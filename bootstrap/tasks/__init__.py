@@ -85,9 +85,9 @@ def namespace(*, flat: bool = False) -> Collection:
     from bootstrap.tasks import cluster, lifecycle, runs
 
     tasks = Collection() if flat else Collection("cluster")
-    for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_", "autostop")),
+    for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_", "autostop", "launch_")),
                           (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
-                          (lifecycle, ("up", "down", "list_", "sweep", "launch", "gpus"))):
+                          (lifecycle, ("up", "down", "list_", "sweep", "gpus"))):
         for name in names:
             tasks.add_task(getattr(module, name))
     return tasks if flat else Collection(tasks)

@@ -3,22 +3,18 @@ and the supervisor do the work."""
 
 from __future__ import annotations
 
-import shlex
-import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bootstrap import autostop as autostop_plan
-from bootstrap import hosts as hostlists
-from bootstrap import interconnect, launch, mesh, preflight, providers, state, topology
-from bootstrap.cluster import REMOTE_ROOT, Cluster
-from bootstrap.commands import SshOptions
+from bootstrap import launch, mesh, preflight, providers, state, topology, training
+from bootstrap.cluster import REMOTE_ROOT
 from bootstrap.container import check_reference
 from bootstrap.errors import KilnError, UsageError
-from bootstrap.hosts import Host
 from bootstrap.inputs import list_inputs
-from bootstrap.orchestration import check_collective, choose_runtime, reserve_run_ports, same_root, start_and_watch
-from bootstrap.recovery import Recovery
+from bootstrap.orchestration import check_collective, choose_runtime, same_root, start_and_watch
+from bootstrap.providers.common import SSH_WAIT_S
+from bootstrap.runspec import TrainAsk, check_train, train_spec
+from bootstrap.session import arm, connect_and_mesh, open_cluster, target
 from bootstrap.tasks import cluster_task, lifecycle
 from bootstrap.timeline import Timeline
 from kiln.gpu import probe
@@ -35,76 +31,6 @@ HOST_HELP = {
 }
 
 
-def host_list(c, hostfile: str | None, slots: int | None, saved: state.ClusterRecord | None = None) -> list[Host]:
-    """Hosts from -H, from --hostfile, or from the cluster file of --cluster."""
-    given = c.config.get("kiln_hosts")
-    if given and hostfile:
-        raise UsageError("give hosts either with -H or with --hostfile, not both")
-    if hostfile:
-        try:
-            text = Path(hostfile).read_text()
-        except OSError as error:
-            raise UsageError(f"cannot read hostfile {hostfile}: {error.strerror}") from None
-        found = hostlists.parse_hostfile(text, source=hostfile)
-        return hostlists.with_slots(found, slots) if slots else found
-    if given:
-        found = hostlists.parse_host_list(given)
-        return hostlists.with_slots(found, slots) if slots else found
-    if saved:
-        return hostlists.with_slots(saved.hosts, slots) if slots else list(saved.hosts)
-    raise UsageError("no hosts: give them with -H h1,h2,..., --hostfile FILE, or --cluster NAME "
-                     "of a cluster that kiln mesh has set up")
-
-
-def ssh_options(c, saved: state.ClusterRecord | None = None) -> SshOptions:
-    """Fabric's own flags (-S ssh config, -i identity, -t connect timeout), else the cluster file's."""
-    config = c.config
-    key = config.connect_kwargs.get("key_filename")
-    if isinstance(key, (list, tuple)):
-        key = key[0] if key else None
-    ssh_config = config.get("ssh_config_path") or getattr(config, "_runtime_ssh_path", None)
-    timeout = config.connect_kwargs.get("timeout") or config.timeouts.connect or 10
-    recorded = saved.ssh if saved else state.SshSettings()
-    return SshOptions(config_file=ssh_config or recorded.config_file, identity=key or recorded.identity,
-                      connect_timeout=int(timeout))
-
-
-@dataclass
-class Target:
-    hosts: list[Host]
-    name: str
-    options: SshOptions
-    python: str
-
-
-def target(c, *, hostfile: str | None, cluster: str | None, slots: int | None, python: str | None) -> Target:
-    """Parse what the user named: hosts, the cluster's name, ssh settings, the nodes' Python."""
-    saved = state.load_cluster(mesh.validate_cluster_name(cluster)) if cluster else None
-    if cluster and saved is None and not (hostfile or c.config.get("kiln_hosts")):
-        raise UsageError(f"no cluster {cluster!r} in {state.kiln_home()}/clusters: set it up with kiln mesh "
-                         "(with -H) or kiln up")
-    hosts = host_list(c, hostfile, slots, saved)
-    options = ssh_options(c, saved)
-    name = cluster or mesh.default_cluster_name(hosts, options.config_file)
-    return Target(hosts, name, options, python or (saved.python if saved else sys.executable))
-
-
-def open_cluster(c, goal: Target, *, fanout: int, accept_new_host_keys: bool = False) -> Cluster:
-    return Cluster.connect(goal.name, goal.hosts, goal.options, python=goal.python, fanout=int(fanout),
-                           timeout=float(c.config.timeouts.command or 300), accept_new=accept_new_host_keys)
-
-
-def connect_and_mesh(c, goal: Target, timeline: Timeline, *, fanout: int,
-                     accept_new_host_keys: bool) -> tuple[Cluster, list[mesh.Node]]:
-    """What every run begins with, timed: connect (the nodes' facts), then the mesh."""
-    with timeline.phase("connect"):
-        group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-        nodes = group.require_facts("connect")
-    with timeline.phase("mesh"):
-        group.apply_mesh()
-    return group, nodes
-
-
 def parse_ports(text: str) -> list[int]:
     try:
         ports = [int(p) for p in str(text).split(",") if p.strip()]
@@ -113,13 +39,6 @@ def parse_ports(text: str) -> list[int]:
     if any(not 1 <= p <= 65535 for p in ports):
         raise UsageError(f"--ports {text!r}: ports run from 1 to 65535")
     return ports
-
-
-def split_args(text: str) -> list[str]:
-    try:
-        return shlex.split(text)
-    except ValueError as error:
-        raise UsageError(f"--args {text!r}: {error}") from None
 
 
 def print_changes(changed: dict[str, list[str]]) -> None:
@@ -241,21 +160,6 @@ def autostop(c, cluster, idle_minutes, fanout=64, accept_new_host_keys=False):
         accept_new_host_keys=accept_new_host_keys)
 
 
-def arm(c, cluster: str, idle_minutes: float, *, fanout: int = 64, accept_new_host_keys: bool = False) -> None:
-    """Start (or cancel) the idle agents on every node of the cluster, and remember it in the cluster file."""
-    record = state.load_cluster(mesh.validate_cluster_name(cluster))
-    if record is None or record.provider is None:
-        raise UsageError(f"autostop needs a cluster that kiln started (kiln up NAME ...); {cluster} is not one")
-    goal = target(c, hostfile=None, cluster=cluster, slots=None, python=None)
-    group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    provider = providers.for_cluster(record, cluster)
-    if idle_minutes:
-        provider.arm_autostop(record.name)
-    group.autostop(autostop_plan.agent_args(idle_minutes, provider.shutdown))
-    state.save_cluster(replace(record, idle_minutes=idle_minutes or None))
-    print(autostop_plan.describe(idle_minutes, [h.label for h in goal.hosts]))
-
-
 TRAIN_HELP = {
     **HOST_HELP,
     "mode": "horovod (one horovodrun over a hostfile), tf-config (one process per role, each its TF_CONFIG), "
@@ -321,92 +225,23 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
     with no command, kiln's reference trainer. See the README for the environment every process gets. With
     --image REF, every process runs inside that container image, one container per node."""
-    launch.validate_mode(mode, ps=int(ps), evaluator=evaluator, mpi=mpi)
-    interconnect.validate(fabric)
     command = user_command(c)
-    if command and args:
-        raise UsageError("--args is for kiln's reference trainer; give your program's arguments after --")
-    launch.check_placeholders(command, mode)
-    launch.validate_elastic(mode, min_np=int(min_np), max_np=int(max_np), mpi=mpi)
-    if int(min_np) and int(max_restarts):
-        raise UsageError("an elastic run (--min-np) goes on without lost nodes instead of restarting: "
-                         "--max-restarts does not go with it (--managed replaces lost nodes while it runs)")
-    if mode in ("torchrun", "jax") and not command:
-        raise UsageError(f"--mode {mode} runs your program: give it after --, e.g. kiln train --mode {mode} -- "
-                         "python train.py (kiln's reference trainer is TensorFlow: --mode horovod or tf-config)")
-    if no_chief and not command:
-        raise UsageError("--no-chief is for a between-graph program whose workers lead themselves (give it "
-                         "after --); kiln's reference trainer needs its chief")
-    if int(min_np) and not command:
-        raise UsageError("--min-np runs a program written for elastic Horovod (hvd.elastic.run, as "
-                         "examples/horovod_elastic.py) or torchrun; kiln's reference trainer is not: give your "
-                         "command after --")
-    if no_chief and not int(ps):
-        raise UsageError("--no-chief goes with --ps: without parameter servers there is no chief to leave out")
+    ask = TrainAsk(tuple(command), mode, int(ps), chief, no_chief, evaluator, mpi, nic, int(min_np), int(max_np),
+                   int(base_port), args, checkpoint_dir, run_id, detach, int(max_restarts), managed,
+                   int(max_recoveries), relocate, down_after, image, fabric)
+    check_train(ask)
     folder = project_folder(code, command)
     # With --image, --python names the image's Python; kiln's own node side keeps the nodes' Python.
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
-    hosts = goal.hosts
-    if managed and detach:
-        raise UsageError("--managed watches the run to replace lost nodes: it cannot --detach")
-    if relocate and not managed:
-        raise UsageError("--relocate moves a managed run's cluster: give --managed too")
-    if relocate and int(min_np):
-        raise UsageError("--relocate restarts the run on a cluster brought up again; an elastic run (--min-np) goes "
-                         "on without a node that cannot be replaced instead")
-    if down_after and detach:
-        raise UsageError("--down-after waits for the run to end: it cannot --detach")
-    if int(max_recoveries) < 0:
-        raise UsageError(f"--max-recoveries {max_recoveries}: give 0 or more")
-    record = state.load_cluster(goal.name)
-    owner = providers.for_cluster(record, cluster) if managed or down_after else None
-    program = launch.Program(tuple(command), tuple(split_args(args)), checkpoint_dir)
-    if image:
-        check_reference(image)
-    spec = launch.RunSpec(
-        run_id=state.validate_run_id(run_id) if run_id else state.new_run_id(), mode=mode,
-        names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=goal.python,
-        root=f"~/{REMOTE_ROOT}", program=program, nic=nic or "(found at run time)", ps=int(ps),
-        chief=chief, no_chief=no_chief, evaluator=evaluator, mpi=mpi,
-        base_port=int(base_port) or topology.DEFAULT_BASE_PORT, min_np=int(min_np), max_np=int(max_np),
-        fabric=interconnect.planned(fabric))
+    owner = training.owner_of(goal, ask, cluster)
+    spec = train_spec(ask, goal.hosts, goal.python, state.new_run_id())
     if dry_run:
-        print(launch.describe_plan(launch.plan_run(spec), hosts))
+        print(launch.describe_plan(launch.plan_run(spec), goal.hosts))
         return
-    try:
-        timeline = Timeline()
-        group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout,
-                                        accept_new_host_keys=accept_new_host_keys)
-        paths = launch.NodePaths(same_root(group))
-        runtime, processes_python = choose_runtime(group, image, paths, spec.run_id, program, python, timeline)
-        spec = replace(spec, names=tuple(n.name for n in nodes), python=processes_python, root=paths.root,
-                       nic=nic or topology.common_interface({n.name: n.iface for n in nodes}),
-                       gpus=mesh.gpu_counts(nodes),
-                       fabric=interconnect.for_nodes(nodes, fabric))
-        spec = reserve_run_ports(group, spec, moveable=not int(base_port))
-        recovery = Recovery(
-            group, owner, spec, paths, program, folder, record.idle_minutes if record else None,
-            check_on_nodes=not image,
-            up_again=lambda capacity: lifecycle.up_again(goal.name, capacity, say).describe(),
-            reopen=lambda: connect_and_mesh(c, target(c, hostfile=None, cluster=goal.name, slots=slots,
-                                                      python=None if image else python),
-                                            timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys),
-            nic=nic, fabric=fabric) if managed else None
-        recover = recovery.recover if recovery else None
-        move = recovery.as_move() if recovery and relocate else None
-        start_and_watch(group, launch.plan_run(spec), paths, program, folder, detach=detach,
-                        timeout=float(timeout), max_restarts=int(max_restarts), stall_factor=float(stall_factor),
-                        stall_minimum=float(stall_minimum), stall_busy=float(stall_busy), timeline=timeline,
-                        recover=recover,
-                        max_recoveries=int(max_recoveries) if recover else 0, runtime=runtime,
-                        python=processes_python, notice_source=providers.notice_source(record), move=move,
-                        stop_if_interrupted=bool(down_after))
-    finally:
-        if down_after:  # the provider of where the cluster is now (a managed run may have moved it)
-            print(f"--down-after: removing cluster {goal.name}", flush=True)
-            now = state.load_cluster(goal.name)
-            print("\n".join((providers.for_cluster(now, cluster) if now else owner).down(goal.name).lines),
-                  flush=True)
+    training.train(c, goal, spec, ask, folder,
+                   training.Watch(float(timeout), int(max_restarts), float(stall_factor), float(stall_minimum),
+                                  float(stall_busy)),
+                   training.Reach(int(fanout), accept_new_host_keys, slots, python), owner, say)
 
 
 RUN_TASK_HELP = {
@@ -467,3 +302,40 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
                     notice_source=providers.notice_source(state.load_cluster(goal.name)))
 
 
+LAUNCH_HELP = {
+    **{k: lifecycle.UP_HELP[k] for k in ("name", "provider", "count", "instance_type", "gpus", "spot", "max_price",
+                                          "ami", "ssh_cidr", "user", "region", "profile", "project", "zone",
+                                          "subscription", "location", "source_image", "image_id", "ttl_hours",
+                                          "ssh_wait", "volume")},
+    "snapshot": lifecycle.SNAPSHOT_HELP["snapshot"],
+    "mode": "horovod (default) or tf-config", "args": "arguments for kiln's reference trainer",
+    "code": "the project folder to run from (default: the current folder)", "run_id": "name the run",
+    "timeout": "stop the run if it has not ended after this many seconds (default 3600)",
+    "managed": "replace a node that is lost or gets a spot notice (see train --managed)",
+    "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
+    "accept_new_host_keys": "trust host keys the consoles did not show, on first contact (default: refuse)",
+    "image": "run the training inside this container image on every node (see train --image)",
+}
+
+
+@cluster_task(name="launch", help=LAUNCH_HELP)
+def launch_(c, name, provider="aws", count=1, instance_type=None, spot=False, max_price=None,
+            ami=None, ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=SSH_WAIT_S,
+            mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
+            accept_new_host_keys=False, volume=None, snapshot=False, image=None, project=None, zone=None,
+            source_image=None, subscription=None, location=None, image_id=None, gpus=None):
+    """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
+    whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
+    where = {"region": region, "profile": profile, "project": project, "zone": zone, "subscription": subscription,
+             "location": location}
+    if snapshot and not providers.named(provider, where).volumes:
+        raise UsageError(f"--snapshot: a {provider} cluster's nodes have no data volumes")
+    lifecycle.up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot,
+                 max_price=max_price, ami=ami, ssh_cidr=ssh_cidr, user=user, ttl_hours=ttl_hours, ssh_wait=ssh_wait,
+                 volume=volume, source_image=source_image, image_id=image_id, gpus=gpus, **where)
+    try:
+        train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
+              max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys, image=image)
+    finally:
+        print(f"launch: removing cluster {name}", flush=True)
+        lifecycle.down(c, name, snapshot=snapshot, **where)

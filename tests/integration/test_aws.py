@@ -1171,11 +1171,11 @@ def test_no_spot_capacity_falls_back_to_on_demand_and_an_empty_aws_to_gcp(env, e
 
 def managed_move(name: str) -> Recovery:
     """A managed run's recovery of cluster `name` as `kiln train --managed --relocate` makes it, with the real
-    bring-up of the task (lifecycle.up_again); moto's machines are records, not machines, so the new cluster is
+    bring-up of the task (placement.up_again); moto's machines are records, not machines, so the new cluster is
     not reached (`reopen`: the one step a cloud test cannot take)."""
     from bootstrap import providers
     from bootstrap.launch import RunSpec
-    from bootstrap.tasks import lifecycle
+    from bootstrap.providers import placement
 
     record = state.load_cluster(name)
     group = Cluster.connect(name, record.hosts, SshOptions(), python="python3", fanout=4, timeout=30)
@@ -1185,7 +1185,7 @@ def managed_move(name: str) -> Recovery:
 
     spec = RunSpec("moved", "tf-config", ("node1", "node2"), (None, None), "python3", "/home/ubuntu/kiln")
     return Recovery(group, providers.for_cluster(record, name), spec, None, None, None,
-                    up_again=lambda capacity: lifecycle.up_again(name, capacity, print).describe(),
+                    up_again=lambda capacity: placement.up_again(name, capacity, print).describe(),
                     reopen=unreachable)
 
 

@@ -43,3 +43,62 @@ def test_the_local_cloud_imports_no_clouds_package():
              for path in (ROOT / "localcloud").rglob("*.py")}
     assert {path: names for path, names in found.items() if names} == {}
     assert len(found) > 5
+
+
+def module_imports(room: str) -> dict[str, set[str]]:
+    """Each module of a room and the room's modules it imports (lazy imports too; a package's own modules that its
+    __init__ gathers, as bootstrap.tasks gathers its tasks, are not counted as its imports)."""
+    modules = {}
+    for path in (ROOT / room).rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        own = name + "." if path.name == "__init__.py" else "\0"
+        graph[name] = {m for m in found if m in modules and m != name and not m.startswith(own)}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph: its strongly connected parts of more than one module."""
+    order, low, stack, found, counter = {}, {}, [], [], [0]
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = counter[0]
+        counter[0] += 1
+        stack.append(module)
+        for other in graph[module]:
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            part = []
+            while not part or part[-1] != module:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for module in graph:
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_no_import_circle_in_the_launcher():
+    """bootstrap's modules import one another one way: the tasks call the launcher, never the other way, and no
+    two task modules import each other (a managed run's move reads from recovery down)."""
+    graph = module_imports("bootstrap")
+    assert circles(graph) == []
+    assert circles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]  # the check sees a circle
+    callers = {module for module, names in graph.items() if not module.startswith("bootstrap.tasks")
+               for name in names if name.startswith("bootstrap.tasks")}
+    assert callers == {"bootstrap.main"}, "only the command itself calls the tasks"

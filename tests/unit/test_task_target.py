@@ -7,7 +7,7 @@ from fabric import Config
 from invoke import Context
 
 from bootstrap.errors import UsageError
-from bootstrap.tasks.cluster import target
+from bootstrap.session import target
 
 
 def context(hosts: str = "") -> Context:

@@ -1,0 +1,166 @@
+"""Where a cluster is made when its `up` names several candidates (clouds, places, instance types, spot then
+on-demand): the up's options checked against every candidate's provider, each candidate's request prepared before
+anything is made, the candidates ordered (by spot price where asked), and the first that comes up whole recorded
+with what the up asked (capacity.json), so that a managed run's move can bring the cluster up again at its other
+places (`up_again`). The `up` task and a move both come here; `say` prints a line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bootstrap import autostop, providers, state
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.providers import common, failover
+
+PROVIDER_OPTIONS = ("instance_type", "spot", "max_price", "ami", "source_image", "image_id", "image_profile",
+                    "image_tags", "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "region", "profile", "project",
+                    "zone", "subscription", "location", "docker")
+# The options that place a provider's clusters (each provider takes its own: Provider.where).
+WHERE_OPTIONS = ("region", "profile", "project", "zone", "subscription", "location")
+# The defaults of kiln up's provider options: one given at its default is not counted as given.
+UP_DEFAULTS = {"image_profile": "gpu", "ttl_hours": 24.0, "ssh_wait": common.SSH_WAIT_S}
+
+
+def given_options(values: dict) -> dict:
+    """The provider options of a `kiln up` that were given (not left at their defaults)."""
+    return {name: values[name] for name in PROVIDER_OPTIONS
+            if values.get(name) not in (None, False) and values[name] != UP_DEFAULTS.get(name)}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """An up's candidates in the order they are tried, each with its provider and checked request."""
+
+    clouds: list[str]
+    types: dict[str, list[str]]  # per cloud: the instance types asked (--gpus: the catalog's)
+    order: list[failover.Candidate]
+    prepared: dict  # candidate -> (provider, request)
+    idle_minutes: float | None
+
+
+def plan_up(name: str, values: dict) -> Planned:
+    """Every candidate of an up (`values`: its options), each one's request checked before anything is made
+    (UsageError for an option no candidate can take, or one that holds in a single place with several)."""
+    clouds = failover.parse_clouds(values["provider"], tuple(providers.KINDS))
+    if values["on_demand_fallback"] and not values["spot"]:
+        raise UsageError("--on-demand-fallback: falls back from --spot machines; give --spot too")
+    if values["by_price"] and not values["spot"]:
+        raise UsageError("--by-price: orders the candidates by their spot price; give --spot too")
+    types = failover.types_of(clouds, values["gpus"], values["instance_type"])
+    order = failover.candidates(clouds, failover.places_of(clouds, values["zones"], values["regions"], values),
+                                types, bool(values["spot"]), values["on_demand_fallback"])
+    idle_minutes = autostop.validate_idle_minutes(values["idle_minutes"]) or None
+    refuse_foreign(clouds, values)
+    failover.refuse_across_places(order, {key: values[key] for key in ("volume", "ami", "image_id")})
+    if len(order) > 1 and state.load_cluster(name) is not None:
+        raise UsageError(f"cluster {name} exists here (kiln down {name} first): trying other places could make a "
+                         "second one of that name")
+    prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
+                for candidate in order}
+    return Planned(clouds, types, order, prepared, idle_minutes)
+
+
+def by_price(planned: Planned, say: Callable[[str], None]) -> tuple[list[failover.Candidate], dict]:
+    """The candidates cheapest first by the spot price each cloud gives now (those without one follow in the
+    up's order), and the prices."""
+    prices = read_prices(planned.order, planned.prepared, say)
+    return failover.by_price(planned.order, prices), prices
+
+
+def read_prices(order: list[failover.Candidate], prepared: dict,
+                say: Callable[[str], None]) -> dict[failover.Candidate, float]:
+    """The spot price now of each spot candidate whose cloud gives one (up --by-price), read once per place; a
+    place whose prices cannot be read is said, and its candidates keep their place after the priced ones."""
+    prices: dict[failover.Candidate, float] = {}
+    for (cloud, place), kinds in failover.price_requests(order).items():
+        first = next(c for c in order if (c.cloud, c.place, c.spot) == (cloud, place, True))
+        chosen = prepared[first][0]
+        where = f"{cloud} {place or '(its default place)'}"
+        if not chosen.prices:
+            say(f"up: {where}: kiln reads no spot prices of {cloud}; its candidates follow the priced ones")
+            continue
+        try:
+            found = chosen.spot_prices(kinds)
+        except KilnError as error:
+            say(f"up: {where}: {error}; its candidates follow the priced ones")
+            continue
+        prices.update({c: found[c.instance_type] for c in order
+                       if (c.cloud, c.place, c.spot) == (cloud, place, True) and c.instance_type in found})
+    return prices
+
+
+def refuse_foreign(clouds: list[str], values: dict) -> None:
+    """With several clouds, an option none of them takes (--subscription with aws,gcp) is refused by flag; one
+    that only some take goes to those (prepare). One provider refuses its foreign options itself."""
+    if len(clouds) < 2:
+        return
+    chosen = [providers.provider_class(cloud) for cloud in clouds]
+    taken = {key for kind in chosen for key in (*kind.where, *kind.up_options)}
+    foreign = sorted(key for key in given_options(values) if key not in taken and key not in
+                     providers.COMMON_UP_OPTIONS and key != "instance_type")
+    if foreign:
+        raise UsageError(f"{', '.join('--' + key.replace('_', '-') for key in foreign)}: an option of none of "
+                         f"--provider {','.join(clouds)}")
+
+
+def asked(values: dict) -> dict:
+    """What an `up` was asked, as capacity.json keeps it (every option but the context and --dry-run)."""
+    return {key: value for key, value in values.items() if key not in ("c", "dry_run")}
+
+
+def up_again(name: str, capacity: dict, say) -> failover.Candidate:
+    """Bring cluster `name` (taken down already) up again as its `kiln up` was asked (`capacity`: its capacity.json,
+    read before the down), at its candidates of other places (failover.moved_order): where a managed run moves when
+    its place has no capacity left. The candidate it came up at."""
+    values = capacity.get("asked")
+    if not values:
+        raise KilnError(f"cluster {name}: what its kiln up asked is not on record (made by an older kiln): it cannot "
+                        "be brought up elsewhere")
+    candidates = failover.candidates_of(capacity)[0]
+    order = failover.moved_order(*failover.candidates_of(capacity))
+    clouds = list(dict.fromkeys(candidate.cloud for candidate in order))
+    idle_minutes = autostop.validate_idle_minutes(values.get("idle_minutes")) or None
+    prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
+                for candidate in order}
+    made, candidate = bring_up(order, prepared, values, say, 0.0, candidates)
+    say("\n".join(made.lines))
+    return candidate
+
+
+def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say, deadline_s: float,
+             candidates: list[failover.Candidate] | None = None) -> tuple[providers.Made, failover.Candidate]:
+    """The first candidate that comes up (failover.until_up), and where: capacity.json records it, with what the
+    up was asked (`values`) and every candidate it named (`candidates`, default `order`: a move tries fewer, but
+    the place it left stays one to move back to)."""
+    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]), say,
+                                               deadline_s)
+    state.save_capacity(made.name, failover.capacity_record(candidates or order, candidate, tried, values))
+    return made, candidate
+
+
+def prepare(name: str, count: int, candidate: failover.Candidate, values: dict, idle_minutes: float | None,
+            several_clouds: bool) -> tuple[providers.Provider, object]:
+    """The provider placed where `candidate` is, and its checked request for that candidate (nothing is made)."""
+    where = {key: values[key] for key in WHERE_OPTIONS}
+    if candidate.cloud in failover.PLACE:
+        where[failover.PLACE[candidate.cloud]] = candidate.place or None
+    options = {**{key: values[key] for key in PROVIDER_OPTIONS}, "instance_type": candidate.instance_type or None,
+               "spot": candidate.spot,
+               # an on-demand fallback try carries no spot price; without --spot the provider refuses --max-price
+               "max_price": None if values["spot"] and not candidate.spot else values["max_price"]}
+    if several_clouds:  # each cloud gets the options it takes (refuse_foreign refused those none takes)
+        kind = providers.provider_class(candidate.cloud)
+        where = {key: value for key, value in where.items() if key in kind.where}
+        options = {key: value for key, value in options.items()
+                   if key in kind.where or key in kind.up_options or key not in (*WHERE_OPTIONS, *kind_options())}
+    chosen = providers.named(candidate.cloud, where)
+    providers.refuse_foreign_options(chosen, given_options(options))
+    return chosen, chosen.request(name, count, options, idle_minutes)
+
+
+def kind_options() -> set[str]:
+    """Every option some provider takes for itself (up_options), besides the common ones."""
+    return {key for kind in providers.KINDS for key in providers.provider_class(kind).up_options}
+
+
