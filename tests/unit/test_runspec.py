@@ -9,7 +9,7 @@ from bootstrap.errors import UsageError
 from bootstrap.hosts import parse_hostfile
 from bootstrap.runspec import TrainAsk, check_train, train_spec
 
-HOSTS = parse_hostfile("node1\nnode2 slots=2\n")
+HOSTS = parse_hostfile("node1\nnode2 slots=2\n", source="hosts")
 
 
 @pytest.mark.parametrize(("ask", "said"), [
