@@ -35,7 +35,7 @@ def test_the_spec_is_the_run_asked_for_on_the_hosts_as_named():
                       "/usr/bin/python3", "20261129-000000-abcd")
     assert (spec.run_id, spec.mode, spec.ps, spec.nic) == ("20261129-000000-abcd", "tf-config", 1, "eth1")
     assert spec.names == ("node1", "node2") and spec.slots == (None, 2)
-    assert spec.program.args == ("--epochs", "3", "--log-every", "1")
+    assert spec.program.trainer_args == ("--epochs", "3", "--log-every", "1")
     assert spec.base_port == topology.DEFAULT_BASE_PORT and spec.root == "~/kiln"
     named = train_spec(TrainAsk(command=("python", "t.py"), run_id="mine", base_port=31000), HOSTS, "python3", "x")
     assert (named.run_id, named.base_port, named.nic) == ("mine", 31000, "(found at run time)")
