@@ -10,14 +10,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("bake", "bootstrap", "kiln", "localcloud", "trainer")
 
 
-def imported(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (a function's lazy import too)."""
+def imported(path: Path, members: bool = False) -> set[str]:
+    """Every module a file imports, at any depth (a function's lazy import too); with `members`, also each name
+    imported from one (`from a import b`: a.b, which may be a module)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
+            if members:
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -54,15 +57,8 @@ def module_imports(room: str) -> dict[str, set[str]]:
         modules[name] = path
     graph = {}
     for name, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module)
-                found.update(f"{node.module}.{alias.name}" for alias in node.names)
         own = name + "." if path.name == "__init__.py" else "\0"
-        graph[name] = {m for m in found if m in modules and m != name and not m.startswith(own)}
+        graph[name] = {m for m in imported(path, members=True) if m in modules and m != name and not m.startswith(own)}
     return graph
 
 
