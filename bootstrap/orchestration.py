@@ -15,7 +15,9 @@ from bootstrap import interconnect, launch, mesh, preflight, runs, state, topolo
 from bootstrap.cluster import Cluster
 from bootstrap.container import ContainerRuntime, HostRuntime, Runtime
 from bootstrap.errors import KilnError
-from bootstrap.supervisor import Move, Recover, Supervisor, record_run
+from bootstrap.live import Recoverer
+from bootstrap.runs import record_run
+from bootstrap.supervisor import Supervisor
 from bootstrap.timeline import Timeline
 from kiln.gpu import collective as gpu_collective
 from kiln.shield import shielded
@@ -124,9 +126,9 @@ def ready_and_start(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
 
 def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePaths, program: launch.Program,
                     folder: Path | None, *, detach: bool, timeout: float, max_restarts: int, stall_factor: float,
-                    stall_minimum: float, timeline: Timeline, recover: Recover | None = None,
+                    stall_minimum: float, timeline: Timeline, recovery: Recoverer | None = None,
                     max_recoveries: int = 0, runtime: Runtime | None = None, python: str | None = None,
-                    notice_source: str = "any", move: Move | None = None, stop_if_interrupted: bool = False,
+                    notice_source: str = "any", stop_if_interrupted: bool = False,
                     stall_busy: float = watchdog.BUSY_LIMIT_S) -> None:
     """Preflight, sync, make the runtime ready (the run's containers), start every process of the plan (with
     `python`, default the nodes'), then (unless detached) watch it to its end. Until the processes have
@@ -150,8 +152,7 @@ def start_and_watch(group: Cluster, plan: launch.RunPlan, paths: launch.NodePath
         print(f"follow it with: kiln status --run-id {plan.run_id} / kiln logs --run-id {plan.run_id}")
         return
     try:
-        supervisor.run(record, timeout, max_restarts=max_restarts, recover=recover, max_recoveries=max_recoveries,
-                       move=move)
+        supervisor.run(record, timeout, max_restarts=max_restarts, recovery=recovery, max_recoveries=max_recoveries)
     except KeyboardInterrupt:
         if not stop_if_interrupted:
             print(f"\ninterrupted: the run goes on; stop it with kiln stop --run-id {plan.run_id}")

@@ -8,15 +8,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bootstrap import autostop, interconnect, launch, mesh, providers, state, topology
+from bootstrap import autostop, checkpoints, interconnect, launch, mesh, providers, runs, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, Program, RunPlan, RunSpec
+from bootstrap.live import Ended, Live
 from bootstrap.orchestration import same_root
 from bootstrap.providers import Provider, Replacement, failover
 from bootstrap.providers.common import SNAPSHOT_TTL_DAYS
-from bootstrap.supervisor import Move
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Recovery:
     `recover`: lost hosts in, (replacements, the run's new plan) out; a cluster with autostop (idle_minutes) gets
     its agent on the new machines too; `check_on_nodes` false: the program is not checked on the new machine
     itself (it runs in a container image, which the restart brings there). With `up_again` and `reopen`, a
-    `move` as well (the supervisor's Move)."""
+    `move` as well (with `relocate`, where the place has no capacity for a replacement)."""
 
     group: Cluster
     provider: Provider
@@ -39,6 +39,7 @@ class Recovery:
     reopen: Callable[[], tuple[Cluster, list[mesh.Node]]] | None = None  # the cluster of that name, meshed
     nic: str | None = None  # as the user asked (--nic): else found again on a moved cluster
     fabric: str = "auto"  # as the user asked (--fabric)
+    relocate: bool = False  # where no replacement can be had for want of capacity, move the whole cluster
 
     def recover(self, lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
         group = self.group
@@ -61,8 +62,75 @@ class Recovery:
         if self.folder and self.check_on_nodes:
             group.check_program(launch.program_check(self.program, group.python, self.paths))
 
-    def as_move(self) -> Move:
-        return Move(self.wanted, self.move, self.possible)
+    def answer(self, live: Live, ended: Ended, number: int, of: int, entry: dict) -> str | None:
+        """The `number`th recovery of `of`: the attempt's lost and noticed hosts replaced where the cluster is,
+        or, with `relocate` where that place has no capacity, the whole cluster brought up again elsewhere;
+        summary.json's `entry` filled in. The failure, where the run cannot go on."""
+        why = self.replace_nodes(live, ended, number, of, entry)
+        if why is None:
+            return None
+        if self.relocate and self.wanted(why):
+            return self.move_cluster(live, ended, why, number, of, entry)
+        return f"recovery failed: {why}"
+
+    def replace_nodes(self, live: Live, ended: Ended, number: int, of: int, entry: dict) -> KilnError | None:
+        """Replace the attempt's lost and noticed hosts, keeping the chief's checkpoints and each old machine's
+        files apart; the run's new plan and record. The failure, if the replacement could not be made."""
+        going = ended.going
+        names = {h: live.name(h) for h in going}
+        print(f"recovery {number} of {of}: replacing {', '.join(h.label for h in going)}", flush=True)
+        checkpoints.keep_chiefs(live, going)
+        checkpoints.keep_apart(live, list(names.values()), number)
+        try:
+            with live.timeline.phase("replace"):
+                replaced, live.plan = self.recover(going)
+        except KilnError as failure:
+            return failure
+        live.record = runs.record_run(live.group, live.plan, live.paths)
+        entry.update(kind="recovery", lost=[names[h] for h in live.lost], detected_at=round(ended.detected, 3),
+                     interrupted=[names[h] for h in going if h not in live.lost],
+                     replaced=[{"old": r.old.label, "new": r.new.label} for r in replaced])
+        return None
+
+    def move_cluster(self, live: Live, ended: Ended, why: KilnError, number: int, of: int,
+                     entry: dict) -> str | None:
+        """Move the run to the whole cluster brought up again elsewhere, as the lost nodes could not be replaced
+        where it is (`why`): the first node's checkpoints are kept here first (the restart gives them to every
+        new node); the failure, if the move could not be made."""
+        names = {h: live.name(h) for h in ended.going}
+        print(f"recovery {number} of {of}: no capacity to replace {', '.join(names.values())} where cluster "
+              f"{live.group.name} is ({why}); bringing the whole cluster up again elsewhere, the run to resume from "
+              "its last checkpoint", flush=True)
+        try:
+            self.possible()
+        except KilnError as failure:
+            return f"recovery failed: {why}; the cluster could not move: {failure}"
+        try:
+            checkpoints.keep_before_move(live)
+        except KilnError as failure:  # the machines that hold them would go with the cluster
+            return (f"recovery failed: {why}; the cluster was not moved, as the first node's checkpoints could not "
+                    f"be kept here first ({failure}): it is left as it is")
+        before = [h.label for h in live.group.hosts]
+        lost = [name for h, name in names.items() if h in live.lost]
+        interrupted = [name for h, name in names.items() if h not in live.lost]
+        try:
+            with live.timeline.phase("move"):
+                group, plan, where = self.move(live.lost)
+        except KilnError as failure:
+            now = state.load_cluster(live.group.name)
+            if now is None or [h.label for h in now.hosts] != before:
+                live.released = True  # the old machines are gone: no ports to release there
+            return f"recovery failed: {why}; the cluster could not move: {failure}"
+        checkpoints.keep_apart(live, live.plan.names, number)  # every old machine's, after a move
+        live.group, live.plan, live.lost, live.gone = group, plan, [], []
+        live.runtime.moved(group)
+        live.notice_source = providers.notice_source(state.load_cluster(group.name))
+        live.record = runs.record_run(group, plan, live.paths)
+        entry.update(kind="move", lost=lost, interrupted=interrupted, detected_at=round(ended.detected, 3),
+                     moved_to=where,
+                     replaced=[{"old": old, "new": new.label} for old, new in zip(before, group.hosts, strict=False)])
+        print(f"cluster {group.name} is up again at {where}: {', '.join(h.label for h in group.hosts)}", flush=True)
+        return None
 
     def wanted(self, failure: KilnError) -> bool:
         """Whether a replacement failed for want of capacity where the cluster is (failover.classify)."""

@@ -1,5 +1,6 @@
 """What a run did, read from its folder `runs/<run-id>/` (per-host results and exit codes): summary.json's
-content and the result table. bootstrap.state reads and writes the files."""
+content and the result table; the run's record (run.json) and summary written there. bootstrap.state reads and
+writes the files."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from bootstrap import state
 from bootstrap.state import RunRecord
 from bootstrap.timeline import ProcessTimes, totals
+
+if TYPE_CHECKING:
+    from bootstrap.cluster import Cluster
+    from bootstrap.launch import NodePaths, RunPlan
 
 PROCESS_COLUMNS = ("process", "host", "exit", "seconds")
 RESULT_COLUMNS = ("mode", "nodes", "processes", "final_loss", "accuracy", "examples/s", "wall_s", "status")
@@ -166,3 +173,27 @@ def format_rows(rows: Sequence[dict], columns: Sequence[str] = RESULT_COLUMNS) -
     lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip()]
     lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns).rstrip() for r in rows]
     return "\n".join(lines)
+
+
+def run_folder(run_id: str) -> Path:
+    """The run's folder on this machine (runs/<run-id>)."""
+    return state.run_folder(run_id)
+
+
+def record_run(group: Cluster, plan: RunPlan, paths: NodePaths, *, watched: bool = True) -> RunRecord:
+    """Save the run's plan (run.json) so status, logs and stop find its processes again; the record. `watched`:
+    whether kiln watches the run to its end (not with --detach)."""
+    options = group.remote.options
+    record = RunRecord(
+        run_id=plan.run_id, mode=plan.mode, cluster=group.name, python=group.python, hosts=tuple(group.hosts),
+        names=plan.names, root=paths.root,
+        tasks=tuple(state.TaskRecord(plan.names[item.host], item.host, item.task) for item in plan.launches),
+        finishing=plan.finishing, rank_hosts=plan.rank_hosts,
+        ssh=state.SshSettings(options.config_file, options.identity, options.connect_timeout), watched=watched)
+    state.save_run(record)
+    return record
+
+
+def save_summary(run_id: str, data: dict) -> Path:
+    """summary.json in the run's folder."""
+    return state.save_summary(run_id, data)

@@ -68,14 +68,12 @@ def train(c, goal: Target, spec: launch.RunSpec, ask: TrainAsk, folder: Path | N
             reopen=lambda: connect_and_mesh(c, target(c, hostfile=None, cluster=goal.name, slots=reach.slots,
                                                       python=None if ask.image else reach.python), timeline,
                                             fanout=reach.fanout, accept_new_host_keys=reach.accept_new_host_keys),
-            nic=ask.nic, fabric=ask.fabric) if ask.managed else None
-        recover = recovery.recover if recovery else None
+            nic=ask.nic, fabric=ask.fabric, relocate=ask.relocate) if ask.managed else None
         start_and_watch(group, launch.plan_run(spec), paths, spec.program, folder, detach=ask.detach,
                         timeout=watch.timeout, max_restarts=watch.max_restarts, stall_factor=watch.stall_factor,
                         stall_minimum=watch.stall_minimum, stall_busy=watch.stall_busy, timeline=timeline,
-                        recover=recover, max_recoveries=ask.max_recoveries if recover else 0, runtime=runtime,
+                        recovery=recovery, max_recoveries=ask.max_recoveries if recovery else 0, runtime=runtime,
                         python=processes_python, notice_source=providers.notice_source(record),
-                        move=recovery.as_move() if recovery and ask.relocate else None,
                         stop_if_interrupted=ask.down_after)
     finally:
         if ask.down_after:  # the provider of where the cluster is now (a managed run may have moved it)

@@ -26,7 +26,8 @@ from bootstrap.container import ContainerRuntime
 from bootstrap.errors import RunFailed
 from bootstrap.hosts import parse_host_list
 from bootstrap.mesh import default_cluster_name
-from bootstrap.supervisor import Supervisor, record_run
+from bootstrap.runs import record_run
+from bootstrap.supervisor import Supervisor
 from bootstrap.timeline import Timeline
 from localcloud import engines
 

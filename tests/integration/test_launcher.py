@@ -18,7 +18,8 @@ from bootstrap.commands import SshOptions
 from bootstrap.errors import RunFailed
 from bootstrap.hosts import parse_host_list
 from bootstrap.mesh import default_cluster_name
-from bootstrap.supervisor import Supervisor, record_run
+from bootstrap.runs import record_run
+from bootstrap.supervisor import Supervisor
 
 pytestmark = [pytest.mark.integration]
 CLUSTER_NAME = "kt"
