@@ -1045,6 +1045,15 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
         aws.down("fo", region="us-west-2")
 
 
+def fab_through(hop, server: str, monkeypatch, env, *argv: str) -> subprocess.CompletedProcess:
+    """`fab` with every AWS call through the fault hop (testbed.ec2_faults), then aimed at moto again."""
+    monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+    try:
+        return fab(env, *argv)
+    finally:
+        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+
+
 def test_a_cluster_the_vcpu_quota_cannot_hold_skips_the_region_before_anything_is_launched(env, ec2, image, server,
                                                                                             west, monkeypatch):
     """Service Quotas (the hop answers for EC2's quotas; moto serves VPC's alone) says the account may run 12
@@ -1059,10 +1068,9 @@ def test_a_cluster_the_vcpu_quota_cannot_hold_skips_the_region_before_anything_i
             on_demand = plan.VCPU_QUOTAS[("G", False)]
             hop.quota("us-east-1", on_demand.code, on_demand.name, 12.0)
             hop.quota("us-west-2", on_demand.code, on_demand.name, 64.0)
-            monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
-            made = fab(env, "cluster.up", "--name", "vq", "--gpus", "L4:1", "--count", "3", "--regions",
-                       "us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
-            monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+            made = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "vq", "--gpus", "L4:1",
+                               "--count", "3", "--regions", "us-east-1,us-west-2", "--ssh-cidr", CIDR,
+                               "--ssh-wait", "0")
         assert made.returncode == 0, made.stdout + made.stderr
         assert ("up: aws us-east-1: over a quota (VcpuLimitExceeded: running On-Demand vCPUs of the instance "
                 "family): skipping the region (3 g6.xlarge need 12 vCPUs of the quota 'Running On-Demand G and VT "
