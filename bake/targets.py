@@ -114,12 +114,12 @@ class Docker(Cloud):
                         base_image=base, pull=pull)
 
     def reusable(self, output: Path, registry: str) -> bool:
-        """The records, and the image in the engine (pushed now where a registry is asked for and it was not
-        pushed there yet)."""
+        """The records, and the very image they name in the engine (its tag still on that image id; pushed now
+        where a registry is asked for and it was not pushed there yet)."""
         if not (output / "image.json").exists():
             return False
         record = json.loads((output / "image.json").read_text())
-        if container.inspect(record.get("image", "")) is None:
+        if not still_there(record, container.inspect(record.get("image", ""))):
             return False
         if registry and not record.get("pushed", "").startswith(f"{registry}/"):
             publish(record, registry)
@@ -137,6 +137,12 @@ class Docker(Cloud):
         record["image_id"] = container.artifact_id(json.loads((work / "packer-manifest.json").read_text()))
         record["base"] = prepared.base_image
         publish(record, registry)
+
+
+def still_there(record: dict, found: dict | None) -> bool:
+    """Whether the engine's image of the record's tag (`found`, docker image inspect's; None: no such image) is
+    the image the record names: a bake elsewhere of the same inputs moves the tag to another image."""
+    return found is not None and found.get("Id") == record.get("image_id")
 
 
 def publish(record: dict, registry: str) -> None:

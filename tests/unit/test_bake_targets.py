@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bake import plan
-from bake.targets import TARGETS, Prepared
+from bake.targets import TARGETS, Prepared, still_there
 from kiln.errors import UsageError
 
 
@@ -48,3 +48,12 @@ def test_a_container_bake_serves_its_wheelhouse_on_loopback_and_names_its_base(t
         assert own == {"docker_base_image": "kiln-base:debian12-1", "docker_pull": False}
         assert extra["kiln_image_target"] == "container"
         assert extra["tensorflow_wheelhouse_url"].startswith("http://127.0.0.1:")
+
+
+def test_a_container_image_is_reused_only_while_its_tag_names_the_image_baked():
+    """A kept record whose tag has since moved to another image (a bake elsewhere of the same inputs) is not
+    reused: publishing it again would tag an image that is gone."""
+    record = {"image": "kiln:cpu-ab", "image_id": "sha256:old"}
+    assert still_there(record, {"Id": "sha256:old"})
+    assert not still_there(record, {"Id": "sha256:new"})
+    assert not still_there(record, None)
