@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from bootstrap import commands
 from bootstrap.hosts import Host
 from bootstrap.live import Live
+from bootstrap.runs import read_text
 
 CHIEF_TASKS = ("chief-0", "worker-0", "rank-0")
 
@@ -91,10 +92,3 @@ def keep_apart(live: Live, names: Sequence[str], number: int) -> None:
         if kept.is_dir():
             (live.folder / "replaced").mkdir(exist_ok=True)
             kept.rename(live.folder / "replaced" / f"{name}-{number}")
-
-
-def read_text(path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""

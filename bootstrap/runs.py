@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap import state
+from bootstrap.launch import HOROVOD_TASK
 from bootstrap.state import RunRecord
 from bootstrap.timeline import ProcessTimes, totals
 
@@ -197,3 +198,39 @@ def record_run(group: Cluster, plan: RunPlan, paths: NodePaths, *, watched: bool
 def save_summary(run_id: str, data: dict) -> Path:
     """summary.json in the run's folder."""
     return state.save_summary(run_id, data)
+
+
+def conclude(record: RunRecord, folder: Path, *, failure: str | None, restarts: Sequence[dict], wall: float,
+             phases: Sequence[dict]) -> dict:
+    """A watched run's end: summary.json and the plots written, the result printed (a table of processes for
+    `kiln run`, the result row otherwise); RunFailed where the run failed, else summary.json's content."""
+    from bootstrap import plots
+    from bootstrap.errors import RunFailed
+
+    data = summary(record, status="failed" if failure else "ok", failure=failure, folder=folder, wall=wall,
+                   restarts=list(restarts), phases=list(phases))
+    save_summary(record.run_id, data)
+    plots.draw(folder)
+    if record.mode == "run":
+        print(format_rows(process_rows(data), PROCESS_COLUMNS))
+    else:
+        print(format_rows([result_row(data)]))
+    print(f"run folder: {folder}")
+    if failure:
+        raise RunFailed(f"run {record.run_id} failed: {failure}")
+    return data
+
+
+def failed_logs(folder: Path, first: str, failed: Sequence[tuple[str, str, int]]) -> tuple[str, dict[str, str]]:
+    """What a failed attempt's judge reads: horovodrun's log on the first node (`first`), and the last 20,000
+    characters of each process that exited non-zero (`failed`: node, task, code)."""
+    horovod = read_text(folder / "hosts" / first / f"{HOROVOD_TASK}.log") if failed else ""
+    return horovod, {task: read_text(folder / "hosts" / host / f"{task}.log")[-20000:]
+                     for host, task, code in failed if code}
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from bootstrap import checkpoints, commands, launch, plots, runs, topology, watchdog
+from bootstrap import checkpoints, commands, launch, runs, topology, watchdog
 from bootstrap.cluster import Cluster
 from bootstrap.container import Runtime
 from bootstrap.elastic import Membership
@@ -193,10 +193,7 @@ class Supervisor:
         with timeline.phase("collect"):
             self.collect(skip=[*live.lost, *live.gone])
         timeline.spans += node_spans(runs.process_times(live.folder), watched, timeline.attempt)
-        first = live.folder / "hosts" / live.plan.names[0]
-        log = checkpoints.read_text(first / f"{launch.HOROVOD_TASK}.log") if verdict.failed else ""
-        logs = {task: checkpoints.read_text(live.folder / "hosts" / host / f"{task}.log")[-20000:]
-                for host, task, code in verdict.failed if code}
+        log, logs = runs.failed_logs(live.folder, live.plan.names[0], verdict.failed)
         attempt = launch.judge_attempt(live.plan, verdict, horovod_log=log, error=error, error_hosts=error_hosts,
                                        frozen=frozen, left=list(left), logs=logs)
         return Ended(attempt, going, detected)
@@ -261,20 +258,10 @@ class Supervisor:
         return self.finish(attempt.failure, restarts, time.monotonic() - started)
 
     def finish(self, failure: str | None, restarts: list[dict], wall: float) -> dict:
-        """Release the run's ports, write summary.json and the plots, print the result, and fail where the run
-        failed."""
+        """Release the run's ports, then its end (runs.conclude: summary.json, the plots, the result printed;
+        RunFailed where it failed)."""
         live = self.live
         if not live.released:
             live.group.release_ports(live.plan.run_id, live.paths.root)
-        data = runs.summary(live.record, status="failed" if failure else "ok", failure=failure, folder=live.folder,
-                            wall=wall, restarts=[*restarts, *self.members.joins], phases=live.timeline.spans)
-        runs.save_summary(live.plan.run_id, data)
-        plots.draw(live.folder)
-        if live.plan.mode == "run":
-            print(runs.format_rows(runs.process_rows(data), runs.PROCESS_COLUMNS))
-        else:
-            print(runs.format_rows([runs.result_row(data)]))
-        print(f"run folder: {live.folder}")
-        if failure:
-            raise RunFailed(f"run {live.plan.run_id} failed: {failure}")
-        return data
+        return runs.conclude(live.record, live.folder, failure=failure, restarts=[*restarts, *self.members.joins],
+                             wall=wall, phases=live.timeline.spans)
