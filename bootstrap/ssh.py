@@ -137,19 +137,32 @@ class Agent:
         self.process = subprocess.Popen(commands.ssh_argv(host, command, options), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.buffer = b""
+        # One request at a time, each answer read by its asker: a call another thread makes meanwhile (a Ctrl-C
+        # leaves a watch's look waiting in its worker while the stop begins) waits for the one before.
+        self.lock = threading.Lock()
+        self.spoiled = False  # a call ended before its answer was read: no later call may take it for its own
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return not self.spoiled and self.process.poll() is None
 
     def call(self, verb: str, args: Sequence[str], input: str | None, timeout: float) -> dict:
         request = node_side.request_frame({"verb": verb, "args": list(args), "input": input})
-        try:
-            self.process.stdin.write(request)
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self.failure() from None
-        line = self._readline(time.monotonic() + timeout, timeout)
+        with self.lock:
+            if self.spoiled:
+                raise HostFailure("the node agent was left with an answer nobody read (an interrupted call)")
+            try:
+                self.process.stdin.write(request)
+                self.process.stdin.flush()
+            except (BrokenPipeError, OSError):
+                raise self.failure() from None
+            try:
+                line = self._readline(time.monotonic() + timeout, timeout)
+            except BaseException as error:
+                if not isinstance(error, HostFailure):  # a Ctrl-C while waiting: this agent's answers are off
+                    self.spoiled = True
+                    self.close_input()
+                raise
         try:
             reply = json.loads(line)
             ok, result = reply["ok"], reply.get("result")
