@@ -5,7 +5,6 @@ runtime and timeline, and the nodes it lost. A replacement, a join or a move giv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -77,7 +76,3 @@ class Recoverer(Protocol):
     def answer(self, live: Live, ended: Ended, number: int, of: int, entry: dict) -> str | None:
         """The `number`th recovery of `of`: the attempt's lost and noticed hosts replaced (or the cluster moved),
         `entry` (summary.json's) filled in; the failure, where the run cannot go on."""
-
-
-def names_of(live: Live, hosts: Sequence[Host]) -> dict[Host, str]:
-    return {host: live.name(host) for host in hosts}

@@ -261,7 +261,8 @@ def check_vcpus(aws: Aws, request: plan.Request) -> None:
     answer the launch (VcpuLimitExceeded; MaxSpotInstanceCountExceeded for spot), so failover skips the region. A
     quota that cannot be read (a role without servicequotas:GetServiceQuota, a family kiln does not read) checks
     nothing: the launch says it all the same."""
-    quota = plan.VCPU_QUOTAS.get((plan.quota_family(request.instance_type), request.spot))
+    family = plan.quota_family(request.instance_type)
+    quota = plan.VCPU_QUOTAS.get((family, request.spot))
     if quota is None or aws.quotas is None:
         return
     try:
@@ -274,7 +275,6 @@ def check_vcpus(aws: Aws, request: plan.Request) -> None:
                  for t in aws.ec2.describe_instance_types(InstanceTypes=kinds)["InstanceTypes"]}
     except Exception:  # no right to ask, no such quota here, throttled
         return
-    family = plan.quota_family(request.instance_type)
     used = plan.vcpus_in_use(instances, vcpus, family, request.spot)
     short = plan.vcpus_short(quota, limit, used, vcpus.get(request.instance_type, 0) * request.count, request.count,
                              request.instance_type)
