@@ -26,9 +26,10 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.shim import interruption
 
-# kind -> the module whose `PROVIDER` class implements it (imported when asked for: boto3 is slow to import)
-KINDS = {"aws": "bootstrap.providers.aws.provider", "azure": "bootstrap.providers.azure.provider",
-         "gcp": "bootstrap.providers.gcp.provider", "local": "bootstrap.providers.local"}
+# kind -> the module whose `PROVIDERS[kind]` implements it (imported when asked for): every cloud's is
+# bootstrap.providers.clouds' one CloudProvider, placed by the cloud's facts; the local cluster's is its own
+KINDS = {"aws": "bootstrap.providers.clouds", "azure": "bootstrap.providers.clouds",
+         "gcp": "bootstrap.providers.clouds", "local": "bootstrap.providers.local"}
 # What `kiln up` takes for every provider; the rest of its options belong to one provider or another.
 COMMON_UP_OPTIONS = ("name", "count", "idle_minutes", "dry_run", "provider")
 
@@ -148,7 +149,7 @@ class Provider(Protocol):
 def provider_class(kind: str):
     if kind not in KINDS:
         raise UsageError(f"--provider {kind}: choose one of {', '.join(sorted(KINDS))}")
-    return importlib.import_module(KINDS[kind]).PROVIDER
+    return importlib.import_module(KINDS[kind]).PROVIDERS[kind]
 
 
 def named(kind: str, where: Mapping[str, Any] | None = None) -> Provider:

@@ -194,6 +194,7 @@ class ClusterSummary:
     expires: datetime | None
     instances: tuple[str, ...]
     resources: int
+    holds: str = ""  # what it is made of, as kiln list says it: "5 resource(s)", "resource group kiln-NAME"
 
     def expired(self, now: datetime) -> bool:
         return self.expires is not None and self.expires <= now
@@ -210,7 +211,8 @@ def summarize(resources: Iterable) -> list[ClusterSummary]:
         expiries = [r.expires for r in members if r.expires is not None]
         owners = sorted({r.owner for r in members} - {""})
         instances = tuple(sorted(f"{r.label} ({r.state})" for r in members if r.kind == "instance"))
-        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members)))
+        summaries.append(ClusterSummary(name, ",".join(owners), min(expiries, default=None), instances, len(members),
+                                        f"{len(members)} resource(s)"))
     return summaries
 
 
@@ -218,29 +220,30 @@ def expired_clusters(resources: Iterable, now: datetime) -> list[ClusterSummary]
     return [summary for summary in summarize(resources) if summary.expired(now)]
 
 
-def listing(summaries: Sequence[ClusterSummary], snapshots: Sequence, now: datetime,
-            cluster: Callable[[ClusterSummary], str], snapshot: Callable[[object], str]) -> list[str]:
-    """`kiln list`'s lines on every cloud: each cluster (`cluster` says what it holds) with its expiry and owner,
-    then its machines; then the data snapshots (`snapshot` says each one; any record with `expired(now)`)."""
+def listing(summaries: Sequence[ClusterSummary], snapshots: Sequence, now: datetime, machine: str) -> list[str]:
+    """`kiln list`'s lines on every cloud: each cluster (its `machine`s, what it holds) with its expiry and owner,
+    then its machines; then the data snapshots (any record with `label`, `size`, `expiry` and `expired(now)`)."""
     lines = []
     for summary in summaries:
         expires = format_time(summary.expires) if summary.expires else "never"
         flag = " (expired)" if summary.expired(now) else ""
-        lines.append(f"{summary.name}: {cluster(summary)}, expires {expires}{flag}, owner {summary.owner or '?'}")
-        lines += [f"  {machine}" for machine in summary.instances]
+        lines.append(f"{summary.name}: {len(summary.instances)} {machine}(s), {summary.holds}, expires {expires}"
+                     f"{flag}, owner {summary.owner or '?'}")
+        lines += [f"  {one}" for one in summary.instances]
     if snapshots:
         lines.append("data snapshots:")
-    lines += [f"  {snapshot(one)}{' (expired)' if one.expired(now) else ''}" for one in snapshots]
+    lines += [f"  {one.cluster} node {one.index} {one.label}: {one.size}, {one.state}, taken {one.taken_at}, expires "
+              f"{one.expiry}{' (expired)' if one.expired(now) else ''}" for one in snapshots]
     return lines
 
 
-def swept(expired: Sequence[ClusterSummary], snapshots: Sequence, dry_run: bool,
-          cluster: Callable[[ClusterSummary], str], snapshot: Callable[[object], str]) -> list[str]:
+def swept(expired: Sequence[ClusterSummary], snapshots: Sequence, dry_run: bool) -> list[str]:
     """`kiln sweep`'s lines on every cloud: what was (or would be) removed, clusters then snapshots."""
     verb = "would remove" if dry_run else "removed"
-    return [*(f"{verb} {summary.name}: {cluster(summary)}, expired "
+    return [*(f"{verb} {summary.name}: {summary.holds}, expired "
               f"{format_time(summary.expires) if summary.expires else 'never'}" for summary in expired),
-            *(f"{verb} snapshot {snapshot(one)}" for one in snapshots)]
+            *(f"{verb} snapshot {one.label} of {one.cluster} node {one.index}, taken {one.taken_at}, expired "
+              f"{one.expiry}" for one in snapshots)]
 
 
 class Rollback:

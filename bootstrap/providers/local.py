@@ -117,4 +117,4 @@ class LocalProvider:
         return {}
 
 
-PROVIDER = LocalProvider
+PROVIDERS = {"local": LocalProvider}

@@ -74,6 +74,12 @@ class Cluster:
     pinned: dict[str, str]
     identity: str
 
+    def made(self, name: str, *, where: str, image: str, expires: str, ssh_wait: float,
+             volumes: Sequence[str] = (), restore_note: str | None = None) -> Up:
+        """What `up` tells of it (Up), with the cloud's own facts."""
+        return Up(name, where, image, self.nodes.ids, tuple(h.endpoint() for h in self.nodes.hosts), self.identity,
+                  expires, self.pinned, ssh_wait, tuple(volumes), restore_note)
+
 
 def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, python: str,
        ssh_wait_s: float) -> Cluster:
@@ -274,25 +280,59 @@ def forget_local(name: str, kind: str, *, found: bool = True, looked: str = "") 
     state.forget_cluster(name)
 
 
-def made_lines(made: Mapping, *, where: str, image: str, ids: Sequence[str], volumes: Sequence[str],
-               volume_word: str, machines: str, keys_from: str, source: str) -> list[str]:
+@dataclass(frozen=True)
+class Up:
+    """What a cloud's `up` made, on every cloud: the cluster's name, where it runs and from which image (as the
+    user reads them: a region; project/zone; a resource group and its location), its nodes (ids, hosts, data
+    volumes, in node order), how each one's host key is held (address -> shown, console or first-contact), its key,
+    its expiry, how long `up` waited for SSH, and what its data volumes were restored from."""
+
+    name: str
+    where: str
+    image: str
+    ids: tuple[str, ...]
+    hosts: tuple[str, ...]
+    identity: str
+    expires: str
+    host_keys: Mapping[str, str]
+    ssh_wait: float
+    volumes: tuple[str, ...] = ()
+    restore_note: str | None = None
+
+    @property
+    def unpinned(self) -> tuple[str, ...]:
+        """The addresses whose host keys the cloud did not show (kiln does not log in to them)."""
+        return tuple(address for address, how in self.host_keys.items() if how == "first-contact")
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """What `down --snapshot` did, on every cloud: the resources removed, the snapshots taken (records with an id
+    or name as `label`, `index`, `size` and `expiry`), the data volumes kept (id or name, node, why)."""
+
+    removed: Sequence[str]
+    snapshots: Sequence = ()
+    kept: Sequence[tuple[str, str, str]] = ()
+
+
+def made_lines(made: Up, *, volume_word: str, machines: str, keys_from: str) -> list[str]:
     """What `kiln up` says of a cluster it made, on every cloud: where it runs and from which image, each node (its
-    id, its data volume), how each one's host keys were pinned (`source`: from `keys_from`), what to run next."""
-    name = made["name"]
-    lines = [] if made["ssh_wait"] else [f"not waiting for SSH to answer (--ssh-wait 0): the {machines} may still "
-                                         "be booting"]
-    lines.append(f"cluster {name} is running in {where} from {image}, expires {made['expires']}:")
-    for host, node, volume in zip(made["hosts"], ids, volumes or [None] * len(ids), strict=True):
+    id, its data volume), how each one's host keys were pinned (from `keys_from`), what to run next."""
+    name = made.name
+    lines = [] if made.ssh_wait else [f"not waiting for SSH to answer (--ssh-wait 0): the {machines} may still be "
+                                      "booting"]
+    image = made.image.rsplit("/", 1)[-1]  # a GCE or Azure image's name, without its path
+    lines.append(f"cluster {name} is running in {made.where} from {image}, expires {made.expires}:")
+    for host, node, volume in zip(made.hosts, made.ids, made.volumes or [None] * len(made.ids), strict=True):
         lines.append(f"  {host} ({node})" + (f", {volume_word} {volume} at {DATA_MOUNT}" if volume else ""))
-    if made["restore_note"]:
-        lines.append(made["restore_note"])
-    pinned = [address for address, how in made["host_keys"].items() if how == source]
-    first_contact = [address for address, how in made["host_keys"].items() if how == "first-contact"]
+    if made.restore_note:
+        lines.append(made.restore_note)
+    pinned = [address for address, how in made.host_keys.items() if how != "first-contact"]
     if pinned:
         lines.append(f"host keys of {', '.join(pinned)} pinned from {keys_from}")
-    if first_contact:
-        lines.append(first_contact_note(name, first_contact, keys_from))
-    lines.append(f"key {made['identity']}; next: kiln check --cluster {name}")
+    if made.unpinned:
+        lines.append(first_contact_note(name, made.unpinned, keys_from))
+    lines.append(f"key {made.identity}; next: kiln check --cluster {name}")
     return lines
 
 

@@ -30,6 +30,7 @@ from bootstrap import state  # noqa: E402
 from bootstrap.cluster import Cluster  # noqa: E402
 from bootstrap.commands import SshOptions  # noqa: E402
 from bootstrap.errors import KilnError, UsageError  # noqa: E402
+from bootstrap.providers import provision  # noqa: E402
 from bootstrap.providers.aws import cloud as aws  # noqa: E402
 from bootstrap.providers.aws import efa as efa_plan  # noqa: E402
 from bootstrap.providers.aws import plan  # noqa: E402
@@ -37,6 +38,13 @@ from bootstrap.recovery import Recovery  # noqa: E402
 from kiln import sshwait as reach  # noqa: E402
 
 CIDR = "203.0.113.7/32"
+
+
+def up(name: str, count: int, instance_type: str, *, ssh_wait_s: float, connected: aws.Aws | None = None,
+       now: datetime | None = None, **options) -> provision.Up:
+    """aws.up of a request checked as `kiln up` checks it (plan.validate_request)."""
+    return aws.up(plan.validate_request(name, count, instance_type, **options), ssh_wait_s=ssh_wait_s, aws=connected,
+                  now=now)
 REPO = Path(__file__).resolve().parents[2]
 FAB = REPO / ".venv" / "bin" / "fab"
 CONSOLE = """[   12.345678] cloud-init[1017]: Cloud-init v. 23.4.4 running 'modules:config' at Tue, 04 Jun 2024.
@@ -230,8 +238,8 @@ def instances_of(ec2, name: str) -> list[dict]:
 
 
 def test_up_then_down_leaves_nothing(env, ec2, image):
-    made = aws.up("alpha", 2, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=2, ssh_wait_s=0)
-    assert made["ami"] == image
+    made = up("alpha", 2, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=2, ssh_wait_s=0)
+    assert made.image == image
     saved = state.load_cluster("alpha")
     assert [h.user for h in saved.hosts] == ["ubuntu", "ubuntu"]
     assert saved.ssh.identity == str(env / "kiln" / "clusters" / "alpha" / "id_ed25519")
@@ -266,7 +274,7 @@ def test_up_then_down_leaves_nothing(env, ec2, image):
 
 
 def test_down_finds_the_cluster_by_tags_without_its_file(env, ec2, image):
-    aws.up("lost", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+    up("lost", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     (env / "kiln" / "clusters" / "lost" / "cluster.json").unlink()
     (env / "kiln" / "clusters" / "lost" / "aws.json").unlink()
     assert aws.down("lost")
@@ -289,14 +297,14 @@ def test_an_up_that_loses_a_race_for_the_name_leaves_the_winners_resources(env, 
                 return value
 
             def import_key_pair(**kwargs):
-                aws.up("race", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=aws.connect())  # the winner
+                up("race", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=aws.connect())  # the winner
                 return value(**kwargs)
             return import_key_pair
 
     try:
         connected.ec2 = Race(connected.ec2)
         with pytest.raises(aws.AwsError, match="could not import the key pair: InvalidKeyPair.Duplicate"):
-            aws.up("race", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+            up("race", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
         kinds = sorted(line.split()[0] for line in leftovers(ec2, "race"))
         assert kinds == ["instance", "key-pair", "placement-group", "security-group", "volume"], kinds
         assert len(instances_of(ec2, "race")) == 1
@@ -307,7 +315,7 @@ def test_an_up_that_loses_a_race_for_the_name_leaves_the_winners_resources(env, 
 
 
 def test_spot_request_carries_market_options(env, ec2, image):
-    aws.up("spotty", 1, "g4dn.xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0)
+    up("spotty", 1, "g4dn.xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0)
     try:
         [instance] = instances_of(ec2, "spotty")
         assert instance.get("InstanceLifecycle") == "spot"
@@ -357,7 +365,7 @@ def test_failure_at_each_step_rolls_everything_back(env, ec2, image, api, nth, s
     connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
     with pytest.raises(aws.AwsError, match=f"^cluster.up broken: could not {step}.*: InsufficientInstanceCapacity: "
                                            "no capacity; everything it had created was removed$"):
-        aws.up("broken", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+        up("broken", 2, "g4dn.xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
     assert leftovers(ec2) == []
     assert not (env / "kiln" / "clusters" / "broken" / "id_ed25519").exists()
 
@@ -377,7 +385,7 @@ def test_ctrl_c_during_run_instances_rolls_back(env, ec2, image):
 
     connected.ec2 = Interrupting(connected.ec2, "", KeyboardInterrupt())
     with pytest.raises(aws.AwsError, match="could not run the instances: interrupted"):
-        aws.up("ctrlc", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+        up("ctrlc", 2, "g4dn.xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
     assert leftovers(ec2) == []
 
 
@@ -405,7 +413,7 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, ec2, image, capfd
     connected.ec2 = Operator()
     with pytest.raises(aws.AwsError, match="could not run the instances: interrupted; everything it had created "
                                            "was removed$"):
-        aws.up("twice", 2, "g4dn.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+        up("twice", 2, "g4dn.xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
     assert "kiln: undoing what cluster.up twice made; Ctrl-C again stops it" in capfd.readouterr().err
     assert leftovers(ec2) == []
 
@@ -420,21 +428,20 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, ec2, image, capfd
      "no available AMI tagged kiln:profile=gpu, kiln:fingerprint=nope in us-east-1"),
 ])
 def test_bad_input_is_one_clear_error_and_creates_nothing(env, ec2, image, kwargs, message):
-    arguments = {"name": "bad", "count": 1, "instance_type": "g4dn.xlarge", "ssh_cidr": CIDR, "ssh_wait_s": 0,
-                 **kwargs}
+    arguments = {"count": 1, "instance_type": "g4dn.xlarge", "ssh_cidr": CIDR, "ssh_wait_s": 0, **kwargs}
     with pytest.raises(UsageError) as raised:
-        aws.up(**arguments)
+        up("bad", **arguments)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert leftovers(ec2) == []
     assert not (env / "kiln" / "clusters" / "bad").exists()
 
 
 def test_a_taken_name_is_refused(env, ec2, image):
-    aws.up("taken", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+    up("taken", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     try:
         before = leftovers(ec2)
         with pytest.raises(UsageError, match="cluster name 'taken' is taken"):
-            aws.up("taken", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+            up("taken", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
         assert leftovers(ec2) == before
     finally:
         aws.down("taken")
@@ -445,7 +452,7 @@ def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
         if name != "AWS_DEFAULT_REGION":
             monkeypatch.delenv(name)
     with pytest.raises(UsageError, match="^no AWS credentials: "):
-        aws.up("nocreds", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+        up("nocreds", 1, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
     for name, value in FAKE_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     assert leftovers(ec2) == []
@@ -453,8 +460,8 @@ def test_no_credentials_is_one_clear_error(env, ec2, image, monkeypatch):
 
 def test_sweep_removes_expired_clusters_only(env, ec2, image):
     past = datetime.now(UTC) - timedelta(hours=3)
-    aws.up("old", 1, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past, ssh_wait_s=0)
-    aws.up("fresh", 1, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=1, ssh_wait_s=0)
+    up("old", 1, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=1, now=past, ssh_wait_s=0)
+    up("fresh", 1, "g4dn.xlarge", ssh_cidr=CIDR, ttl_hours=1, ssh_wait_s=0)
     try:
         assert [s.name for s in aws.sweep(dry_run=True)] == ["old"]
         assert leftovers(ec2, "old")
@@ -528,7 +535,7 @@ def test_ssh_wait_names_the_ports_that_never_answer_within_the_timeout(listeners
 
 def test_unreachable_instances_roll_back_and_are_named(env, ec2, image):
     with pytest.raises(aws.AwsError) as raised:
-        aws.up("mute", 2, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0.5)
+        up("mute", 2, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0.5)
     message = str(raised.value)
     assert message.startswith("cluster.up mute: could not wait until SSH answers: no SSH answer within 0.5s "
                               "from 2 instance(s): i-")
@@ -555,12 +562,12 @@ class Consoles:
 def test_console_host_keys_are_pinned_where_ssh_for_the_cluster_looks(env, ec2, image):
     connected = aws.connect()
     connected.ec2 = Consoles(connected.ec2)
-    made = aws.up("keys", 2, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    made = up("keys", 2, "g4dn.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
     saved = state.load_cluster("keys")
     first, second = saved.instances
     assert first.id == connected.ec2.with_keys
     assert [first.host_keys, second.host_keys] == ["console", "first-contact"]
-    assert made["host_keys"] == {first.address: "console", second.address: "first-contact"}
+    assert made.host_keys == {first.address: "console", second.address: "first-contact"}
     assert [h.address for h in saved.hosts] == [first.address, second.address]
     assert saved.user == "ubuntu" and saved.region == "us-east-1"
     known_hosts = state.cluster_dir("keys") / "known_hosts"
@@ -613,7 +620,7 @@ class KeyedConsoles:
 def test_a_node_is_replaced_by_an_instance_launched_as_the_cluster_was(env, ec2, image):
     connected = aws.connect()
     connected.ec2 = KeyedConsoles(connected.ec2)
-    aws.up("swap", 2, "g5.xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    up("swap", 2, "g5.xlarge", spot=True, max_price="0.91", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
     first, second = state.load_cluster("swap").instances
     host, keys = aws.replace("swap", second.address, aws=connected, ssh_wait_s=0)
     assert keys == CONSOLE_KEYS
@@ -645,7 +652,7 @@ def test_a_node_is_replaced_by_an_instance_launched_as_the_cluster_was(env, ec2,
 def test_a_replacement_that_cannot_be_made_leaves_the_cluster_as_it_was(env, ec2, image, fault, step):
     connected = aws.connect()
     connected.ec2 = KeyedConsoles(connected.ec2)
-    aws.up("keep", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    up("keep", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
     before = state.load_cluster("keep")
     ids = {i.id for i in before.instances}
     if fault == "capacity":
@@ -707,7 +714,7 @@ def test_an_efa_type_gets_an_interface_per_network_card_and_elastic_ips_that_dow
     is released); down releases every address."""
     connected = aws.connect()
     connected.ec2 = sent = Recording(KeyedConsoles(connected.ec2))
-    made = aws.up("efa", 2, "p5.48xlarge", ssh_cidr=CIDR, ssh_wait_s=0, aws=connected)
+    made = up("efa", 2, "p5.48xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
 
     [run] = sent.sent("run_instances")
     group = ec2.describe_security_groups(GroupNames=["kiln-efa"])["SecurityGroups"][0]
@@ -738,7 +745,7 @@ def test_an_efa_type_gets_an_interface_per_network_card_and_elastic_ips_that_dow
         assert address["NetworkInterfaceId"] == efa_plan.primary_interface(instances[node.id])
         assert plan.tags_of(address)[plan.TAG_CLUSTER] == "efa" and address["Domain"] == "vpc"
     assert [a["TagSpecifications"] for a in sent.sent("allocate_address")] == [
-        plan.tag_specifications(plan.tags_of(instances[made["instances"][0]]), "elastic-ip")] * 2
+        plan.tag_specifications(plan.tags_of(instances[made.ids[0]]), "elastic-ip")] * 2
 
     lost = saved.instances[1]
     host, _ = aws.replace("efa", lost.address, aws=connected, ssh_wait_s=0)
@@ -764,7 +771,7 @@ def test_a_failed_efa_launch_releases_its_elastic_ips_too(env, ec2, image, api, 
     connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
     with pytest.raises(aws.AwsError, match=f"^cluster.up fefa: could not {step}: InsufficientInstanceCapacity: "
                                            "no capacity; everything it had created was removed$"):
-        aws.up("fefa", 2, "p4d.24xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0)
+        up("fefa", 2, "p4d.24xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
     assert leftovers(ec2) == [] and addresses_of(ec2, "fefa") == []
 
 
@@ -795,13 +802,13 @@ def user_data_of(ec2, instance_id: str) -> str:
 
 
 def test_data_volumes_outlive_the_cluster_as_snapshots_and_come_back(env, ec2, image):
-    made = aws.up("keeper", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=20)
-    assert made["restore_note"] == "cluster keeper: no snapshot of its data volumes: each node gets an empty volume"
+    made = up("keeper", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=20)
+    assert made.restore_note == "cluster keeper: no snapshot of its data volumes: each node gets an empty volume"
     instances = {i["InstanceId"]: i for i in instances_of(ec2, "keeper")}
     volumes = data_volumes_of(ec2, "keeper")
     assert sorted(volumes) == ["0", "1"]
-    assert [volumes[str(n)]["VolumeId"] for n in range(2)] == made["data_volumes"]
-    for index, instance_id in enumerate(made["instances"]):
+    assert [volumes[str(n)]["VolumeId"] for n in range(2)] == list(made.volumes)
+    for index, instance_id in enumerate(made.ids):
         volume = volumes[str(index)]
         assert (volume["Size"], volume["Encrypted"], volume["VolumeType"]) == (20, True, "gp3")
         assert [(a["InstanceId"], a["Device"]) for a in volume["Attachments"]] == [(instance_id, plan.DATA_DEVICE)]
@@ -827,9 +834,9 @@ def test_data_volumes_outlive_the_cluster_as_snapshots_and_come_back(env, ec2, i
     assert listed.returncode == 0, listed.stderr
     assert "data snapshots:" in listed.stdout and f"keeper node 1 {done.snapshots[1].id}: 20 GiB" in listed.stdout
 
-    again = aws.up("keeper", 3, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=10)
+    again = up("keeper", 3, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=10)
     first, second = done.snapshots
-    assert again["restore_note"] == (
+    assert again.restore_note == (
         f"cluster keeper: data volumes restored from the snapshots of {plan.format_time(later)} (node 0: {first.id}, "
         f"node 1: {second.id}); node(s) 2 had no snapshot and get an empty volume")
     volumes = data_volumes_of(ec2, "keeper")
@@ -846,8 +853,8 @@ def test_data_volumes_outlive_the_cluster_as_snapshots_and_come_back(env, ec2, i
 
 
 def test_sweep_removes_only_expired_snapshots(env, ec2, image):
-    aws.up("old", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=1)
-    aws.up("new", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=1)
+    up("old", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=1)
+    up("new", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=1)
     [old] = aws.down_with_snapshots("old", ttl_days=1, now=datetime.now(UTC) - timedelta(days=2)).snapshots
     [new] = aws.down_with_snapshots("new", ttl_days=1).snapshots
     swept = fab(env, "cluster.sweep")
@@ -859,7 +866,7 @@ def test_sweep_removes_only_expired_snapshots(env, ec2, image):
 def test_a_snapshot_that_fails_keeps_its_volume(env, ec2, image):
     from botocore.exceptions import ClientError
 
-    aws.up("fragile", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
+    up("fragile", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
     volumes = data_volumes_of(ec2, "fragile")
     connected = aws.connect()
     connected.ec2 = FailOn(connected.ec2, "create_snapshot", ClientError(
@@ -875,15 +882,15 @@ def test_a_snapshot_that_fails_keeps_its_volume(env, ec2, image):
     assert "node 0's data volume kept as snap-" in cli.stdout
     assert leftovers(ec2, "fragile", snapshots=False) == []
     assert len(snapshots_of(ec2, "fragile")) == 2
-    again = aws.up("fragile", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)  # the retry completed the set
-    assert again["restore_note"].startswith(f"cluster fragile: data volumes restored from the snapshots of "
-                                            f"{plan.format_time(first)} (node 0: snap-"), again["restore_note"]
-    assert "node 1: snap-" in again["restore_note"] and "empty" not in again["restore_note"]
+    again = up("fragile", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)  # the retry completed the set
+    assert again.restore_note.startswith(f"cluster fragile: data volumes restored from the snapshots of "
+                                            f"{plan.format_time(first)} (node 0: snap-"), again.restore_note
+    assert "node 1: snap-" in again.restore_note and "empty" not in again.restore_note
     aws.down("fragile")
 
 
 def test_a_failed_snapshot_is_named_by_the_cli_with_a_nonzero_exit(env, ec2, image):
-    aws.up("named", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
+    up("named", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
     [volume] = data_volumes_of(ec2, "named").values()
     connected = aws.connect()
     connected.ec2 = FailOn(connected.ec2, "get_waiter", capacity_error("DescribeSnapshots"), nth=2)
@@ -897,8 +904,8 @@ def test_a_failed_snapshot_is_named_by_the_cli_with_a_nonzero_exit(env, ec2, ima
 
 
 def test_autostop_armed_later_makes_a_shutdown_terminate(env, ec2, image):
-    aws.up("later", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
-    ids = aws.terminate_on_shutdown("later")
+    up("later", 2, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+    ids = aws.arm_autostop("later")
     assert sorted(ids) == sorted(i["InstanceId"] for i in instances_of(ec2, "later"))
     for instance_id in ids:
         assert ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior")[
@@ -908,7 +915,7 @@ def test_autostop_armed_later_makes_a_shutdown_terminate(env, ec2, image):
 
 
 def test_a_bad_snapshot_ttl_is_refused_before_anything_is_removed(env, ec2, image):
-    aws.up("careful", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
+    up("careful", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=5)
     before = leftovers(ec2, "careful")
     done = fab(env, "cluster.down", "careful", "--snapshot", "--snapshot-ttl-days", "0")
     assert done.returncode != 0 and "--snapshot-ttl-days 0: give more than 0" in done.stderr, done.stderr
@@ -925,7 +932,7 @@ def test_a_failure_around_the_data_volumes_rolls_everything_back(env, ec2, image
     connected = aws.connect()
     connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
     with pytest.raises(aws.AwsError) as raised:
-        aws.up("halfway", 2, "g5.xlarge", ssh_cidr=CIDR, aws=connected, ssh_wait_s=0, volume_gib=5)
+        up("halfway", 2, "g5.xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0, volume_gib=5)
     assert str(raised.value).startswith(f"cluster.up halfway: could not {step}: InsufficientInstanceCapacity")
     assert str(raised.value).endswith("everything it had created was removed")
     assert leftovers(ec2) == []
@@ -934,7 +941,7 @@ def test_a_failure_around_the_data_volumes_rolls_everything_back(env, ec2, image
 def test_a_replacement_gets_the_lost_nodes_data_volume(env, ec2, image):
     connected = aws.connect()
     connected.ec2 = KeyedConsoles(connected.ec2)
-    aws.up("heal", 2, "g5.xlarge", spot=True, ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=8, aws=connected)
+    up("heal", 2, "g5.xlarge", spot=True, ssh_cidr=CIDR, ssh_wait_s=0, volume_gib=8, connected=connected)
     before = data_volumes_of(ec2, "heal")
     lost = state.load_cluster("heal").instances[1]
     aws.replace("heal", lost.address, aws=connected, ssh_wait_s=0)

@@ -96,7 +96,7 @@ def vms_of(arm, name: str) -> list:
 
 def test_up_then_down_leaves_nothing(env, arm):
     made = cloud.up(request("alpha", spot=True, ttl_hours=2), ssh_wait_s=0)
-    assert made["image"].endswith("/images/kiln-gpu-1") and made["group"] == "kiln-alpha"
+    assert made.image.endswith("/images/kiln-gpu-1") and made.where.startswith("resource group kiln-alpha ")
     saved = state.load_cluster("alpha")
     assert saved.provider == "azure" and saved.region == LOCATION and saved.node_type == plan.DEFAULT_VM_SIZE
     vms = vms_of(arm, "alpha")
@@ -221,7 +221,7 @@ def test_data_disks_outlive_the_cluster_as_snapshots_and_come_back(env, arm):
     assert len(leftovers(arm, "keep")) == 2
 
     made = cloud.up(request("keep", volume_gb=10), ssh_wait_s=0)
-    assert made["restore_note"].startswith("cluster keep: data volumes restored from the snapshots of ")
+    assert made.restore_note.startswith("cluster keep: data volumes restored from the snapshots of ")
     disks = {d.name: d for d in arm.client("compute").disks.list_by_resource_group("kiln-keep")
              if "kiln:data" in (d.tags or {})}
     assert sorted(disks) == ["kiln-keep-data-0", "kiln-keep-data-1"]
@@ -360,7 +360,7 @@ def test_snapshots_of_another_location_are_not_restored(env, arm):
     assert [s.location for s in cloud.snapshot_records(cloud.connect(), "far")] == [LOCATION]
     image = arm.add_image("kiln-images-west", "kiln-gpu-west", tags={"kiln:profile": "gpu"}, location="westus2")
     made = cloud.up(request("far", 1, volume_gb=10, location="westus2", image_id=image), ssh_wait_s=0)
-    assert made["restore_note"] == "cluster far: no snapshot of its data volumes: each node gets an empty volume"
+    assert made.restore_note == "cluster far: no snapshot of its data volumes: each node gets an empty volume"
 
 
 # ---------------------------------------------------------------------------------------------------- autostop

@@ -97,7 +97,7 @@ def pinned(env: Path, name: str) -> list[str]:
 
 def test_up_then_down_leaves_nothing(env, gce):
     made = cloud.up(request("alpha", spot=True, ttl_hours=2, idle_minutes=30), ssh_wait_s=0)
-    assert made["image"].endswith("/global/images/kiln-gpu-2")  # the newest of the profile
+    assert made.image.endswith("/global/images/kiln-gpu-2")  # the newest of the profile
     saved = state.load_cluster("alpha")
     assert saved.provider == "gcp" and saved.region == ZONE and saved.node_type == "g2-standard-4"
     assert saved.ssh.identity == str(env / "kiln" / "clusters" / "alpha" / "id_ed25519")
@@ -119,7 +119,7 @@ def test_up_then_down_leaves_nothing(env, gce):
     # the host keys pinned are the ones each instance has, as GCE shows them
     wanted = sorted(f"{h.address} {key}" for h, i in zip(saved.hosts, instances, strict=True)
                     for key in gce.host_keys(ZONE, i.name))
-    assert pinned(env, "alpha") == wanted and made["host_keys"] == {h.address: "shown" for h in saved.hosts}
+    assert pinned(env, "alpha") == wanted and made.host_keys == {h.address: "shown" for h in saved.hosts}
     rules = {f.name: f for f in client(gce, "FirewallsClient").list(project=PROJECT)}
     ssh, internal = rules["kiln-alpha-ssh"], rules["kiln-alpha-internal"]
     assert list(ssh.source_ranges) == [CIDR] and list(ssh.target_tags) == ["kiln-alpha"]
@@ -170,7 +170,7 @@ def test_a_bad_image_is_one_clear_error_and_creates_nothing(env, gce):
         cloud.up(request("badimage", image_tags="kiln:fingerprint=cc33"), ssh_wait_s=0)
     assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "badimage").exists()
     made = cloud.up(request("picked", 1, image_tags="kiln:fingerprint=aa11"), ssh_wait_s=0)
-    assert made["image"].endswith("/images/kiln-gpu-1")
+    assert made.image.endswith("/images/kiln-gpu-1")
 
 
 class Interrupting:
@@ -254,7 +254,7 @@ def test_data_disks_outlive_the_cluster_as_snapshots_and_come_back(env, gce):
     assert len(taken) == 2 and all(line.startswith("snapshot kiln-keep-data-") for line in taken)
 
     made = cloud.up(request("keep", volume_gb=10), ssh_wait_s=0)
-    assert made["restore_note"].startswith("cluster keep: data volumes restored from the snapshots of ")
+    assert made.restore_note.startswith("cluster keep: data volumes restored from the snapshots of ")
     restored = {d.name: d for _, listed in client(gce, "DisksClient").aggregated_list(
         request={"project": PROJECT, "filter": 'labels.kiln-cluster = "keep"'}) for d in listed.disks
         if "kiln-data" in d.labels}

@@ -221,10 +221,10 @@ def test_a_size_without_rdma_makes_its_vms_alone_as_before():
 
 @pytest.mark.parametrize(("size", "shown"), [("Standard_ND96isr_H200_v5", True), ("Standard_NC24ads_A100_v4", False)])
 def test_the_dry_run_shows_the_scale_set_of_an_rdma_size_only(size, shown, tmp_path, monkeypatch):
-    from bootstrap.providers.azure.provider import AzureProvider
+    from bootstrap import providers
 
     monkeypatch.setenv("KILN_HOME", str(tmp_path))
-    provider = AzureProvider(SUB, "eastus")
+    provider = providers.named("azure", {"subscription": SUB, "location": "eastus"})
     lines = provider.plan(provider.request("c1", 2, {"instance_type": size, "ssh_cidr": "203.0.113.7/32"}, None))
     scale_sets = [line for line in lines if line.startswith("virtualMachineScaleSets ")]
     vm = next(line for line in lines if line.startswith("per node: "))

@@ -36,6 +36,7 @@ SSH_WAIT_S = plan.SSH_WAIT_S
 CONSOLE_POLL_S = 10
 SNAPSHOT_TIMEOUT_S = 3600
 SNAPSHOT_POLL_S = 15
+ANY_REGION = "us-east-1"  # where the list of regions is asked when none is configured
 
 
 class AwsError(CloudError):
@@ -419,22 +420,14 @@ def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINAT
     return [f"{r.kind} {r.id}" for r in ordered]
 
 
-def up(name: str, count: int, instance_type: str, ami: str | None = None, image_profile: str = "gpu",
-       spot: bool = False, max_price=None, ssh_cidr: str | None = None, user: str = "ubuntu",
-       ttl_hours: float = 24.0, image_tags: str | None = None, volume_gib: int | None = None,
-       idle_minutes: float | None = None, *,
-       region: str | None = None, profile: str | None = None, python: str = "python3",
-       aws: Aws | None = None, now: datetime | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
-       ssh_wait_s: float = SSH_WAIT_S) -> dict:
+def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | None = None,
+       profile: str | None = None, python: str = "python3", aws: Aws | None = None, now: datetime | None = None,
+       running_timeout_s: float = RUNNING_TIMEOUT_S) -> provision.Up:
     """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
     the consoles show, write its cluster file, and return what was made. On any failure, undo it all.
 
     With volume_gib, each node gets an encrypted data volume of its own, restored from the cluster's newest
     complete set of snapshots where there is one (`down --snapshot` makes them), else empty."""
-    request = plan.validate_request(name, count, instance_type, ssh_cidr=ssh_cidr, ami=ami,
-                                    image_profile=image_profile, spot=spot, max_price=max_price, user=user,
-                                    ttl_hours=ttl_hours, image_tags=image_tags, volume_gib=volume_gib,
-                                    idle_minutes=idle_minutes)
     ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)
@@ -523,10 +516,8 @@ def up(name: str, count: int, instance_type: str, ami: str | None = None, image_
         error_code, keys_step="read the host keys from the consoles", keys_source="console",
         place={"region": aws.region, **({"profile": profile} if profile else {})}),
         region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s)
-    return {"name": request.name, "region": aws.region, "hosts": [h.endpoint() for h in cluster.nodes.hosts],
-            "ami": image, "instances": list(cluster.nodes.ids), "identity": cluster.identity,
-            "expires": tags[plan.TAG_EXPIRES], "host_keys": cluster.pinned, "ssh_wait": ssh_wait_s,
-            "data_volumes": made["volumes"], "restore_note": note}
+    return cluster.made(request.name, where=aws.region, image=image, expires=tags[plan.TAG_EXPIRES],
+                        ssh_wait=ssh_wait_s, volumes=made["volumes"], restore_note=note)
 
 
 def attach_data_volumes(aws: Aws, instances: Sequence[dict], size_gib: int, tags: dict[str, str],
@@ -640,19 +631,10 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
     return removed
 
 
-@dataclass(frozen=True)
-class Teardown:
-    """What `down --snapshot` did: the resources removed, the snapshots taken, the volumes kept (id, node, why)."""
-
-    removed: list[str]
-    snapshots: list[plan.Snapshot]
-    kept: list[tuple[str, str, str]]
-
-
 def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, region: str | None = None,
                         profile: str | None = None, aws: Aws | None = None, now: datetime | None = None,
                         timeout_s: float = TERMINATED_TIMEOUT_S,
-                        snapshot_timeout_s: float = SNAPSHOT_TIMEOUT_S) -> Teardown:
+                        snapshot_timeout_s: float = SNAPSHOT_TIMEOUT_S) -> provision.Teardown:
     """Terminate the instances (their shutdown unmounts the data volumes), snapshot each data volume, and remove
     the rest. A volume whose snapshot fails is kept, tagged with the cluster, and named; the rest goes."""
     plan.validate_name(name)
@@ -694,12 +676,13 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
     if not kept:  # a kept volume keeps the cluster's files, so `kiln down NAME --snapshot` finds where it is
         provision.forget_local(name, "aws", found=bool(removed), looked=f"region {aws.region}")
-    return Teardown(removed, snapshots, kept)
+    return provision.Teardown(removed, snapshots, kept)
 
 
-def terminate_on_shutdown(name: str, *, region: str | None = None, profile: str | None = None,
-                          aws: Aws | None = None) -> list[str]:
-    """Make a shutdown from inside the cluster's instances terminate them (autostop armed after `up`)."""
+def arm_autostop(name: str, *, region: str | None = None, profile: str | None = None,
+                 aws: Aws | None = None) -> list[str]:
+    """Make a shutdown from inside the cluster's instances terminate them (autostop's power-off then ends them:
+    a stopped instance's disks would still bill)."""
     record = state.load_cluster(plan.validate_name(name))
     if record is None or not record.instances:
         raise UsageError(f"cluster {name}: no instances on record")
@@ -742,6 +725,15 @@ def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, regio
     if failed:
         raise AwsError(f"sweep: could not delete {len(failed)} expired snapshot(s): {'; '.join(failed)}")
     return expired
+
+
+def places(every: bool = False, *, region: str | None = None, profile: str | None = None) -> list[str | None]:
+    """The regions `list` and `sweep` look in besides the clusters' files: the one given or configured (none
+    where none is), or with `every` every region the account can use (any region answers DescribeRegions)."""
+    own = region or default_region(profile)
+    if every:
+        return list(regions(region=own or ANY_REGION, profile=profile))
+    return [own] if own else []
 
 
 def regions(*, region: str | None = None, profile: str | None = None, aws: Aws | None = None) -> list[str]:

@@ -6,10 +6,12 @@ Everything here is pure and unit-tested for exact output; bootstrap.providers.aw
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
@@ -376,6 +378,11 @@ class Snapshot:
     def expires(self) -> datetime | None:
         return parse_time(self.tags.get(TAG_EXPIRES, ""))
 
+    # what kiln list, sweep and down --snapshot say of it (as of every cloud's snapshot)
+    label = property(lambda self: self.id)
+    size = property(lambda self: f"{self.size_gib} GiB")
+    expiry = property(lambda self: format_time(self.expires) if self.expires else "never")
+
     def expired(self, now: datetime) -> bool:
         return self.expires is not None and self.expires <= now
 
@@ -448,3 +455,31 @@ def vcpus_short(quota: VcpuQuota, limit: float, used: int, wanted: int, count: i
         return None
     return (f"{count} {instance_type} need {wanted} vCPUs of the quota {quota.name!r} ({quota.code}), which is "
             f"{limit:g} here with {used} in use: ask Service Quotas for more")
+
+
+def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: float | None,
+                 place: Mapping[str, str | None]) -> Request:
+    """A `kiln up`'s request on EC2 from its options (validate_request; the region is the connection's)."""
+    return validate_request(
+        name, count, options.get("instance_type") or DEFAULT_INSTANCE_TYPE, ssh_cidr=options.get("ssh_cidr"),
+        ami=options.get("ami"), image_profile=options.get("image_profile") or "gpu", spot=bool(options.get("spot")),
+        max_price=options.get("max_price"), user=options.get("user") or "ubuntu",
+        ttl_hours=options.get("ttl_hours", 24.0), image_tags=options.get("image_tags"),
+        volume_gib=options.get("volume"), idle_minutes=idle_minutes)
+
+
+def dry_run(request: Request, *, key: str, place: Mapping[str, str | None], now: datetime) -> list[str]:
+    """What `up` would do on EC2 (up --dry-run), up to the wait: the calls, in order, with their parameters."""
+    tags = cluster_tags(request.name, "<caller ARN>", now, request.ttl_hours)
+    steps = plan_cluster(request, tags=tags, ami=request.ami or AMI_PLACEHOLDER.format(profile=request.image_profile),
+                         public_key=PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"),
+                         efa=efa_plan.expected_efa(request.instance_type))
+    lines = [f"cluster {request.name}: key {key} (made if missing), then these EC2 calls; any failure undoes them"]
+    if steps.efa:
+        lines.append(efa_plan.efa_note(steps.efa))
+    lines += [f"{action} {json.dumps(params)}" for action, params in steps.steps()]
+    if request.volume_gib:
+        example = data_volume_request(zone="<instance's zone>", size_gib=request.volume_gib, tags=tags, index=0)
+        lines.append(f"then per node: CreateVolume {json.dumps(example)} (from the cluster's newest snapshot of "
+                     f"that node, if any), AttachVolume at {DATA_DEVICE}; the image mounts it at {DATA_MOUNT}")
+    return lines

@@ -292,6 +292,11 @@ class Snapshot:
     def expires(self) -> datetime | None:
         return parse_time(self.tags.get(plan.TAG_EXPIRES, ""))
 
+    # what kiln list, sweep and down --snapshot say of it (as of every cloud's snapshot)
+    label = property(lambda self: self.name)
+    size = property(lambda self: f"{self.size_gb} GB")
+    expiry = property(lambda self: self.tags.get(plan.TAG_EXPIRES, "never"))
+
     def expired(self, now: datetime) -> bool:
         return self.expires is not None and self.expires <= now
 
@@ -331,11 +336,13 @@ def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
         raise AzureError(f"the serial log of {vm}: HTTP {error.code}") from None
 
 
-def spot_prices(sizes: Sequence[str], location: str, *, endpoint: str | None = None,
+def spot_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | None = None,
                 ca_file: str | None = None) -> dict[str, float]:
     """Each size's Spot price per hour now in `location`, from Azure's Retail Prices API (no sign-in; every page
     of the answer); a size without a Linux Spot meter there is left out. `KILN_AZURE_PRICES` aims it elsewhere
     (the tests' stand-in, with KILN_AZURE_CA_FILE)."""
+    if not location:
+        raise UsageError("no location to price: give --location or set AZURE_LOCATION")
     base = (endpoint or os.environ.get(PRICES_ENV) or plan.RETAIL_PRICES).rstrip("/")
     ca_file = ca_file or (os.environ.get(CA_FILE_ENV) if loopback(base) else None)
     context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
@@ -418,7 +425,8 @@ def suffix() -> str:
 
 
 def up(request: plan.Request, *, subscription: str | None = None, python: str = "python3", azure: Azure | None = None,
-       now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S, timeout_s: float = OPERATION_TIMEOUT_S) -> dict:
+       now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S,
+       timeout_s: float = OPERATION_TIMEOUT_S) -> provision.Up:
     """Create the cluster in its own resource group, wait until SSH answers on every VM (unless ssh_wait_s is 0),
     pin the host keys their serial logs show, write its cluster file, and return what was made. On any failure
     (Ctrl-C too), delete the resource group: nothing of the cluster lives outside it."""
@@ -527,14 +535,13 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         place={"subscription": azure.subscription, "location": request.location}),
         region=request.location, user=request.user, node_type=request.vm_size, python=python,
         ssh_wait_s=ssh_wait_s)
-    return {"name": request.name, "subscription": azure.subscription, "location": request.location, "group": group,
-            "hosts": [h.endpoint() for h in cluster.nodes.hosts], "image": image, "vms": list(cluster.nodes.ids),
-            "identity": cluster.identity, "expires": tags[plan.TAG_EXPIRES], "host_keys": cluster.pinned,
-            "ssh_wait": ssh_wait_s, "data_disks": disks, "restore_note": note}
+    return cluster.made(request.name, where=f"resource group {group} ({request.location})",
+                        image=image, expires=tags[plan.TAG_EXPIRES], ssh_wait=ssh_wait_s,
+                        volumes=disks, restore_note=note)
 
 
-def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: float = SSH_WAIT_S,
-            timeout_s: float = OPERATION_TIMEOUT_S) -> tuple[Host, list[str]]:
+def replace(name: str, address: str, *, subscription: str | None = None, azure: Azure | None = None,
+            ssh_wait_s: float = SSH_WAIT_S, timeout_s: float = OPERATION_TIMEOUT_S) -> tuple[Host, list[str]]:
     """Put a new VM, made as `up` made the cluster's (image, size, Spot, network, tags, placement), in place of the
     one at `address`, and delete the old one (its address and interface go with it); its data disk moves to the
     new VM; update the cluster's files. (the new host, the host keys its serial log shows)
@@ -547,7 +554,7 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
     _, index = provision.node_at(record, address)
     if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
         raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
-    azure = azure or connect(kept.subscription)
+    azure = azure or connect(subscription or kept.subscription)
     request = kept.planned()
     new_name = plan.vm_name(name, index, suffix())
     public_key = (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
@@ -581,15 +588,16 @@ def replace(name: str, address: str, *, azure: Azure | None = None, ssh_wait_s: 
         ssh_wait_s=ssh_wait_s)
 
 
-def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OPERATION_TIMEOUT_S,
-                 principal_wait_s: float = PRINCIPAL_WAIT_S, principal_poll_s: float = PRINCIPAL_POLL_S) -> list[str]:
+def arm_autostop(name: str, *, subscription: str | None = None, azure: Azure | None = None,
+                 timeout_s: float = OPERATION_TIMEOUT_S, principal_wait_s: float = PRINCIPAL_WAIT_S,
+                 principal_poll_s: float = PRINCIPAL_POLL_S) -> list[str]:
     """Let each VM of the cluster deallocate itself when its idle agent says so: a system-assigned identity on
     the VM (`up --idle-minutes` made it with one), and the power role (plan.POWER_ROLE) for it on that VM alone.
     Asking again changes nothing. The VMs' ids."""
     record, kept = state.load_cluster(name), Record.load(name)
     if record is None or kept is None:
         raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
-    azure = azure or connect(kept.subscription)
+    azure = azure or connect(subscription or kept.subscription)
     armed = []
     for vm in (i.id for i in record.instances):
         try:
@@ -609,6 +617,12 @@ def arm_autostop(name: str, *, azure: Azure | None = None, timeout_s: float = OP
         armed.append(machine.id)
     changed(kept, autostop=True).save(name)
     return armed
+
+
+def places(every: bool = False, *, subscription: str | None = None) -> list[str | None]:
+    """The subscription `list` and `sweep` look in besides the clusters' files (it holds every location's groups):
+    the one given or configured (None: the credentials' own)."""
+    return [subscription or os.environ.get("AZURE_SUBSCRIPTION_ID") or None]
 
 
 def allow_self_deallocation(azure: Azure, machine, wait_s: float = PRINCIPAL_WAIT_S,
@@ -680,16 +694,9 @@ def down(name: str, *, subscription: str | None = None, azure: Azure | None = No
     return removed
 
 
-@dataclass(frozen=True)
-class Teardown:
-    removed: list[str]
-    snapshots: list[Snapshot]
-    kept: list[tuple[str, str, str]]
-
-
 def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subscription: str | None = None,
                         azure: Azure | None = None, now: datetime | None = None,
-                        timeout_s: float = OPERATION_TIMEOUT_S) -> Teardown:
+                        timeout_s: float = OPERATION_TIMEOUT_S) -> provision.Teardown:
     """Delete the VMs (their shutdown unmounts the data disks), snapshot each data disk into kiln_snapshots_LOCATION,
     then delete the resource group. A disk whose snapshot fails keeps the group (named, with the set it missed),
     so a retry completes the set."""
@@ -705,7 +712,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
         if not azure.resources.resource_groups.check_existence(group):
             provision.forget_local(name, "azure", found=False,
                                    looked=f"subscription {azure.subscription} (resource group {group})")
-            return Teardown([], [], [])
+            return provision.Teardown([], [], [])
         for vm in azure.compute.virtual_machines.list(group):
             delete_node(azure, group, vm.name, timeout_s)
         data = sorted((d for d in azure.compute.disks.list_by_resource_group(group) if plan.TAG_DATA in tags_of(d)),
@@ -743,7 +750,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, subsc
     if not kept:
         provision.forget_local(name, "azure", found=bool(removed),
                                looked=f"subscription {azure.subscription} (resource group {group})")
-    return Teardown(removed, snapshots, kept)
+    return provision.Teardown(removed, snapshots, kept)
 
 
 def keep_group_until(azure: Azure, group: str, expires: str) -> None:
@@ -769,7 +776,8 @@ def list_clusters(*, subscription: str | None = None, azure: Azure | None = None
             vms = tuple(sorted(f"{vm.name} ({vm.hardware_profile.vm_size if vm.hardware_profile else '?'})"
                                for vm in azure.compute.virtual_machines.list(group.name)))
             summaries.append(ClusterSummary(group.cluster, group.tags.get(plan.TAG_OWNER, ""),
-                                            parse_time(group.tags.get(plan.TAG_EXPIRES, "")), vms, 1))
+                                            parse_time(group.tags.get(plan.TAG_EXPIRES, "")), vms, 1,
+                                            f"resource group {group.name}"))
         return sorted(summaries, key=lambda s: s.name)
     except Exception as error:
         raise AzureError(f"list the clusters in subscription {azure.subscription}: {describe_error(error)}") \

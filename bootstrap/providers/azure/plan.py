@@ -21,16 +21,19 @@ network of the cluster.
 from __future__ import annotations
 
 import base64
+import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.providers import catalog
 from bootstrap.providers.common import (
+    DATA_MOUNT,
     first_boot_settings,
     format_time,
     parse_image_tags,
@@ -42,6 +45,7 @@ from bootstrap.providers.common import (
 )
 from bootstrap.providers.failover import Unavailable
 
+SUBSCRIPTION_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"  # up --dry-run, where none is known
 TAG_CLUSTER = "kiln:cluster"
 TAG_OWNER = "kiln:owner"
 TAG_EXPIRES = "kiln:expires"
@@ -398,3 +402,53 @@ def lowest_spot_prices(items: Iterable[Mapping]) -> dict[str, float]:
             size = item["armSkuName"]
             lowest[size] = min(lowest.get(size, float("inf")), float(item["unitPrice"]))
     return lowest
+
+
+def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: float | None,
+                 place: Mapping[str, str | None]) -> Request:
+    """A `kiln up`'s request on Azure from its options and its location (validate_request)."""
+    return validate_request(
+        name, count, options.get("instance_type"), location=place.get("location"), ssh_cidr=options.get("ssh_cidr"),
+        image_id=options.get("image_id"), image_profile=options.get("image_profile") or "gpu",
+        image_tags=options.get("image_tags"), spot=bool(options.get("spot")), max_price=options.get("max_price"),
+        user=options.get("user") or "azureuser", ttl_hours=options.get("ttl_hours", 24.0),
+        volume_gb=options.get("volume"), idle_minutes=idle_minutes)
+
+
+def dry_run(request: Request, *, key: str, place: Mapping[str, str | None], now: datetime) -> list[str]:
+    """What `up` would do on Azure (up --dry-run), up to the wait: the resources of its group, with their bodies
+    (its autostop's identity and role last)."""
+    sub = place.get("subscription") or SUBSCRIPTION_PLACEHOLDER
+    group = group_name(request.name)
+    tags = cluster_tags(request.name, "you", now, request.ttl_hours)
+    more = "".join(f", {k}={v}" for k, v in request.image_tags)
+    image = request.image_id or IMAGE_PLACEHOLDER.format(profile=request.image_profile, more=more)
+    nsg = resource_id(sub, group, "Microsoft.Network/networkSecurityGroups", f"{group}-nsg")
+    lines = [f"cluster {request.name}: key {key} (made if missing), then in resource group {group} "
+             f"({request.location}); any failure deletes the group",
+             f"resourceGroups {json.dumps({'location': request.location, 'tags': tags})}",
+             f"networkSecurityGroups {group}-nsg {json.dumps(security_group_body(request, tags))}",
+             f"virtualNetworks {group}-vnet {json.dumps(network_body(request, tags, nsg))}",
+             f"proximityPlacementGroups {group}-ppg {json.dumps(placement_group_body(request, tags))}"]
+    # up asks Resource SKUs (RdmaEnabled); the dry run, which asks Azure nothing, goes by the size's name
+    scale_set = scale_set_name(request.name) if rdma_by_name(request.vm_size) else None
+    if scale_set:
+        body = scale_set_body(request, tags, f"<{group}-ppg>")
+        lines.append(f"virtualMachineScaleSets {scale_set} {json.dumps(body)} ({request.vm_size} is an RDMA "
+                     "size: its VMs reach each other over InfiniBand only within one scale set)")
+    if request.volume_gb:
+        lines.append(f"disks {disk_name(request.name, 0)} {json.dumps(disk_body(request, index=0, tags=tags))} "
+                     f"(each node one, from the cluster's newest snapshot of it if any; mounted at {DATA_MOUNT})")
+    vm = vm_name(request.name, 0)
+    body = vm_body(request, index=0, image_id=image, public_key=PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"),
+                   tags=tags, interface_id=f"<{vm}-nic>", placement_id=f"<{group}-ppg>",
+                   data_disk_id=f"<{disk_name(request.name, 0)}>" if request.volume_gb else None,
+                   scale_set_id=f"<{scale_set}>" if scale_set else None)
+    lines.append(f"per node: publicIPAddresses {vm}-ip, networkInterfaces {vm}-nic, virtualMachines {vm} "
+                 f"{json.dumps(body)} (node 0 of {request.count})")
+    if request.idle_minutes:
+        _, assignment = self_deallocation(sub, f"<{vm} id>", f"<{vm} principal>")
+        lines.append(f"autostop: each VM gets identity {json.dumps(SYSTEM_IDENTITY)} and, on its own scope, "
+                     f"roleAssignments <GUID> {json.dumps(assignment)}; its idle agent deallocates it after "
+                     f"{request.idle_minutes:g} minute(s) without a kiln run")
+    return lines

@@ -354,7 +354,7 @@ def suffix() -> str:
 
 def up(request: plan.Request, *, project: str | None = None, python: str = "python3", gce: Gce | None = None,
        now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S,
-       timeout_s: float = OPERATION_TIMEOUT_S) -> dict:
+       timeout_s: float = OPERATION_TIMEOUT_S) -> provision.Up:
     """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
     the instances show, write its cluster file, and return what was made. On any failure (Ctrl-C too), undo it
     all: each step's undo is registered before the step, and finds what it removes by the cluster's labels."""
@@ -436,14 +436,12 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
         settle=lambda: settle(gce, operations), place={"project": gce.project, "zone": request.zone}),
         region=request.zone, user=request.user, node_type=request.machine_type, python=python,
         ssh_wait_s=ssh_wait_s)
-    return {"name": request.name, "project": gce.project, "zone": request.zone,
-            "hosts": [h.endpoint() for h in cluster.nodes.hosts], "image": image, "instances": list(cluster.nodes.ids),
-            "identity": cluster.identity, "expires": plan.format_expiry(labels), "host_keys": cluster.pinned,
-            "ssh_wait": ssh_wait_s, "data_disks": disks, "restore_note": note}
+    return cluster.made(request.name, where=f"{gce.project}/{request.zone}", image=image,
+                        expires=plan.format_expiry(labels), ssh_wait=ssh_wait_s, volumes=disks, restore_note=note)
 
 
-def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: float = SSH_WAIT_S,
-            timeout_s: float = OPERATION_TIMEOUT_S) -> tuple[Host, list[str]]:
+def replace(name: str, address: str, *, project: str | None = None, gce: Gce | None = None,
+            ssh_wait_s: float = SSH_WAIT_S, timeout_s: float = OPERATION_TIMEOUT_S) -> tuple[Host, list[str]]:
     """Put a new instance, made as `up` made the cluster's (image, machine type, spot, network, labels, placement),
     in place of the one at `address`, and delete the old one; its data disk moves to the new one; update the
     cluster's files. (the new host, the host keys it shows)
@@ -456,7 +454,7 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
     _, index = provision.node_at(record, address)
     if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
         raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
-    gce = gce or connect(kept.project)
+    gce = gce or connect(project or kept.project)
     request = kept.planned()
     body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key_of(name),
                               labels=kept.labels, project=kept.project)
@@ -483,6 +481,18 @@ def replace(name: str, address: str, *, gce: Gce | None = None, ssh_wait_s: floa
         keys_where="guest attributes, serial port", error_code=error_code), ssh_wait_s=ssh_wait_s)
 
 
+def arm_autostop(name: str, *, project: str | None = None) -> list[str]:
+    """Nothing to arm: a GCE VM that powers itself off stops (TERMINATED) and its GPUs and CPUs stop billing;
+    `kiln list` shows it, `kiln down` removes it and its disks."""
+    return []
+
+
+def places(every: bool = False, *, project: str | None = None) -> list[str | None]:
+    """The project `list` and `sweep` look in besides the clusters' files (a project holds every zone's): the one
+    given or configured (None: the credentials' own)."""
+    return [project or next((os.environ[name] for name in PROJECT_ENVS if os.environ.get(name)), None)]
+
+
 def public_key_of(name: str) -> str:
     return (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
 
@@ -502,18 +512,9 @@ def down(name: str, *, project: str | None = None, gce: Gce | None = None,
     return removed
 
 
-@dataclass(frozen=True)
-class Teardown:
-    """What `down --snapshot` did: the resources removed, the snapshots taken, the disks kept (name, node, why)."""
-
-    removed: list[str]
-    snapshots: list[plan.Snapshot]
-    kept: list[tuple[str, str, str]]
-
-
 def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, project: str | None = None,
                         gce: Gce | None = None, now: datetime | None = None,
-                        timeout_s: float = OPERATION_TIMEOUT_S) -> Teardown:
+                        timeout_s: float = OPERATION_TIMEOUT_S) -> provision.Teardown:
     """Delete the instances (their shutdown unmounts the data disks), snapshot each data disk, and remove the rest.
     A disk whose snapshot fails is kept, labelled with the cluster and the set it missed, and named."""
     validate_name(name)
@@ -545,7 +546,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = SNAPSHOT_TTL_DAYS, proje
                        + (f" (snapshots made: {', '.join(s.id for s in snapshots)})" if snapshots else "")) from None
     if not kept:  # a kept disk keeps the cluster's files, so `kiln down NAME --snapshot` finds its provider
         provision.forget_local(name, "gcp", found=bool(removed), looked=f"project {gce.project}")
-    return Teardown(removed, snapshots, kept)
+    return provision.Teardown(removed, snapshots, kept)
 
 
 def mark_missed_set(gce: Gce, disk: plan.Resource, snapshot_labels: dict) -> None:

@@ -17,12 +17,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from bootstrap.autostop import validate_idle_minutes
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import catalog
 from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summarize: the plan's, as callers use them)
+    DATA_MOUNT,
     expired_clusters,
     first_boot_settings,
     parse_image_tags,
@@ -377,6 +379,11 @@ class Snapshot:
     def expires(self) -> datetime | None:
         return expiry(self.labels)
 
+    # what kiln list, sweep and down --snapshot say of it (as of every cloud's snapshot)
+    label = property(lambda self: self.id)
+    size = property(lambda self: f"{self.size_gb} GB")
+    expiry = property(lambda self: format_expiry(self.labels))
+
     def expired(self, now: datetime) -> bool:
         return self.expires is not None and self.expires <= now
 
@@ -395,3 +402,34 @@ def snapshot_order(snapshot: Snapshot) -> tuple:
 
 def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:
     return sorted((s for s in snapshots if s.expired(now)), key=snapshot_order)
+
+
+def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: float | None,
+                 place: Mapping[str, str | None]) -> Request:
+    """A `kiln up`'s request on Compute Engine from its options and its zone (validate_request)."""
+    return validate_request(
+        name, count, options.get("instance_type"), zone=place.get("zone"), ssh_cidr=options.get("ssh_cidr"),
+        source_image=options.get("source_image"), image_profile=options.get("image_profile") or "gpu",
+        image_tags=options.get("image_tags"), spot=bool(options.get("spot")), user=options.get("user") or "ubuntu",
+        ttl_hours=options.get("ttl_hours", 24.0), volume_gb=options.get("volume"), idle_minutes=idle_minutes)
+
+
+def dry_run(request: Request, *, key: str, place: Mapping[str, str | None], now: datetime) -> list[str]:
+    """What `up` would do on Compute Engine (up --dry-run), up to the wait: the calls, with their bodies."""
+    project = place.get("project") or "<project>"
+    labels = cluster_labels(request.name, "you", now, request.ttl_hours)
+    more = "".join(f", {k}={v}" for k, v in request.image_labels)
+    image = request.source_image or IMAGE_PLACEHOLDER.format(profile=request.image_profile, more=more)
+    lines = [f"cluster {request.name}: key {key} (made if missing), then these Compute Engine calls in project "
+             f"{project}; any failure undoes them"]
+    lines += [f"firewalls.insert {json.dumps(body)}" for body in firewall_bodies(request, labels)]
+    if takes_compact_placement(request):
+        lines.append(f"resourcePolicies.insert {json.dumps(policy_body(request, labels))}")
+    if request.volume_gb:
+        lines.append(f"disks.insert {json.dumps(disk_body(request, index=0, labels=labels))} (node 0; each node "
+                     f"one, from the cluster's newest snapshot of it if any; mounted at {DATA_MOUNT})")
+    body = instance_body(request, index=0, suffix="xxxx", image=image,
+                         public_key=PUBLIC_KEY_PLACEHOLDER.format(path=f"{key}.pub"), labels=labels, project=project,
+                         data_disk=disk_name(request.name, 0) if request.volume_gb else None)
+    lines.append(f"instances.insert {json.dumps(body)} (node 0 of {request.count})")
+    return lines

@@ -1,0 +1,225 @@
+"""One provider for every cloud: `CloudProvider` implements the seam (bootstrap.providers.Provider) once, over a
+frozen record of each cloud's facts (`CloudFacts`, the table CLOUDS: what differs, and nothing else) and the same
+verbs in each cloud's module (`Cloud`: make a cluster, remove it, snapshot it, list and sweep what kiln made there,
+replace a node, arm autostop, read prices and places), each cloud's pure plan module deciding its request and its
+dry run. What `kiln up`, `down`, `list` and `sweep` say is written here, once for every cloud.
+
+A cloud's verbs are called with the options of its place that choose its account and endpoint (`connects`: an AWS
+region and profile, a GCP project, an Azure subscription), as given on the command line or by the cluster's file
+(None: the cloud's own default). Its SDK is imported when a verb is first called (boto3 alone takes a second).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from bootstrap import state
+from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
+from bootstrap.providers import Gone, Made, Notice, Replacement, provision
+from bootstrap.providers.common import SSH_WAIT_S, ClusterSummary, listing, swept, validate_ssh_wait
+
+
+class Cloud(Protocol):
+    """The verbs every cloud's module (bootstrap.providers.KIND.cloud) has, each called with `connects`."""
+
+    def up(self, request: Any, *, ssh_wait_s: float, **connection: str | None) -> provision.Up: ...
+
+    def down(self, name: str, **connection: str | None) -> list[str]: ...
+
+    def down_with_snapshots(self, name: str, *, ttl_days: float, **connection: str | None) -> provision.Teardown: ...
+
+    def list_clusters(self, **connection: str | None) -> list[ClusterSummary]: ...
+
+    def list_snapshots(self, **connection: str | None) -> list: ...
+
+    def sweep(self, *, dry_run: bool, **connection: str | None) -> list[ClusterSummary]: ...
+
+    def sweep_snapshots(self, *, dry_run: bool, **connection: str | None) -> list: ...
+
+    def replace(self, cluster: str, address: str, **connection: str | None) -> tuple[Host, list[str]]: ...
+
+    def arm_autostop(self, cluster: str, **connection: str | None) -> object: ...
+
+    def places(self, every: bool, **connection: str | None) -> list[str | None]: ...
+
+    def spot_prices(self, types: Sequence[str], **place: str | None) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class CloudFacts:
+    """What one cloud is, for the seam. Calling it places its provider: CLOUDS["aws"](region="us-west-2")."""
+
+    kind: str
+    package: str  # its modules: PACKAGE.cloud (the verbs, with its SDK) and PACKAGE.plan (pure)
+    host_keys: str  # where the nodes' host keys come from (the provider shows them; never first contact)
+    shutdown: str  # what autostop's power-off is on a node (node.py autostop)
+    notice: Notice
+    up_options: frozenset[str]  # kiln up's options it takes, besides COMMON_UP_OPTIONS
+    where: tuple[str, ...]  # the options that place its clusters
+    scope: str  # the option of `where` that bounds what list and sweep see
+    connects: tuple[str, ...]  # the options of `where` every verb is called with
+    prices: str  # where up --by-price reads its spot prices ("": kiln reads none there)
+    priced_by: tuple[str, ...]  # the options of `where` its spot prices are read with
+    machine: str  # what a node is called there: instance, VM
+    volume: str  # what a data volume is called there: data volume, data disk
+    keys_from: str  # where `up` read the host keys it pinned, as its lines say
+    keys_shown: str  # the same, as the dry run says it
+    found_by: str  # how `down` finds a cluster's resources ({name}: the cluster's)
+    snapshot_word: str = "snapshot "  # before a snapshot's label ("": its id says it, as snap-...)
+    env: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # an option not given, read from these
+    volumes: bool = True  # its nodes can have data volumes (down --snapshot, up --volume)
+
+    def __call__(self, **where: str | None) -> CloudProvider:
+        return CloudProvider(self, **where)
+
+
+@dataclass(frozen=True)
+class CloudRequest:
+    """A checked `kiln up` on a cloud: its plan module's request and how long to wait for SSH."""
+
+    cluster: Any
+    ssh_wait: float
+
+
+class CloudProvider:
+    """The provider of one cloud, placed: the seam's verbs, written once; the cloud's facts are its attributes."""
+
+    def __init__(self, facts: CloudFacts, **where: str | None):
+        self.facts = facts
+        self.place = {key: value for key, value in where.items() if value is not None}
+
+    def __getattr__(self, name: str):
+        """The cloud's facts (kind, notice, scope...), and the options that place it (region, project...)."""
+        if name in {f.name for f in fields(CloudFacts)}:
+            return getattr(self.facts, name)
+        if name in self.facts.where:
+            return self.place.get(name)
+        raise AttributeError(name)
+
+    @property
+    def cloud(self) -> Cloud:
+        return importlib.import_module(f"{self.facts.package}.cloud")  # type: ignore[return-value]
+
+    @property
+    def planner(self):
+        return importlib.import_module(f"{self.facts.package}.plan")
+
+    def given(self, key: str) -> str | None:
+        """An option of the place: given, else from the environment the cloud's own tools read."""
+        return self.place.get(key) or next((os.environ[name] for name in self.facts.env.get(key, ())
+                                            if os.environ.get(name)), None)
+
+    def connection(self) -> dict[str, str | None]:
+        return {key: self.place.get(key) for key in self.facts.connects}
+
+    def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> CloudRequest:
+        where = {key: self.given(key) for key in self.facts.where}
+        cluster = self.planner.from_options(name, count, options, idle_minutes, where)
+        ssh_wait = validate_ssh_wait(options.get("ssh_wait", SSH_WAIT_S))
+        if idle_minutes and not ssh_wait:
+            raise UsageError("--idle-minutes starts an agent on every node over SSH: it needs --ssh-wait above 0")
+        return CloudRequest(cluster, ssh_wait)
+
+    def plan(self, request: CloudRequest) -> list[str]:
+        identity = state.cluster_dir(request.cluster.name) / "id_ed25519"
+        lines = self.planner.dry_run(request.cluster, key=str(identity),
+                                     place={key: self.given(key) for key in self.facts.where}, now=datetime.now(UTC))
+        wait = (f"and for SSH to answer on each (at most {request.ssh_wait:g}s)" if request.ssh_wait
+                else "(not for SSH: --ssh-wait 0)")
+        return [*lines, f"then wait for the {self.facts.machine}s to run {wait}; pin the host keys "
+                        f"{self.facts.keys_shown}"]
+
+    def up(self, request: CloudRequest) -> Made:
+        made = self.cloud.up(request.cluster, ssh_wait_s=request.ssh_wait, **self.connection())
+        return Made(made.name, tuple(provision.made_lines(made, volume_word=self.facts.volume,
+                                                          machines=f"{self.facts.machine}s",
+                                                          keys_from=self.facts.keys_from)),
+                    made.unpinned, made.expires)
+
+    def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
+        if snapshot_ttl_days is None:
+            removed = self.cloud.down(name, **self.connection())
+            if not removed:
+                return Gone((f"cluster {name}: nothing {self.facts.found_by.format(name=name)} is left; nothing "
+                             "to do",))
+            return Gone((f"cluster {name}: removed {len(removed)} resource(s):", *(f"  {line}" for line in removed)))
+        done = self.cloud.down_with_snapshots(name, ttl_days=snapshot_ttl_days, **self.connection())
+        lines = [f"cluster {name}: node {made.index}'s {self.facts.volume} kept as {self.facts.snapshot_word}"
+                 f"{made.label} ({made.size}, expires {made.expiry}); kiln up {name} --provider {self.facts.kind} "
+                 "--volume N restores it" for made in done.snapshots]
+        if not done.snapshots and not done.kept:
+            lines.append(f"cluster {name}: no {self.facts.volume}s to snapshot")
+        if done.removed:
+            lines.append(f"cluster {name}: removed {len(done.removed)} resource(s)")
+        return Gone(tuple(lines), tuple(f"{volume} (node {node}): {why}" for volume, node, why in done.kept))
+
+    def list(self) -> list[str]:
+        return listing(self.cloud.list_clusters(**self.connection()), self.cloud.list_snapshots(**self.connection()),
+                       datetime.now(UTC), self.facts.machine)
+
+    def sweep(self, *, dry_run: bool = False) -> list[str]:
+        return swept(self.cloud.sweep(dry_run=dry_run, **self.connection()),
+                     self.cloud.sweep_snapshots(dry_run=dry_run, **self.connection()), dry_run)
+
+    def places(self, every: bool = False) -> list[str | None]:
+        return self.cloud.places(every, **self.connection())
+
+    def replace(self, cluster: str, host: Host) -> Replacement:
+        new, keys = self.cloud.replace(cluster, host.address, **self.connection())
+        return Replacement(host, new, tuple(keys))
+
+    def arm_autostop(self, cluster: str) -> None:
+        self.cloud.arm_autostop(cluster, **self.connection())
+
+    def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        if not self.facts.prices:
+            return {}
+        return self.cloud.spot_prices(instance_types, **{key: self.given(key) for key in self.facts.priced_by})
+
+
+PROVIDERS = CLOUDS = {
+    "aws": CloudFacts(
+        "aws", "bootstrap.providers.aws", host_keys="each instance's console output (GetConsoleOutput)",
+        # a spot instance learns it is being stopped two minutes ahead; autostop's power-off terminates it
+        # (launched with InstanceInitiatedShutdownBehavior=terminate: a stopped instance's disks would still bill)
+        shutdown="system", notice=Notice("ec2", "IMDSv2 latest/meta-data/spot/instance-action"),
+        up_options=frozenset({"instance_type", "spot", "max_price", "ami", "image_profile", "image_tags", "ssh_cidr",
+                              "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"}),
+        where=("region", "profile"), scope="region", connects=("region", "profile"),
+        prices="EC2's spot price history (the newest price in each zone of the region, the lowest of them)",
+        priced_by=("region", "profile"), machine="instance", volume="data volume", keys_from="the console output",
+        keys_shown="their consoles show", found_by="tagged kiln:cluster={name}", snapshot_word=""),
+    "gcp": CloudFacts(
+        "gcp", "bootstrap.providers.gcp",
+        host_keys="each instance's guest attributes (hostkeys/), else its serial port output",
+        # a Spot VM learns it is being preempted about 30 s ahead; autostop's power-off stops the VM (its GPUs and
+        # CPUs stop billing, its disks bill until kiln down: GCE has no terminate-on-shutdown for standard VMs)
+        shutdown="system", notice=Notice("gce", "the metadata server's instance/preempted"),
+        up_options=frozenset({"instance_type", "spot", "source_image", "image_profile", "image_tags", "ssh_cidr",
+                              "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"}),
+        where=("project", "zone"), scope="project", connects=("project",),  # a project's list holds every zone's
+        prices="", priced_by=(),  # its prices are in the Cloud Billing Catalog API, which kiln does not read
+        machine="instance", volume="data disk", keys_from="the instances' guest attributes and serial ports",
+        keys_shown="they show", found_by="labelled kiln-cluster={name}",
+        env={"zone": ("CLOUDSDK_COMPUTE_ZONE",), "project": ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")}),
+    "azure": CloudFacts(
+        "azure", "bootstrap.providers.azure", host_keys="each VM's serial log (boot diagnostics)",
+        # a Spot VM learns from Scheduled Events it is being evicted, at least 30 s ahead. Autostop deallocates: a
+        # VM that only powered itself off would stay allocated and billed, so each VM's identity may deallocate
+        # that VM alone, and its idle agent asks Resource Manager to (its disks bill until kiln down)
+        shutdown="azure", notice=Notice("azure", "Scheduled Events' Preempt event"),
+        up_options=frozenset({"instance_type", "spot", "max_price", "image_id", "image_profile", "image_tags",
+                              "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"}),
+        where=("subscription", "location"), scope="subscription",  # a subscription's list holds every location's
+        connects=("subscription",),
+        prices="Azure's Retail Prices API (the Linux Spot meter of the size in the location)",
+        priced_by=("location",), machine="VM", volume="data disk", keys_from="the VMs' serial logs",
+        keys_shown="their serial logs show", found_by="in resource group kiln-{name}",
+        env={"location": ("AZURE_LOCATION",), "subscription": ("AZURE_SUBSCRIPTION_ID",)}),
+}
