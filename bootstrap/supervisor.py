@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import math
 import shlex
-import sys
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from bootstrap import checkpoints, commands, launch, runs, topology, watchdog
+from bootstrap import checkpoints, launch, runs, topology, watchdog
 from bootstrap.cluster import Cluster
 from bootstrap.container import Runtime
 from bootstrap.elastic import Membership
@@ -23,7 +19,6 @@ from bootstrap.errors import KilnError, RemoteError, RunFailed
 from bootstrap.hosts import Host
 from bootstrap.launch import NodePaths, RunPlan, Verdict
 from bootstrap.live import Ended, Interrupted, Live, Recoverer
-from bootstrap.ssh import HostFailure
 from bootstrap.stalls import Stalls
 from bootstrap.timeline import Timeline, node_spans
 
@@ -53,6 +48,8 @@ class Supervisor:
     record = property(lambda self: self.live.record)
     released = property(lambda self: self.live.released)
     folder = property(lambda self: self.live.folder)
+    stop = property(lambda self: self.live.stop)
+    collect = property(lambda self: self.live.collect)
 
     def start(self) -> None:
         """On every node, in one command: make the run folder (clearing a previous attempt's pid and exit files),
@@ -66,7 +63,7 @@ class Supervisor:
         _, failures = live.group.remote.map(live.group.hosts, lambda h: live.group.remote.check(
             h, f"{prepare} && {{ {self.start_command(live.plan, h)}; }}", timeout=60))
         if failures:
-            self.stop()
+            live.stop()
             raise RemoteError("start", {h.label: r for h, r in failures.items()})
 
     def start_command(self, plan: RunPlan, host: Host) -> str:
@@ -132,44 +129,6 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise RunFailed(f"run {live.plan.run_id} made no end within {timeout:g}s; stopped")
 
-    def stop(self, skip: Sequence[Host] = (), patient: Mapping[Host, dict] = MappingProxyType({})) -> dict[str, str]:
-        """Stop every process of the run on every host (but `skip`: gone) with SIGTERM, then SIGKILL after 5 s;
-        on `patient` hosts (a spot notice came: their processes may be checkpointing) after the grace their
-        notice leaves (its source's). Failures by host."""
-        live = self.live
-        remote, python = live.group.remote, live.group.python
-
-        def halt(host: Host) -> dict:
-            grace = float(patient[host].get("grace_s", launch.NOTICE_GRACE)) if host in patient else 5
-            stopped = remote.node(host, python, "stop", live.plan.run_id, str(grace), timeout=2 * grace + 120)
-            if stopped.get("container"):
-                raise HostFailure(f"could not remove the run's container: {stopped['container']}")
-            return stopped
-
-        staying = [h for h in live.group.hosts if h not in skip]
-        _, failures = remote.map(staying, halt)
-        try:  # the run's ports stay its own between attempts (node.py reserve: refreshed, they hold a while)
-            answering = [h for h in staying if h not in failures]
-            if answering:
-                live.group.reserve_ports(live.plan.run_id, live.paths.root, live.plan.ports, answering)
-        except KilnError:
-            pass
-        return {h.label: r for h, r in failures.items()}
-
-    def collect(self, skip: Sequence[Host] = ()) -> Path:
-        """Copy every node's run folder (but `skip`'s: gone) into runs/<id>/hosts/<node>/."""
-        live = self.live
-
-        def pull(host: Host) -> None:
-            argv = commands.rsync_pull_argv(host, live.run_dir, str(live.folder / "hosts" / live.name(host)),
-                                            live.group.remote.options)
-            live.group.remote.rsync(host, argv)
-
-        _, failures = live.group.remote.map([h for h in live.group.hosts if h not in skip], pull)
-        for host, reason in failures.items():
-            print(f"warning: could not collect from {host.label}: {reason}", file=sys.stderr)
-        return live.folder
-
     def end_attempt(self, timeout: float, recovering: bool) -> Ended:
         """Watch the attempt to its end, then stop what is left and collect every node's files: what it came to,
         with the hosts to replace (lost, or noticed by a spot notice) when `recovering`."""
@@ -189,9 +148,9 @@ class Supervisor:
         going = [*live.lost, *(host for host in noticed if host not in live.lost)]  # to be replaced
         frozen = self.stalls.frozen_hosts() if verdict.failed and not going else []
         with timeline.phase("stop"):
-            left = self.stop(skip=[*live.lost, *live.gone], patient=noticed)
+            left = live.stop(skip=[*live.lost, *live.gone], patient=noticed)
         with timeline.phase("collect"):
-            self.collect(skip=[*live.lost, *live.gone])
+            live.collect(skip=[*live.lost, *live.gone])
         timeline.spans += node_spans(runs.process_times(live.folder), watched, timeline.attempt)
         log, logs = runs.failed_logs(live.folder, live.plan.names[0], verdict.failed)
         attempt = launch.judge_attempt(live.plan, verdict, horovod_log=log, error=error, error_hosts=error_hosts,
@@ -249,7 +208,7 @@ class Supervisor:
             try:
                 self.restart()
             except KilnError as failure:  # the image on a new node, its container, a start: end the run here
-                self.stop()
+                self.live.stop()
                 attempt = replace(attempt, failure=f"{attempt.failure}; the restart failed: {failure}")
                 break
             if action == "recover":

@@ -9,9 +9,11 @@ import hashlib
 import socketserver
 import subprocess
 import tempfile
+import threading
 from datetime import datetime
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
 
 KEY_NAMES = {"ssh-ed25519": "ED25519", "ecdsa-sha2-nistp256": "ECDSA"}
 
@@ -22,6 +24,30 @@ class QuietServer(ThreadingHTTPServer):
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
+
+
+class Served:
+    """A stand-in's server on a thread of its own, as a context manager: its endpoint, the thread started on
+    enter, the server shut down and closed on exit."""
+
+    scheme = "http"
+
+    def serve(self, server: socketserver.BaseServer) -> None:
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{self.scheme}://{host}:{port}"
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def make_host_keys() -> list[str]:

@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from localcloud.guest import QuietServer
+from localcloud.guest import QuietServer, Served
 
 NOTICE_LEAD_SECONDS = 120
 GCE_PREEMPTED = {"gce": "preempted"}  # the notice file's text for a GCE preemption
@@ -55,7 +55,7 @@ def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECON
     return json.dumps({"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")})
 
 
-class Imds:
+class Imds(Served):
     def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0,
                  notice_file: Path | None = None, azure_vm: str | None = None,
                  azure_token: Callable[[], str | None] | None = None):
@@ -69,13 +69,7 @@ class Imds:
         self.tokens: dict[str, float] = {}
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
-        self._server = QuietServer((host, port), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        self.serve(QuietServer((host, port), self._handler()))
 
     def interrupt(self, action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECONDS) -> dict:
         """Post a spot interruption notice: the instance goes `lead_seconds` from now."""
@@ -127,14 +121,6 @@ class Imds:
     def expire_tokens(self) -> None:
         with self._lock:
             self.tokens.clear()
-
-    def __enter__(self) -> Imds:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
     def _azure(self, method: str, path: str, headers) -> tuple[int, str]:
         """Azure's instance metadata service: `Metadata: true` on every request, none forwarded, an api-version."""

@@ -91,6 +91,8 @@ from azure.mgmt.network import NetworkManagementClient
 from azure.mgmt.resource.resources import ResourceManagementClient
 from azure.mgmt.resource.resources import models as resource_models
 
+from localcloud.guest import Served
+from testbed import take_fault
 from testbed.arm_access import AUTHORIZATION_API, OPERATION_POLLS, Access, authorization_failed
 from testbed.arm_access import action_of as access_action
 from testbed.arm_disks import DiskHandlers
@@ -155,8 +157,10 @@ from testbed.arm_vms import Guest, VmHandlers
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Arm(NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, PriceHandlers):
+class Arm(Served, NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, PriceHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
+
+    scheme = "https"
 
     def __init__(self, subscription: str = "00000000-0000-0000-0000-000000000000",
                  locations: Iterable[str] = ("eastus", "westus2"), op_delay: float = 0.05, *,
@@ -187,16 +191,9 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, PriceHand
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self._routes = self._route_table()
-        self._server = TlsServer((host, port), handler_for(self), context)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self.serve(TlsServer((host, port), handler_for(self), context))
 
     # ------------------------------------------------------------------------------------------- for tests
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"https://{host}:{port}"
 
     def credential(self, token: str | None = None) -> Credential:
         """A credential whose token the stand-in takes (or, given `token`, one it refuses)."""
@@ -323,13 +320,8 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, PriceHand
 
     # -------------------------------------------------------------------------------------------- plumbing
 
-    def __enter__(self) -> Arm:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__exit__(*exc)
         self._tmp.cleanup()
 
     def _id(self, group: str, type_name: str, *names: str) -> ResourceId:
@@ -531,13 +523,7 @@ class Arm(NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, PriceHand
 
     def _take_fault(self, operation: str) -> Fault | None:
         """The fault this call of `operation` meets, if any (nth counts the calls since the fault was set)."""
-        mine = [fault for fault in self._faults if fault.operation == operation]
-        for fault in mine:
-            fault.countdown -= 1
-        due = [fault for fault in mine if fault.countdown == 0]
-        for fault in due:
-            self._faults.remove(fault)
-        return due[0] if due else None
+        return take_fault(self._faults, lambda fault: fault.operation == operation)
 
     @staticmethod
     def _fault_context(body: object) -> dict:

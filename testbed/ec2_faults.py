@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from localcloud.guest import Served
+
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/[a-z0-9-]+/aws4_request")
 # EC2's messages for the errors tests ask for most (from its error code reference); others get a generic one.
 MESSAGES = {
@@ -53,7 +55,7 @@ class Fault:
     message: str | None
 
 
-class Ec2Faults:
+class Ec2Faults(Served):
     def __init__(self, upstream: str, host: str = "127.0.0.1"):
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -64,15 +66,9 @@ class Ec2Faults:
         self.launches: list[tuple[str, str]] = []  # (region, ClientToken or "") of every RunInstances that came
         self.quotas: dict[tuple[str, str], tuple[str, float]] = {}  # (region, code) -> (name, value): EC2's quotas
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        server = ThreadingHTTPServer((host, 0), _handler(self))
+        server.daemon_threads = True
+        self.serve(server)
 
     def fail(self, action: str, region: str, code: str, *, instance_type: str | None = None,
              spot: bool | None = None, message: str | None = None) -> None:
@@ -146,13 +142,6 @@ class Ec2Faults:
                     return fault
         return None
 
-    def __enter__(self) -> Ec2Faults:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 def error_document(code: str, message: str) -> bytes:

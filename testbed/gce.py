@@ -59,7 +59,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from localcloud.guest import QuietServer
+from localcloud.guest import QuietServer, Served
+from testbed import take_fault
 from testbed.gce_instances import InstanceHandlers
 from testbed.gce_resources import ResourceHandlers
 from testbed.gce_rules import (
@@ -87,7 +88,7 @@ from testbed.gce_types import Fault, Guest, Op, dump
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Gce(InstanceHandlers, ResourceHandlers):
+class Gce(Served, InstanceHandlers, ResourceHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
 
     def __init__(self, project: str = "kiln-test", zones: Iterable[str] = ("us-central1-a", "us-central1-b"),
@@ -115,16 +116,9 @@ class Gce(InstanceHandlers, ResourceHandlers):
         self._changed = threading.Condition(self._lock)
         self.add_network("default")
         self._routes = self._route_table()
-        self._server = QuietServer((host, port), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self.serve(QuietServer((host, port), _handler(self)))
 
     # ------------------------------------------------------------------------------------------- for tests
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
 
     def client(self, kind: type):
         """A compute_v1 client of `kind` (InstancesClient, ...) pointed here, with anonymous credentials."""
@@ -219,14 +213,6 @@ class Gce(InstanceHandlers, ResourceHandlers):
             self._complete(self._ops[ref_path(op.self_link, self.project)])
 
     # -------------------------------------------------------------------------------------------- plumbing
-
-    def __enter__(self) -> Gce:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
     def _path(self, scope: str, where: str, collection: str, name: str) -> str:
         middle = "global" if scope == "global" else f"{scope}/{where}"
@@ -356,13 +342,7 @@ class Gce(InstanceHandlers, ResourceHandlers):
 
     def _take_fault(self, method: str) -> Fault | None:
         """The fault this call of `method` meets, if any (nth counts the calls since the fault was set)."""
-        mine = [fault for fault in self._faults if fault.method == method]
-        for fault in mine:
-            fault.countdown -= 1
-        due = [fault for fault in mine if fault.countdown == 0]
-        for fault in due:
-            self._faults.remove(fault)
-        return due[0] if due else None
+        return take_fault(self._faults, lambda fault: fault.method == method)
 
     def _target(self, params: dict[str, str], collection: str) -> str:
         """The path of the resource a request names (projects/P/zones/Z/instances/X ...); a numeric id in place

@@ -10,7 +10,7 @@ import ipaddress
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,6 +36,17 @@ def validate_name(name) -> str:
     return name
 
 
+def matching(value, pattern: re.Pattern, flag: str, what: str, example: str, unset: str = "") -> str:
+    """A value of --FLAG that must have a cloud's form (a zone, a machine type): one line where it is missing
+    (`unset`: where else it may come from) or not of that form ("--zone 'x' is not a Compute Engine zone like
+    us-central1-a")."""
+    if not value:
+        raise UsageError(f"give --{flag} (e.g. {example}){', or ' + unset if unset else ''}")
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise UsageError(f"--{flag} {value!r} is not {what} like {example}")
+    return value
+
+
 def validate_cidr(text: str | None) -> str:
     """The operator's SSH source range; never the whole Internet, never guessed."""
     if not text:
@@ -51,14 +62,14 @@ def validate_cidr(text: str | None) -> str:
     return str(network)
 
 
-def validate_count(count) -> int:
-    """--count: a whole number, at least 1."""
+def validate_count(count, machine: str = "instance") -> int:
+    """--count: a whole number, at least 1 (`machine`: what a node is called, as the line says it)."""
     try:
         count = int(count)
     except (TypeError, ValueError):
         raise UsageError(f"--count {count!r} is not a whole number") from None
     if count < 1:
-        raise UsageError(f"--count {count}: a cluster needs at least 1 instance")
+        raise UsageError(f"--count {count}: a cluster needs at least 1 {machine}")
     return count
 
 
@@ -169,6 +180,48 @@ def latest_snapshot_set(snapshots: Iterable, done: str = "completed") -> dict:
         if all(s.state == done for s in members):
             return {s.index: s for s in sorted(members, key=lambda s: s.id)}
     return {}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot kiln took of one node's data volume, on every cloud: its id (EC2's snap-..., GCE's name, Azure's
+    resource id), its cluster and node, the time of its set, its size (in the cloud's `unit`: GiB on EC2), its
+    state, the cloud's tags (GCE's labels) and when it expires; Azure's name and location, EC2's volume."""
+
+    id: str
+    cluster: str
+    index: int | None
+    taken_at: str
+    gigabytes: int
+    state: str
+    tags: Mapping[str, str]
+    expires: datetime | None = None
+    unit: str = "GB"
+    name: str = ""
+    location: str = ""
+    volume_id: str = ""
+
+    # what kiln list, sweep and down --snapshot say of it
+    label = property(lambda self: self.name or self.id)
+    size = property(lambda self: f"{self.gigabytes} {self.unit}")
+    expiry = property(lambda self: format_time(self.expires) if self.expires else "never")
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
+
+
+def node_index(text: str) -> int | None:
+    """A node's index as a tag or label holds it ("" or anything else: none)."""
+    return int(text) if text.isdigit() else None
+
+
+def snapshot_order(snapshot: Snapshot) -> tuple:
+    """Cluster, then the time of its set, then node."""
+    return (snapshot.cluster, snapshot.taken_at, -1 if snapshot.index is None else snapshot.index, snapshot.id)
+
+
+def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:
+    return sorted((s for s in snapshots if s.expired(now)), key=snapshot_order)
 
 
 def restore_note(name: str, count: int, restored: dict) -> str:

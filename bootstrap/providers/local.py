@@ -16,6 +16,7 @@ from bootstrap import state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement
+from bootstrap.providers.common import validate_count
 from bootstrap.providers.failover import CloudError
 from kiln.hostkeys import public_key
 from localcloud import cluster as local
@@ -46,12 +47,7 @@ class LocalProvider:
         self.zone = zone
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> LocalRequest:
-        try:
-            count = int(count)
-        except (TypeError, ValueError):
-            raise UsageError(f"--count {count!r} is not a whole number") from None
-        if count < 1:
-            raise UsageError(f"--count {count}: a cluster needs at least 1 node")
+        count = validate_count(count, "node")
         if self.zone:
             local.zone_path(self.zone)  # refused here where it is no zone name
         return LocalRequest(netns.check_name(name), count, bool(options.get("docker")), self.zone)

@@ -256,6 +256,16 @@ class CloudRecord:
         state.save_cloud_state(cluster, asdict(self), self.kind)
 
     @classmethod
+    def of_cluster(cls, name: str) -> tuple[state.ClusterRecord, Self]:
+        """The cluster's file and this record of how kiln made it (what replace and arm_autostop read); one line
+        where either is missing (a cluster made by an older kiln, or elsewhere)."""
+        record, kept = state.load_cluster(name), cls.load(name)
+        if record is None or kept is None:
+            raise UsageError(f"cluster {name}: no record of how kiln made it on {cls.kind} ({cls.kind}.json; kiln "
+                             "up of this version makes one)")
+        return record, kept
+
+    @classmethod
     def load(cls, cluster: str) -> Self | None:
         """The record, or None where there is none, or it is a file of another version that lacks a fact (an older
         file's extra facts are left)."""
@@ -267,6 +277,14 @@ class CloudRecord:
             return cls(**{**known, cls.volumes_field: tuple(data.get(cls.volumes_field) or ())})
         except TypeError:
             return None
+
+
+def cluster_public_key(name: str) -> str:
+    """The public half of the cluster's key, which a replacement is made with; one line where it is gone."""
+    path = state.cluster_dir(name) / "id_ed25519.pub"
+    if not path.exists():
+        raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
+    return path.read_text().strip()
 
 
 def forget_local(name: str, kind: str, *, found: bool = True, looked: str = "") -> None:

@@ -55,55 +55,71 @@ class Unreachable(MetadataError):
     """Nothing answers at the endpoint (no metadata service: not a cloud instance, or not yet)."""
 
 
-class Metadata:
-    """An IMDSv2 client (EC2): one session token, renewed when it expires or is refused."""
+class Refused(MetadataError):
+    """The service answered with an HTTP error (`code`)."""
 
-    source = "ec2"
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+class Service:
+    """What the three clients share: one endpoint, never through a proxy, every call under a timeout."""
+
+    source = ""
 
     def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
         self.endpoint = endpoint.rstrip("/")
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
         self.timeout = timeout
+
+    def fetch(self, path: str, headers: dict[str, str], method: str = "GET",
+              check: Callable[[object], None] = lambda headers: None) -> str | None:
+        """The text at a path (`check` reads the answer's headers first); None where it answers 404; Refused with
+        any other HTTP error; Unreachable where nothing answers."""
+        request = urllib.request.Request(f"{self.endpoint}/{path}", headers=headers, method=method)
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                check(response.headers)
+                return response.read().decode()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise Refused(f"{method} /{path.split('?')[0]}: HTTP {error.code}", error.code) from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
+
+
+class Metadata(Service):
+    """An IMDSv2 client (EC2): one session token, renewed when it expires or is refused."""
+
+    source = "ec2"
+
+    def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
+        super().__init__(endpoint, timeout)
         self._token: str | None = None
         self._expires = 0.0
 
     def token(self) -> str:
         if self._token is None or time.monotonic() > self._expires:
-            request = urllib.request.Request(f"{self.endpoint}/latest/api/token", method="PUT",
-                                             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)})
-            try:
-                self._token = self._open(request).decode()
-            except urllib.error.HTTPError as error:
-                raise MetadataError(f"PUT /latest/api/token: HTTP {error.code}") from None
+            token = self.fetch("latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)},
+                               "PUT")
+            if token is None:  # no IMDSv2 here (another cloud's metadata server)
+                raise Refused("PUT /latest/api/token: HTTP 404", 404)
+            self._token = token
             self._expires = time.monotonic() + TOKEN_TTL_SECONDS - 60
         return self._token
 
     def get(self, path: str) -> str | None:
         """The text at a metadata path; None where it answers 404 (not there, or not yet)."""
-        for attempt in range(2):
-            request = urllib.request.Request(f"{self.endpoint}/{path}",
-                                             headers={"X-aws-ec2-metadata-token": self.token()})
-            try:
-                return self._open(request).decode()
-            except urllib.error.HTTPError as error:
-                if error.code == 404:
-                    return None
-                if error.code == 401 and attempt == 0:
-                    self._token = None
-                    continue
-                raise MetadataError(f"GET /{path}: HTTP {error.code}") from None
-        raise AssertionError("unreachable")
-
-    def _open(self, request: urllib.request.Request) -> bytes:
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                return response.read()
-        except urllib.error.HTTPError:
-            raise
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
-
+            return self.fetch(path, {"X-aws-ec2-metadata-token": self.token()})
+        except Refused as refused:
+            if refused.code != 401:
+                raise
+            self._token = None  # refused: asked again once, with a fresh token
+            return self.fetch(path, {"X-aws-ec2-metadata-token": self.token()})
 
     def probe(self) -> None:
         """Raise Unreachable or MetadataError unless an IMDSv2 service answers here (it gives a token)."""
@@ -114,32 +130,19 @@ class Metadata:
         return parse_notice(self.get(NOTICE_PATH))
 
 
-class GceMetadata:
+class GceMetadata(Service):
     """A client of GCE's metadata server: every request flavored, and the answer's flavor checked (another
     service at the address, such as EC2's, is not GCE's)."""
 
     source = "gce"
 
-    def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
-        self.endpoint = endpoint.rstrip("/")
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
-        self.timeout = timeout
-
     def get(self, path: str) -> str | None:
         """The text at a metadata path; None where it answers 404."""
-        request = urllib.request.Request(f"{self.endpoint}/{path}", headers={"Metadata-Flavor": "Google"})
-        try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                if response.headers.get("Metadata-Flavor") != "Google":
-                    raise MetadataError(f"GET /{path}: the answer is not from GCE's metadata server")
-                return response.read().decode()
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise MetadataError(f"GET /{path}: HTTP {error.code}") from None
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
+        def flavored(headers) -> None:
+            if headers.get("Metadata-Flavor") != "Google":
+                raise MetadataError(f"GET /{path}: the answer is not from GCE's metadata server")
+
+        return self.fetch(path, {"Metadata-Flavor": "Google"}, check=flavored)
 
     def probe(self) -> None:
         """Raise Unreachable or MetadataError unless GCE's metadata server answers here."""
@@ -157,30 +160,18 @@ class GceMetadata:
         return {"action": "preempt", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", at)}
 
 
-class AzureMetadata:
+class AzureMetadata(Service):
     """A client of Azure's instance metadata service: every request carries `Metadata: true`; the VM's name is
     read once (an event names the VMs it affects)."""
 
     source = "azure"
 
     def __init__(self, endpoint: str = ENDPOINT, timeout: float = 2.0):
-        self.endpoint = endpoint.rstrip("/")
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
-        self.timeout = timeout
+        super().__init__(endpoint, timeout)
         self.name: str | None = None
 
     def get(self, path: str) -> str | None:
-        request = urllib.request.Request(f"{self.endpoint}/{path}", headers={"Metadata": "true"})
-        try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                return response.read().decode()
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return None
-            raise MetadataError(f"GET /{path.split('?')[0]}: HTTP {error.code}") from None
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise Unreachable(f"{self.endpoint} is not answering: {reason}") from None
+        return self.fetch(path, {"Metadata": "true"})
 
     def probe(self) -> None:
         """Raise Unreachable or MetadataError unless Azure's metadata service answers here with the VM's name."""

@@ -823,7 +823,7 @@ def test_data_volumes_outlive_the_cluster_as_snapshots_and_come_back(env, ec2, i
     later = datetime.now(UTC) + timedelta(minutes=5)
     done = aws.down_with_snapshots("keeper", ttl_days=7, now=later)
     assert done.kept == [] and leftovers(ec2, "keeper", snapshots=False) == []
-    assert [(s.index, s.state, s.size_gib, s.taken_at) for s in done.snapshots] == [
+    assert [(s.index, s.state, s.gigabytes, s.taken_at) for s in done.snapshots] == [
         (0, "completed", 20, plan.format_time(later)), (1, "completed", 20, plan.format_time(later))]
     assert {s.tags[plan.TAG_OWNER] for s in done.snapshots} == {plan.tags_of(next(iter(instances.values())))[
         plan.TAG_OWNER]}

@@ -276,7 +276,7 @@ def test_a_snapshot_that_fails_keeps_its_disk_named(env, gce):
     assert state.load_cluster("half") is not None  # so `kiln down half --snapshot` knows its provider
     [(_, listed)] = [item for item in client(gce, "DisksClient").aggregated_list(
         request={"project": PROJECT, "filter": 'labels.kiln-data = "1"'}) if item[1].disks]
-    assert listed.disks[0].labels["kiln-expires"] == done.snapshots[0].labels["kiln-expires"]  # sweep keeps it
+    assert listed.disks[0].labels["kiln-expires"] == done.snapshots[0].tags["kiln-expires"]  # sweep keeps it
     again = cloud.down_with_snapshots("half")  # the retry completes the set the first one missed
     assert [s.taken_at for s in again.snapshots] == [done.snapshots[0].taken_at]
     assert leftovers(gce, "half", snapshots=False) == []

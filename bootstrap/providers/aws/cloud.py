@@ -547,9 +547,7 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
 
     The new instance must run, answer SSH and show its host keys (kiln never trusts a replacement on first
     contact); otherwise it is terminated and the cluster is left as it was."""
-    record, cloud = state.load_cluster(name), Record.load(name)
-    if record is None or cloud is None or not cloud.request:
-        raise UsageError(f"cluster {name}: no record of how kiln launched it (kiln up of this version makes one)")
+    record, cloud = Record.of_cluster(name)
     old, _ = provision.node_at(record, address)
     aws = aws or connect(region or record.region, profile)
     request = changed(cloud.planned(), count=1)

@@ -30,15 +30,20 @@ from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as th
     SNAPSHOT_TTL_DAYS,
     SSH_WAIT_S,
     ClusterSummary,
+    Snapshot,
     data_volume_file,
     expired_clusters,
+    expired_snapshots,
     first_boot_settings,
     format_time,
     latest_snapshot_set,
+    matching,
     no_answer_error,
+    node_index,
     parse_image_tags,
     parse_time,
     restore_note,
+    snapshot_order,
     summarize,
     validate_cidr,
     validate_count,
@@ -134,9 +139,7 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
     validate_name(name)
     count = validate_count(count)
-    if not isinstance(instance_type, str) or not INSTANCE_TYPE.fullmatch(instance_type):
-        raise UsageError(f"--instance-type {instance_type!r} is not an EC2 instance type like "
-                         f"{DEFAULT_INSTANCE_TYPE}")
+    matching(instance_type, INSTANCE_TYPE, "instance-type", "an EC2 instance type", DEFAULT_INSTANCE_TYPE)
     if ami is not None and not AMI_ID.fullmatch(ami):
         raise UsageError(f"--ami {ami!r} is not an AMI id like ami-0123456789abcdef0")
     if ami is None and not PROFILE.fullmatch(image_profile or ""):
@@ -335,7 +338,7 @@ def launch_order(instances: Sequence[dict]) -> list[dict]:
 def data_volume_request(*, zone: str, size_gib: int, tags: dict[str, str], index: int,
                         snapshot: Snapshot | None = None) -> dict:
     """CreateVolume for node `index`: encrypted gp3, restored from `snapshot` when given (never smaller than it)."""
-    params = {"AvailabilityZone": zone, "Size": max(size_gib, snapshot.size_gib if snapshot else 0),
+    params = {"AvailabilityZone": zone, "Size": max(size_gib, snapshot.gigabytes if snapshot else 0),
               "VolumeType": "gp3", "Encrypted": True,
               "TagSpecifications": tag_specifications({**tags, TAG_DATA: str(index)}, "volume")}
     if snapshot is not None:
@@ -361,47 +364,12 @@ def snapshot_tags(volume_tags: dict[str, str], now: datetime, ttl_days: float) -
     return {**kept, TAG_EXPIRES: format_time(now + timedelta(days=ttl_days))}
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """A kiln-tagged snapshot of one node's data volume."""
-
-    id: str
-    cluster: str
-    index: int | None
-    taken_at: str
-    size_gib: int
-    state: str
-    tags: dict
-    volume_id: str = ""
-
-    @property
-    def expires(self) -> datetime | None:
-        return parse_time(self.tags.get(TAG_EXPIRES, ""))
-
-    # what kiln list, sweep and down --snapshot say of it (as of every cloud's snapshot)
-    label = property(lambda self: self.id)
-    size = property(lambda self: f"{self.size_gib} GiB")
-    expiry = property(lambda self: format_time(self.expires) if self.expires else "never")
-
-    def expired(self, now: datetime) -> bool:
-        return self.expires is not None and self.expires <= now
-
-
 def snapshot_of(described: dict) -> Snapshot:
     tags = tags_of(described)
     index = tags.get(TAG_DATA, "")
-    return Snapshot(described["SnapshotId"], tags.get(TAG_CLUSTER, ""), int(index) if index.isdigit() else None,
-                    tags.get(TAG_SNAPSHOT_SET, ""), int(described.get("VolumeSize") or 0),
-                    described.get("State", ""), tags, described.get("VolumeId", ""))
-
-
-def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:
-    return sorted((s for s in snapshots if s.expired(now)), key=snapshot_order)
-
-
-def snapshot_order(snapshot: Snapshot) -> tuple:
-    """Cluster, then the time of its set, then node."""
-    return (snapshot.cluster, snapshot.taken_at, -1 if snapshot.index is None else snapshot.index, snapshot.id)
+    return Snapshot(described["SnapshotId"], tags.get(TAG_CLUSTER, ""), node_index(index),
+                    tags.get(TAG_SNAPSHOT_SET, ""), int(described.get("VolumeSize") or 0), described.get("State", ""),
+                    tags, parse_time(tags.get(TAG_EXPIRES, "")), unit="GiB", volume_id=described.get("VolumeId", ""))
 
 
 # EC2's vCPU quotas (Service Quotas, service code ec2), one on-demand and one spot per family of instance types:

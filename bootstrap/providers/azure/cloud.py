@@ -13,6 +13,7 @@ Every long-running call is waited on through the SDK's own poller, with a timeou
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import secrets
@@ -27,7 +28,6 @@ from datetime import UTC, datetime
 from typing import ClassVar
 from urllib.parse import urlencode, urlparse
 
-from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import provision
@@ -37,11 +37,14 @@ from bootstrap.providers.common import (
     SSH_WAIT_S,
     ClusterSummary,
     Rollback,
+    Snapshot,
     format_time,
     latest_snapshot_set,
+    node_index,
     parse_time,
     poll_host_keys,
     restore_note,
+    snapshot_order,
     validate_name,
     validate_snapshot_ttl,
 )
@@ -83,6 +86,13 @@ class StaticToken:
         return AccessTokenInfo(self.token, int(time.time()) + 3600)
 
 
+# the management clients kiln uses, by the name Azure gives them (each imported when first asked for)
+CLIENTS = {"compute": ("azure.mgmt.compute", "ComputeManagementClient"),
+           "network": ("azure.mgmt.network", "NetworkManagementClient"),
+           "authorization": ("azure.mgmt.authorization", "AuthorizationManagementClient"),
+           "resources": ("azure.mgmt.resource.resources", "ResourceManagementClient")}
+
+
 @dataclass
 class Azure:
     """The subscription kiln works in and the management clients it uses (made when first asked for)."""
@@ -96,39 +106,22 @@ class Azure:
 
     def _client(self, name: str):
         if name not in self._clients:
-            if name == "compute":
-                from azure.mgmt.compute import ComputeManagementClient as Client
-            elif name == "network":
-                from azure.mgmt.network import NetworkManagementClient as Client
-            elif name == "authorization":
-                from azure.mgmt.authorization import AuthorizationManagementClient as Client
-            else:
-                from azure.mgmt.resource.resources import ResourceManagementClient as Client
+            module, class_name = CLIENTS[name]
+            client = getattr(importlib.import_module(module), class_name)
             # between polls of a long-running operation where ARM gives no Retry-After (a stand-in on loopback
             # answers at once)
             interval = 0.05 if self.endpoint and loopback(self.endpoint) else 5
             options = {"connection_timeout": 10, "read_timeout": CALL_TIMEOUT_S, "polling_interval": interval}
             if self.ca_file:
                 options["connection_verify"] = self.ca_file
-            self._clients[name] = Client(self.credential, self.subscription, base_url=self.endpoint, **options) \
-                if self.endpoint else Client(self.credential, self.subscription, **options)
+            self._clients[name] = client(self.credential, self.subscription, base_url=self.endpoint, **options) \
+                if self.endpoint else client(self.credential, self.subscription, **options)
         return self._clients[name]
 
-    @property
-    def compute(self):
-        return self._client("compute")
-
-    @property
-    def network(self):
-        return self._client("network")
-
-    @property
-    def resources(self):
-        return self._client("resources")
-
-    @property
-    def authorization(self):
-        return self._client("authorization")
+    compute = property(lambda self: self._client("compute"))
+    network = property(lambda self: self._client("network"))
+    resources = property(lambda self: self._client("resources"))
+    authorization = property(lambda self: self._client("authorization"))
 
     def id(self, group: str, kind: str, name: str) -> str:
         return plan.resource_id(self.subscription, group, kind, name)
@@ -269,36 +262,11 @@ def snapshot_records(azure: Azure, name: str | None = None) -> list:
         if plan.TAG_DATA not in tags or (name is not None and tags.get(plan.TAG_CLUSTER) != name):
             continue
         index = tags.get(plan.TAG_DATA, "")
-        found.append(Snapshot(snap.id, snap.name, tags.get(plan.TAG_CLUSTER, ""),
-                              int(index) if index.isdigit() else None, tags.get(plan.TAG_SNAPSHOT_SET, ""),
-                              int(snap.properties.disk_size_gb or 0), snap.properties.provisioning_state or "",
-                              tags, snap.location))
+        found.append(Snapshot(snap.id, tags.get(plan.TAG_CLUSTER, ""), node_index(index),
+                              tags.get(plan.TAG_SNAPSHOT_SET, ""), int(snap.properties.disk_size_gb or 0),
+                              snap.properties.provisioning_state or "", tags,
+                              parse_time(tags.get(plan.TAG_EXPIRES, "")), name=snap.name, location=snap.location))
     return found
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    id: str
-    name: str
-    cluster: str
-    index: int | None
-    taken_at: str
-    size_gb: int
-    state: str
-    tags: dict
-    location: str = ""
-
-    @property
-    def expires(self) -> datetime | None:
-        return parse_time(self.tags.get(plan.TAG_EXPIRES, ""))
-
-    # what kiln list, sweep and down --snapshot say of it (as of every cloud's snapshot)
-    label = property(lambda self: self.name)
-    size = property(lambda self: f"{self.size_gb} GB")
-    expiry = property(lambda self: self.tags.get(plan.TAG_EXPIRES, "never"))
-
-    def expired(self, now: datetime) -> bool:
-        return self.expires is not None and self.expires <= now
 
 
 def delete_group(azure: Azure, group: str, timeout_s: float = OPERATION_TIMEOUT_S) -> bool:
@@ -506,7 +474,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
                 started.append(start(azure.compute.disks.begin_create_or_update(
                     group, plan.disk_name(request.name, index), plan.disk_body(
                         request, index=index, tags=tags, snapshot_id=snapshot.id if snapshot else None,
-                        snapshot_gb=snapshot.size_gb if snapshot else 0))))
+                        snapshot_gb=snapshot.gigabytes if snapshot else 0))))
                 disks.append(plan.disk_name(request.name, index))
             for poller in started:
                 done(poller, timeout_s)
@@ -548,16 +516,12 @@ def replace(name: str, address: str, *, subscription: str | None = None, azure: 
 
     The new VM must run, answer SSH and show its host keys; otherwise it is deleted and the cluster is left as it
     was."""
-    record, kept = state.load_cluster(name), Record.load(name)
-    if record is None or kept is None:
-        raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
+    record, kept = Record.of_cluster(name)
     _, index = provision.node_at(record, address)
-    if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
-        raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
+    public_key = provision.cluster_public_key(name)
     azure = azure or connect(subscription or kept.subscription)
     request = kept.planned()
     new_name = plan.vm_name(name, index, suffix())
-    public_key = (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
 
     def make(replacing: Progress) -> tuple[str, Host]:
         replacing.made = new_name
@@ -594,9 +558,7 @@ def arm_autostop(name: str, *, subscription: str | None = None, azure: Azure | N
     """Let each VM of the cluster deallocate itself when its idle agent says so: a system-assigned identity on
     the VM (`up --idle-minutes` made it with one), and the power role (plan.POWER_ROLE) for it on that VM alone.
     Asking again changes nothing. The VMs' ids."""
-    record, kept = state.load_cluster(name), Record.load(name)
-    if record is None or kept is None:
-        raise UsageError(f"cluster {name}: no record of how kiln made it on Azure (azure.json)")
+    record, kept = Record.of_cluster(name)
     azure = azure or connect(subscription or kept.subscription)
     armed = []
     for vm in (i.id for i in record.instances):
@@ -787,7 +749,7 @@ def list_clusters(*, subscription: str | None = None, azure: Azure | None = None
 def list_snapshots(*, subscription: str | None = None, azure: Azure | None = None) -> list[Snapshot]:
     azure = azure or connect(subscription)
     try:
-        return sorted(snapshot_records(azure), key=lambda s: (s.cluster, s.taken_at, s.index or 0, s.name))
+        return sorted(snapshot_records(azure), key=snapshot_order)
     except Exception as error:
         raise AzureError(f"list the data snapshots: {describe_error(error)}") from None
 

@@ -36,6 +36,7 @@ from bootstrap.providers.common import (
     DATA_MOUNT,
     first_boot_settings,
     format_time,
+    matching,
     parse_image_tags,
     validate_cidr,
     validate_count,
@@ -113,13 +114,8 @@ def validate_request(name: str, count, vm_size: str | None, *, location: str | N
     """Check everything that can be checked without Azure; raise one UsageError line naming the bad input."""
     validate_name(name)
     count = validate_count(count)
-    if not location:
-        raise UsageError("give --location (e.g. eastus), or set AZURE_LOCATION")
-    if not LOCATION.fullmatch(location):
-        raise UsageError(f"--location {location!r} is not an Azure region name like eastus")
-    vm_size = vm_size or DEFAULT_VM_SIZE
-    if not VM_SIZE.fullmatch(vm_size):
-        raise UsageError(f"--instance-type {vm_size!r} is not an Azure VM size like {DEFAULT_VM_SIZE}")
+    matching(location, LOCATION, "location", "an Azure region name", "eastus", "set AZURE_LOCATION")
+    vm_size = matching(vm_size or DEFAULT_VM_SIZE, VM_SIZE, "instance-type", "an Azure VM size", DEFAULT_VM_SIZE)
     if image_id is not None and not IMAGE_ID.fullmatch(image_id):
         raise UsageError(f"--image-id {image_id!r}: give a managed image's id (/subscriptions/S/resourceGroups/G/"
                          "providers/Microsoft.Compute/images/NAME) or a gallery image version's (.../galleries/G/"

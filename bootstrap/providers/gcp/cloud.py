@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from typing import ClassVar
 from urllib.parse import urlparse
 
-from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import provision
@@ -448,15 +447,12 @@ def replace(name: str, address: str, *, project: str | None = None, gce: Gce | N
 
     The new instance must run, answer SSH and show its host keys (kiln never trusts a replacement on first
     contact); otherwise it is deleted and the cluster is left as it was."""
-    record, kept = state.load_cluster(name), Record.load(name)
-    if record is None or kept is None:
-        raise UsageError(f"cluster {name}: no record of how kiln made it on GCP (gcp.json)")
+    record, kept = Record.of_cluster(name)
     _, index = provision.node_at(record, address)
-    if not (state.cluster_dir(name) / "id_ed25519.pub").exists():
-        raise UsageError(f"cluster {name}: its key is gone; kiln down {name} removes it")
+    public_key = provision.cluster_public_key(name)
     gce = gce or connect(project or kept.project)
     request = kept.planned()
-    body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key_of(name),
+    body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key,
                               labels=kept.labels, project=kept.project)
 
     def make(replacing: Progress) -> tuple[str, Host]:
@@ -491,10 +487,6 @@ def places(every: bool = False, *, project: str | None = None) -> list[str | Non
     """The project `list` and `sweep` look in besides the clusters' files (a project holds every zone's): the one
     given or configured (None: the credentials' own)."""
     return [project or next((os.environ[name] for name in PROJECT_ENVS if os.environ.get(name)), None)]
-
-
-def public_key_of(name: str) -> str:
-    return (state.cluster_dir(name) / "id_ed25519.pub").read_text().strip()
 
 
 def down(name: str, *, project: str | None = None, gce: Gce | None = None,

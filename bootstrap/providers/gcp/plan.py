@@ -25,9 +25,14 @@ from bootstrap.hosts import Host
 from bootstrap.providers import catalog
 from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summarize: the plan's, as callers use them)
     DATA_MOUNT,
+    Snapshot,
     expired_clusters,
+    expired_snapshots,
     first_boot_settings,
+    matching,
+    node_index,
     parse_image_tags,
+    snapshot_order,
     summarize,
     validate_cidr,
     validate_count,
@@ -116,14 +121,9 @@ def validate_request(name: str, count, machine_type: str | None, *, zone: str | 
     """Check everything that can be checked without GCE; raise one UsageError line naming the bad input."""
     validate_name(name)
     count = validate_count(count)
-    if not zone:
-        raise UsageError("give --zone (e.g. us-central1-a), or set CLOUDSDK_COMPUTE_ZONE")
-    if not ZONE.fullmatch(zone):
-        raise UsageError(f"--zone {zone!r} is not a Compute Engine zone like us-central1-a")
-    machine_type = machine_type or DEFAULT_MACHINE_TYPE
-    if not MACHINE_TYPE.fullmatch(machine_type):
-        raise UsageError(f"--instance-type {machine_type!r} is not a Compute Engine machine type like "
-                         f"{DEFAULT_MACHINE_TYPE}")
+    matching(zone, ZONE, "zone", "a Compute Engine zone", "us-central1-a", "set CLOUDSDK_COMPUTE_ZONE")
+    machine_type = matching(machine_type or DEFAULT_MACHINE_TYPE, MACHINE_TYPE, "instance-type",
+                            "a Compute Engine machine type", DEFAULT_MACHINE_TYPE)
     if source_image is not None and not IMAGE.fullmatch(source_image):
         raise UsageError(f"--source-image {source_image!r}: give an image's name, or projects/P/global/images/NAME "
                          "(or .../images/family/FAMILY)")
@@ -280,7 +280,7 @@ def instance_body(request: Request, *, index: int, suffix: str, image: str, publ
 def disk_body(request: Request, *, index: int, labels: Mapping[str, str], snapshot: Snapshot | None = None) -> dict:
     """disks.insert's body for node `index`'s data disk: restored from `snapshot` when given (never smaller)."""
     body = {"name": disk_name(request.name, index),
-            "sizeGb": str(max(request.volume_gb or 0, snapshot.size_gb if snapshot else 0)),
+            "sizeGb": str(max(request.volume_gb or 0, snapshot.gigabytes if snapshot else 0)),
             "type": f"zones/{request.zone}/diskTypes/{request.disk_type}", "labels": {**labels, LABEL_DATA: str(index)}}
     if snapshot is not None:
         body["sourceSnapshot"] = f"global/snapshots/{snapshot.id}"
@@ -363,45 +363,12 @@ def guest_attribute_keys(attributes: Mapping) -> list[str]:
             if item.get("namespace") == "hostkeys" and item.get("key") in KEY_TYPES and item.get("value")]
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """A kiln-labelled snapshot of one node's data disk."""
-
-    id: str
-    cluster: str
-    index: int | None
-    taken_at: str
-    size_gb: int
-    state: str
-    labels: Mapping[str, str]
-
-    @property
-    def expires(self) -> datetime | None:
-        return expiry(self.labels)
-
-    # what kiln list, sweep and down --snapshot say of it (as of every cloud's snapshot)
-    label = property(lambda self: self.id)
-    size = property(lambda self: f"{self.size_gb} GB")
-    expiry = property(lambda self: format_expiry(self.labels))
-
-    def expired(self, now: datetime) -> bool:
-        return self.expires is not None and self.expires <= now
-
-
 def snapshot_of(described: Mapping) -> Snapshot:
     labels = described.get("labels") or {}
     index = labels.get(LABEL_DATA, "")
-    return Snapshot(described["name"], labels.get(LABEL_CLUSTER, ""), int(index) if index.isdigit() else None,
+    return Snapshot(described["name"], labels.get(LABEL_CLUSTER, ""), node_index(index),
                     labels.get(LABEL_SNAPSHOT_SET, ""), int(described.get("diskSizeGb") or 0),
-                    described.get("status", ""), labels)
-
-
-def snapshot_order(snapshot: Snapshot) -> tuple:
-    return (snapshot.cluster, snapshot.taken_at, -1 if snapshot.index is None else snapshot.index, snapshot.id)
-
-
-def expired_snapshots(snapshots: Iterable[Snapshot], now: datetime) -> list[Snapshot]:
-    return sorted((s for s in snapshots if s.expired(now)), key=snapshot_order)
+                    described.get("status", ""), labels, expiry(labels))
 
 
 def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: float | None,
