@@ -1,0 +1,215 @@
+"""A kiln cluster's Slurm queue, as Slurm's own files say it (pure): `slurm_conf` and `gres_conf` of one description
+of the queue (`Queue`): its controller, a partition per node shape (one GPU shape each, its nodes `State=CLOUD`
+between `min_nodes`, kept up, and `max_nodes`), where the controller keeps its state (so a restart of it loses no
+job), its MUNGE socket (a key made per cluster), and the power saving through which kiln's provisioner makes nodes
+when jobs wait and removes them when they have been idle (`ResumeProgram`, `SuspendProgram`, `ResumeFailProgram`).
+
+The power-saving numbers, against the tools teams grow into: AWS ParallelCluster resumes within 1800 s and suspends
+within 120 s; Google's cluster-toolkit gives 300 s to both and suspends after 300 s idle; Azure CycleCloud suspends
+after 300 s and resumes within 1800 s. kiln suspends after 300 s idle (a GPU node bills while it waits), gives a
+resume ResumeTimeout (1800 s on a cloud: a GPU machine, its SSH, its host keys and the mesh; less on the local
+cluster) and a suspend 120 s.
+
+Nothing here reads or writes a file, or asks anything of a node: bootstrap/queue.py (to come) does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bootstrap.errors import UsageError
+
+SHAPE_NAME = re.compile(r"[a-z][a-z0-9]{0,15}")  # a partition's name, and the middle of its nodes' names
+GPU_TYPE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+SUSPEND_TIME_S = 300
+SUSPEND_TIMEOUT_S = 120
+RESUME_TIMEOUT_S = 1800
+MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One partition: what each of its nodes is (CPUs, memory in MiB, `gpus` GPUs of `gpu_type`, as Slurm's gres
+    names them: h100, l4) and how many may run (`min_nodes` are kept up, the rest are made when jobs wait)."""
+
+    name: str
+    cpus: int
+    memory_mib: int
+    max_nodes: int
+    min_nodes: int = 0
+    gpus: int = 0
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True)
+class Power:
+    """What slurmctld runs to make nodes (`resume`), remove them (`suspend`) and mark a node whose making failed
+    (`resume_fail`), and when: a node idle `suspend_time_s` is removed; one not up within `resume_timeout_s`, or not
+    gone within `suspend_timeout_s`, is marked down."""
+
+    resume: str
+    suspend: str
+    resume_fail: str
+    suspend_time_s: int = SUSPEND_TIME_S
+    suspend_timeout_s: int = SUSPEND_TIMEOUT_S
+    resume_timeout_s: int = RESUME_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A cluster's queue: its name, its controller (the host name slurmctld runs as: Slurm refuses any other, and
+    the address its nodes reach it at), its partitions (the first is the default), the controller's folder (its
+    state, which survives a restart, and the logs), the nodes' folder, the MUNGE socket both use, and the power
+    saving. `cgroups`: processes are tracked and confined by cgroup (a machine of its own); without, by process
+    tree (the local cluster's nodes share one kernel)."""
+
+    cluster: str
+    controller: str
+    controller_address: str
+    shapes: tuple[Shape, ...]
+    state_dir: str
+    node_dir: str
+    munge_socket: str
+    power: Power
+    user: str = "slurm"
+    cgroups: bool = True
+    port: int = 6817
+
+
+def check_shape(shape: Shape) -> Shape:
+    """One line naming what is wrong with a partition, where anything is."""
+    where = f"queue partition {shape.name!r}"
+    if not SHAPE_NAME.fullmatch(shape.name):
+        raise UsageError(f"{where}: a name of 1 to 16 lowercase letters and digits, starting with a letter")
+    if shape.cpus < 1 or shape.memory_mib < 1:
+        raise UsageError(f"{where}: each node needs at least 1 CPU and 1 MiB of memory")
+    if not 1 <= shape.max_nodes <= MAX_NODES:
+        raise UsageError(f"{where}: --max-nodes {shape.max_nodes}: give 1 to {MAX_NODES}")
+    if not 0 <= shape.min_nodes <= shape.max_nodes:
+        raise UsageError(f"{where}: --min-nodes {shape.min_nodes}: give 0 to --max-nodes ({shape.max_nodes})")
+    if shape.gpus < 0 or bool(shape.gpus) != bool(shape.gpu_type):
+        raise UsageError(f"{where}: a GPU shape names its GPUs' count and type (e.g. 8 of h100), a CPU shape neither")
+    if shape.gpu_type and not GPU_TYPE.fullmatch(shape.gpu_type):
+        raise UsageError(f"{where}: GPU type {shape.gpu_type!r}: lowercase letters, digits and '-', e.g. h100")
+    return shape
+
+
+def check_queue(queue: Queue) -> Queue:
+    if not queue.shapes:
+        raise UsageError(f"queue of cluster {queue.cluster}: it needs at least one partition")
+    names = [check_shape(shape).name for shape in queue.shapes]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UsageError(f"queue of cluster {queue.cluster}: partition {', '.join(twice)} is named twice")
+    return queue
+
+
+def node_prefix(queue: Queue, shape: Shape) -> str:
+    return f"{queue.cluster}-{shape.name}-"
+
+
+def node_names(queue: Queue, shape: Shape) -> list[str]:
+    """The names of a partition's nodes, made or not: CLUSTER-SHAPE-0 to CLUSTER-SHAPE-(max_nodes - 1)."""
+    return [f"{node_prefix(queue, shape)}{index}" for index in range(shape.max_nodes)]
+
+
+def hostlist(prefix: str, indexes: Sequence[int]) -> str:
+    """Slurm's compact form of nodes PREFIX0, PREFIX1, ...: PREFIX[0-3,5] (PREFIX5 alone)."""
+    ordered = sorted(set(indexes))
+    if not ordered:
+        return ""
+    if len(ordered) == 1:
+        return f"{prefix}{ordered[0]}"
+    runs: list[list[int]] = []
+    for index in ordered:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return prefix + "[" + ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) + "]"
+
+
+def expand(text: str) -> list[str]:
+    """The node names a compact hostlist stands for (what slurmctld hands the resume and suspend programs):
+    `kc-gpu-[0-2,5],kc-cpu-1` -> kc-gpu-0, kc-gpu-1, kc-gpu-2, kc-gpu-5, kc-cpu-1."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text):
+        prefix, bracket, ranges = part.partition("[")
+        if not bracket:
+            names.append(prefix)
+            continue
+        for item in ranges.rstrip("]").split(","):
+            low, _, high = item.partition("-")
+            width = len(low) if low.startswith("0") else 0
+            names += [f"{prefix}{index:0{width}d}" for index in range(int(low), int(high or low) + 1)]
+    return names
+
+
+def slurm_conf(queue: Queue) -> str:
+    """slurm.conf of the queue: the controller and where it keeps its state, MUNGE, scheduling by cores, memory and
+    GPUs, the power saving through kiln, and per partition its nodes (CLOUD: made when jobs wait)."""
+    check_queue(queue)
+    power, state, nodes = queue.power, queue.state_dir.rstrip("/"), queue.node_dir.rstrip("/")
+    kept = [hostlist(node_prefix(queue, shape), range(shape.min_nodes)) for shape in queue.shapes if shape.min_nodes]
+    lines = [
+        f"# The Slurm queue of kiln cluster {queue.cluster}: written by kiln (bootstrap/slurm.py), which writes it",
+        "# again whenever the queue changes; a change made here by hand is lost then.",
+        f"ClusterName={queue.cluster}",
+        f"SlurmctldHost={queue.controller}({queue.controller_address})",
+        f"SlurmctldPort={queue.port}",
+        f"SlurmUser={queue.user}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={queue.munge_socket}",
+        f"StateSaveLocation={state}/state",
+        f"SlurmctldPidFile={state}/slurmctld.pid",
+        f"SlurmctldLogFile={state}/slurmctld.log",
+        f"SlurmdSpoolDir={nodes}/%n/spool",
+        f"SlurmdPidFile={nodes}/%n/slurmd.pid",
+        f"SlurmdLogFile={nodes}/%n/slurmd.log",
+        "ProctrackType=proctrack/cgroup" if queue.cgroups else "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/cgroup,task/affinity" if queue.cgroups else "TaskPlugin=task/none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "GresTypes=gpu",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        # nodes made on demand: their addresses change, and slurmctld reaches each one directly
+        "CommunicationParameters=NoAddrCache",
+        "TreeWidth=65533",
+        "PrivateData=cloud",
+        # power saving: kiln makes and removes the nodes
+        f"ResumeProgram={power.resume}",
+        f"SuspendProgram={power.suspend}",
+        f"ResumeFailProgram={power.resume_fail}",
+        f"SuspendTime={power.suspend_time_s}",
+        f"SuspendTimeout={power.suspend_timeout_s}",
+        f"ResumeTimeout={power.resume_timeout_s}",
+        "ResumeRate=0",
+        "SuspendRate=0",
+        "SlurmctldParameters=idle_on_node_suspend",
+        *([f"SuspendExcNodes={','.join(kept)}"] if kept else []),
+    ]
+    for index, shape in enumerate(queue.shapes):
+        names = hostlist(node_prefix(queue, shape), range(shape.max_nodes))
+        gres = f" Gres=gpu:{shape.gpu_type}:{shape.gpus}" if shape.gpus else ""
+        lines += [f"NodeName={names} CPUs={shape.cpus} RealMemory={shape.memory_mib}{gres} State=CLOUD "
+                  f"Feature={shape.name}",
+                  f"PartitionName={shape.name} Nodes={names} Default={'YES' if index == 0 else 'NO'} "
+                  "MaxTime=INFINITE State=UP"]
+    return "\n".join(lines) + "\n"
+
+
+def gres_conf(queue: Queue) -> str:
+    """gres.conf of the queue: each GPU node's GPUs, as device files (/dev/nvidia0 ...)."""
+    check_queue(queue)
+    lines = [f"# The GPUs of kiln cluster {queue.cluster}'s nodes: written by kiln (bootstrap/slurm.py)."]
+    for shape in queue.shapes:
+        if shape.gpus:
+            files = f"/dev/nvidia[0-{shape.gpus - 1}]" if shape.gpus > 1 else "/dev/nvidia0"
+            lines.append(f"NodeName={hostlist(node_prefix(queue, shape), range(shape.max_nodes))} Name=gpu "
+                         f"Type={shape.gpu_type} File={files}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,92 @@
+"""bootstrap/slurm.py: a queue's slurm.conf and gres.conf, pure."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bootstrap.errors import UsageError
+from bootstrap.slurm import Power, Queue, Shape, expand, gres_conf, hostlist, node_names, slurm_conf
+
+POWER = Power("/opt/kiln/resume", "/opt/kiln/suspend", "/opt/kiln/resume-fail")
+GPU = Shape("gpu", cpus=192, memory_mib=2_000_000, max_nodes=4, gpus=8, gpu_type="h100")
+CPU = Shape("cpu", cpus=4, memory_mib=15_000, max_nodes=2, min_nodes=1)
+
+
+def queue(*shapes: Shape, **changes) -> Queue:
+    return replace(Queue("kq", "head", "10.0.0.2", shapes or (GPU,), "/var/lib/kiln-slurm", "/var/spool/kiln-slurm",
+                         "/run/kiln-munge/munge.socket", POWER), **changes)
+
+
+def settings(text: str) -> dict[str, str]:
+    """slurm.conf's KEY=VALUE lines (the node and partition lines apart)."""
+    return dict(line.split("=", 1) for line in text.splitlines()
+                if line and not line.startswith(("#", "NodeName=", "PartitionName=")))
+
+
+@pytest.mark.parametrize(("indexes", "written"), [
+    ([0, 1, 2, 3], "kq-gpu-[0-3]"), ([5], "kq-gpu-5"), ([0, 1, 3, 5, 6], "kq-gpu-[0-1,3,5-6]"), ([], "")])
+def test_hostlist_is_slurms_compact_form_and_expand_reads_it_back(indexes, written):
+    assert hostlist("kq-gpu-", indexes) == written
+    assert expand(written) == [f"kq-gpu-{i}" for i in sorted(indexes)]
+
+
+def test_expand_reads_what_slurmctld_hands_the_resume_program():
+    assert expand("kq-gpu-[0-1,5],kq-cpu-1") == ["kq-gpu-0", "kq-gpu-1", "kq-gpu-5", "kq-cpu-1"]
+    assert expand("n[08-10]") == ["n08", "n09", "n10"]
+
+
+def test_each_partition_is_its_nodes_in_the_cloud_state_with_their_gpus():
+    text = slurm_conf(queue(GPU, CPU))
+    assert ("NodeName=kq-gpu-[0-3] CPUs=192 RealMemory=2000000 Gres=gpu:h100:8 State=CLOUD Feature=gpu"
+            in text.splitlines())
+    assert "NodeName=kq-cpu-[0-1] CPUs=4 RealMemory=15000 State=CLOUD Feature=cpu" in text.splitlines()
+    assert "PartitionName=gpu Nodes=kq-gpu-[0-3] Default=YES MaxTime=INFINITE State=UP" in text.splitlines()
+    assert "PartitionName=cpu Nodes=kq-cpu-[0-1] Default=NO MaxTime=INFINITE State=UP" in text.splitlines()
+    assert node_names(queue(), GPU) == ["kq-gpu-0", "kq-gpu-1", "kq-gpu-2", "kq-gpu-3"]
+
+
+def test_power_saving_runs_kiln_and_keeps_the_minimum_up():
+    found = settings(slurm_conf(queue(GPU, CPU)))
+    assert (found["ResumeProgram"], found["SuspendProgram"], found["ResumeFailProgram"]) == (
+        "/opt/kiln/resume", "/opt/kiln/suspend", "/opt/kiln/resume-fail")
+    assert (found["SuspendTime"], found["SuspendTimeout"], found["ResumeTimeout"]) == ("300", "120", "1800")
+    assert found["SuspendExcNodes"] == "kq-cpu-0"  # min_nodes 1: never suspended
+    assert "SuspendExcNodes" not in settings(slurm_conf(queue(GPU)))
+    assert found["SlurmctldParameters"] == "idle_on_node_suspend" and found["PrivateData"] == "cloud"
+
+
+def test_the_controller_its_state_and_munge_are_the_queues():
+    found = settings(slurm_conf(queue()))
+    assert found["SlurmctldHost"] == "head(10.0.0.2)" and found["ClusterName"] == "kq"
+    assert found["StateSaveLocation"] == "/var/lib/kiln-slurm/state"  # survives the controller's restart
+    assert found["AuthInfo"] == "socket=/run/kiln-munge/munge.socket" and found["AuthType"] == "auth/munge"
+    assert found["SlurmdSpoolDir"] == "/var/spool/kiln-slurm/%n/spool"  # one slurmd per node name
+    assert (found["ProctrackType"], found["TaskPlugin"]) == ("proctrack/cgroup", "task/cgroup,task/affinity")
+    shared = settings(slurm_conf(queue(cgroups=False)))
+    assert (shared["ProctrackType"], shared["TaskPlugin"]) == ("proctrack/linuxproc", "task/none")
+
+
+def test_gres_conf_names_each_gpu_nodes_devices():
+    assert gres_conf(queue(GPU, CPU)).splitlines()[1:] == [
+        "NodeName=kq-gpu-[0-3] Name=gpu Type=h100 File=/dev/nvidia[0-7]"]
+    one = Shape("one", cpus=4, memory_mib=16_000, max_nodes=1, gpus=1, gpu_type="l4")
+    assert gres_conf(queue(one)).splitlines()[1:] == ["NodeName=kq-one-0 Name=gpu Type=l4 File=/dev/nvidia0"]
+
+
+@pytest.mark.parametrize(("shapes", "message"), [
+    ((), "it needs at least one partition"),
+    ((replace(GPU, name="GPU"),), "queue partition 'GPU': a name of 1 to 16 lowercase letters"),
+    ((replace(GPU, max_nodes=0),), "--max-nodes 0: give 1 to 1024"),
+    ((replace(GPU, min_nodes=5),), "--min-nodes 5: give 0 to --max-nodes (4)"),
+    ((replace(GPU, gpu_type=""),), "a GPU shape names its GPUs' count and type"),
+    ((replace(CPU, gpu_type="h100"),), "a GPU shape names its GPUs' count and type"),
+    ((replace(GPU, gpu_type="H100"),), "GPU type 'H100'"),
+    ((GPU, replace(CPU, name="gpu")), "partition gpu is named twice"),
+    ((replace(CPU, cpus=0),), "at least 1 CPU"),
+])
+def test_a_bad_queue_is_one_line_naming_what_is_wrong(shapes, message):
+    with pytest.raises(UsageError) as raised:
+        slurm_conf(replace(queue(), shapes=shapes))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
