@@ -351,22 +351,25 @@ def capacity_error(operation: str):
     return ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no capacity"}}, operation)
 
 
-@pytest.mark.parametrize(("api", "nth", "step"), [
-    ("import_key_pair", 1, "import the key pair"),
-    ("create_security_group", 1, "create the security group"),
-    ("authorize_security_group_ingress", 1, "allow SSH and cluster traffic"),
-    ("create_placement_group", 1, "create the placement group"),
-    ("run_instances", 1, "run the instances"),
-    ("get_waiter", 1, "wait until the instances run"),
-    ("get_console_output", 1, "read the host keys from the consoles"),
+@pytest.mark.parametrize(("api", "nth", "step", "instance_type"), [
+    ("import_key_pair", 1, "import the key pair", "g4dn.xlarge"),
+    ("create_security_group", 1, "create the security group", "g4dn.xlarge"),
+    ("authorize_security_group_ingress", 1, "allow SSH and cluster traffic", "g4dn.xlarge"),
+    ("create_placement_group", 1, "create the placement group", "g4dn.xlarge"),
+    ("run_instances", 1, "run the instances", "g4dn.xlarge"),
+    ("get_waiter", 1, "wait until the instances run", "g4dn.xlarge"),
+    ("get_console_output", 1, "read the host keys from the consoles", "g4dn.xlarge"),
+    # an EFA type's launch: its Elastic IPs are released too
+    ("authorize_security_group_egress", 1, "allow EFA traffic out to the security group", "p4d.24xlarge"),
+    ("associate_address", 2, "give each instance an Elastic IP", "p4d.24xlarge"),
 ])
-def test_failure_at_each_step_rolls_everything_back(env, ec2, image, api, nth, step):
+def test_failure_at_each_step_rolls_everything_back(env, ec2, image, api, nth, step, instance_type):
     connected = aws.connect()
     connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
     with pytest.raises(aws.AwsError, match=f"^cluster.up broken: could not {step}.*: InsufficientInstanceCapacity: "
                                            "no capacity; everything it had created was removed$"):
-        up("broken", 2, "g4dn.xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
-    assert leftovers(ec2) == []
+        up("broken", 2, instance_type, ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
+    assert leftovers(ec2) == [] and addresses_of(ec2, "broken") == []
     assert not (env / "kiln" / "clusters" / "broken" / "id_ed25519").exists()
 
 
@@ -760,19 +763,6 @@ def test_an_efa_type_gets_an_interface_per_network_card_and_elastic_ips_that_dow
     removed = aws.down("efa")
     assert sum(line.startswith("elastic-ip ") for line in removed) == 2
     assert addresses_of(ec2, "efa") == [] and leftovers(ec2) == []
-
-
-@pytest.mark.parametrize(("api", "nth", "step"), [
-    ("authorize_security_group_egress", 1, "allow EFA traffic out to the security group"),
-    ("associate_address", 2, "give each instance an Elastic IP"),
-])
-def test_a_failed_efa_launch_releases_its_elastic_ips_too(env, ec2, image, api, nth, step):
-    connected = aws.connect()
-    connected.ec2 = FailOn(connected.ec2, api, capacity_error(api), nth)
-    with pytest.raises(aws.AwsError, match=f"^cluster.up fefa: could not {step}: InsufficientInstanceCapacity: "
-                                           "no capacity; everything it had created was removed$"):
-        up("fefa", 2, "p4d.24xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
-    assert leftovers(ec2) == [] and addresses_of(ec2, "fefa") == []
 
 
 def test_launch_removes_everything_when_the_run_cannot_start(env, ec2, image):

@@ -149,21 +149,25 @@ def test_a_bad_image_is_one_clear_error_and_creates_nothing(env, arm):
     assert leftovers(arm) == [] and not (env / "kiln" / "clusters" / "badimage").exists()
 
 
+class InterruptedOnceMade:
+    """Compute's virtual machines, but a Ctrl-C comes once the first VM is made (as a user's, mid-up)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, attribute):
+        if attribute != "begin_create_or_update":
+            return getattr(self.real, attribute)
+
+        def call(*args, **kwargs):
+            self.real.begin_create_or_update(*args, **kwargs).result()
+            raise KeyboardInterrupt
+        return call
+
+
 def test_ctrl_c_during_the_vms_rolls_back(env, arm):
     connected = cloud.connect()
-    real = connected.compute.virtual_machines
-
-    class Interrupting:
-        def __getattr__(self, attribute):
-            if attribute == "begin_create_or_update":
-                def call(*args, **kwargs):
-                    real.begin_create_or_update(*args, **kwargs).result()
-                    raise KeyboardInterrupt
-                return call
-            return getattr(real, attribute)
-
-    compute = connected.compute
-    compute.virtual_machines = Interrupting()
+    connected.compute.virtual_machines = InterruptedOnceMade(connected.compute.virtual_machines)
     with pytest.raises(cloud.AzureError, match="could not create the VMs: interrupted; everything it had created "
                                                "was removed"):
         cloud.up(request("ctrlc"), azure=connected, ssh_wait_s=0)
@@ -174,16 +178,7 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, arm, capfd):
     """Ctrl-C once the VMs are made starts the undo; a second one (a real SIGINT) as the resource group is deleted
     is told that the undo goes on, and nothing is left."""
     connected = cloud.connect()
-    real_vms, real_groups = connected.compute.virtual_machines, connected.resources.resource_groups
-
-    class Interrupting:
-        def __getattr__(self, attribute):
-            if attribute == "begin_create_or_update":
-                def call(*args, **kwargs):
-                    real_vms.begin_create_or_update(*args, **kwargs).result()
-                    raise KeyboardInterrupt
-                return call
-            return getattr(real_vms, attribute)
+    real_groups = connected.resources.resource_groups
 
     class Impatient:
         def __getattr__(self, attribute):
@@ -194,7 +189,7 @@ def test_a_second_ctrl_c_during_the_undo_does_not_skip_it(env, arm, capfd):
                 return delete
             return getattr(real_groups, attribute)
 
-    connected.compute.virtual_machines = Interrupting()
+    connected.compute.virtual_machines = InterruptedOnceMade(connected.compute.virtual_machines)
     connected.resources.resource_groups = Impatient()
     with pytest.raises(cloud.AzureError, match="could not create the VMs: interrupted; everything it had created "
                                                "was removed"):

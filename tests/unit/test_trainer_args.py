@@ -278,32 +278,18 @@ def test_replica_layout_per_strategy(strategy, in_sync, workers, replicas):
     assert replicas_for(strategy, in_sync, workers) == replicas
 
 
-def test_horovod_plan_with_three_ranks():
-    config = parse_args(["--strategy", "horovod", "--batch-size", "64", "--epochs", "2"])
-    assert plan_training(config, replicas_for("horovod", 3, 3), train_size=1437) == TrainPlan(
-        world_size=3,
-        replicas_in_sync=3,
-        global_batch_size=63,
-        per_replica_batch_size=21,
-        process_batch_size=21,
-        learning_rate=0.03,
-        steps_per_epoch=23,
-        epochs=2,
-    )
-
-
-def test_ps_plan_keeps_the_batch_and_learning_rate_of_one_async_step():
-    config = parse_args(["--strategy", "ps", "--steps-per-epoch", "5", "--learning-rate", "0.1"])
-    assert plan_training(config, replicas_for("ps", 1, 2), train_size=1437) == TrainPlan(
-        world_size=2,
-        replicas_in_sync=1,
-        global_batch_size=64,
-        per_replica_batch_size=64,
-        process_batch_size=64,
-        learning_rate=0.1,
-        steps_per_epoch=5,
-        epochs=5,
-    )
+@pytest.mark.parametrize(("argv", "replicas", "plan"), [
+    # horovod, 3 ranks: the batch rounds down to a multiple of the ranks, the learning rate scales with them
+    (["--strategy", "horovod", "--batch-size", "64", "--epochs", "2"], ("horovod", 3, 3),
+     TrainPlan(world_size=3, replicas_in_sync=3, global_batch_size=63, per_replica_batch_size=21,
+               process_batch_size=21, learning_rate=0.03, steps_per_epoch=23, epochs=2)),
+    # ps: the batch and learning rate of one asynchronous step, whatever the workers
+    (["--strategy", "ps", "--steps-per-epoch", "5", "--learning-rate", "0.1"], ("ps", 1, 2),
+     TrainPlan(world_size=2, replicas_in_sync=1, global_batch_size=64, per_replica_batch_size=64,
+               process_batch_size=64, learning_rate=0.1, steps_per_epoch=5, epochs=5)),
+], ids=["horovod-3-ranks", "ps-async-step"])
+def test_the_plan_of_a_strategy(argv, replicas, plan):
+    assert plan_training(parse_args(argv), replicas_for(*replicas), train_size=1437) == plan
 
 
 # --- results ---------------------------------------------------------------------
@@ -334,11 +320,13 @@ def test_summary_line():
     assert summary_line({**result, "test_accuracy": None}).endswith("test_accuracy=n/a examples/s=1234")
 
 
-def test_pure_modules_do_not_import_tensorflow():
-    code = (
-        "import sys, trainer.cli, trainer.cluster, trainer.plan, trainer.report, trainer.errors\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')))"
-    )
+@pytest.mark.parametrize(("modules", "heavy"), [
+    ("trainer.cli, trainer.cluster, trainer.plan, trainer.report, trainer.errors", ("tensorflow", "tf_keras", "keras")),
+    ("trainer.inputs", ("tensorflow", "tf_keras", "keras")),  # the input checks run before TensorFlow loads
+    ("trainer.storage", ("tensorflow", "boto3", "botocore")),  # until a remote location is used
+])
+def test_the_pure_modules_import_no_heavy_library(modules, heavy):
+    code = f"import sys, {modules}\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

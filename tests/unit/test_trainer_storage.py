@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -79,13 +77,3 @@ def test_remote_checkpoint_run_and_cache_dirs_are_refused(flag):
         f"argument {flag}: s3://b/ckpt: must be a local (or shared) folder; "
         "only --data and --model-dir take s3:// or gs://"
     )
-
-
-def test_storage_imports_neither_tensorflow_nor_boto3_until_used():
-    code = (
-        "import sys, trainer.storage\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'boto3', 'botocore')))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
