@@ -213,6 +213,10 @@ def places_of(clouds: Sequence[str], zones: str | None, regions: str | None,
     CLOUD:PLACE, azure:eastus, is that cloud's alone), else the one its own option gives (--region, --zone,
     --location; "" for the provider's default)."""
     lists = {"zones": split_list(zones), "regions": split_list(regions)}
+    for option, text in (("zones", zones), ("regions", regions)):
+        if text is not None and not lists[option]:  # `--zones ,`: asked for a list, and gave none
+            raise UsageError(f"--{option} {text!r}: no {option[:-1]} in the list; name at least one, or leave "
+                             f"--{option} out")
     for option, given in lists.items():
         takers = [cloud for cloud in clouds if PLACES_OPTION.get(cloud) == option]
         if given and not takers:

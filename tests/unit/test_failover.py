@@ -195,6 +195,11 @@ def test_places_come_from_the_lists_else_each_providers_own_option():
         failover.places_of(["aws"], "z", None, WHERE)
     with pytest.raises(UsageError, match="--zone us-central1-a and --zones: give one"):
         failover.places_of(["gcp"], "us-east1-b", None, {**WHERE, "zone": "us-central1-a"})
+    for zones, regions, said in ((",", None, "--zones ',': no zone in the list"),
+                                 (None, " , ", "--regions ' , ': no region in the list"),
+                                 ("", None, "--zones '': no zone in the list")):
+        with pytest.raises(UsageError, match=said):  # an empty list is refused, never read as no list at all
+            failover.places_of(["local", "aws"] if regions else ["local"], zones, regions, WHERE)
 
 
 def test_several_clouds_are_asked_for_by_gpus_and_each_gets_the_types_that_carry_them():
