@@ -96,6 +96,8 @@ class CloudProvider:
 
     def __getattr__(self, name: str):
         """The cloud's facts (kind, notice, scope...), and the options that place it (region, project...)."""
+        if name in ("facts", "place"):  # not set yet (a copy being made): never looked for through themselves
+            raise AttributeError(name)
         if name in {f.name for f in fields(CloudFacts)}:
             return getattr(self.facts, name)
         if name in self.facts.where:
