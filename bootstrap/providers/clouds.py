@@ -12,7 +12,6 @@ region and profile, a GCP project, an Azure subscription), as given on the comma
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -22,7 +21,9 @@ from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import Gone, Made, Notice, Replacement, provision
-from bootstrap.providers.common import SSH_WAIT_S, ClusterSummary, listing, swept, validate_ssh_wait
+from bootstrap.providers.azure import plan as azure_plan
+from bootstrap.providers.common import SSH_WAIT_S, ClusterSummary, configured, listing, swept, validate_ssh_wait
+from bootstrap.providers.gcp import plan as gcp_plan
 
 
 class Cloud(Protocol):
@@ -112,17 +113,15 @@ class CloudProvider:
     def planner(self):
         return importlib.import_module(f"{self.facts.package}.plan")
 
-    def given(self, key: str) -> str | None:
-        """An option of the place: given, else from the environment the cloud's own tools read."""
-        return self.place.get(key) or next((os.environ[name] for name in self.facts.env.get(key, ())
-                                            if os.environ.get(name)), None)
+    def given(self, keys: Sequence[str]) -> dict[str, str | None]:
+        """These options of the place: given, else from the environment the cloud's own tools read."""
+        return {key: configured(self.place.get(key), self.facts.env.get(key, ())) for key in keys}
 
     def connection(self) -> dict[str, str | None]:
         return {key: self.place.get(key) for key in self.facts.connects}
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> CloudRequest:
-        where = {key: self.given(key) for key in self.facts.where}
-        cluster = self.planner.from_options(name, count, options, idle_minutes, where)
+        cluster = self.planner.from_options(name, count, options, idle_minutes, self.given(self.facts.where))
         ssh_wait = validate_ssh_wait(options.get("ssh_wait", SSH_WAIT_S))
         if idle_minutes and not ssh_wait:
             raise UsageError("--idle-minutes starts an agent on every node over SSH: it needs --ssh-wait above 0")
@@ -131,7 +130,7 @@ class CloudProvider:
     def plan(self, request: CloudRequest) -> list[str]:
         identity = state.cluster_dir(request.cluster.name) / "id_ed25519"
         lines = self.planner.dry_run(request.cluster, key=str(identity),
-                                     place={key: self.given(key) for key in self.facts.where}, now=datetime.now(UTC))
+                                     place=self.given(self.facts.where), now=datetime.now(UTC))
         wait = (f"and for SSH to answer on each (at most {request.ssh_wait:g}s)" if request.ssh_wait
                 else "(not for SSH: --ssh-wait 0)")
         return [*lines, f"then wait for the {self.facts.machine}s to run {wait}; pin the host keys "
@@ -182,7 +181,7 @@ class CloudProvider:
     def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
         if not self.facts.prices:
             return {}
-        return self.cloud.spot_prices(instance_types, **{key: self.given(key) for key in self.facts.priced_by})
+        return self.cloud.spot_prices(instance_types, **self.given(self.facts.priced_by))
 
 
 PROVIDERS = CLOUDS = {
@@ -209,7 +208,7 @@ PROVIDERS = CLOUDS = {
         prices="", priced_by=(),  # its prices are in the Cloud Billing Catalog API, which kiln does not read
         machine="instance", volume="data disk", keys_from="the instances' guest attributes and serial ports",
         keys_shown="they show", found_by="labelled kiln-cluster={name}",
-        env={"zone": ("CLOUDSDK_COMPUTE_ZONE",), "project": ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")}),
+        env=gcp_plan.ENV),
     "azure": CloudFacts(
         "azure", "bootstrap.providers.azure", host_keys="each VM's serial log (boot diagnostics)",
         # a Spot VM learns from Scheduled Events it is being evicted, at least 30 s ahead. Autostop deallocates: a
@@ -223,5 +222,5 @@ PROVIDERS = CLOUDS = {
         prices="Azure's Retail Prices API (the Linux Spot meter of the size in the location)",
         priced_by=("location",), machine="VM", volume="data disk", keys_from="the VMs' serial logs",
         keys_shown="their serial logs show", found_by="in resource group kiln-{name}",
-        env={"location": ("AZURE_LOCATION",), "subscription": ("AZURE_SUBSCRIPTION_ID",)}),
+        env=azure_plan.ENV),
 }

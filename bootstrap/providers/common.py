@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,6 +46,12 @@ def matching(value, pattern: re.Pattern, flag: str, what: str, example: str, uns
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise UsageError(f"--{flag} {value!r} is not {what} like {example}")
     return value
+
+
+def configured(value: str | None, names: Sequence[str]) -> str | None:
+    """An option given, else the first of the environment variables `names` that is set (the cloud's own tools
+    read them: CLOUDSDK_COMPUTE_ZONE, AZURE_LOCATION), else None."""
+    return value or next((os.environ[name] for name in names if os.environ.get(name)), None)
 
 
 def validate_cidr(text: str | None) -> str:
@@ -186,7 +193,7 @@ def latest_snapshot_set(snapshots: Iterable, done: str = "completed") -> dict:
 class Snapshot:
     """A snapshot kiln took of one node's data volume, on every cloud: its id (EC2's snap-..., GCE's name, Azure's
     resource id), its cluster and node, the time of its set, its size (in the cloud's `unit`: GiB on EC2), its
-    state, the cloud's tags (GCE's labels) and when it expires; Azure's name and location, EC2's volume."""
+    state, the cloud's tags (GCE's labels) and when it expires; Azure's name and location."""
 
     id: str
     cluster: str
@@ -199,7 +206,6 @@ class Snapshot:
     unit: str = "GB"
     name: str = ""
     location: str = ""
-    volume_id: str = ""
 
     # what kiln list, sweep and down --snapshot say of it
     label = property(lambda self: self.name or self.id)

@@ -369,7 +369,7 @@ def snapshot_of(described: dict) -> Snapshot:
     index = tags.get(TAG_DATA, "")
     return Snapshot(described["SnapshotId"], tags.get(TAG_CLUSTER, ""), node_index(index),
                     tags.get(TAG_SNAPSHOT_SET, ""), int(described.get("VolumeSize") or 0), described.get("State", ""),
-                    tags, parse_time(tags.get(TAG_EXPIRES, "")), unit="GiB", volume_id=described.get("VolumeId", ""))
+                    tags, parse_time(tags.get(TAG_EXPIRES, "")), unit="GiB")
 
 
 # EC2's vCPU quotas (Service Quotas, service code ec2), one on-demand and one spot per family of instance types:

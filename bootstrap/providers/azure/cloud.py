@@ -38,6 +38,8 @@ from bootstrap.providers.common import (
     ClusterSummary,
     Rollback,
     Snapshot,
+    configured,
+    expired_snapshots,
     format_time,
     latest_snapshot_set,
     node_index,
@@ -57,7 +59,7 @@ CA_FILE_ENV = "KILN_AZURE_CA_FILE"
 TOKEN_ENV = "KILN_AZURE_TOKEN"
 PRICES_ENV = "KILN_AZURE_PRICES"
 PRICE_PAGES = 20  # pages of the Retail Prices API read at most per size (one holds a size's meters many times over)
-SUBSCRIPTION_ENV = "AZURE_SUBSCRIPTION_ID"
+[SUBSCRIPTION_ENV] = plan.ENV["subscription"]
 OPERATION_TIMEOUT_S = 900
 CALL_TIMEOUT_S = 60
 HOST_KEYS_POLL_S = 5
@@ -310,7 +312,7 @@ def spot_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | N
     of the answer); a size without a Linux Spot meter there is left out. `KILN_AZURE_PRICES` aims it elsewhere
     (the tests' stand-in, with KILN_AZURE_CA_FILE)."""
     if not location:
-        raise UsageError("no location to price: give --location or set AZURE_LOCATION")
+        raise UsageError(f"no location to price: give --location or set {plan.ENV['location'][0]}")
     base = (endpoint or os.environ.get(PRICES_ENV) or plan.RETAIL_PRICES).rstrip("/")
     ca_file = ca_file or (os.environ.get(CA_FILE_ENV) if loopback(base) else None)
     context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
@@ -584,7 +586,7 @@ def arm_autostop(name: str, *, subscription: str | None = None, azure: Azure | N
 def places(every: bool = False, *, subscription: str | None = None) -> list[str | None]:
     """The subscription `list` and `sweep` look in besides the clusters' files (it holds every location's groups):
     the one given or configured (None: the credentials' own)."""
-    return [subscription or os.environ.get("AZURE_SUBSCRIPTION_ID") or None]
+    return [configured(subscription, plan.ENV["subscription"])]
 
 
 def allow_self_deallocation(azure: Azure, machine, wait_s: float = PRINCIPAL_WAIT_S,
@@ -767,7 +769,7 @@ def sweep(now: datetime | None = None, dry_run: bool = False, *, subscription: s
 def sweep_snapshots(now: datetime | None = None, dry_run: bool = False, *, subscription: str | None = None,
                     azure: Azure | None = None) -> list[Snapshot]:
     azure = azure or connect(subscription)
-    expired = [s for s in list_snapshots(azure=azure) if s.expired(now or datetime.now(UTC))]
+    expired = expired_snapshots(list_snapshots(azure=azure), now or datetime.now(UTC))
     failed = []
     for snapshot in [] if dry_run else expired:
         try:

@@ -46,6 +46,8 @@ from bootstrap.providers.common import (
 )
 from bootstrap.providers.failover import Unavailable
 
+# Where Azure's users keep a place not given on the command line, by option
+ENV = {"location": ("AZURE_LOCATION",), "subscription": ("AZURE_SUBSCRIPTION_ID",)}
 SUBSCRIPTION_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"  # up --dry-run, where none is known
 TAG_CLUSTER = "kiln:cluster"
 TAG_OWNER = "kiln:owner"

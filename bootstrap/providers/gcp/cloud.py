@@ -30,6 +30,7 @@ from bootstrap.providers.common import (
     SNAPSHOT_TTL_DAYS,
     SSH_WAIT_S,
     Rollback,
+    configured,
     latest_snapshot_set,
     poll_host_keys,
     restore_note,
@@ -42,7 +43,7 @@ from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Ve
 from kiln.hostkeys import console_host_keys
 
 ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
-PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
+PROJECT_ENVS = plan.ENV["project"]
 SCOPES = ("https://www.googleapis.com/auth/compute",)
 OPERATION_TIMEOUT_S = 600
 CALL_TIMEOUT_S = 60  # every API call's; an operations `wait` (which the API holds up to 2 minutes) gets 150
@@ -105,7 +106,7 @@ def connect(project: str | None = None) -> Gce:
     """The clients for `project` (or the environment's, or the credentials'), with Application Default
     Credentials; a plain-http loopback endpoint (KILN_GCE_ENDPOINT) gets anonymous ones."""
     endpoint = os.environ.get(ENDPOINT_ENV) or None
-    project = project or next((os.environ[name] for name in PROJECT_ENVS if os.environ.get(name)), None)
+    project = configured(project, PROJECT_ENVS)
     if endpoint and urlparse(endpoint).scheme == "http" and not loopback_http(endpoint):
         raise UsageError(f"{ENDPOINT_ENV}={endpoint}: plain http only on this machine (127.0.0.1); use https")
     if endpoint and loopback_http(endpoint):
@@ -486,7 +487,7 @@ def arm_autostop(name: str, *, project: str | None = None) -> list[str]:
 def places(every: bool = False, *, project: str | None = None) -> list[str | None]:
     """The project `list` and `sweep` look in besides the clusters' files (a project holds every zone's): the one
     given or configured (None: the credentials' own)."""
-    return [project or next((os.environ[name] for name in PROJECT_ENVS if os.environ.get(name)), None)]
+    return [configured(project, PROJECT_ENVS)]
 
 
 def down(name: str, *, project: str | None = None, gce: Gce | None = None,

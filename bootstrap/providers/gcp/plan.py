@@ -42,6 +42,8 @@ from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summa
     validate_volume,
 )
 
+# Where gcloud's users keep a place not given on the command line, by option
+ENV = {"zone": ("CLOUDSDK_COMPUTE_ZONE",), "project": ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")}
 LABEL_CLUSTER = "kiln-cluster"
 LABEL_OWNER = "kiln-owner"
 LABEL_EXPIRES = "kiln-expires"  # seconds since the epoch: a label value allows no ':' or upper case
