@@ -1,7 +1,9 @@
 """Local cluster: N sshd "nodes" built from Linux namespaces, standing in for cloud VMs.
 
-usage: local-cluster up [N] [--name NAME] [--subnet CIDR] [--metadata] [--docker]   # N=3, NAME=kiln
+usage: local-cluster up [N] [--name NAME] [--subnet CIDR] [--metadata] [--docker] [--start M]  # N=3, NAME=kiln
        local-cluster down [--name NAME]
+       local-cluster add NODE... [--name NAME]    # boot slots (up --start M leaves N - M of them)
+       local-cluster remove NODE... [--name NAME] # delete nodes as a cloud deletes machines; their slots stay
        local-cluster lose NODE [--name NAME]      # the node's machine is gone: processes, network, disk
        local-cluster replace NODE [--name NAME]   # a fresh machine in its place: same address, new host keys
        local-cluster interrupt NODE [--name NAME] # post a spot interruption notice on the node (--metadata)
@@ -21,6 +23,8 @@ With `up --docker`, every node has its own Docker engine (dockerd in the node's 
 /var/lib/kiln-local/NAME/NODE; sessions get DOCKER_HOST pointing at it) and the cluster has a registry, at
 GATEWAY:5000 for the nodes and on a loopback port for this machine's engine to push to (status --json names
 both); nothing of the host's iptables changes.
+With `up --start M`, only nodes 1 to M are booted; the others are slots: planned (names, addresses) but not
+made, until `add` boots them (a queue's nodes, made when jobs wait and removed when idle: `remove`).
 A replaced node starts with an empty /root/kiln and new host keys (the operator's known_hosts in the state
 directory pins them; the old ones are removed), as a cloud replacement would.
 Needs root, iproute2, util-linux and openssh.
@@ -242,19 +246,19 @@ def wait_for_sshd(boots: list[plan.NodeBoot], state: Path, timeout: float) -> No
                     f"({len(pending)} of {len(boots)} nodes not answering)")
 
 
-def verify_login(cluster: plan.Cluster, state: Path) -> None:
-    """One real login on node1, which also checks that node1 reaches the last node over the bridge."""
-    target = cluster.nodes[-1].ip
+def verify_login(nodes: tuple[plan.Node, ...], state: Path) -> None:
+    """One real login on the first node, which also checks that it reaches the last over the bridge."""
+    first, target = nodes[0].name, nodes[-1].ip
     probe = f"import socket; print(socket.gethostname()); socket.create_connection(({target!r}, 22), 5)"
-    argv = ["ssh", "-F", str(state / "ssh_config"), "node1", shlex.join(["python3", "-c", probe])]
+    argv = ["ssh", "-F", str(state / "ssh_config"), first, shlex.join(["python3", "-c", probe])]
     try:
         out = run(argv, timeout=30).strip()
     except KilnError as exc:
-        raise KilnError(f"login to node1, or node1 -> {target}:22 over {cluster.bridge}, failed: {exc} "
+        raise KilnError(f"login to {first}, or {first} -> {target}:22 over the cluster's bridge, failed: {exc} "
                            "(bridged traffic filtered? see /proc/sys/net/bridge/bridge-nf-call-iptables "
                            "and the iptables FORWARD chain)") from None
-    if out != "node1":
-        raise KilnError(f"node1 reports hostname {out!r}, not node1")
+    if out != first:
+        raise KilnError(f"{first} reports hostname {out!r}, not {first}")
 
 
 @contextlib.contextmanager
@@ -271,6 +275,7 @@ def lose_node(name: str, node: plan.Node, timeout: float = 60) -> None:
     """Take a node away as a lost machine goes: its processes killed at once, its network and disk removed."""
     with nodes_lock(name):
         remove_node(name, node, timeout)
+        mark_up(name, {node.name: False})
 
 
 def remove_node(name: str, node: plan.Node, timeout: float) -> None:
@@ -341,22 +346,81 @@ def replace_node(name: str, node: plan.Node, timeout: float = 60) -> list[str]:
     """Boot a fresh node in `node`'s place (lost first if still there): same name and address, empty disk, new
     host keys, pinned in the operator's known_hosts instead of the old ones. Its known_hosts lines. Where the
     cluster was exhausted (`exhaust`), NoCapacity instead, and the old node stays as it is."""
-    nodes, state = load_nodes(name), plan.STATE_ROOT / name
-    cluster = plan.cluster_from_nodes(name, nodes)
     with nodes_lock(name):
         take_capacity(name)
         remove_node(name, node, timeout)
-        run(["ip", "-batch", "-"], stdin=plan.node_root_batch(cluster, node), timeout=timeout)
-        docker = bool(nodes[node.index - 1].get("docker"))
-        boot = boot_node(cluster, node, state / node.name, (state / "operator_key.pub").read_text(), docker=docker)
-        if nodes[node.index - 1].get("metadata"):
+        return boot_nodes(name, [node], timeout)[node.name]
+
+
+def add_nodes(name: str, slots: list[plan.Node], timeout: float = 60) -> dict[str, list[str]]:
+    """Boot the cluster's slots `slots` (planned by `up --start`, or taken away by `remove_nodes`): each a fresh
+    machine with an empty disk and new host keys, pinned in the operator's known_hosts. Each one's known_hosts
+    lines, by name. A slot that is up is refused by name; where the cluster's zone, or the cluster, has no
+    capacity (`exhaust`), NoCapacity, and nothing is booted."""
+    with nodes_lock(name):
+        up = [node.name for node in slots if node_is_up(name, node)]
+        if up:
+            raise UsageError(f"cluster {name}: {', '.join(up)} {'is' if len(up) == 1 else 'are'} up already")
+        take_capacity(name)
+        try:
+            return boot_nodes(name, slots, timeout)
+        except BaseException:  # a slot half booted is taken away again: nothing is left running
+            for node in slots:
+                with contextlib.suppress(KilnError):
+                    remove_node(name, node, timeout)
+            forget_hosts(name, slots)
+            mark_up(name, {node.name: False for node in slots})
+            raise
+
+
+def remove_nodes(name: str, nodes: list[plan.Node], timeout: float = 60) -> None:
+    """Take the nodes away as a machine deleted goes (processes, network, disk), their pins out of the operator's
+    known_hosts; their slots stay planned, for `add_nodes` (safe to repeat)."""
+    with nodes_lock(name):
+        for node in nodes:
+            remove_node(name, node, timeout)
+        forget_hosts(name, nodes)
+        mark_up(name, {node.name: False for node in nodes})
+
+
+def node_is_up(name: str, node: plan.Node) -> bool:
+    return next(entry.get("up", True) for entry in load_nodes(name) if entry["name"] == node.name)
+
+
+def mark_up(name: str, changed: dict[str, bool]) -> None:
+    """Record which slots are up in nodes.json (under the nodes lock)."""
+    nodes = [dict(entry, up=changed.get(entry["name"], entry.get("up", True))) for entry in load_nodes(name)]
+    path = plan.STATE_ROOT / name / "nodes.json"
+    write(path.with_suffix(".json.new"), json.dumps(nodes, indent=1) + "\n")
+    path.with_suffix(".json.new").replace(path)
+
+
+def forget_hosts(name: str, nodes: list[plan.Node]) -> None:
+    known = plan.STATE_ROOT / name / "known_hosts"
+    write(known, without_hosts(known.read_text(), [word for node in nodes for word in (node.name, node.ip)]))
+
+
+def boot_nodes(name: str, nodes: list[plan.Node], timeout: float) -> dict[str, list[str]]:
+    """Boot each node (its namespace absent) as `up` booted the cluster's: with its metadata service and Docker
+    engine where the cluster's nodes have them; wait for its sshd and pin its keys (under the nodes lock). Each
+    one's known_hosts lines, by name."""
+    entries, state = load_nodes(name), plan.STATE_ROOT / name
+    cluster = plan.cluster_from_nodes(name, entries)
+    docker, metadata = bool(entries[0].get("docker")), bool(entries[0].get("metadata"))
+    run(["ip", "-batch", "-"], stdin="".join(plan.node_root_batch(cluster, node) for node in nodes), timeout=timeout)
+    operator_pub = (state / "operator_key.pub").read_text()
+    boots = [boot_node(cluster, node, state / node.name, operator_pub, docker=docker) for node in nodes]
+    if metadata:
+        for node in nodes:
             start_metadata(node, state / node.name)
-        wait_for_sshd([boot], state, timeout)
-        if docker:
-            start_engines(cluster, [boot], state)
-        known = state / "known_hosts"  # read and written under the lock: replacements side by side keep theirs
-        write(known, without_hosts(known.read_text(), [node.name, node.ip]) + "".join(boot.known_hosts))
-    return boot.known_hosts
+    wait_for_sshd(boots, state, timeout)
+    if docker:
+        start_engines(cluster, boots, state)
+    forget_hosts(name, nodes)  # read and written under the lock: replacements side by side keep theirs
+    known = state / "known_hosts"
+    write(known, known.read_text() + "".join(line for boot in boots for line in boot.known_hosts))
+    mark_up(name, {node.name: True for node in nodes})
+    return {boot.node.name: boot.known_hosts for boot in boots}
 
 
 # ---------------------------------------------------------------- sub-commands
@@ -377,14 +441,18 @@ def network_lock():
 
 
 def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: bool = False,
-                 docker: bool = False, zone: str | None = None) -> plan.Cluster:
+                 docker: bool = False, zone: str | None = None, start: int | None = None) -> plan.Cluster:
     """Create a cluster of `count` nodes and wait until each one's sshd answers (with `metadata`, each with its
     stand-in metadata service; with `docker`, each with its Docker engine, and the cluster's registry); on any
     failure remove it all. `zone`: the local zone it is in, a label whose capacity `exhaust --zone` takes away
-    (NoCapacity here, and for its replacements)."""
+    (NoCapacity here, and for its replacements). `start`: boot only the first `start` nodes; the others are slots,
+    planned (their names and addresses kept) but not made, that `add_nodes` boots later (a queue's nodes)."""
     state = plan.STATE_ROOT / name
     if not 1 <= count <= plan.MAX_NODES:
         raise UsageError(f"N must be between 1 and {plan.MAX_NODES}, not {count}")
+    start = count if start is None else start
+    if not 0 <= start <= count:
+        raise UsageError(f"--start {start}: give 0 to N ({count})")
     if zone and zone_empty(zone):
         raise NoCapacity(f"no capacity in local zone {zone} (local-cluster exhaust --zone {zone})")
     if find_netns(name) or find_links(name) or state.exists():
@@ -397,8 +465,8 @@ def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: 
     try:
         with network_lock():  # a concurrent `up` of another name sees this one's subnet taken
             cluster = plan.plan_cluster(name, count, plan.pick_subnet(candidates, used_networks()))
-            run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster), timeout=60 + count / 10)
-        build(cluster, state, metadata=metadata, docker=docker)
+            run(["ip", "-batch", "-"], stdin=plan.root_batch(cluster, cluster.nodes[:start]), timeout=60 + count / 10)
+        build(cluster, state, metadata=metadata, docker=docker, start=start)
         if zone:
             write(state / "zone", zone)
     except BaseException as exc:
@@ -413,9 +481,11 @@ def make_cluster(name: str, count: int, subnet: str | None = None, *, metadata: 
 def cmd_up(args: argparse.Namespace) -> int:
     """Create a cluster of N nodes and wait until each one's sshd answers."""
     started, name, state = time.monotonic(), args.name, plan.STATE_ROOT / args.name
-    cluster = make_cluster(name, args.count, args.subnet, metadata=args.metadata, docker=args.docker)
+    cluster = make_cluster(name, args.count, args.subnet, metadata=args.metadata, docker=args.docker,
+                           start=args.start)
     registries = engines.registry_addresses(name)
-    print(f"cluster {name}: {args.count} nodes up on {cluster.bridge} {cluster.subnet} "
+    slots = "" if args.start is None or args.start == args.count else f" ({args.count - args.start} of them slots)"
+    print(f"cluster {name}: {args.count} nodes{slots} up on {cluster.bridge} {cluster.subnet} "
           f"in {time.monotonic() - started:.1f} s\n"
           f"  state: {state}\n  ssh:   ssh -F {state / 'ssh_config'} node1\n"
           f"  fab:   {plan.fab_command(state, cluster)}\n"
@@ -425,29 +495,32 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False, docker: bool = False) -> None:
-    """On the cluster's bridge: make the operator key and the nodes; wait for every sshd; log in once; with
-    `docker`, start the registry and every node's engine."""
+def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False, docker: bool = False,
+          start: int | None = None) -> None:
+    """On the cluster's bridge: make the operator key and the first `start` nodes (default all; the rest are
+    slots); wait for every sshd; log in once; with `docker`, start the registry and every node's engine."""
     key = state / "operator_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
     for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755)):
         os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
-    timeout = 60 + len(cluster.nodes) / 10
+    booted = cluster.nodes[:start]
+    timeout = 60 + len(booted) / 10
     operator_pub = key.with_suffix(".pub").read_text()
     with ThreadPoolExecutor(WORKERS) as pool:
         boots = list(pool.map(lambda n: boot_node(cluster, n, state / n.name, operator_pub, docker=docker),
-                              cluster.nodes))
+                              booted))
     write(state / "known_hosts", "".join(line for boot in boots for line in boot.known_hosts))
     write(state / "ssh_config", plan.ssh_config_text(cluster, state))
     write(state / "hostfile", "".join(f"{n.name}\n" for n in cluster.nodes))
     nodes = [dict(asdict(n), subnet=str(cluster.subnet), state_dir=str(state / n.name), metadata=metadata,
-                  docker=docker) for n in cluster.nodes]
+                  docker=docker, up=n in booted) for n in cluster.nodes]
     write(state / "nodes.json", json.dumps(nodes, indent=1) + "\n")
     if metadata:
         with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(lambda n: start_metadata(n, state / n.name), cluster.nodes))
+            list(pool.map(lambda n: start_metadata(n, state / n.name), booted))
     wait_for_sshd(boots, state, timeout)
-    verify_login(cluster, state)
+    if booted:
+        verify_login(booted, state)
     if docker:
         engines.start_registries(cluster)
         start_engines(cluster, boots, state)
@@ -506,6 +579,24 @@ def cmd_exhaust(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add(args: argparse.Namespace) -> int:
+    """Boot slots NODE...: fresh machines, empty disks, new host keys (pinned in the cluster's known_hosts)."""
+    cluster = plan.cluster_from_nodes(args.name, load_nodes(args.name))
+    added = add_nodes(args.name, [plan.find_node(cluster, node) for node in args.node])
+    print(f"cluster {args.name}: {', '.join(added)} up; their host keys:\n"
+          + "".join(line for lines in added.values() for line in lines), end="")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Delete NODE... as a cloud deletes machines (processes, network, disk); their slots stay, for add."""
+    cluster = plan.cluster_from_nodes(args.name, load_nodes(args.name))
+    nodes = [plan.find_node(cluster, node) for node in args.node]
+    remove_nodes(args.name, nodes)
+    print(f"cluster {args.name}: {', '.join(node.name for node in nodes)} removed")
+    return 0
+
+
 def cmd_replace(args: argparse.Namespace) -> int:
     """Put a fresh machine in NODE's place: same name and address, empty disk, new host keys."""
     node = plan.find_node(plan.cluster_from_nodes(args.name, load_nodes(args.name)), args.node)
@@ -531,8 +622,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(PROBES) as pool:
         answering = list(pool.map(lambda n: bool(n["ip"]) and probe_ssh(n["ip"], 22, 1.0) is not None, nodes))
     rows = [{"node": n["name"], "ip": n["ip"], "netns": n["netns"], "netns_present": n["netns"] in present,
-             "sshd": up} for n, up in zip(nodes, answering, strict=True)]
-    healthy = bool(rows) and all(r["netns_present"] and r["sshd"] for r in rows)
+             "sshd": up, "slot": not n.get("up", True)} for n, up in zip(nodes, answering, strict=True)]
+    healthy = bool(rows) and all(r["netns_present"] and r["sshd"] for r in rows if not r["slot"])
     if args.json:
         print(json.dumps({"cluster": args.name, "up": healthy, "nodes": rows,
                           "registry": engines.registry_addresses(args.name) or None}, indent=1))
@@ -540,13 +631,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{'NODE':<10}{'IP':<16}{'NETNS':<8}SSHD" if rows else f"cluster {args.name}: not up")
         for r in rows:
             print(f"{r['node']:<10}{r['ip'] or '-':<16}{'yes' if r['netns_present'] else 'no':<8}"
-                  f"{'up' if r['sshd'] else 'down'}")
+                  f"{'up' if r['sshd'] else 'down'}{' (a slot: local-cluster add boots it)' if r['slot'] else ''}")
     return 0 if healthy else 1
 
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Print KILN_SSH_CONFIG=... and KILN_HOSTS=... shell lines for the cluster."""
-    hosts, config = ",".join(n["name"] for n in load_nodes(args.name)), plan.STATE_ROOT / args.name / "ssh_config"
+    hosts = ",".join(n["name"] for n in load_nodes(args.name) if n.get("up", True))
+    config = plan.STATE_ROOT / args.name / "ssh_config"
     print(f"KILN_SSH_CONFIG={shlex.quote(str(config))}\nKILN_HOSTS={shlex.quote(hosts)}")
     return 0
 
@@ -557,7 +649,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      description=f"{title}\n\n{details}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for func in (cmd_up, cmd_down, cmd_status, cmd_env, cmd_lose, cmd_replace, cmd_interrupt, cmd_exhaust):
+    for func in (cmd_up, cmd_down, cmd_add, cmd_remove, cmd_status, cmd_env, cmd_lose, cmd_replace, cmd_interrupt,
+                 cmd_exhaust):
         cmd = sub.add_parser(func.__name__[4:], help=func.__doc__, description=func.__doc__)
         cmd.set_defaults(func=func)
         cmd.add_argument("--name", default="kiln", help="cluster name, [a-z][a-z0-9]{0,5} (default kiln)")
@@ -570,10 +663,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                   "169.254.169.254")
             cmd.add_argument("--docker", action="store_true",
                              help="give every node its own Docker engine, and the cluster a registry")
+            cmd.add_argument("--start", type=int, metavar="M",
+                             help="boot only nodes 1 to M (0 to N); the others are slots that add boots")
         if func is cmd_status:
             cmd.add_argument("--json", action="store_true", help="print JSON")
         if func in (cmd_lose, cmd_replace, cmd_interrupt):
             cmd.add_argument("node", metavar="NODE", help="the node's name (node2) or address")
+        if func in (cmd_add, cmd_remove):
+            cmd.add_argument("node", metavar="NODE", nargs="+", help="the nodes' names (node2) or addresses")
         if func is cmd_exhaust:
             cmd.add_argument("--times", type=int, default=1, help="how many replacements to refuse (default 1); "
                                                                   "with --zone, 0 gives the zone its capacity back")

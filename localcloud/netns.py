@@ -117,8 +117,9 @@ def pick_subnet(candidates: list[ipaddress.IPv4Network],
     raise UsageError(f"subnet {subnet} overlaps {clash[0][1]} on {clash[0][0]}; choose another with --subnet")
 
 
-def root_batch(cluster: Cluster) -> str:
-    """`ip -batch` input creating the bridge, the namespaces, the veth pairs and static neighbour entries.
+def root_batch(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> str:
+    """`ip -batch` input creating the bridge, and the namespaces, veth pairs and static neighbour entries of
+    `nodes` (default: every node of the plan; a node left out is a slot `add` boots later).
 
     Static entries keep operator <-> node traffic out of the ARP cache, whose size limit (gc_thresh3, 1024
     by default) counts dynamic entries of all namespaces together: with hundreds of nodes it overflows.
@@ -126,7 +127,8 @@ def root_batch(cluster: Cluster) -> str:
     br = cluster.bridge
     lines = [f"link add {br} address {cluster.gateway_mac} type bridge",
              f"addr add {cluster.gateway}/{cluster.subnet.prefixlen} dev {br}", f"link set {br} up"]
-    return "\n".join(lines) + "\n" + "".join(node_root_batch(cluster, n) for n in cluster.nodes)
+    booted = cluster.nodes if nodes is None else nodes
+    return "\n".join(lines) + "\n" + "".join(node_root_batch(cluster, n) for n in booted)
 
 
 def node_root_batch(cluster: Cluster, node: Node) -> str:

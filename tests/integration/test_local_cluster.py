@@ -198,6 +198,48 @@ def test_up_with_an_invalid_name_exits_2_naming_it():
     assert done.stderr.startswith("local-cluster: error:") and "'Bad-Name'" in done.stderr
 
 
+# ---------------------------------------------------------------- slots: nodes made and removed one by one
+
+@needs_namespaces
+def test_slots_are_booted_and_removed_one_by_one_each_time_with_new_pinned_keys():
+    """up --start 0 plans two nodes and makes none (a queue's partition with no node up); add boots one, pinned
+    in the cluster's known_hosts; remove takes it away with its pin; add boots it again as a fresh machine (new
+    keys); a slot that is up, or one asked for while the cluster has no capacity, is refused and nothing is left."""
+    local_cluster("down", "--name", SCRATCH)
+    known = STATE_ROOT / SCRATCH / "known_hosts"
+    try:
+        made = local_cluster("up", "2", "--name", SCRATCH, "--start", "0")
+        assert made.returncode == 0 and "2 of them slots" in made.stdout, made.stdout + made.stderr
+        assert netns_of(SCRATCH) == [] and known.read_text() == ""
+        status = json.loads(local_cluster("status", "--name", SCRATCH, "--json").stdout)
+        assert [(row["node"], row["slot"]) for row in status["nodes"]] == [("node1", True), ("node2", True)]
+
+        added = local_cluster("add", "node2", "--name", SCRATCH)
+        assert added.returncode == 0, added.stderr
+        assert netns_of(SCRATCH) == [f"{SCRATCH}-n2"] and ssh(SCRATCH, "node2", "hostname").stdout == "node2\n"
+        first = known.read_text()
+        assert first.startswith("node2,") and first in added.stdout
+        assert local_cluster("env", "--name", SCRATCH).stdout.endswith("KILN_HOSTS=node2\n")
+        again = local_cluster("add", "node2", "--name", SCRATCH)
+        assert again.returncode == 2 and "node2 is up already" in again.stderr, again.stderr
+
+        assert local_cluster("remove", "node2", "--name", SCRATCH).returncode == 0
+        assert netns_of(SCRATCH) == [] and links_of(SCRATCH) == [f"{SCRATCH}-br"] and known.read_text() == ""
+        assert local_cluster("status", "--name", SCRATCH).returncode == 0  # no node is up, and none should be
+
+        assert local_cluster("exhaust", "--name", SCRATCH).returncode == 0
+        refused = local_cluster("add", "node1", "node2", "--name", SCRATCH)
+        assert refused.returncode == 1 and "no capacity" in refused.stderr, refused.stderr
+        assert netns_of(SCRATCH) == [] and known.read_text() == ""
+
+        assert local_cluster("add", "node2", "--name", SCRATCH).returncode == 0
+        assert known.read_text().startswith("node2,") and known.read_text() != first  # a fresh machine's keys
+        assert ssh(SCRATCH, "node2", "ls /root/kiln").stdout == ""
+    finally:
+        local_cluster("down", "--name", SCRATCH)
+    assert netns_of(SCRATCH) == [] and links_of(SCRATCH) == []
+
+
 # ---------------------------------------------------------------- teardown
 
 @needs_namespaces

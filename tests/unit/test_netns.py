@@ -65,6 +65,15 @@ def test_ip_batches_build_the_network_with_static_neighbours():
         "netns del kiln-n1", "link del kiln-v1", "link del kiln-br"]
 
 
+def test_a_cluster_with_slots_plugs_in_only_the_nodes_it_boots():
+    """up --start 1 of 3: the bridge and node1; node2 and node3 keep their names and addresses for add."""
+    cluster = plan.plan_cluster("kq", 3, ipaddress.IPv4Network("10.9.0.0/16"))
+    batch = plan.root_batch(cluster, cluster.nodes[:1])
+    assert "netns add kq-n1" in batch and "kq-n2" not in batch and "kq-n3" not in batch
+    assert plan.root_batch(cluster, ()).splitlines() == plan.root_batch(cluster).splitlines()[:3]
+    assert [n.ip for n in cluster.nodes] == ["10.9.0.2", "10.9.0.3", "10.9.0.4"]
+
+
 def test_node_mounts_cover_the_private_paths_and_hide_the_state():
     assert plan.fstab_text(Path("/run/kiln/local/kiln/node1")).splitlines() == [
         "/run/kiln/local/kiln/node1/etc-ssh /etc/ssh none bind 0 0",
