@@ -64,6 +64,11 @@ class Meaning:
         return f"quota {self.quota or self.code}" + (" (every region)" if self.everywhere else "")
 
 
+def same_meaning(verdict: str, source: str, *codes: str) -> tuple[Row, ...]:
+    """The rows of codes that all mean `verdict`, whatever their message says, as `source` documents them."""
+    return tuple(Row(code, verdict, source) for code in codes)
+
+
 def gce_quota_rows(code: str) -> tuple[Row, ...]:
     """A GCE quota code's rows: its message names the quota, and says `globally` where it holds everywhere."""
     named = r"quota '([A-Z0-9_]+)' exceeded"
@@ -74,11 +79,9 @@ def gce_quota_rows(code: str) -> tuple[Row, ...]:
 TABLES: dict[str, tuple[Row, ...]] = {
     "aws": (
         Row("InsufficientInstanceCapacity", "capacity", EC2_CAPACITY),
-        Row("InsufficientHostCapacity", "capacity", EC2_ERRORS),
-        Row("InsufficientCapacity", "capacity", EC2_ERRORS),
-        Row("InsufficientReservedInstanceCapacity", "capacity", EC2_ERRORS),
-        # the Spot price is above the most the user would pay here; another region's may not be
-        Row("SpotMaxPriceTooLow", "capacity", EC2_ERRORS),
+        # SpotMaxPriceTooLow: the Spot price is above the most the user would pay here; another region's may not be
+        *same_meaning("capacity", EC2_ERRORS, "InsufficientHostCapacity", "InsufficientCapacity",
+                      "InsufficientReservedInstanceCapacity", "SpotMaxPriceTooLow"),
         # "Your requested instance type (p5.48xlarge) is not supported in your requested Availability Zone ..."
         Row("Unsupported", "unavailable", EC2_CAPACITY, words=r"not supported in your requested availability zone"),
         Row("Unsupported", "unavailable", EC2_ERRORS, words=r"instance type .* is not supported"),
@@ -87,30 +90,23 @@ TABLES: dict[str, tuple[Row, ...]] = {
         Row("InstanceLimitExceeded", "quota", EC2_ERRORS, quota="running instances"),
         Row("MaxSpotInstanceCountExceeded", "quota", EC2_ERRORS, quota="Spot instances (vCPUs)"),
         Row("AddressLimitExceeded", "quota", EC2_EIP, quota="Elastic IP addresses"),
-        Row("RequestLimitExceeded", "transient", EC2_ERRORS),
-        Row("InternalError", "transient", EC2_ERRORS),
-        Row("ServiceUnavailable", "transient", EC2_ERRORS),
-        Row("Unavailable", "transient", EC2_ERRORS),
+        *same_meaning("transient", EC2_ERRORS, "RequestLimitExceeded", "InternalError", "ServiceUnavailable",
+                      "Unavailable"),
     ),
     "gcp": (
-        Row("ZONE_RESOURCE_POOL_EXHAUSTED", "capacity", GCE_AVAILABILITY),
-        Row("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "capacity", GCE_AVAILABILITY),
-        Row("RESOURCE_POOL_EXHAUSTED", "capacity", GCE_AVAILABILITY),
+        *same_meaning("capacity", GCE_AVAILABILITY, "ZONE_RESOURCE_POOL_EXHAUSTED",
+                      "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_POOL_EXHAUSTED"),
         Row("UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE", "unavailable", GCE_AVAILABILITY),
         # an operation's error (QUOTA_EXCEEDED) and a refused call's reason (quotaExceeded, HTTP 403) say the same:
         # "Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally." holds everywhere; "... in region us-central1."
         *gce_quota_rows("QUOTA_EXCEEDED"),
         *gce_quota_rows("quotaExceeded"),
-        Row("rateLimitExceeded", "transient", GCE_API_ERRORS),
-        Row("userRateLimitExceeded", "transient", GCE_API_ERRORS),
-        Row("backendError", "transient", GCE_API_ERRORS),
-        Row("internalError", "transient", GCE_API_ERRORS),
+        *same_meaning("transient", GCE_API_ERRORS, "rateLimitExceeded", "userRateLimitExceeded", "backendError",
+                      "internalError"),
     ),
     "azure": (
-        Row("AllocationFailed", "capacity", AZURE_ALLOCATION),
-        Row("ZonalAllocationFailed", "capacity", AZURE_ALLOCATION),
-        Row("OverconstrainedAllocationRequest", "capacity", AZURE_ALLOCATION),
-        Row("OverconstrainedZonalAllocationRequest", "capacity", AZURE_ALLOCATION),
+        *same_meaning("capacity", AZURE_ALLOCATION, "AllocationFailed", "ZonalAllocationFailed",
+                      "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"),
         # "The requested size for resource '...' is currently not available in location 'eastus' ..."
         Row("SkuNotAvailable", "capacity", AZURE_SKU),
         Row("QuotaExceeded", "quota", AZURE_QUOTA, words=r"exceeding approved (\S+) (?:cores )?quota"),
@@ -121,8 +117,7 @@ TABLES: dict[str, tuple[Row, ...]] = {
         Row("OperationNotAllowed", "quota", AZURE_QUOTA, words=r"exceeding approved (\S+) (?:cores )?quota"),
         Row("OperationNotAllowed", "quota", AZURE_QUOTA, words=r"\bquota\b"),
         Row("OperationNotAllowed", "bad-request", AZURE_ERRORS),
-        Row("TooManyRequests", "transient", AZURE_THROTTLING),
-        Row("RetryableError", "transient", AZURE_THROTTLING),
+        *same_meaning("transient", AZURE_THROTTLING, "TooManyRequests", "RetryableError"),
         Row("InternalServerError", "transient", AZURE_ERRORS),
     ),
     "local": (
