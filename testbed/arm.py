@@ -65,7 +65,6 @@ arm_access, the shared records in arm_types, TLS and HTTP in arm_tls. As a progr
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import copy
@@ -92,7 +91,7 @@ from azure.mgmt.resource.resources import ResourceManagementClient
 from azure.mgmt.resource.resources import models as resource_models
 
 from localcloud.guest import Served
-from testbed import take_fault
+from testbed import end_operation, serve, settle, stand_in_parser, take_fault
 from testbed.arm_access import AUTHORIZATION_API, OPERATION_POLLS, Access, authorization_failed
 from testbed.arm_access import action_of as access_action
 from testbed.arm_disks import DiskHandlers
@@ -569,23 +568,15 @@ class Arm(Served, NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, P
                 **({"Location": location_url} if location else {}), "Retry-After": "0"}
 
     def _settle(self) -> None:
-        """Complete the operations that are due, in the order they began."""
-        now = time.monotonic()
-        for op in list(self._ops.values()):
-            if op.status == "InProgress" and op.due <= now:
-                self._complete(op)
+        settle(self._ops, lambda op: op.status == "InProgress", self._complete)
 
     def _complete(self, op: Op) -> None:
-        fault = op.fault
+        fault = end_operation(op)
         if fault:
-            if op.undo:
-                op.undo()
             op.status = "Failed"
             op.error = {"code": fault.code, "message": fault.message or fault_message(fault.code, fault.status,
                                                                                         **op.context)}
         else:
-            if op.finish:
-                op.finish()
             op.status = "Succeeded"
         op.ended = self._now()
 
@@ -815,6 +806,12 @@ class Arm(Served, NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, P
                    if self._same(id_of(s["properties"].get("networkSecurityGroup")), rid)]
         return nics + subnets
 
+    def _stored_as(self, ref: object, type_name: str) -> tuple[ResourceId | None, dict | None]:
+        """The id `ref` parses to, and the resource of type `type_name` stored under it: None where `ref` is no id
+        of that type or nothing is there."""
+        rid = parse_id(ref)
+        return rid, self._resources.get(rid.key) if rid and rid.type == type_name else None
+
     def _reference(self, ref: str, type_name: str, user: ResourceId, location: str) -> dict:
         """The resource a network reference names; 400 InvalidResourceReference where none is, or in another
         region."""
@@ -1010,12 +1007,9 @@ class Arm(Served, NetworkHandlers, DiskHandlers, VmHandlers, ScaleSetHandlers, P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.arm", description="a stand-in Azure Resource Manager")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    parser = stand_in_parser("arm", "a stand-in Azure Resource Manager", "completes")
     parser.add_argument("--subscription", default="00000000-0000-0000-0000-000000000000")
     parser.add_argument("--location", action="append", dest="locations", help="a location served (repeatable)")
-    parser.add_argument("--op-delay", type=float, default=0.05, help="seconds until an operation completes")
     parser.add_argument("--image", action="append", default=[], metavar="GROUP/NAME", help="a managed image to serve")
     args = parser.parse_args(argv)
     arm = Arm(args.subscription, args.locations or ("eastus", "westus2"), args.op_delay, host=args.host,
@@ -1027,9 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
           f"bearer token: {arm.credential().get_token().token}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the CA's temporary directory goes too
     try:
-        arm._server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        serve(arm._server)
     finally:
         arm._tmp.cleanup()
     return 0

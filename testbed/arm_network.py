@@ -9,6 +9,7 @@ import uuid
 
 from azure.mgmt.network import models as network_models
 
+from testbed import next_free
 from testbed.arm_rules import (
     ArmError,
     ResourceId,
@@ -171,14 +172,12 @@ class NetworkHandlers:
     def _public_address(self) -> str:
         """The next free address of PUBLIC_RANGE, round robin (a deleted address is not handed out at once)."""
         used = {p["properties"]["ipAddress"] for _, p in self._of_type(PIP)}
-        hosts = list(PUBLIC_RANGE.hosts())
-        for step in range(len(hosts)):
-            address = str(hosts[(self._next_public + step) % len(hosts)])
-            if address not in used:
-                self._next_public = (self._next_public + step + 1) % len(hosts)
-                return address
-        raise ArmError(409, "PublicIPCountLimitReached", "Cannot create more than 254 public IP addresses for this "
-                                                         "subscription in this region.")
+        found = next_free([str(host) for host in PUBLIC_RANGE.hosts()], used, self._next_public)
+        if found is None:
+            raise ArmError(409, "PublicIPCountLimitReached", "Cannot create more than 254 public IP addresses for "
+                                                             "this subscription in this region.")
+        address, self._next_public = found
+        return address
 
     def _nic_put(self, request: Request) -> Reply:
         rid, body, old = self._put_prologue(request, network_models.NetworkInterface)

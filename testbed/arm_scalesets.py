@@ -31,7 +31,7 @@ import uuid
 
 from azure.mgmt.compute import models as compute_models
 
-from testbed.arm_rules import ArmError, ResourceId, VmSize, id_of, invalid_parameter, parse_id
+from testbed.arm_rules import ArmError, ResourceId, VmSize, id_of, invalid_parameter
 from testbed.arm_types import PPG, VM, VMSS, Reply, Request
 
 MODES = ("Uniform", "Flexible")
@@ -102,8 +102,7 @@ class ScaleSetHandlers:
         ref = id_of(props.get("proximityPlacementGroup"))
         if not ref:
             return ""
-        ppg_id = parse_id(ref)
-        stored = self._resources.get(ppg_id.key) if ppg_id and ppg_id.type == PPG else None
+        _, stored = self._stored_as(ref, PPG)
         if stored is None:
             raise ArmError(404, "NotFound", f"The Resource '{ref}' was not found.", "proximityPlacementGroup")
         if stored["location"] != location:
@@ -137,8 +136,7 @@ class ScaleSetHandlers:
             return None
         if not ref:
             return None
-        set_id = parse_id(ref)
-        stored = self._resources.get(set_id.key) if set_id and set_id.type == VMSS else None
+        set_id, stored = self._stored_as(ref, VMSS)
         if stored is None:
             raise ArmError(404, "NotFound", f"The Virtual Machine Scale Set '{ref}' referenced by the Virtual Machine "
                                             "does not exist.", "virtualMachineScaleSet")

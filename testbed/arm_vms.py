@@ -253,8 +253,7 @@ class VmHandlers:
             entry = {"lun": lun, "caching": disk.get("caching") or "None", "writeAcceleratorEnabled": False,
                      "deleteOption": disk.get("deleteOption") or "Detach", "toBeDetached": False}
             if ref:
-                disk_id = parse_id(ref)
-                stored = self._resources.get(disk_id.key) if disk_id and disk_id.type == DISK else None
+                disk_id, stored = self._stored_as(ref, DISK)
                 if stored is None:
                     raise ArmError(404, "NotFound", f"Disk {disk_id.name if disk_id else ref} is not found.",
                                    "dataDisks.managedDisk.id")
@@ -298,8 +297,7 @@ class VmHandlers:
             raise invalid_parameter("Required parameter 'networkProfile' is missing (null).", "networkProfile")
         entries = []
         for ref in refs:
-            nic_id = parse_id(ref.get("id"))
-            nic = self._resources.get(nic_id.key) if nic_id and nic_id.type == NIC else None
+            nic_id, nic = self._stored_as(ref.get("id"), NIC)
             if nic is None:
                 raise ArmError(404, "NotFound", f"Resource {ref.get('id')} not found.", "networkProfile")
             if nic["location"] != location:

@@ -43,7 +43,6 @@ gce_rules, the shared records in gce_types. As a program:
 
 from __future__ import annotations
 
-import argparse
 import re
 import secrets
 import sys
@@ -60,7 +59,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from localcloud.guest import QuietServer, Served
-from testbed import take_fault
+from testbed import end_operation, serve, settle, stand_in_parser, take_fault
 from testbed.gce_instances import InstanceHandlers
 from testbed.gce_resources import ResourceHandlers
 from testbed.gce_rules import (
@@ -70,6 +69,7 @@ from testbed.gce_rules import (
     QUOTA_MESSAGE,
     WAIT_SECONDS,
     ApiError,
+    already_exists,
     api_url,
     check_labels,
     check_name,
@@ -217,6 +217,15 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
     def _path(self, scope: str, where: str, collection: str, name: str) -> str:
         middle = "global" if scope == "global" else f"{scope}/{where}"
         return f"projects/{self.project}/{middle}/{collection}/{name}"
+
+    def _new_path(self, scope: str, where: str, collection: str, name: str) -> str:
+        """Where an insert puts the resource `name`: 400 where the name is not one GCE allows, 409 where one is there
+        already."""
+        check_name(name)
+        path = self._path(scope, where, collection, name)
+        if path in self._resources:
+            raise already_exists(path)
+        return path
 
     def _id(self) -> int:
         return secrets.randbelow(2**63 - 2**62) + 2**62
@@ -387,17 +396,11 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
         return op
 
     def _settle(self) -> None:
-        """Complete the operations that are due, in the order they began."""
-        now = time.monotonic()
-        for op in list(self._ops.values()):
-            if op.msg.status != DONE and op.due <= now:
-                self._complete(op)
+        settle(self._ops, lambda op: op.msg.status != DONE, self._complete)
 
     def _complete(self, op: Op) -> None:
-        fault = op.fault
+        fault = end_operation(op)
         if fault:
-            if op.undo:
-                op.undo()
             default = {"QUOTA_EXCEEDED": QUOTA_MESSAGE, "ZONE_RESOURCE_POOL_EXHAUSTED": POOL_MESSAGE
                        }.get(fault.reason, HTTPStatus(fault.code).phrase)
             message = fault.message or default.format(zone=ref_path(op.msg.zone, self.project))
@@ -409,8 +412,6 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
             op.msg.error = compute_v1.Error(errors=[error])
             op.msg.http_error_status_code = fault.code
             op.msg.http_error_message = HTTPStatus(fault.code).phrase.upper()
-        elif op.finish:
-            op.finish()
         op.msg.status = DONE
         op.msg.progress = 100
         op.msg.end_time = self._stamp()
@@ -517,12 +518,9 @@ def _handler(gce: Gce) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.gce", description="a stand-in Compute Engine v1 API")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    parser = stand_in_parser("gce", "a stand-in Compute Engine v1 API", "is DONE")
     parser.add_argument("--project", default="kiln-test")
     parser.add_argument("--zone", action="append", dest="zones", help="a zone served (repeatable)")
-    parser.add_argument("--op-delay", type=float, default=0.05, help="seconds until an operation is DONE")
     parser.add_argument("--image", action="append", default=[], metavar="NAME[=FAMILY]", help="an image to serve")
     args = parser.parse_args(argv)
     gce = Gce(args.project, args.zones or ("us-central1-a", "us-central1-b"), args.op_delay,
@@ -531,10 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, family = image.partition("=")
         gce.add_image(name, family or None)
     print(f"serving GCE for project {gce.project} at {gce.endpoint}", flush=True)
-    try:
-        gce._server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    serve(gce._server)
     return 0
 
 

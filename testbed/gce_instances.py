@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from google.cloud import compute_v1
 
 from localcloud.guest import make_host_keys
+from testbed import next_free
 from testbed.gce_rules import (
     INTERNAL_RANGE,
     MACHINE_TYPES,
@@ -21,7 +22,6 @@ from testbed.gce_rules import (
     already_exists,
     api_url,
     check_labels,
-    check_name,
     fingerprint,
     in_use,
     invalid,
@@ -95,10 +95,7 @@ class InstanceHandlers:
     def _instances_insert(self, method, params, query, body):
         zone = params["zone"]
         inst = parse_body(compute_v1.Instance, body)
-        check_name(inst.name)
-        path = self._path("zones", zone, "instances", inst.name)
-        if path in self._resources:
-            raise already_exists(path)
+        path = self._new_path("zones", zone, "instances", inst.name)
         type_name, machine = self._machine_type(inst.machine_type, zone)
         check_labels(inst.labels)
         problem = metadata_problem((i.key, i.value) for i in inst.metadata.items)
@@ -298,13 +295,11 @@ class InstanceHandlers:
 
     def _nat_address(self, used: set[str]) -> str:
         """The next free ephemeral external address, round robin (a restarted instance gets another)."""
-        hosts = list(NAT_RANGE.hosts())
-        for step in range(len(hosts)):
-            address = str(hosts[(self._next_nat + step) % len(hosts)])
-            if address not in used:
-                self._next_nat = (self._next_nat + step + 1) % len(hosts)
-                return address
-        raise ApiError(403, "quotaExceeded", "Quota 'IN_USE_ADDRESSES' exceeded. Limit: 254.0 in region.")
+        found = next_free([str(host) for host in NAT_RANGE.hosts()], used, self._next_nat)
+        if found is None:
+            raise ApiError(403, "quotaExceeded", "Quota 'IN_USE_ADDRESSES' exceeded. Limit: 254.0 in region.")
+        address, self._next_nat = found
+        return address
 
     def _running(self, path: str) -> None:
         """The instance boots: RUNNING, external addresses, a new boot on its console."""

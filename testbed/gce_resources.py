@@ -11,7 +11,6 @@ from google.cloud import compute_v1
 
 from testbed.gce_rules import (
     DISK_TYPES,
-    already_exists,
     api_url,
     check_labels,
     check_name,
@@ -86,10 +85,7 @@ class ResourceHandlers:
     def _disks_insert(self, method, params, query, body):
         zone = params["zone"]
         given = parse_body(compute_v1.Disk, body)
-        check_name(given.name)
-        path = self._path("zones", zone, "disks", given.name)
-        if path in self._resources:
-            raise already_exists(path)
+        path = self._new_path("zones", zone, "disks", given.name)
         disk = self._build_disk(zone, given.name, given.size_gb, given.type_, given.source_image,
                                 given.source_snapshot, dict(given.labels), "resource")
         disk.description = given.description
@@ -105,11 +101,8 @@ class ResourceHandlers:
 
     def _snapshots_insert(self, method, params, query, body):
         given = parse_body(compute_v1.Snapshot, body)
-        check_name(given.name)
+        path = self._new_path("global", "", "snapshots", given.name)
         check_labels(given.labels)
-        path = self._path("global", "", "snapshots", given.name)
-        if path in self._resources:
-            raise already_exists(path)
         if not match_ref(given.source_disk, self.project, "zones/{zone}/disks/{name}"):
             raise invalid("resource.sourceDisk", given.source_disk, "The URL is malformed.")
         disk = self._existing(ref_path(given.source_disk, self.project))
@@ -129,10 +122,7 @@ class ResourceHandlers:
 
     def _firewalls_insert(self, method, params, query, body):
         rule = parse_body(compute_v1.Firewall, body)
-        check_name(rule.name)
-        path = self._path("global", "", "firewalls", rule.name)
-        if path in self._resources:
-            raise already_exists(path)
+        path = self._new_path("global", "", "firewalls", rule.name)
         network_ref = rule.network or "global/networks/default"
         if not match_ref(network_ref, self.project, "global/networks/{name}"):
             raise invalid("resource.network", network_ref, "The URL is malformed.")
@@ -165,10 +155,7 @@ class ResourceHandlers:
     def _policies_insert(self, method, params, query, body):
         region = params["region"]
         policy = parse_body(compute_v1.ResourcePolicy, body)
-        check_name(policy.name)
-        path = self._path("regions", region, "resourcePolicies", policy.name)
-        if path in self._resources:
-            raise already_exists(path)
+        path = self._new_path("regions", region, "resourcePolicies", policy.name)
         self._stamped(policy, "compute#resourcePolicy", path)
         policy.region = api_url(f"projects/{self.project}/regions/{region}")
         policy.status = "CREATING"
