@@ -31,6 +31,22 @@ SNAPSHOT_TTL_DAYS = 30.0
 MAX_SNAPSHOT_TTL_DAYS = 3650.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class CloudRequest:
+    """What the operator asked for on any cloud: the cluster's name and size, the SSH range, the image profile,
+    spot, the login, its TTL and idle stop. Each cloud's Request adds its place, its machine and its image, and its
+    `validate_request` checks them all."""
+
+    name: str
+    count: int
+    ssh_cidr: str
+    image_profile: str = "gpu"
+    spot: bool = False
+    user: str = "ubuntu"
+    ttl_hours: float = 24.0
+    idle_minutes: float | None = None
+
+
 def validate_name(name) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise UsageError(f"cluster name {name!r}: use 1 to 32 lowercase letters, digits and '-'")

@@ -24,7 +24,8 @@ def request(**overrides):
 
 def test_valid_request_is_normalised():
     assert request(spot=True, max_price=1.5, ttl_hours="6") == plan.Request(
-        "demo", 2, "p3.2xlarge", "203.0.113.7/32", None, "gpu", True, "1.5", "ubuntu", 6.0)
+        name="demo", count=2, instance_type="p3.2xlarge", ssh_cidr="203.0.113.7/32", ami=None, image_profile="gpu",
+        spot=True, max_price="1.5", user="ubuntu", ttl_hours=6.0)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -29,6 +29,7 @@ from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as th
     NAME,
     SNAPSHOT_TTL_DAYS,
     SSH_WAIT_S,
+    CloudRequest,
     ClusterSummary,
     Snapshot,
     data_volume_file,
@@ -84,23 +85,16 @@ GROUP_PLACEHOLDER = "<id of security group kiln-{name}>"
 TOKEN_PLACEHOLDER = "<kiln-NAME-ATTEMPT: one per launch>"
 
 
-@dataclass(frozen=True)
-class Request:
-    """What the operator asked for, checked by `validate_request`."""
+@dataclass(frozen=True, kw_only=True)
+class Request(CloudRequest):
+    """What the operator asked for on AWS: an instance type, an AMI (or the newest of the profile's, by its tags),
+    a Spot price, a data volume."""
 
-    name: str
-    count: int
     instance_type: str
-    ssh_cidr: str
     ami: str | None = None
-    image_profile: str = "gpu"
-    spot: bool = False
     max_price: str | None = None
-    user: str = "ubuntu"
-    ttl_hours: float = 24.0
     image_tags: tuple[tuple[str, str], ...] = ()
     volume_gib: int | None = None
-    idle_minutes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -155,9 +149,10 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
         max_price = str(max_price)
     validate_user(user)
     ttl_hours = validate_ttl(ttl_hours)
-    return Request(name, count, instance_type, validate_cidr(ssh_cidr), ami, image_profile, bool(spot), max_price,
-                   user, ttl_hours, parse_image_tags(image_tags), validate_volume(volume_gib),
-                   validate_idle_minutes(idle_minutes) or None)
+    return Request(name=name, count=count, instance_type=instance_type, ssh_cidr=validate_cidr(ssh_cidr), ami=ami,
+                   image_profile=image_profile, spot=bool(spot), max_price=max_price, user=user, ttl_hours=ttl_hours,
+                   image_tags=parse_image_tags(image_tags), volume_gib=validate_volume(volume_gib),
+                   idle_minutes=validate_idle_minutes(idle_minutes) or None)
 
 
 def cluster_tags(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:

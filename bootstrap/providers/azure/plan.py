@@ -34,6 +34,7 @@ from bootstrap.errors import UsageError
 from bootstrap.providers import catalog
 from bootstrap.providers.common import (
     DATA_MOUNT,
+    CloudRequest,
     first_boot_settings,
     format_time,
     matching,
@@ -89,24 +90,18 @@ IMAGE_PLACEHOLDER = "<newest image tagged kiln:profile={profile}{more}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
 
 
-@dataclass(frozen=True)
-class Request:
-    """What the operator asked for, checked by `validate_request`."""
+@dataclass(frozen=True, kw_only=True)
+class Request(CloudRequest):
+    """What the operator asked for on Azure: a location, a VM size, an image (or the newest of the profile's, by
+    its tags), a Spot price, a data disk; the login is azureuser unless given."""
 
-    name: str
-    count: int
     location: str
     vm_size: str
-    ssh_cidr: str
     image_id: str | None = None
-    image_profile: str = "gpu"
     image_tags: tuple[tuple[str, str], ...] = ()
-    spot: bool = False
     max_price: float | None = None
     user: str = "azureuser"
-    ttl_hours: float = 24.0
     volume_gb: int | None = None
-    idle_minutes: float | None = None
 
 
 def validate_request(name: str, count, vm_size: str | None, *, location: str | None, ssh_cidr: str | None,
@@ -139,9 +134,10 @@ def validate_request(name: str, count, vm_size: str | None, *, location: str | N
     ssh_cidr = validate_cidr(ssh_cidr)
     if ":" in ssh_cidr:
         raise UsageError(f"--ssh-cidr {ssh_cidr}: kiln's Azure nodes have IPv4 addresses only; give an IPv4 range")
-    return Request(name, count, location, vm_size, ssh_cidr, image_id, image_profile,
-                   parse_image_tags(image_tags), bool(spot), max_price, user, ttl_hours, validate_volume(volume_gb),
-                   validate_idle_minutes(idle_minutes) or None)
+    return Request(name=name, count=count, location=location, vm_size=vm_size, ssh_cidr=ssh_cidr, image_id=image_id,
+                   image_profile=image_profile, image_tags=parse_image_tags(image_tags), spot=bool(spot),
+                   max_price=max_price, user=user, ttl_hours=ttl_hours, volume_gb=validate_volume(volume_gb),
+                   idle_minutes=validate_idle_minutes(idle_minutes) or None)
 
 
 def cluster_tags(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:

@@ -25,6 +25,7 @@ from bootstrap.hosts import Host
 from bootstrap.providers import catalog
 from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summarize: the plan's, as callers use them)
     DATA_MOUNT,
+    CloudRequest,
     Snapshot,
     expired_clusters,
     expired_snapshots,
@@ -75,23 +76,16 @@ IMAGE_PLACEHOLDER = "<newest image labelled kiln-profile={profile}{more}>"
 PUBLIC_KEY_PLACEHOLDER = "<public key of {path}>"
 
 
-@dataclass(frozen=True)
-class Request:
-    """What the operator asked for, checked by `validate_request`."""
+@dataclass(frozen=True, kw_only=True)
+class Request(CloudRequest):
+    """What the operator asked for on GCP: a zone, a machine type, a source image (or the newest of the profile's,
+    by its labels), a data disk."""
 
-    name: str
-    count: int
     zone: str
     machine_type: str
-    ssh_cidr: str
     source_image: str | None = None
-    image_profile: str = "gpu"
     image_labels: tuple[tuple[str, str], ...] = ()
-    spot: bool = False
-    user: str = "ubuntu"
-    ttl_hours: float = 24.0
     volume_gb: int | None = None
-    idle_minutes: float | None = None
 
     @property
     def region(self) -> str:
@@ -134,8 +128,10 @@ def validate_request(name: str, count, machine_type: str | None, *, zone: str | 
     validate_user(user)
     ttl_hours = validate_ttl(ttl_hours)
     labels = tuple((label_value(key), label_value(value)) for key, value in parse_image_tags(image_tags))
-    return Request(name, count, zone, machine_type, validate_cidr(ssh_cidr), source_image, image_profile, labels,
-                   bool(spot), user, ttl_hours, validate_volume(volume_gb), validate_idle_minutes(idle_minutes) or None)
+    return Request(name=name, count=count, zone=zone, machine_type=machine_type, ssh_cidr=validate_cidr(ssh_cidr),
+                   source_image=source_image, image_profile=image_profile, image_labels=labels, spot=bool(spot),
+                   user=user, ttl_hours=ttl_hours, volume_gb=validate_volume(volume_gb),
+                   idle_minutes=validate_idle_minutes(idle_minutes) or None)
 
 
 def cluster_labels(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:
