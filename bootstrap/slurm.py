@@ -10,12 +10,17 @@ after 300 s and resumes within 1800 s. kiln suspends after 300 s idle (a GPU nod
 resume ResumeTimeout (1800 s on a cloud: a GPU machine, its SSH, its host keys and the mesh; less on the local
 cluster) and a suspend 120 s.
 
-Nothing here reads or writes a file, or asks anything of a node: bootstrap/queue.py (to come) does.
+MUNGE: every machine of the queue (the controller and each node) runs its own munged with the cluster's key, at
+paths of the cluster's own under /run/munge (`Munge`): the same on every machine, so one slurm.conf serves them all,
+and apart from another queue's (or the distribution's) munged on the same machine.
+
+Nothing here reads or writes a file, or asks anything of a node: bootstrap/queue.py does.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +32,7 @@ SUSPEND_TIME_S = 300
 SUSPEND_TIMEOUT_S = 120
 RESUME_TIMEOUT_S = 1800
 MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
+MUNGE_DIR = "/run/munge"  # the distribution's own (owner munge, mode 755): a cloud image's, and each local node's
 
 
 @dataclass(frozen=True)
@@ -213,3 +219,66 @@ def gres_conf(queue: Queue) -> str:
             lines.append(f"NodeName={hostlist(node_prefix(queue, shape), range(shape.max_nodes))} Name=gpu "
                          f"Type={shape.gpu_type} File={files}")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Munge:
+    """Where the munged of cluster `cluster` keeps its key, socket and files, on every machine of its queue."""
+
+    cluster: str
+
+    def path(self, suffix: str) -> str:
+        return f"{MUNGE_DIR}/kiln-{self.cluster}.{suffix}"
+
+    @property
+    def socket(self) -> str:
+        return self.path("socket")
+
+    @property
+    def key(self) -> str:
+        return self.path("key")
+
+    def argv(self) -> list[str]:
+        """munged of the cluster's key, as the munge user (it refuses a key readable by any other)."""
+        return ["runuser", "-u", "munge", "--", "munged", f"--socket={self.socket}", f"--key-file={self.key}",
+                f"--pid-file={self.path('pid')}", f"--log-file={self.path('log')}",
+                f"--seed-file={self.path('seed')}"]
+
+    def start_script(self) -> str:
+        """Shell lines (as root) that put the key read from stdin (base64: it never stands on a command line)
+        in place and start munged, where the cluster's munged does not run yet."""
+        key, pid = shlex.quote(self.key), shlex.quote(self.path("pid"))
+        return (f"install -d -o munge -g munge -m 755 {MUNGE_DIR}\n"
+                f"(umask 077; base64 -d > {key}.new)\n"
+                f"chown munge:munge {key}.new && chmod 400 {key}.new && mv {key}.new {key}\n"
+                f"if ! {{ [ -f {pid} ] && kill -0 \"$(cat {pid})\" 2>/dev/null; }}; then "
+                f"{shlex.join(self.argv())}; fi\n")
+
+
+def join_script(queue: Queue, node: str) -> str:
+    """What a fresh machine runs (as root, over the cluster's pinned SSH) to become Slurm node `node` of the queue:
+    the cluster's MUNGE key from stdin (base64) and its munged, slurm.conf and gres.conf as the controller's,
+    then slurmd under that node name. `slurmd -b`: the daemon's start counts as the node's boot (a local node
+    shares the machine's boot time, older than the resume, and slurmctld would wait for a boot until
+    ResumeTimeout)."""
+    folder = queue.node_dir.rstrip("/")
+    conf = f"{folder}/slurm.conf"
+    lines = [
+        "set -e",
+        Munge(queue.cluster).start_script().rstrip("\n"),
+        f"mkdir -p {shlex.quote(f'{folder}/{node}/spool')}",
+        f"cat > {shlex.quote(conf)} <<'KILN_SLURM_CONF'\n{slurm_conf(queue)}KILN_SLURM_CONF",
+        f"cat > {shlex.quote(f'{folder}/gres.conf')} <<'KILN_SLURM_CONF'\n{gres_conf(queue)}KILN_SLURM_CONF",
+        shlex.join(["slurmd", "-N", node, "-b", "-f", conf]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: dict[str, str]) -> str:
+    """The program slurmctld runs for `verb` (resume, suspend, resume-fail) with the nodes' hostlist: kiln's own
+    verb, with kiln's settings (`env`), its output in `log`, and no descriptor of slurmctld's (a daemon started
+    with one open would sit on it)."""
+    settings = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items()))
+    return (f"#!/bin/sh\n# slurmctld's {verb} program for kiln cluster {cluster} (bootstrap/queue.py)\n"
+            f"exec env {settings} {shlex.join(argv)} queue {verb} {shlex.quote(cluster)} --nodes \"$1\" "
+            f"</dev/null >>{shlex.quote(log)} 2>&1\n")

@@ -168,7 +168,7 @@ def write(path: Path, text: str, mode: int = 0o644) -> None:
 def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_pub: str, *,
               docker: bool = False) -> plan.NodeBoot:
     """Write a node's keys and files, configure its network, start its sshd detached."""
-    for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755)):
+    for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755), ("munge", 0o755)):
         (node_dir / sub).mkdir(parents=True)
         (node_dir / sub).chmod(mode)
     etc = node_dir / "etc-ssh"
@@ -191,8 +191,9 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
     write(node_dir / "fstab", plan.fstab_text(node_dir, dotfiles))
     run(["ip", "-n", node.netns, "-batch", "-"], stdin=plan.node_batch(cluster, node))
     with open(node_dir / "boot.log", "wb") as log:  # sshd itself logs to etc-ssh/sshd.log
-        proc = subprocess.Popen(plan.boot_argv(node, node_dir), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+        unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()  # this machine's cgroups are v2
+        proc = subprocess.Popen(plan.boot_argv(node, node_dir, unified=unified), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True)
     keys = [(etc / f"ssh_host_{kind}_key.pub").read_text() for kind in ("ed25519", "ecdsa")]
     return plan.NodeBoot(node, proc, plan.known_hosts_lines(node, keys))
 
@@ -501,7 +502,8 @@ def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False, docker:
     slots); wait for every sshd; log in once; with `docker`, start the registry and every node's engine."""
     key = state / "operator_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
-    for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755)):
+    for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755),
+                             ("/run/munge", 0o755)):
         os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
     booted = cluster.nodes[:start]
     timeout = 60 + len(booted) / 10

@@ -20,9 +20,10 @@ SSHD = "/usr/sbin/sshd"
 NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 MAX_NODES = 1000
 # (path in the node's state dir, mountpoint). /tmp stays shared: the project and its
-# virtual environment may live there (a CI clone), and nodes share this machine's Python.
+# virtual environment may live there (a CI clone), and nodes share this machine's Python. /run/munge is each
+# machine's own, as on a VM: a queue's munged (bootstrap/slurm.py Munge) keeps its key and socket there.
 NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("resolv.conf", "/etc/resolv.conf"),
-               ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"))
+               ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"), ("munge", "/run/munge"))
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
@@ -211,8 +212,11 @@ def registry_address(cluster: Cluster) -> str:
     return f"{cluster.gateway}:{REGISTRY_PORT}"
 
 
-def cgroup_mount_script() -> str:
-    """Shell lines mounting the cgroup v1 hierarchies inside a node's mount namespace (private to it)."""
+def cgroup_mount_script(unified: bool = False) -> str:
+    """Shell lines mounting the cgroups inside a node's mount namespace (private to it), as a machine has them
+    mounted: the cgroup v1 hierarchies, or on a `unified` (cgroup v2) machine its one hierarchy."""
+    if unified:
+        return "mount -t cgroup2 cgroup2 /sys/fs/cgroup\n"
     lines = ["mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup"]
     for controller in CGROUP_CONTROLLERS:
         lines.append(f"mkdir -p /sys/fs/cgroup/{controller} && mount -t cgroup -o {controller} cgroup "
@@ -224,14 +228,13 @@ def cgroup_mount_script() -> str:
 
 def dockerd_argv(sshd_pid: int, engine: NodeEngine, registry: str) -> list[str]:
     """argv that starts a node's Docker engine in the node's network, hostname and mount namespaces (entered
-    through its sshd: bind mounts then resolve to the node's own /root/kiln), with the cgroups mounted there.
+    through its sshd: bind mounts then resolve to the node's own /root/kiln, and its cgroups are mounted).
     No iptables rules and no bridge: the host's FORWARD policy stays as it is, and kiln's containers use the
     node's network. The cluster's registry speaks plain HTTP on the bridge."""
     dockerd = ["dockerd", "--data-root", str(engine.data_root), "--exec-root", str(engine.exec_root),
                "-H", engine.docker_host, "--pidfile", str(engine.pidfile), "--iptables=false", "--ip-masq=false",
                "--bridge=none", "--insecure-registry", registry]
-    script = cgroup_mount_script() + "exec " + shlex.join(dockerd)
-    return ["nsenter", "--target", str(sshd_pid), "--net", "--uts", "--mount", "--", "/bin/sh", "-ec", script]
+    return ["nsenter", "--target", str(sshd_pid), "--net", "--uts", "--mount", "--", *dockerd]
 
 
 def hosts_text(node: Node) -> str:
@@ -268,10 +271,14 @@ def fstab_text(node_dir: Path, dotfiles: tuple[str, ...] = ()) -> str:
     return "".join(binds) + f"kiln-hidden {STATE_ROOT.parent} tmpfs size=64k,mode=755 0 0\n"  # hide state
 
 
-def boot_argv(node: Node, node_dir: Path) -> list[str]:
-    """argv that starts a node's sshd in its netns with its own UTS and mount namespace."""
+def boot_argv(node: Node, node_dir: Path, *, unified: bool = False) -> list[str]:
+    """argv that starts a node's sshd in its netns with its own UTS and mount namespace, its cgroups mounted (`ip
+    netns exec` mounts a /sys of the node's network without them; dockerd and slurmd need them): where they
+    cannot be mounted, the node still boots, and what needs them says so."""
+    cgroups = cgroup_mount_script(unified).rstrip("\n").replace("\n", " && ")
     script = (f"echo {node.name} > /proc/sys/kernel/hostname\n"
               f"mount --all --fstab {shlex.quote(str(node_dir / 'fstab'))}\n"
+              f"{{ {cgroups}; }} || echo 'kiln: the cgroups could not be mounted' >&2\n"
               f"exec {SSHD} -D -E /etc/ssh/sshd.log -f /etc/ssh/sshd_config")
     return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "--propagation", "private",
             "--", "/bin/sh", "-ec", script]

@@ -44,6 +44,16 @@ class Replacement:
 
 
 @dataclass(frozen=True)
+class Added:
+    """A machine `grow` made for a cluster: how to reach it, its address on the cluster's network, and the host
+    keys the provider vouches for."""
+
+    host: Host
+    address: str
+    host_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Made:
     """A cluster `up` made: its name, what to tell the user, the hosts whose keys the provider did not show (kiln
     does not log in to them, so their autostop agents cannot start), and when it expires (where it does)."""

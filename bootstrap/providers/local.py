@@ -7,15 +7,16 @@ imports it then)."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bootstrap import state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import Gone, Made, Notice, Replacement
+from bootstrap.providers import Added, Gone, Made, Notice, Replacement
 from bootstrap.providers.common import validate_count
 from bootstrap.providers.failover import CloudError
 from kiln.hostkeys import public_key
@@ -29,6 +30,7 @@ class LocalRequest:
     count: int
     docker: bool
     zone: str | None = None  # a local zone: a label whose capacity local-cluster exhaust --zone takes away
+    start: int | None = None  # a queue's: the nodes made now; the others are slots that `grow` makes later
 
 
 class LocalProvider:
@@ -50,7 +52,9 @@ class LocalProvider:
         count = validate_count(count, "node")
         if self.zone:
             local.zone_path(self.zone)  # refused here where it is no zone name
-        return LocalRequest(netns.check_name(name), count, bool(options.get("docker")), self.zone)
+        start = options.get("start")
+        return LocalRequest(netns.check_name(name), count, bool(options.get("docker")), self.zone,
+                            None if start is None else int(start))
 
     def plan(self, request: LocalRequest) -> list[str]:
         engines = ", each with its own Docker engine, and a registry" if request.docker else ""
@@ -65,12 +69,12 @@ class LocalProvider:
         local.preflight()
         try:
             made = local.make_cluster(request.name, request.count, metadata=True, docker=request.docker,
-                                      zone=request.zone)
+                                      zone=request.zone, start=request.start)
         except local.NoCapacity as error:  # a cloud's capacity error: failover tries the next candidate
             raise CloudError(f"cluster {request.name}: {error}; nothing was made", code=local.NoCapacity.code) \
                 from None
         record = state.ClusterRecord(
-            request.name, tuple(Host(node.name) for node in made.nodes), python,
+            request.name, tuple(Host(node.name) for node in made.nodes[:request.start]), python,
             state.SshSettings(config_file=str(netns.STATE_ROOT / request.name / "ssh_config")), region=request.zone,
             provider=self.kind, place=(("zone", request.zone),) if request.zone else ())
         state.save_cluster(record)
@@ -104,6 +108,43 @@ class LocalProvider:
         except KilnError as error:
             raise KilnError(f"could not replace {host.label}: {error}") from None
         return Replacement(host, host, tuple(public_key(line.split(maxsplit=1)[1]) for line in lines))
+
+    def grow(self, cluster: str, count: int) -> list[Added]:
+        """Boot `count` of the cluster's slots (those `up` planned with start, or `shrink` freed), the lowest
+        first, and add them to its cluster file."""
+        record = state.load_cluster(cluster)
+        if record is None:
+            raise UsageError(f"no cluster {cluster!r} in {state.kiln_home()}/clusters")
+        plan = netns.cluster_from_nodes(cluster, local.load_nodes(cluster))
+        free = [node for node, entry in zip(plan.nodes, local.load_nodes(cluster), strict=True)
+                if not entry.get("up", True)]
+        if len(free) < count:
+            raise CloudError(f"cluster {cluster}: {count} node(s) wanted, {len(free)} slot(s) free",
+                             code=local.NoCapacity.code)
+        chosen = free[:count]
+        try:
+            lines = local.add_nodes(cluster, chosen)
+        except local.NoCapacity as error:
+            raise CloudError(f"cluster {cluster}: {error}; nothing was made", code=local.NoCapacity.code) from None
+        added = [Added(Host(node.name), node.ip, tuple(public_key(line.split(maxsplit=1)[1])
+                                                       for line in lines[node.name])) for node in chosen]
+        hosts = {host.label: host for host in (*record.hosts, *(a.host for a in added))}
+        state.save_cluster(replace(record, hosts=tuple(hosts[n.name] for n in plan.nodes if n.name in hosts)))
+        return added
+
+    def shrink(self, cluster: str, hosts: Sequence[Host]) -> None:
+        """Remove the nodes as a deleted machine goes, and take them out of the cluster file (their slots stay)."""
+        plan = netns.cluster_from_nodes(cluster, local.load_nodes(cluster))
+        local.remove_nodes(cluster, [netns.find_node(plan, host.address) for host in hosts])
+        record = state.load_cluster(cluster)
+        if record is not None:
+            gone = {host.label for host in hosts}
+            state.save_cluster(replace(record, hosts=tuple(h for h in record.hosts if h.label not in gone)))
+
+    def controller(self, cluster: str) -> tuple[str, str]:
+        """Where a queue's controller runs: on this machine (its host name, as slurmctld requires), reached by the
+        nodes at the cluster's bridge."""
+        return socket.gethostname(), netns.cluster_from_nodes(cluster, local.load_nodes(cluster)).gateway
 
     def arm_autostop(self, cluster: str) -> None:
         pass  # a node's processes are killed in place: nothing to arm

@@ -2,7 +2,8 @@
 `cluster` collection that fabfile.py (and any program built on Fabric) exposes.
 
 Modules: cluster (mesh, check, sync, train, run), runs (status, logs, stop, fetch, tensorboard),
-lifecycle (up, down, list, sweep, launch, gpus: AWS, GCP, Azure, or a local cluster with --provider local).
+lifecycle (up, down, list, sweep, launch, gpus: AWS, GCP, Azure, or a local cluster with --provider local), queue
+(a Slurm queue whose nodes kiln makes and removes).
 """
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ def cluster_task(**task_kwargs):
 def namespace(*, flat: bool = False) -> Collection:
     """kiln's tasks: at the top level (`kiln train`, flat) or under `cluster` (`fab cluster.train`)."""
     from bootstrap.tasks import cluster, lifecycle, runs
+    from bootstrap.tasks import queue as queues
 
     tasks = Collection() if flat else Collection("cluster")
     for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_", "autostop", "launch_")),
                           (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
-                          (lifecycle, ("up", "down", "list_", "sweep", "gpus"))):
+                          (lifecycle, ("up", "down", "list_", "sweep", "gpus")), (queues, ("queue_",))):
         for name in names:
             tasks.add_task(getattr(module, name))
     return tasks if flat else Collection(tasks)

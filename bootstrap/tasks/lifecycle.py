@@ -4,7 +4,7 @@ this machine). They parse and print."""
 
 from __future__ import annotations
 
-from bootstrap import providers, state
+from bootstrap import providers, queue, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.providers import catalog, common, failover, placement
 from bootstrap.providers.aws import plan
@@ -147,6 +147,8 @@ def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=c
     chosen = providers.placed(record, given) if placed else providers.named(provider, given)
     if snapshot and not chosen.volumes:
         raise UsageError(f"--snapshot: cluster {name} is {chosen.kind}; its nodes have no data volumes")
+    if placed and queue.stop_controller(name):
+        print(f"queue {name}: slurmctld and munged stopped")
     try:
         gone = chosen.down(name, snapshot_ttl_days=float(snapshot_ttl_days) if snapshot else None)
     except providers.Unfound as unfound:

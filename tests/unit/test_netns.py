@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import shlex
 import zlib
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def test_node_mounts_cover_the_private_paths_and_hide_the_state():
         "/run/kiln/local/kiln/node1/resolv.conf /etc/resolv.conf none bind 0 0",
         "/run/kiln/local/kiln/node1/ssh /root/.ssh none bind 0 0",
         "/run/kiln/local/kiln/node1/kiln /root/kiln none bind 0 0",
+        "/run/kiln/local/kiln/node1/munge /run/munge none bind 0 0",
         "kiln-hidden /run/kiln tmpfs size=64k,mode=755 0 0"]
 
 
@@ -116,16 +118,24 @@ def test_a_docker_node_engine_lives_apart_per_node_and_its_sessions_find_it():
     assert plan.registry_address(cluster) == f"{cluster.gateway}:5000"
 
 
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_node_boots_with_its_cgroups_mounted_before_its_sshd_starts(unified):
+    """dockerd and slurmd need them; `ip netns exec` mounted a /sys without them."""
+    node = plan.plan_cluster("kiln", 1, ipaddress.IPv4Network("10.9.0.0/16")).nodes[0]
+    script = plan.boot_argv(node, Path("/run/kiln/local/kiln/node1"), unified=unified)[-1]
+    mounted = "-t cgroup2 cgroup2 /sys/fs/cgroup" if unified else "-t tmpfs -o mode=755 cgroup /sys/fs/cgroup"
+    assert script.index("mount --all --fstab") < script.index(mounted) < script.index("exec /usr/sbin/sshd")
+    for controller in ("memory", "devices", "pids", "cpuset"):
+        assert (f"-o {controller} cgroup /sys/fs/cgroup/{controller}" in script) is not unified
+
+
 def test_a_node_engine_starts_in_the_nodes_namespaces_and_leaves_iptables_alone():
     cluster = plan.plan_cluster("kiln", 1, ipaddress.IPv4Network("10.9.0.0/16"))
     engine = plan.node_engine("kiln", cluster.nodes[0])
     argv = plan.dockerd_argv(4242, engine, "10.9.0.1:5000")
-    assert argv[:9] == ["nsenter", "--target", "4242", "--net", "--uts", "--mount", "--", "/bin/sh", "-ec"]
-    script = argv[9]
-    assert script.index("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup") < script.index("exec dockerd")
-    for controller in ("memory", "devices", "pids", "cpuset"):
-        assert f"-o {controller} cgroup /sys/fs/cgroup/{controller}" in script
-    dockerd = script.split("exec ", 1)[1]
+    assert argv[:7] == ["nsenter", "--target", "4242", "--net", "--uts", "--mount", "--"]
+    dockerd = shlex.join(argv[7:])
+    assert argv[7] == "dockerd"
     for flag in ("--iptables=false", "--ip-masq=false", "--bridge=none", "--insecure-registry 10.9.0.1:5000",
                  "--data-root /var/lib/kiln-local/kiln/node1", "-H unix:///run/kiln-docker/kiln-n1.sock"):
         assert flag in dockerd

@@ -7,7 +7,19 @@ from dataclasses import replace
 import pytest
 
 from bootstrap.errors import UsageError
-from bootstrap.slurm import Power, Queue, Shape, expand, gres_conf, hostlist, node_names, slurm_conf
+from bootstrap.slurm import (
+    Munge,
+    Power,
+    Queue,
+    Shape,
+    expand,
+    gres_conf,
+    hostlist,
+    join_script,
+    node_names,
+    program_text,
+    slurm_conf,
+)
 
 POWER = Power("/opt/kiln/resume", "/opt/kiln/suspend", "/opt/kiln/resume-fail")
 GPU = Shape("gpu", cpus=192, memory_mib=2_000_000, max_nodes=4, gpus=8, gpu_type="h100")
@@ -90,3 +102,31 @@ def test_a_bad_queue_is_one_line_naming_what_is_wrong(shapes, message):
     with pytest.raises(UsageError) as raised:
         slurm_conf(replace(queue(), shapes=shapes))
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_every_machine_of_a_queue_runs_munged_at_the_clusters_own_paths():
+    """The same paths on the controller and each node (one slurm.conf), apart from another cluster's munged."""
+    munge = Munge("kq")
+    assert (munge.socket, munge.key) == ("/run/munge/kiln-kq.socket", "/run/munge/kiln-kq.key")
+    assert munge.argv()[:5] == ["runuser", "-u", "munge", "--", "munged"]
+    assert f"--key-file={munge.key}" in munge.argv() and f"--socket={munge.socket}" in munge.argv()
+    assert Munge("kr").socket != munge.socket
+    assert settings(slurm_conf(queue(munge_socket=munge.socket)))["AuthInfo"] == f"socket={munge.socket}"
+
+
+def test_a_node_joins_with_the_key_from_stdin_and_the_controllers_configuration():
+    joined = queue(CPU, node_dir="/root/kiln/slurm", munge_socket=Munge("kq").socket)
+    script = join_script(joined, "kq-cpu-1")
+    assert "base64 -d > /run/munge/kiln-kq.key.new" in script and "chmod 400 /run/munge/kiln-kq.key.new" in script
+    assert slurm_conf(joined) in script and gres_conf(joined) in script  # the controller's, as they are
+    lines = script.splitlines()
+    assert lines[0] == "set -e" and lines[-1] == "slurmd -N kq-cpu-1 -b -f /root/kiln/slurm/slurm.conf"
+    assert script.index("munged --socket") < script.index("slurmd -N")
+
+
+def test_slurmctlds_programs_are_kiln_with_its_settings_and_none_of_slurmctlds_descriptors():
+    text = program_text(["/venv/bin/python", "-m", "bootstrap.main"], "resume", "kq", "/q/resume.log",
+                        {"KILN_HOME": "/home/a b/.kiln", "PATH": "/usr/bin"})
+    assert text.startswith("#!/bin/sh\n")
+    assert text.splitlines()[-1] == ("exec env KILN_HOME='/home/a b/.kiln' PATH=/usr/bin /venv/bin/python -m "
+                                     "bootstrap.main queue resume kq --nodes \"$1\" </dev/null >>/q/resume.log 2>&1")

@@ -1,0 +1,343 @@
+"""A kiln cluster's Slurm queue (I/O): its controller, and the nodes kiln's provisioner makes when jobs wait and
+removes when they have been idle.
+
+`up` makes the cluster with every node a slot (none made), then the controller: the cluster's MUNGE key (made
+here, kept in the cluster's folder, readable by root alone), slurm.conf and gres.conf (bootstrap/slurm.py, one pure
+function of the queue), the programs slurmctld runs to make and remove nodes (kiln's own `queue resume`,
+`queue suspend` and `queue resume-fail`), munged and slurmctld. The nodes a partition keeps up are resumed at once,
+the rest when a job needs them.
+
+`resume` is slurmctld's ResumeProgram: the provider makes the machines (`grow`), each one's Slurm name is given
+its address (`scontrol update NodeAddr`), and over the cluster's pinned SSH each gets the MUNGE key (on stdin) and
+the configuration and starts munged and slurmd (slurm.join_script). A node that cannot be made or joined is marked
+down with the reason, and what was made for it is removed. `suspend` (the SuspendProgram) and `resume-fail`
+remove the nodes' machines (`shrink`). One of these verbs runs at a time per cluster (a lock in its folder).
+
+Where the controller runs: on the local provider, on this machine (slurmctld and munged as daemons; the nodes reach
+it at the cluster's bridge). The clouds' controller machine comes next.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from bootstrap import providers, slurm, state
+from bootstrap.commands import SshOptions, ssh_argv
+from bootstrap.errors import KilnError, UsageError
+from bootstrap.hosts import Host
+
+PROGRAMS = ("resume", "suspend", "resume-fail")
+NODE_DIR = "/root/kiln/slurm"  # a node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log
+JOIN_TIMEOUT_S = 120
+KEY_BYTES = 1024  # as mungekey makes one
+# A local node boots and goes in seconds (a cloud's: slurm.RESUME_TIMEOUT_S, SUSPEND_TIMEOUT_S); a node removed is
+# resumed again only once its SuspendTimeout has passed.
+LOCAL_RESUME_TIMEOUT_S = 300
+LOCAL_SUSPEND_TIMEOUT_S = 20
+
+
+class QueueError(KilnError):
+    """The queue's controller could not start, or a node could not be made or joined."""
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What kiln keeps of a queue (queue.json in its folder): the queue as slurm.conf says it, and which machine
+    each Slurm node that is up is now (Slurm name -> {host, address})."""
+
+    queue: slurm.Queue
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def folder(name: str) -> Path:
+    return state.cluster_dir(name) / "queue"
+
+
+def exists(name: str) -> bool:
+    return (folder(name) / "queue.json").is_file()
+
+
+def load(name: str) -> Saved:
+    path = folder(name) / "queue.json"
+    data = state.read_json(path)
+    if data is None:
+        raise UsageError(f"cluster {name} has no queue (kiln queue up {name} makes one)")
+    try:
+        raw = data["queue"]
+        queue = slurm.Queue(**{**raw, "shapes": tuple(slurm.Shape(**s) for s in raw["shapes"]),
+                               "power": slurm.Power(**raw["power"])})
+        return Saved(queue, dict(data.get("nodes", {})))
+    except (KeyError, TypeError) as error:
+        raise KilnError(f"{path} is not a kiln queue file ({error}); kiln down {name} removes the cluster") from None
+
+
+def save(name: str, saved: Saved) -> None:
+    state.write_json(folder(name) / "queue.json", {"queue": asdict(saved.queue), "nodes": saved.nodes})
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Held by one resume, suspend or resume-fail of the cluster at a time (slurmctld may start them together)."""
+    with open(folder(name) / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def slurm_env(name: str) -> dict[str, str]:
+    """What Slurm's client tools (sbatch, srun, squeue, sinfo, scontrol) need to reach the cluster's queue."""
+    return {"SLURM_CONF": str(folder(name) / "slurm.conf")}
+
+
+def scontrol(name: str, *args: str, timeout: float = 30) -> str:
+    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
+    if done.returncode:
+        raise QueueError(f"scontrol {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def kiln_argv() -> list[str]:
+    """How slurmctld's programs start kiln: this Python, kiln's own program."""
+    return [sys.executable, "-m", "bootstrap.main"]
+
+
+def program_env() -> dict[str, str]:
+    """The settings kiln runs with here, which slurmctld's programs keep (slurmctld's own environment is not the
+    operator's)."""
+    kept = ("KILN_HOME", "KILN_RUNS", "HOME", "PATH", "PYTHONPATH")
+    return {key: os.environ[key] for key in kept if os.environ.get(key)}
+
+
+# ---------------------------------------------------------------- up and down
+
+
+def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int) -> list[str]:
+    """Make the cluster (every node a slot) and its controller; resume the nodes the partitions keep up. Any
+    failure removes what was made."""
+    if provider.kind != "local":
+        raise UsageError(f"kiln queue up --provider {provider.kind}: a queue runs on the local provider for now "
+                         "(its controller on this machine); the clouds' controller machine comes next")
+    queue_dir = folder(name)
+    draft = slurm.check_queue(plan_queue(name, shapes, "controller", "0.0.0.0", queue_dir, suspend_time_s))
+    count = sum(shape.max_nodes for shape in draft.shapes)
+    made = provider.up(provider.request(name, count, {"start": 0}, None))
+    try:
+        host, address = provider.controller(name)
+        queue = plan_queue(name, shapes, host, address, queue_dir, suspend_time_s)
+        start_controller(name, queue)
+        kept = [slurm.node_names(queue, shape)[index] for shape in queue.shapes for index in range(shape.min_nodes)]
+        if kept:
+            resume(name, ",".join(kept), provider=provider)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            stop_controller(name)
+        provider.down(name)
+        raise
+    partitions = ", ".join(f"{shape.name} ({shape.min_nodes} to {shape.max_nodes} node(s))"
+                           for shape in queue.shapes)
+    return [*made.lines, f"queue {name}: slurmctld on {host} ({address}:{queue.port}); partitions {partitions}; "
+            f"an idle node is removed after {suspend_time_s} s",
+            f"  submit: SLURM_CONF={queue_dir / 'slurm.conf'} sbatch ... (eval \"$(kiln queue env {name})\")"]
+
+
+def plan_queue(name: str, shapes: Sequence[slurm.Shape], host: str, address: str, queue_dir: Path,
+               suspend_time_s: int) -> slurm.Queue:
+    programs = [str(queue_dir / "bin" / verb) for verb in PROGRAMS]
+    power = slurm.Power(*programs, suspend_time_s=suspend_time_s, resume_timeout_s=LOCAL_RESUME_TIMEOUT_S,
+                        suspend_timeout_s=LOCAL_SUSPEND_TIMEOUT_S)
+    return slurm.Queue(name, host, address, tuple(shapes), str(queue_dir / "ctl"), NODE_DIR,
+                       slurm.Munge(name).socket, power, user="root", cgroups=False, port=free_port())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def start_controller(name: str, queue: slurm.Queue) -> None:
+    """The cluster's MUNGE key (made once), slurm.conf, gres.conf and programs in its folder; munged and
+    slurmctld started; returns once slurmctld answers."""
+    queue_dir = folder(name)
+    (queue_dir / "bin").mkdir(parents=True, exist_ok=True)
+    (queue_dir / "ctl").mkdir(exist_ok=True)
+    queue_dir.chmod(0o700)
+    key = queue_dir / "munge.key"
+    if not key.exists():
+        with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            out.write(secrets.token_bytes(KEY_BYTES))
+    save(name, Saved(queue))
+    state.write_atomic(queue_dir / "slurm.conf", slurm.slurm_conf(queue))
+    state.write_atomic(queue_dir / "gres.conf", slurm.gres_conf(queue))
+    for verb, path in zip(PROGRAMS, (queue.power.resume, queue.power.suspend, queue.power.resume_fail),
+                          strict=True):
+        Path(path).write_text(slurm.program_text(kiln_argv(), verb, name, str(queue_dir / f"{verb}.log"),
+                                                 program_env()))
+        Path(path).chmod(0o700)
+    munge = slurm.Munge(name)
+    started = subprocess.run(["sh", "-ec", munge.start_script()], input=base64.b64encode(key.read_bytes()),
+                             capture_output=True, timeout=60)
+    if started.returncode:
+        raise QueueError(f"queue {name}: munged did not start: {started.stderr.decode(errors='replace').strip()}")
+    daemon = subprocess.run(["slurmctld", "-f", str(queue_dir / "slurm.conf")], capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    if daemon.returncode:
+        raise QueueError(f"queue {name}: slurmctld did not start: {daemon.stderr.strip() or log_tail(queue)}")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            scontrol(name, "ping")
+            return
+        except (QueueError, subprocess.TimeoutExpired) as error:
+            if time.monotonic() > deadline:
+                raise QueueError(f"queue {name}: slurmctld does not answer: {error}; {log_tail(queue)}") from None
+        time.sleep(0.3)
+
+
+def log_tail(queue: slurm.Queue) -> str:
+    log = Path(queue.state_dir) / "slurmctld.log"
+    lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return f"its log says: {lines[-1]}" if lines else "it wrote no log"
+
+
+def stop_controller(name: str, wait_s: float = 30) -> bool:
+    """Stop the cluster's slurmctld (it saves its state as it ends) and munged, and remove the queue's folder.
+    Whether there was a queue."""
+    queue_dir = folder(name)
+    if not queue_dir.exists():
+        return False
+    for pid_file in (queue_dir / "ctl" / "slurmctld.pid", Path(slurm.Munge(name).path("pid"))):
+        stop_daemon(pid_file, wait_s)
+    for suffix in ("key", "socket", "socket.lock", "pid", "seed", "log"):
+        Path(slurm.Munge(name).path(suffix)).unlink(missing_ok=True)
+    shutil.rmtree(queue_dir, ignore_errors=True)
+    return True
+
+
+def stop_daemon(pid_file: Path, wait_s: float) -> None:
+    """SIGTERM to the daemon of a pid file, then wait until it is gone (SIGKILL after `wait_s`)."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        os.kill(pid, signal.SIGTERM)
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return
+    deadline = time.monotonic() + wait_s
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- slurmctld's programs
+
+
+def resume(name: str, nodes: str, *, provider: providers.Provider | None = None) -> list[str]:
+    """Make a machine for each Slurm node of the hostlist `nodes` and join it to the queue; a node that fails is
+    marked down with the reason and its machine removed. A line per node."""
+    with locked(name):
+        saved = load(name)
+        wanted = [node for node in slurm.expand(nodes) if node not in saved.nodes]
+        known = {n for shape in saved.queue.shapes for n in slurm.node_names(saved.queue, shape)}
+        strange = [node for node in wanted if node not in known]
+        if strange:
+            raise UsageError(f"queue {name} has no node {', '.join(strange)}")
+        if not wanted:
+            return []
+        chosen = provider or placed(name)
+        try:
+            added = chosen.grow(name, len(wanted))
+        except KilnError as error:
+            for node in wanted:
+                mark_down(name, node, f"kiln could not make it: {error}")
+            raise
+        record = state.load_cluster(name)
+        options = ssh_options(name, record)
+        lines, joined = [], dict(saved.nodes)
+        for node, made in zip(wanted, added, strict=True):
+            try:
+                scontrol(name, "update", f"NodeName={node}", f"NodeAddr={made.address}",
+                         f"NodeHostname={made.host.label}")
+                join(name, saved.queue, node, made.host, options)
+            except (KilnError, subprocess.TimeoutExpired) as error:
+                mark_down(name, node, f"kiln could not join {made.host.label}: {error}")
+                chosen.shrink(name, [made.host])
+                lines.append(f"{node}: failed on {made.host.label} ({made.address}): {error}")
+                continue
+            joined[node] = {"host": made.host.label, "address": made.address}
+            lines.append(f"{node}: {made.host.label} ({made.address})")
+        save(name, replace(saved, nodes=joined))
+        return lines
+
+
+def suspend(name: str, nodes: str, *, why: str = "suspended") -> list[str]:
+    """Remove the machines of the Slurm nodes of the hostlist `nodes` (idle past SuspendTime, or failed to
+    resume in time). A line per node."""
+    with locked(name):
+        saved = load(name)
+        gone = [node for node in slurm.expand(nodes) if node in saved.nodes]
+        if gone:
+            placed(name).shrink(name, [Host(saved.nodes[node]["host"]) for node in gone])
+        save(name, replace(saved, nodes={k: v for k, v in saved.nodes.items() if k not in gone}))
+        return [f"{node}: {why}, {saved.nodes[node]['host']} removed" for node in gone]
+
+
+def placed(name: str) -> providers.Provider:
+    record = state.load_cluster(name)
+    if record is None:
+        raise UsageError(f"no cluster {name!r} in {state.kiln_home()}/clusters")
+    return providers.for_cluster(record, name)
+
+
+def ssh_options(name: str, record: state.ClusterRecord | None) -> SshOptions:
+    pinned = state.known_hosts_path(name)
+    settings = record.ssh if record else state.SshSettings()
+    return SshOptions(config_file=settings.config_file, identity=settings.identity,
+                      known_hosts=(str(pinned),) if pinned.is_file() else (),
+                      connect_timeout=settings.connect_timeout)
+
+
+def join(name: str, queue: slurm.Queue, node: str, host: Host, options: SshOptions) -> None:
+    """Over the cluster's pinned SSH (never a first contact), as root: the MUNGE key on stdin, munged, the
+    configuration and slurmd under the node's Slurm name."""
+    key = (folder(name) / "munge.key").read_bytes()
+    script = slurm.join_script(queue, node)
+    done = subprocess.run(ssh_argv(host, script, options), input=base64.b64encode(key), capture_output=True,
+                          timeout=JOIN_TIMEOUT_S, start_new_session=True)
+    if done.returncode:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise QueueError(f"exit {done.returncode}: {said[-1] if said else 'no output'}")
+
+
+def mark_down(name: str, node: str, reason: str) -> None:
+    """Tell slurmctld the node is down and why (its jobs go back in the queue); best effort."""
+    with contextlib.suppress(KilnError, subprocess.TimeoutExpired):
+        scontrol(name, "update", f"NodeName={node}", "State=DOWN", f"Reason={reason[:200]}")
+
+
+def describe(name: str) -> str:
+    """The queue's nodes and partitions as sinfo shows them (the powered-down ones too), and what is up."""
+    saved = load(name)
+    shown = subprocess.run(["sinfo", "--all", "--format=%P %D %t %N"], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
+    up_now = ", ".join(f"{node} on {where['host']}" for node, where in sorted(saved.nodes.items())) or "none"
+    return (shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n") + f"nodes up: {up_now}"
+
+
+def env_lines(name: str) -> str:
+    load(name)  # refused where the cluster has no queue
+    return "".join(f"export {key}={value}\n" for key, value in slurm_env(name).items())

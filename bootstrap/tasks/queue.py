@@ -1,0 +1,65 @@
+"""`kiln queue VERB NAME`: a cluster whose nodes Slurm asks for (bootstrap/queue.py). It parses and prints."""
+
+from __future__ import annotations
+
+import signal
+
+from bootstrap import providers, queue, slurm
+from bootstrap.errors import UsageError
+from bootstrap.tasks import cluster_task
+
+VERBS = ("up", "down", "status", "env")
+PROGRAM_VERBS = ("resume", "suspend", "resume-fail")  # slurmctld's: not for people (kiln queue --help lists them)
+QUEUE_HELP = {
+    "verb": f"{', '.join(VERBS)}; slurmctld itself runs {', '.join(PROGRAM_VERBS)} with --nodes",
+    "name": "the cluster's name (the local provider: 1-6 of a-z, 0-9, starting with a letter)",
+    "provider": "where its nodes are made: local (nodes in network namespaces on this machine, root; the only one "
+                "for now)",
+    "max_nodes": "up: the most nodes the partition runs at once (default 2)",
+    "min_nodes": "up: the nodes kept up even without jobs (default 0: none, the queue scales to zero)",
+    "cpus": "up: the CPUs Slurm gives each node (default 1)",
+    "memory_mib": "up: the memory Slurm gives each node, MiB (default 1000)",
+    "partition": "up: the partition's name (default cpu)",
+    "idle_minutes": "up: remove a node after it has been idle this long (Slurm's SuspendTime; default 5)",
+    "nodes": "resume, suspend, resume-fail: the Slurm nodes, as slurmctld hands them (kq-cpu-[0-1])",
+}
+
+
+@cluster_task(name="queue", help=QUEUE_HELP)
+def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, memory_mib=1000, partition="cpu",
+           idle_minutes=5.0, nodes=None):
+    """A Slurm queue on a cluster whose nodes kiln makes when jobs wait and removes when they are idle: up makes
+    the cluster (no node yet) and its controller, down removes both (kiln down NAME does too), status shows the
+    partitions and the nodes up, env prints what sbatch, srun and squeue need to reach it."""
+    if verb in PROGRAM_VERBS:
+        program(verb, name, nodes)
+    elif verb == "up":
+        shape = slurm.Shape(partition, cpus=int(cpus), memory_mib=int(memory_mib), max_nodes=int(max_nodes),
+                            min_nodes=int(min_nodes))
+        seconds = round(float(idle_minutes) * 60)
+        if seconds < 1:
+            raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
+        print("\n".join(queue.up(name, providers.named(provider), [shape], suspend_time_s=seconds)))
+    elif verb == "down":
+        stopped = queue.stop_controller(name)
+        gone = queue.placed(name).down(name)
+        print("\n".join([*([f"queue {name}: slurmctld and munged stopped"] if stopped else []), *gone.lines]))
+    elif verb == "status":
+        print(queue.describe(name))
+    elif verb == "env":
+        print(queue.env_lines(name), end="")
+    else:
+        raise UsageError(f"kiln queue {verb}: choose one of {', '.join(VERBS)}")
+
+
+def program(verb: str, name: str, nodes: str | None) -> None:
+    """What slurmctld runs (its ResumeProgram, SuspendProgram, ResumeFailProgram): kiln started with slurmctld's
+    blocked signals would hand them on to every daemon it starts (which then could not be stopped)."""
+    if not nodes:
+        raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST (slurmctld gives it)")
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if verb == "resume":
+        lines = queue.resume(name, nodes)
+    else:
+        lines = queue.suspend(name, nodes, why="suspended" if verb == "suspend" else "not up in time")
+    print("\n".join(f"kiln queue {verb} {name}: {line}" for line in lines), flush=True)

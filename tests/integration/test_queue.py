@@ -1,0 +1,142 @@
+"""`kiln queue` on the local provider, through the CLI, with Debian's real slurmctld, slurmd and munged: a queue
+with no node up; a two-node job makes slurmctld call kiln's ResumeProgram, which makes two machines (local nodes,
+their host keys pinned) and joins them over SSH (the cluster's MUNGE key, slurmd); the job runs on both; once idle
+past SuspendTime, kiln's SuspendProgram removes them and the queue is back to zero. A node that cannot be made is
+marked down with the provider's reason; `kiln down` leaves no daemon, key or namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import KILN, ROOT, can_make_namespaces, local_cluster_command
+
+NAME = "kqt"
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "sinfo")
+missing = [name for name in DAEMONS if not shutil.which(name, path="/usr/sbin:/usr/bin")]
+pytestmark = [
+    pytest.mark.integration, pytest.mark.timeout(900),
+    pytest.mark.skipif(bool(missing), reason=f"Slurm and MUNGE are not installed: {', '.join(missing)} (scripts/setup "
+                                             "installs them)"),
+    pytest.mark.in_written_order("the queue's nodes come, go, then cannot be made"),
+]
+IDLE_MINUTES = 0.25  # SuspendTime 15 s
+
+
+class Queue:
+    def __init__(self, home: Path):
+        self.home = home
+        self.env = {**os.environ, "KILN_HOME": str(home), "SLURM_CONF": str(home / "clusters" / NAME / "queue" /
+                                                                              "slurm.conf")}
+
+    def kiln(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(KILN), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def slurm(self, *argv: str) -> str:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{argv}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def nodes_shown(self) -> str:
+        return self.slurm("sinfo", "--all", "--noheader", "--format=%D %t %N").strip()
+
+    def namespaces(self) -> list[str]:
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        return sorted(line.split()[0] for line in listed.splitlines() if line.startswith(f"{NAME}-n"))
+
+    def wait(self, what: str, check, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            logs = self.home / "clusters" / NAME / "queue"
+            said = "".join(p.read_text() for p in sorted(logs.glob("*.log"))) if logs.is_dir() else ""
+            assert time.monotonic() < deadline, f"{what} within {timeout} s: {self.nodes_shown()}\n{said[-3000:]}"
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def queue(tmp_path_factory):
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    made = Queue(tmp_path_factory.mktemp("kiln-home"))
+    local_cluster_command("down", "--name", NAME)
+    try:
+        up = made.kiln("queue", "up", NAME, "--max-nodes", "2", "--idle-minutes", str(IDLE_MINUTES))
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield made
+    finally:
+        if (made.home / "clusters" / NAME / "cluster.json").exists():  # the last test did not take it down
+            made.kiln("down", NAME)
+        local_cluster_command("down", "--name", NAME)
+
+
+def test_the_queue_starts_with_no_node_up(queue):
+    assert queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]"  # ~: powered down, no machine
+    assert queue.namespaces() == []
+    env = queue.kiln("queue", "env", NAME)
+    assert env.returncode == 0 and env.stdout == f"export SLURM_CONF={queue.env['SLURM_CONF']}\n"
+    key = queue.home / "clusters" / NAME / "queue" / "munge.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 1024
+
+
+def test_a_job_brings_its_nodes_up_runs_on_both_and_they_go_once_idle(queue, tmp_path):
+    out = tmp_path / "job.out"
+    job = queue.slurm("sbatch", "--parsable", "--nodes=2", f"--output={out}",
+                      "--wrap=srun sh -c 'echo $SLURMD_NODENAME $(hostname) $(hostname -I)'").strip()
+    queue.wait("the job ends", lambda: not queue.slurm("squeue", "--noheader", "--jobs", job).strip(), 240)
+    ran = sorted(out.read_text().splitlines())
+    assert [line.split()[:2] for line in ran] == [[f"{NAME}-cpu-0", "node1"], [f"{NAME}-cpu-1", "node2"]], ran
+    addresses = {line.split()[2] for line in ran}
+    assert len(addresses) == 2 and not addresses & {"127.0.0.1"}, ran  # each on its own machine
+    resumed = (queue.home / "clusters" / NAME / "queue" / "resume.log").read_text()
+    assert f"{NAME}-cpu-0: node1" in resumed and f"{NAME}-cpu-1: node2" in resumed, resumed
+
+    queue.wait("both nodes removed", lambda: queue.namespaces() == [], 120)
+    suspended = (queue.home / "clusters" / NAME / "queue" / "suspend.log").read_text()
+    assert f"{NAME}-cpu-0: suspended, node1 removed" in suspended, suspended
+    queue.wait("both nodes powered down", lambda: queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]", 120)
+    status = queue.kiln("queue", "status", NAME)
+    assert status.returncode == 0 and status.stdout.rstrip().endswith("nodes up: none"), status.stdout
+    record = json.loads((queue.home / "clusters" / NAME / "cluster.json").read_text())
+    assert record["hosts"] == []
+    assert (Path("/run/kiln/local") / NAME / "known_hosts").read_text() == ""  # no pin of a machine gone
+
+
+def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(queue):
+    assert local_cluster_command("exhaust", "--name", NAME).returncode == 0
+    job = queue.slurm("sbatch", "--parsable", "--nodes=1", "--output=/dev/null", "--wrap=true").strip()
+    try:
+        def down_with_reason() -> bool:
+            shown = queue.slurm("sinfo", "--all", "--noheader", "--format=%t %E")
+            return "no capacity" in shown
+        queue.wait("a node marked down with the reason", down_with_reason, 120)
+        assert queue.namespaces() == []
+    finally:
+        queue.slurm("scancel", job)
+
+
+def test_down_leaves_no_daemon_key_or_namespace(queue):
+    pids = Path(queue.home / "clusters" / NAME / "queue" / "ctl" / "slurmctld.pid").read_text().split()[0]
+    down = queue.kiln("down", NAME)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"queue {NAME}: slurmctld and munged stopped" in down.stdout
+    assert not Path(f"/proc/{pids}").exists()
+    assert list(Path("/run/munge").glob(f"kiln-{NAME}.*")) == []
+    assert not (queue.home / "clusters" / NAME).exists() and queue.namespaces() == []
+
+
+def test_bad_input_is_one_line_naming_it():
+    for argv, named in ((("queue", "frob", NAME), "kiln queue frob"),
+                        (("queue", "up", NAME, "--provider", "aws"), "--provider aws"),
+                        (("queue", "up", NAME, "--max-nodes", "0"), "--max-nodes 0"),
+                        (("queue", "status", "nosuch"), "nosuch")):
+        done = subprocess.run([str(KILN), *argv], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "KILN_HOME": "/nonexistent-kiln-home"}, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, (argv, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
