@@ -12,7 +12,7 @@ set, like kiln's AWS cluster code. Every failure is a :class:`TrainerError`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -203,6 +203,19 @@ def upload_gs(local: Path, location: Location) -> None:
         tf.io.gfile.copy(str(local / name), target, overwrite=True)
 
 
+@dataclass(frozen=True)
+class Store:
+    """One remote scheme's edges: fetch an object, check a destination's bucket, upload a folder."""
+
+    fetch: Callable[[str, Location, Path], Path]
+    check_destination: Callable[[str, Location], None]
+    upload: Callable[[Path, Location], None]
+
+
+STORES = {"s3": Store(fetch_s3, check_s3_destination, upload_s3),
+          "gs": Store(fetch_gs, check_gs_destination, upload_gs)}
+
+
 # --- the edges __main__ and run call ----------------------------------------------
 
 
@@ -213,25 +226,18 @@ def fetch(flag: str, text: str, cache_dir: Path) -> Path:
         return Path(text)
     if not location.key:
         raise TrainerError(f"{flag} {text}: names a bucket, not an object")
-    dest = cache_path(cache_dir, location)
-    if location.scheme == "s3":
-        return fetch_s3(flag, location, dest)
-    return fetch_gs(flag, location, dest)
+    return STORES[location.scheme].fetch(flag, location, cache_path(cache_dir, location))
 
 
 def check_destination(flag: str, text: str) -> None:
     """Fail early unless a remote destination's bucket exists and is visible."""
     location = parse_location(text)
-    if location.scheme == "s3":
-        check_s3_destination(flag, location)
-    elif location.scheme == "gs":
-        check_gs_destination(flag, location)
+    if location.remote:
+        STORES[location.scheme].check_destination(flag, location)
 
 
 def upload(local: Path, text: str) -> None:
     """Copy the files under ``local`` to the remote prefix ``text``."""
     location = parse_location(text)
-    if location.scheme == "s3":
-        upload_s3(local, location)
-    elif location.scheme == "gs":
-        upload_gs(local, location)
+    if location.remote:
+        STORES[location.scheme].upload(local, location)
