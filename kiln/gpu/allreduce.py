@@ -46,6 +46,15 @@ def with_nccl_tests(path, gpus, max_bytes, timeout):
     return {"tool": "nccl-tests", "output": done.stdout}
 
 
+def grow_gpu_memory(tf):
+    """Let every GPU's memory grow as needed (not all of it taken at once); the GPUs (`tf`: TensorFlow, imported
+    by the caller, late)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    return gpus
+
+
 def with_tensorflow(device, ranks, max_bytes, reps):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
@@ -56,10 +65,7 @@ def with_tensorflow(device, ranks, max_bytes, reps):
         names = [f"/cpu:{i}" for i in range(ranks)]
         reduce_ops = tf.distribute.ReductionToOneDevice()
     else:
-        gpus = tf.config.list_physical_devices("GPU")
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        names = [f"/gpu:{i}" for i in range(len(gpus))]
+        names = [f"/gpu:{i}" for i in range(len(grow_gpu_memory(tf)))]
         reduce_ops = tf.distribute.NcclAllReduce()
     if len(names) < 2:
         return {"framework": f"tensorflow {tf.__version__}", "ranks": len(names), "devices": [], "timings": [],
@@ -98,9 +104,7 @@ def with_horovod(min_bytes, max_bytes, reps):
     import tensorflow as tf
 
     hvd.init()
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
+    gpus = grow_gpu_memory(tf)
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
     device = "/gpu:0" if gpus else "/cpu:0"
