@@ -102,15 +102,21 @@ def validate_user(user) -> str:
     return user
 
 
+def positive_number(text, flag: str, most: float, unreadable: str) -> float:
+    """--FLAG's number: more than 0 and at most `most`; `unreadable`: what the line says after the text where it is
+    no number."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"--{flag} {text!r}{unreadable}") from None
+    if not 0 < value <= most:
+        raise UsageError(f"--{flag} {value:g}: give more than 0 and at most {most:g}")
+    return value
+
+
 def validate_ttl(ttl_hours) -> float:
     """--ttl-hours: more than 0 and at most MAX_TTL_HOURS."""
-    try:
-        ttl_hours = float(ttl_hours)
-    except (TypeError, ValueError):
-        raise UsageError(f"--ttl-hours {ttl_hours!r} is not a number") from None
-    if not 0 < ttl_hours <= MAX_TTL_HOURS:
-        raise UsageError(f"--ttl-hours {ttl_hours:g}: give more than 0 and at most {MAX_TTL_HOURS}")
-    return ttl_hours
+    return positive_number(ttl_hours, "ttl-hours", MAX_TTL_HOURS, " is not a number")
 
 
 def validate_volume(size_gib) -> int | None:
@@ -127,13 +133,8 @@ def validate_volume(size_gib) -> int | None:
 
 
 def validate_snapshot_ttl(days) -> float:
-    try:
-        value = float(days)
-    except (TypeError, ValueError):
-        raise UsageError(f"--snapshot-ttl-days {days!r}: give days, e.g. 30") from None
-    if not 0 < value <= MAX_SNAPSHOT_TTL_DAYS:
-        raise UsageError(f"--snapshot-ttl-days {value:g}: give more than 0 and at most {MAX_SNAPSHOT_TTL_DAYS:g}")
-    return value
+    """--snapshot-ttl-days: more than 0 and at most MAX_SNAPSHOT_TTL_DAYS."""
+    return positive_number(days, "snapshot-ttl-days", MAX_SNAPSHOT_TTL_DAYS, ": give days, e.g. 30")
 
 
 def parse_image_tags(text: str | None) -> tuple[tuple[str, str], ...]:
