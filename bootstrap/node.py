@@ -736,12 +736,13 @@ def progress(run_id, run_dir, signs=False, container=True, gpu=False):
             metrics[name[len("metrics."):-len(".jsonl")]] = {"step": int(row["step"])}
         except (ValueError, KeyError, TypeError):
             continue
-    output = {name[:-len(".log")]: file_size(os.path.join(run_dir, name)) for name in entries if name.endswith(".log")}
+    output = {name[:-len(".log")]: stat_of(os.path.join(run_dir, name), "st_size", 0)
+              for name in entries if name.endswith(".log")}
     ranks = os.path.join(run_dir, "ranks")  # horovodrun --output-filename: ranks/rank.N/{stdout,stderr}
     for name in os.listdir(ranks) if os.path.isdir(ranks) else ():
         if name.startswith("rank.") and name[len("rank."):].isdigit():
             folder = os.path.join(ranks, name)
-            output["rank-" + name[len("rank."):]] = sum(file_size(os.path.join(folder, f))
+            output["rank-" + name[len("rank."):]] = sum(stat_of(os.path.join(folder, f), "st_size", 0)
                                                        for f in ("stdout", "stderr"))
     stopped, ticks = [], 0
     pids = run_processes(run_id, inside=0 if container else None)
@@ -757,7 +758,7 @@ def progress(run_id, run_dir, signs=False, container=True, gpu=False):
     found = {"metrics": metrics, "output": output, "stopped": stopped}
     if signs:  # CPU time and the heartbeat are cheap; a GPU's (two nvidia-smi calls) only when asked (`gpu`)
         found["activity"] = {"cpu": ticks / os.sysconf("SC_CLK_TCK"), "gpu_busy": gpu and gpu_busy(pids),
-                             "beat": mtime(os.path.join(run_dir, HEARTBEAT))}
+                             "beat": stat_of(os.path.join(run_dir, HEARTBEAT), "st_mtime", 0.0)}
     return found
 
 
@@ -765,11 +766,12 @@ LOOK_POLL_S = 0.05  # how often a waiting look reads its tasks' states (a few fi
 HEARTBEAT = "heartbeat"  # in the run folder: KILN_HEARTBEAT, a file a program may touch to say it is alive
 
 
-def mtime(path):
+def stat_of(path, field, missing):
+    """One field of the file's os.stat (st_size, st_mtime), or `missing` where it is gone or cannot be read."""
     try:
-        return os.stat(path).st_mtime
+        return getattr(os.stat(path), field)
     except OSError:
-        return 0.0
+        return missing
 
 
 def gpu_busy(pids):
@@ -799,13 +801,6 @@ def runs_gpu_busy(apps, gpus, pids):
         if uuid.strip() in mine and used.strip().isdigit() and int(used) > 0:
             return True
     return False
-
-
-def file_size(path):
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 def last_line(path):
