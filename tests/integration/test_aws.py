@@ -1005,6 +1005,15 @@ def test_a_cluster_that_is_not_where_its_file_says_is_never_forgotten(env, ec2, 
             aws.down("gone", region="us-west-2")
 
 
+def fab_through(hop, server: str, monkeypatch, env, *argv: str) -> subprocess.CompletedProcess:
+    """`fab` with every AWS call through the fault hop (testbed.ec2_faults), then aimed at moto again."""
+    monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+    try:
+        return fab(env, *argv)
+    finally:
+        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+
+
 def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_nothing_there(env, ec2, image, server,
                                                                                           west, monkeypatch):
     """--regions A,B,C: A does not offer the type (EC2's offerings, as moto has them: no p5.48xlarge in eu-west-1),
@@ -1015,10 +1024,9 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
     try:
         with Ec2Faults(server) as hop:
             hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", instance_type="p5.48xlarge")
-            monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
-            made = fab(env, "cluster.up", "--name", "fo", "--gpus", "H100:8", "--count", "2", "--regions",
-                       "eu-west-1,us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
-            monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+            made = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "fo", "--gpus", "H100:8",
+                               "--count", "2", "--regions", "eu-west-1,us-east-1,us-west-2", "--ssh-cidr", CIDR,
+                               "--ssh-wait", "0")
         assert made.returncode == 0, made.stdout + made.stderr
         assert ("up: aws eu-west-1 p5.48xlarge on-demand: --instance-type p5.48xlarge: not offered in eu-west-1; "
                 "nothing was made") in made.stdout
@@ -1040,15 +1048,6 @@ def test_a_region_without_capacity_moves_the_cluster_to_the_next_and_leaves_noth
     finally:
         monkeypatch.setenv(aws.ENDPOINT_ENV, server)
         aws.down("fo", region="us-west-2")
-
-
-def fab_through(hop, server: str, monkeypatch, env, *argv: str) -> subprocess.CompletedProcess:
-    """`fab` with every AWS call through the fault hop (testbed.ec2_faults), then aimed at moto again."""
-    monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
-    try:
-        return fab(env, *argv)
-    finally:
-        monkeypatch.setenv(aws.ENDPOINT_ENV, server)
 
 
 def test_a_cluster_the_vcpu_quota_cannot_hold_skips_the_region_before_anything_is_launched(env, ec2, image, server,
@@ -1122,10 +1121,9 @@ def test_by_price_tries_the_region_whose_spot_price_is_lowest_now_first(env, ec2
             hop.price("us-west-2", "p5.48xlarge", 10.0, zone="us-west-2a", at=earlier)  # since gone up to 32
             hop.price("us-west-2", "p5.48xlarge", 32.0, zone="us-west-2a")
             hop.price("us-west-2", "p5.48xlarge", 30.0, zone="us-west-2b")
-            monkeypatch.setenv(aws.ENDPOINT_ENV, hop.endpoint)
-            made = fab(env, "cluster.up", "--name", "bp", "--gpus", "H100:8", "--spot", "--by-price", "--regions",
-                       "eu-west-1,us-east-1,us-west-2", "--ssh-cidr", CIDR, "--ssh-wait", "0")
-            monkeypatch.setenv(aws.ENDPOINT_ENV, server)
+            made = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "bp", "--gpus", "H100:8",
+                               "--spot", "--by-price", "--regions", "eu-west-1,us-east-1,us-west-2", "--ssh-cidr",
+                               CIDR, "--ssh-wait", "0")
         assert made.returncode == 0, made.stdout + made.stderr
         assert ("candidates, in the order kiln tries them (3):\n  1. aws us-west-2 p5.48xlarge spot ($30/h now)\n"
                 "  2. aws us-east-1 p5.48xlarge spot ($40/h now)\n  3. aws eu-west-1 p5.48xlarge spot\n") in made.stdout

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from azure.core.exceptions import HttpResponseError
+from conftest import KILN
 
 pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
@@ -32,8 +33,6 @@ from testbed.arm import Arm  # noqa: E402
 SUB = "00000000-0000-0000-0000-000000000000"
 LOCATION = "eastus"
 CIDR = "203.0.113.7/32"
-REPO = Path(__file__).resolve().parents[2]
-KILN = REPO / ".venv" / "bin" / "kiln"
 
 
 @pytest.fixture(scope="module")

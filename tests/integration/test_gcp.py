@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from conftest import KILN
 
 pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
@@ -28,8 +29,6 @@ from testbed.gce import Gce  # noqa: E402
 PROJECT, ZONE = "kiln-test", "us-central1-a"
 OTHER_REGION_ZONE = "us-east1-b"
 CIDR = "203.0.113.7/32"
-REPO = Path(__file__).resolve().parents[2]
-KILN = REPO / ".venv" / "bin" / "kiln"
 
 
 @pytest.fixture(scope="module")
