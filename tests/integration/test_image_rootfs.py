@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,18 @@ def verify(rootfs: Path, *pytest_args: str) -> subprocess.CompletedProcess:
                            "-rfE", *pytest_args], capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 
+def verify_fails_naming(rootfs: Path, said: str, undo: Callable[[], object], *pytest_args: str) -> str:
+    """The suite's checks (`pytest_args`) on a mutated image, the mutation undone (`undo`) whatever happens: they
+    fail (exit code 1) with `said` in their output; that output."""
+    try:
+        result = verify(rootfs, *pytest_args)
+    finally:
+        undo()
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert said in result.stdout, result.stdout[-3000:]
+    return result.stdout
+
+
 def test_the_suite_passes_on_a_clean_captured_image(captured_rootfs):
     result = verify(captured_rootfs)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
@@ -89,13 +102,8 @@ def test_a_leftover_authorized_keys_fails_naming_it(captured_rootfs):
     keys = captured_rootfs / "root" / ".ssh" / "authorized_keys"
     keys.parent.mkdir(mode=0o700, exist_ok=True)
     keys.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKiln0bake0key0left0behind0by0mistake00000000000 bake\n")
-    try:
-        result = verify(captured_rootfs, "-k", "left")
-    finally:
-        keys.unlink()
-    assert result.returncode == 1, result.stdout[-3000:]
-    assert "authorized_keys left in the image" in result.stdout, result.stdout[-3000:]
-    assert "/root/.ssh/authorized_keys" in result.stdout
+    said = verify_fails_naming(captured_rootfs, "authorized_keys left in the image", keys.unlink, "-k", "left")
+    assert "/root/.ssh/authorized_keys" in said
 
 
 def test_a_wrong_tensorflow_version_fails_naming_it(captured_rootfs):
@@ -103,24 +111,16 @@ def test_a_wrong_tensorflow_version_fails_naming_it(captured_rootfs):
                                                                       ".dist-info/METADATA"))
     original = metadata.read_text()
     metadata.write_text(re.sub(r"(?m)^Version: .*$", "Version: 2.17.0", original, count=1))
-    try:
-        result = verify(captured_rootfs, "-k", "version")
-    finally:
-        metadata.write_text(original)
-    assert result.returncode == 1, result.stdout[-3000:]
-    assert "tensorflow_version: the host has 2.17.0, the matrix wants" in result.stdout, result.stdout[-3000:]
+    verify_fails_naming(captured_rootfs, "tensorflow_version: the host has 2.17.0, the matrix wants",
+                        lambda: metadata.write_text(original), "-k", "version")
 
 
 def test_a_missing_host_key_generator_fails_naming_it(captured_rootfs):
     link = captured_rootfs / "etc" / "systemd" / "system" / "multi-user.target.wants" / "kiln-ssh-hostkeys.service"
     target = os.readlink(link)
     link.unlink()
-    try:
-        result = verify(captured_rootfs, "-k", "first_boot or enabled")
-    finally:
-        link.symlink_to(target)
-    assert result.returncode == 1, result.stdout[-3000:]
-    assert "no host keys at first boot" in result.stdout, result.stdout[-3000:]
+    verify_fails_naming(captured_rootfs, "no host keys at first boot", lambda: link.symlink_to(target), "-k",
+                        "first_boot or enabled")
 
 
 def test_verify_leaves_no_bind_mounts_behind(captured_rootfs):

@@ -48,6 +48,14 @@ def remove_local(name: str) -> None:
                    timeout=120)
 
 
+@pytest.fixture
+def once(tmp_path):
+    """A kiln home of its own, for a test that makes (and removes) its own local cluster; its project is tmp_path."""
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    return Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+
+
 def local_cluster(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localcloud.cluster", *args, "--name", NAME], capture_output=True,
                           text=True, timeout=120)
@@ -312,6 +320,18 @@ def run_and_lose_node3(managed: Managed, argv: list[str], project: Path, log: Pa
     return run, out, err, lost_at
 
 
+def node3_joined(managed: Managed, run_id: str, run: subprocess.Popen, out: str, err: str) -> dict:
+    """What every elastic run that lost node3 (run_and_lose_node3) did: it finished, went on without node3 and
+    replaced it, and the replacement joined: its one restart, the join."""
+    assert run.returncode == 0, out[-4000:] + err[-4000:]
+    assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
+    assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out
+    [join] = managed.summary(run_id)["restarts"]
+    assert join["kind"] == "join" and join["lost"] == ["node3"] and join["replaced"] == [{"old": "node3",
+                                                                                          "new": "node3"}]
+    return join
+
+
 def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(managed, tmp_path):
     """Elastic Horovod with --managed: node3 is lost mid-run, the ranks left go on at 2, kiln replaces node3 while
     the job runs, horovodrun adds the new machine, and the run finishes at 3 ranks without a restart. The program
@@ -323,13 +343,8 @@ def test_an_elastic_run_goes_on_without_a_lost_node_and_its_replacement_joins(ma
             "--stall-minimum", "300", "--", "python", "elastic_regrow.py", "--size", "3", "--after", "5"]
     log = STATE / "node1" / "kiln" / "runs" / "elastic-join" / "horovodrun.log"
     run, out, err, lost_at = run_and_lose_node3(managed, argv, project, log)
-    assert run.returncode == 0, out[-4000:] + err[-4000:]
-    assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
-    assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out
-    data = managed.summary("elastic-join")
-    [join] = data["restarts"]
-    assert join["kind"] == "join" and join["lost"] == ["node3"] and lost_at < join["detected_at"] < join["joined_at"]
-    assert join["replaced"] == [{"old": "node3", "new": "node3"}]
+    join = node3_joined(managed, "elastic-join", run, out, err)
+    assert lost_at < join["detected_at"] < join["joined_at"]
     text = log.read_text(errors="replace")
     assert "on 2 ranks" in text and text.rindex("on 3 ranks") > text.index("on 2 ranks"), text[-3000:]
     results = [json.loads(path.read_text())  # ranks renumber after a reset: read every rank's result
@@ -355,12 +370,7 @@ def test_an_elastic_torchrun_run_goes_on_without_a_lost_node_and_its_replacement
             "2", "--managed", "--run-id", "torch-join", "--", "python", "torch_regrow.py", "--size", "3"]
     log = STATE / "node1" / "kiln" / "runs" / "torch-join" / "torchrun-0.log"
     run, out, err, _ = run_and_lose_node3(managed, argv, project, log)
-    assert run.returncode == 0, out[-4000:] + err[-4000:]
-    assert "node3 (node3) stopped answering: the elastic run goes on without it" in out, out
-    assert "recovery 1 of 3: replacing node3 to join the elastic run" in out, out
-    [join] = managed.summary("torch-join")["restarts"]
-    assert join["kind"] == "join" and join["lost"] == ["node3"] and join["replaced"] == [{"old": "node3",
-                                                                                          "new": "node3"}]
+    node3_joined(managed, "torch-join", run, out, err)
     text = log.read_text(errors="replace")
     assert "sizes so far [3, " in text, text[-3000:]  # the workers started again after the loss
     results = [json.loads(path.read_text())
@@ -400,11 +410,8 @@ def test_managed_needs_a_cluster_whose_provider_can_replace_nodes(managed, tmp_p
     assert again.returncode == 2 and f"cluster {NAME} already exists" in again.stderr, again.stderr
 
 
-def test_launch_removes_the_cluster_when_the_run_fails(tmp_path):
+def test_launch_removes_the_cluster_when_the_run_fails(once, tmp_path):
     """up, train, down in one go: the program fails, and the cluster goes all the same."""
-    if reason := can_make_namespaces():
-        pytest.skip(reason)
-    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
     (tmp_path / "fail.py").write_text("import sys\nprint('failing on purpose')\nsys.exit(3)\n")
     try:
         done = once.kiln("launch", "--name", "kl", "--provider", "local", "--count", "2", "--mode", "tf-config",
@@ -422,10 +429,7 @@ def test_launch_removes_the_cluster_when_the_run_fails(tmp_path):
         remove_local("kl")
 
 
-def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
-    if reason := can_make_namespaces():
-        pytest.skip(reason)
-    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+def test_down_after_removes_the_cluster_once_the_run_is_collected(once, tmp_path):
     (tmp_path / "ok.py").write_text("import os, pathlib\n"
                                     "pathlib.Path(os.environ['KILN_OUTPUT_DIR'], 'made.txt').write_text('kept')\n")
     try:
@@ -442,12 +446,9 @@ def test_down_after_removes_the_cluster_once_the_run_is_collected(tmp_path):
         remove_local("kd")
 
 
-def test_down_after_with_ctrl_c_stops_and_collects_the_run_before_the_cluster_goes(tmp_path):
+def test_down_after_with_ctrl_c_stops_and_collects_the_run_before_the_cluster_goes(once, tmp_path):
     """Ctrl-C (SIGINT) while a --down-after run is watched: the run is stopped and what its node holds collected
     (summary: stopped), and only then is the cluster removed."""
-    if reason := can_make_namespaces():
-        pytest.skip(reason)
-    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
     (tmp_path / "long.py").write_text("import os, pathlib, time\n"
                                       "pathlib.Path(os.environ['KILN_OUTPUT_DIR'], 'made.txt').write_text('kept')\n"
                                       "print('written', flush=True)\n"
@@ -491,12 +492,9 @@ def autostop_state(name: str, node: str) -> dict:
         return {}
 
 
-def test_idle_nodes_power_off_but_never_during_a_run(tmp_path):
+def test_idle_nodes_power_off_but_never_during_a_run(once, tmp_path):
     """up --idle-minutes 0.25: a run longer than the idle window keeps both nodes on; once it ends, each node's
     agent powers it off (a local node: its processes, sshd too, killed) within the window and a check."""
-    if reason := can_make_namespaces():
-        pytest.skip(reason)
-    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
     (tmp_path / "busy.py").write_text("import time\ntime.sleep(25)\nprint('worked 25 s')\n")
     try:
         up = once.kiln("up", "ka", "--provider", "local", "--count", "2", "--idle-minutes", "0.25")
@@ -526,10 +524,7 @@ def test_idle_nodes_power_off_but_never_during_a_run(tmp_path):
         remove_local("ka")
 
 
-def test_autostop_is_cancelled_with_zero_and_refuses_what_it_cannot_stop(tmp_path):
-    if reason := can_make_namespaces():
-        pytest.skip(reason)
-    once = Managed(tmp_path / "home", tmp_path / "runs", tmp_path)
+def test_autostop_is_cancelled_with_zero_and_refuses_what_it_cannot_stop(once):
     try:
         up = once.kiln("up", "kb", "--provider", "local", "--count", "1", "--idle-minutes", "0.1")
         assert up.returncode == 0, up.stdout + up.stderr
