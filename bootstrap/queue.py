@@ -34,8 +34,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import providers, slurm, state
-from bootstrap.commands import SshOptions, ssh_argv
+from bootstrap import launch, providers, slurm, state
+from bootstrap.commands import SYNC_EXCLUDES, SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
@@ -341,3 +341,57 @@ def describe(name: str) -> str:
 def env_lines(name: str) -> str:
     load(name)  # refused where the cluster has no queue
     return "".join(f"export {key}={value}\n" for key, value in slurm_env(name).items())
+
+
+# ---------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: str  # Slurm's job id
+    run_id: str
+    folder: Path
+    code: int | None = None  # with wait: the job's exit status
+
+
+def job_folder(run_id: str) -> Path:
+    """Where a job keeps its code, outputs, checkpoints and log: a run's folder (kiln status and fetch find it
+    there; kiln down leaves it). On the local provider it is this machine's disk, which every local node sees, as
+    a cluster's shared filesystem."""
+    return state.run_folder(run_id)
+
+
+def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: int, nproc_per_node: int = 1,
+           partition: str | None = None, wait: bool = False, python: str | None = None,
+           timeout_s: float = 24 * 3600) -> Submitted:
+    """Copy the project into a fresh job folder and submit the program as a batch job of `nodes` nodes
+    (slurm.batch_script); with `wait`, return once it has ended, with its exit status."""
+    saved = load(name)
+    record = state.load_cluster(name)
+    if mode not in slurm.JOB_MODES:
+        raise UsageError(f"--mode {mode}: choose one of {', '.join(slurm.JOB_MODES)}")
+    shapes = {shape.name: shape for shape in saved.queue.shapes}
+    shape = shapes.get(partition or saved.queue.shapes[0].name)
+    if shape is None:
+        raise UsageError(f"--partition {partition}: queue {name} has {', '.join(shapes)}")
+    if not 1 <= nodes <= shape.max_nodes:
+        raise UsageError(f"--nodes {nodes}: partition {shape.name} of queue {name} runs 1 to {shape.max_nodes}")
+    if not argv:
+        raise UsageError("kiln submit: give the program after --, e.g. kiln submit NAME -- python train.py")
+    python = python or (record.python if record else sys.executable)
+    program = launch.Program(tuple(argv))
+    entry = launch.torchrun_entry(program, python) if mode == "torchrun" else launch.user_argv(argv, python)
+    run_id = state.new_run_id()
+    folder_ = job_folder(run_id)
+    shutil.copytree(project, folder_ / "code", symlinks=True,
+                    ignore=shutil.ignore_patterns(*(pattern.rstrip("/") for pattern in SYNC_EXCLUDES)))
+    script = folder_ / "job.sh"
+    script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
+                                                   str(folder_), nproc_per_node)))
+    done = subprocess.run(["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)], capture_output=True,
+                          text=True, env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL,
+                          timeout=timeout_s if wait else 60)
+    job = done.stdout.strip().split(";")[0]
+    if not job.isdigit():
+        raise QueueError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
+    return Submitted(job, run_id, folder_, done.returncode if wait else None)

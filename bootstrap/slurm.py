@@ -282,3 +282,68 @@ def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: di
     return (f"#!/bin/sh\n# slurmctld's {verb} program for kiln cluster {cluster} (bootstrap/queue.py)\n"
             f"exec env {settings} {shlex.join(argv)} queue {verb} {shlex.quote(cluster)} --nodes \"$1\" "
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
+
+
+JOB_MODES = ("run", "torchrun")
+RENDEZVOUS_PORT = 29400  # torchrun's c10d rendezvous, on the job's first node
+ADDRESS = "addr=$(ip -o -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p')"  # a node's own, by its route
+
+
+@dataclass(frozen=True)
+class Job:
+    """A program submitted to the queue (kiln submit): `nodes` nodes of `partition`, each running it once (`run`)
+    or a torchrun agent of `nproc_per_node` workers (`torchrun`: `argv` is what follows torchrun's own options).
+    `folder`: the job's folder, which every node sees (code/, output/, checkpoints/, model/, the job's log)."""
+
+    cluster: str
+    run_id: str
+    partition: str
+    nodes: int
+    mode: str
+    argv: tuple[str, ...]
+    python: str
+    folder: str
+    nproc_per_node: int = 1
+
+
+def batch_script(job: Job) -> str:
+    """The job's sbatch script: the environment kiln's contract gives a program (KILN_RUN_ID; KILN_OUTPUT_DIR and
+    KILN_CHECKPOINT_DIR per task, as each node's own disk would hold them; KILN_NODE_RANK, KILN_NUM_NODES), one
+    task per node started by srun, which ends the job when one of them fails; for torchrun, the rendezvous on the
+    job's first node under the job's id. Gloo and NCCL use each node's default-route interface (a node's hostname
+    may name its loopback)."""
+    folder = job.folder.rstrip("/")
+    task = "torchrun" if job.mode == "torchrun" else "node"
+    env = {"KILN_RUN_ID": job.run_id, "KILN_MODEL_DIR": f"{folder}/model", "KILN_NUM_NODES": str(job.nodes),
+           "PYTHONPATH": f"{folder}/code", "PYTHONUNBUFFERED": "1"}
+    # torchrun's agents (PET_X is their --x): the first node's keeps the rendezvous' store, and each names itself
+    # to the workers by its address (a node's hostname may name its loopback, and no other node may know it)
+    torchrun = ('PET_RDZV_CONF=is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0) PET_LOCAL_ADDR=$addr '
+                if job.mode == "torchrun" else "")
+    per_task = (f'{ADDRESS}; nic=$(ip route show default | awk \'{{print $5; exit}}\'); '
+                f'export KILN_TASK={task}-$SLURM_NODEID KILN_NODE_RANK=$SLURM_NODEID '
+                f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-$SLURM_NODEID '
+                f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-$SLURM_NODEID '
+                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}; exec "$@"')
+    if job.mode == "torchrun":
+        program = (f"{shlex.quote(job.python)} -m torch.distributed.run --nnodes {job.nodes} "
+                   f"--nproc-per-node {job.nproc_per_node} --rdzv-backend c10d "
+                   f'--rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" {shlex.join(job.argv)}')
+    else:
+        program = shlex.join(job.argv)
+    lines = [
+        "#!/bin/bash",
+        f"# kiln submit to the queue of cluster {job.cluster}: run {job.run_id} (written by kiln, bootstrap/slurm.py)",
+        f"#SBATCH --job-name={job.run_id}",
+        f"#SBATCH --partition={job.partition}",
+        f"#SBATCH --nodes={job.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --wait-all-nodes=1",
+        f"#SBATCH --output={folder}/slurm-%j.out",
+        f"#SBATCH --chdir={folder}/code",
+        "set -e",
+        "export " + " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()),
+        f"{ADDRESS}; head=$addr  # this node's: the job's first",
+        f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} kiln {program}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -89,7 +89,7 @@ def namespace(*, flat: bool = False) -> Collection:
     tasks = Collection() if flat else Collection("cluster")
     for module, names in ((cluster, ("mesh_", "check", "sync", "train", "run_", "autostop", "launch_")),
                           (runs, ("status", "logs", "stop", "fetch", "tensorboard")),
-                          (lifecycle, ("up", "down", "list_", "sweep", "gpus")), (queues, ("queue_",))):
+                          (lifecycle, ("up", "down", "list_", "sweep", "gpus")), (queues, ("queue_", "submit"))):
         for name in names:
             tasks.add_task(getattr(module, name))
     return tasks if flat else Collection(tasks)

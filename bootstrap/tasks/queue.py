@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 from bootstrap import providers, queue, slurm
-from bootstrap.errors import UsageError
+from bootstrap.errors import KilnError, UsageError
 from bootstrap.tasks import cluster_task
 
 VERBS = ("up", "down", "status", "env")
@@ -63,3 +64,32 @@ def program(verb: str, name: str, nodes: str | None) -> None:
     else:
         lines = queue.suspend(name, nodes, why="suspended" if verb == "suspend" else "not up in time")
     print("\n".join(f"kiln queue {verb} {name}: {line}" for line in lines), flush=True)
+
+
+SUBMIT_HELP = {
+    "name": "the cluster whose queue takes the job (kiln queue up NAME)",
+    "mode": "run: each node runs the program once (default); torchrun: a torchrun agent per node, the rendezvous "
+            "on the job's first node",
+    "nodes": "how many nodes the job runs on (default 1); the queue makes those it lacks",
+    "nproc_per_node": "torchrun: workers on each node (default 1)",
+    "partition": "the partition (default: the queue's first)",
+    "wait": "return once the job has ended, with its exit status, and print its log",
+    "python": "the nodes' Python that runs the program (default: the cluster's)",
+}
+
+
+@cluster_task(help=SUBMIT_HELP)
+def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=False, python=None):
+    """Submit the program after -- to the cluster's queue as a batch job, from a copy of this folder: it waits
+    for its nodes (the queue makes them) and runs with kiln's environment (KILN_OUTPUT_DIR, KILN_CHECKPOINT_DIR,
+    KILN_NODE_RANK, ...)."""
+    done = queue.submit(name, Path.cwd(), list(c.config.get("kiln_command") or []), mode=mode, nodes=int(nodes),
+                        nproc_per_node=int(nproc_per_node), partition=partition, wait=bool(wait),
+                        python=python)
+    print(f"job {done.job} (run {done.run_id}) submitted to queue {name}: its folder {done.folder}, its log "
+          f"{done.folder}/slurm-{done.job}.out", flush=True)
+    if done.code is not None:
+        log = done.folder / f"slurm-{done.job}.out"
+        print(log.read_text(errors="replace") if log.is_file() else "(the job wrote no log)", end="")
+        if done.code:
+            raise KilnError(f"job {done.job} failed (exit {done.code}); its log: {log}")

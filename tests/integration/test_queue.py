@@ -26,6 +26,7 @@ pytestmark = [
     pytest.mark.in_written_order("the queue's nodes come, go, then cannot be made"),
 ]
 IDLE_MINUTES = 0.25  # SuspendTime 15 s
+FRAMEWORKS = ROOT / ".venv-frameworks" / "bin" / "python"  # PyTorch (make setup)
 
 
 class Queue:
@@ -106,6 +107,24 @@ def test_a_job_brings_its_nodes_up_runs_on_both_and_they_go_once_idle(queue, tmp
     record = json.loads((queue.home / "clusters" / NAME / "cluster.json").read_text())
     assert record["hosts"] == []
     assert (Path("/run/kiln/local") / NAME / "known_hosts").read_text() == ""  # no pin of a machine gone
+
+
+def test_kiln_submit_trains_torchrun_ddp_on_two_nodes_made_for_it(queue, tmp_path):
+    """PyTorch's DDP example from the user's folder, a torchrun agent per node under srun, from zero nodes."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([str(KILN), "submit", NAME, "--mode", "torchrun", "--nodes", "2", "--wait", "--python",
+                           str(FRAMEWORKS), "--", "python", "torch_ddp.py", "--epochs", "2", "--samples", "512"],
+                          cwd=project, env=queue.env, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    results = [json.loads(path.read_text()) for path in sorted(folder.glob("output/torchrun-*/rank-*.json"))]
+    assert sorted(r["rank"] for r in results) == [0, 1], results
+    assert sorted(path.parent.name for path in folder.glob("output/*/rank-*.json")) == ["torchrun-0", "torchrun-1"]
+    assert all(r["world"] == 2 and r["batches"] > 0 for r in results), results
+    queue.wait("the job's nodes removed", lambda: queue.namespaces() == [], 120)
+    queue.wait("both nodes powered down", lambda: queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]", 120)
 
 
 def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(queue):

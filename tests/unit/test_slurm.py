@@ -8,10 +8,12 @@ import pytest
 
 from bootstrap.errors import UsageError
 from bootstrap.slurm import (
+    Job,
     Munge,
     Power,
     Queue,
     Shape,
+    batch_script,
     expand,
     gres_conf,
     hostlist,
@@ -130,3 +132,23 @@ def test_slurmctlds_programs_are_kiln_with_its_settings_and_none_of_slurmctlds_d
     assert text.startswith("#!/bin/sh\n")
     assert text.splitlines()[-1] == ("exec env KILN_HOME='/home/a b/.kiln' PATH=/usr/bin /venv/bin/python -m "
                                      "bootstrap.main queue resume kq --nodes \"$1\" </dev/null >>/q/resume.log 2>&1")
+
+
+def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_environment():
+    script = batch_script(Job("kq", "r1", "gpu", 2, "torchrun", ("train.py", "--epochs", "2"), "/venv/bin/python",
+                              "/runs/r1", nproc_per_node=8))
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "#SBATCH --wait-all-nodes=1" in script and "#SBATCH --output=/runs/r1/slurm-%j.out" in script
+    srun = script.splitlines()[-1]
+    assert srun.startswith("srun --kill-on-bad-exit=1 bash -c ")
+    assert srun.endswith("kiln /venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node 8 "
+                         '--rdzv-backend c10d --rdzv-endpoint "$head:29400" --rdzv-id "$SLURM_JOB_ID" train.py '
+                         "--epochs 2")
+    for each in ("KILN_OUTPUT_DIR=/runs/r1/output/torchrun-$SLURM_NODEID",
+                 "KILN_CHECKPOINT_DIR=/runs/r1/checkpoints/torchrun-$SLURM_NODEID", "PET_LOCAL_ADDR=$addr",
+                 "is_host=$([ \"$SLURM_NODEID\" = 0 ]"):
+        assert each in srun
+    plain = batch_script(Job("kq", "r2", "cpu", 3, "run", ("/venv/bin/python", "where.py"), "/venv/bin/python",
+                             "/runs/r2"))
+    assert plain.splitlines()[-1].endswith("kiln /venv/bin/python where.py") and "PET_" not in plain
+    assert "KILN_OUTPUT_DIR=/runs/r2/output/node-$SLURM_NODEID" in plain
