@@ -33,6 +33,7 @@ SUSPEND_TIMEOUT_S = 120
 RESUME_TIMEOUT_S = 1800
 MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
 MUNGE_DIR = "/run/munge"  # the distribution's own (owner munge, mode 755): a cloud image's, and each local node's
+ADDRESS = "addr=$(ip -o -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p')"  # a node's own, by its route
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,12 @@ def join_script(queue: Queue, node: str) -> str:
     conf = f"{folder}/slurm.conf"
     lines = [
         "set -e",
+        # the machine's name and its Slurm name are its address on the cluster's network, not the loopback Debian
+        # gives a hostname (JAX's and Gloo's processes advertise what their hostname names); /etc/hosts rewritten
+        # in place (it may be a bind mount)
+        ADDRESS,
+        f"hosts=$(grep -v -e '^127\\.0\\.1\\.1[[:space:]]' -e ' # kiln queue$' /etc/hosts || true); "
+        f"printf '%s\\n%s\\n' \"$hosts\" \"$addr $(hostname) {node} # kiln queue\" > /etc/hosts",
         Munge(queue.cluster).start_script().rstrip("\n"),
         f"mkdir -p {shlex.quote(f'{folder}/{node}/spool')}",
         f"cat > {shlex.quote(conf)} <<'KILN_SLURM_CONF'\n{slurm_conf(queue)}KILN_SLURM_CONF",
@@ -284,15 +291,18 @@ def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: di
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
 
 
-JOB_MODES = ("run", "torchrun")
-RENDEZVOUS_PORT = 29400  # torchrun's c10d rendezvous, on the job's first node
-ADDRESS = "addr=$(ip -o -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p')"  # a node's own, by its route
+JOB_MODES = ("run", "torchrun", "jax")
+# torchrun's c10d rendezvous and JAX's coordinator listen on the job's first node at 29400 + the job's id % 1000:
+# two jobs sharing a node listen apart
+RENDEZVOUS_PORT = 29400
 
 
 @dataclass(frozen=True)
 class Job:
-    """A program submitted to the queue (kiln submit): `nodes` nodes of `partition`, each running it once (`run`)
-    or a torchrun agent of `nproc_per_node` workers (`torchrun`: `argv` is what follows torchrun's own options).
+    """A program submitted to the queue (kiln submit): `nodes` nodes of `partition`, each running it once (`run`;
+    `jax`: with its coordinator, for a bare jax.distributed.initialize(), which reads its process id and count
+    from Slurm) or a torchrun agent of `nproc_per_node` workers (`torchrun`: `argv` is what follows torchrun's own
+    options).
     `folder`: the job's folder, which every node sees (code/, output/, checkpoints/, model/, the job's log)."""
 
     cluster: str
@@ -313,22 +323,23 @@ def batch_script(job: Job) -> str:
     job's first node under the job's id. Gloo and NCCL use each node's default-route interface (a node's hostname
     may name its loopback)."""
     folder = job.folder.rstrip("/")
-    task = "torchrun" if job.mode == "torchrun" else "node"
+    task = {"torchrun": "torchrun", "jax": "jax"}.get(job.mode, "node")
     env = {"KILN_RUN_ID": job.run_id, "KILN_MODEL_DIR": f"{folder}/model", "KILN_NUM_NODES": str(job.nodes),
            "PYTHONPATH": f"{folder}/code", "PYTHONUNBUFFERED": "1"}
     # torchrun's agents (PET_X is their --x): the first node's keeps the rendezvous' store, and each names itself
     # to the workers by its address (a node's hostname may name its loopback, and no other node may know it)
     torchrun = ('PET_RDZV_CONF=is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0) PET_LOCAL_ADDR=$addr '
                 if job.mode == "torchrun" else "")
+    jax = "JAX_COORDINATOR_ADDRESS=$KILN_COORDINATOR " if job.mode == "jax" else ""
     per_task = (f'{ADDRESS}; nic=$(ip route show default | awk \'{{print $5; exit}}\'); '
                 f'export KILN_TASK={task}-$SLURM_NODEID KILN_NODE_RANK=$SLURM_NODEID '
                 f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-$SLURM_NODEID '
                 f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-$SLURM_NODEID '
-                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}; exec "$@"')
+                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}; exec "$@"')
     if job.mode == "torchrun":
         program = (f"{shlex.quote(job.python)} -m torch.distributed.run --nnodes {job.nodes} "
                    f"--nproc-per-node {job.nproc_per_node} --rdzv-backend c10d "
-                   f'--rdzv-endpoint "$head:{RENDEZVOUS_PORT}" --rdzv-id "$SLURM_JOB_ID" {shlex.join(job.argv)}')
+                   f'--rdzv-endpoint "$KILN_COORDINATOR" --rdzv-id "$SLURM_JOB_ID" {shlex.join(job.argv)}')
     else:
         program = shlex.join(job.argv)
     lines = [
@@ -343,7 +354,8 @@ def batch_script(job: Job) -> str:
         f"#SBATCH --chdir={folder}/code",
         "set -e",
         "export " + " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()),
-        f"{ADDRESS}; head=$addr  # this node's: the job's first",
+        f"{ADDRESS}  # this node's: the job's first",
+        f"export KILN_COORDINATOR=$addr:$(({RENDEZVOUS_PORT} + SLURM_JOB_ID % 1000))",
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} kiln {program}",
     ]
     return "\n".join(lines) + "\n"

@@ -69,7 +69,8 @@ def program(verb: str, name: str, nodes: str | None) -> None:
 SUBMIT_HELP = {
     "name": "the cluster whose queue takes the job (kiln queue up NAME)",
     "mode": "run: each node runs the program once (default); torchrun: a torchrun agent per node, the rendezvous "
-            "on the job's first node",
+            "on the job's first node; jax: each node's process told its coordinator (the first node) for a bare "
+            "jax.distributed.initialize()",
     "nodes": "how many nodes the job runs on (default 1); the queue makes those it lacks",
     "nproc_per_node": "torchrun: workers on each node (default 1)",
     "partition": "the partition (default: the queue's first)",

@@ -123,11 +123,25 @@ def test_kiln_submit_trains_torchrun_ddp_on_two_nodes_made_for_it(queue, tmp_pat
     assert sorted(r["rank"] for r in results) == [0, 1], results
     assert sorted(path.parent.name for path in folder.glob("output/*/rank-*.json")) == ["torchrun-0", "torchrun-1"]
     assert all(r["world"] == 2 and r["batches"] > 0 for r in results), results
-    queue.wait("the job's nodes removed", lambda: queue.namespaces() == [], 120)
-    queue.wait("both nodes powered down", lambda: queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]", 120)
+
+
+def test_kiln_submit_runs_a_bare_jax_initialize_across_two_nodes(queue, tmp_path):
+    """JAX's own example code, jax.distributed.initialize() with no arguments: Slurm gives each process its id and
+    the count, kiln the coordinator; on the nodes the last job left (idle until SuspendTime), or new ones."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([str(KILN), "submit", NAME, "--mode", "jax", "--nodes", "2", "--wait", "--python",
+                           str(FRAMEWORKS), "--", "python", "jax_sum.py"], cwd=project, env=queue.env,
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    results = [json.loads(path.read_text()) for path in sorted(folder.glob("output/jax-*/result.json"))]
+    assert sorted(r["process"] for r in results) == [0, 1] and {r["processes"] for r in results} == {2}, results
+    assert all(r["sum"] == r["expected"] for r in results), results
 
 
 def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(queue):
+    queue.wait("the last jobs' nodes removed", lambda: queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]", 180)
     assert local_cluster_command("exhaust", "--name", NAME).returncode == 0
     job = queue.slurm("sbatch", "--parsable", "--nodes=1", "--output=/dev/null", "--wrap=true").strip()
     try:

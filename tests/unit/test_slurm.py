@@ -142,7 +142,7 @@ def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_env
     srun = script.splitlines()[-1]
     assert srun.startswith("srun --kill-on-bad-exit=1 bash -c ")
     assert srun.endswith("kiln /venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node 8 "
-                         '--rdzv-backend c10d --rdzv-endpoint "$head:29400" --rdzv-id "$SLURM_JOB_ID" train.py '
+                         '--rdzv-backend c10d --rdzv-endpoint "$KILN_COORDINATOR" --rdzv-id "$SLURM_JOB_ID" train.py '
                          "--epochs 2")
     for each in ("KILN_OUTPUT_DIR=/runs/r1/output/torchrun-$SLURM_NODEID",
                  "KILN_CHECKPOINT_DIR=/runs/r1/checkpoints/torchrun-$SLURM_NODEID", "PET_LOCAL_ADDR=$addr",
@@ -152,3 +152,6 @@ def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_env
                              "/runs/r2"))
     assert plain.splitlines()[-1].endswith("kiln /venv/bin/python where.py") and "PET_" not in plain
     assert "KILN_OUTPUT_DIR=/runs/r2/output/node-$SLURM_NODEID" in plain
+    assert "export KILN_COORDINATOR=$addr:$((29400 + SLURM_JOB_ID % 1000))" in script
+    jax = batch_script(Job("kq", "r3", "cpu", 2, "jax", ("/py", "sum.py"), "/py", "/runs/r3"))
+    assert "JAX_COORDINATOR_ADDRESS=$KILN_COORDINATOR" in jax.splitlines()[-1] and "PET_" not in jax
