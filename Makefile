@@ -128,9 +128,10 @@ image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM 
 matrix-check: setup ## is the version matrix current? each pin's newest release in its line and overall (reads PyPI and NVIDIA's repositories; not in CI)
 	$(PY) -m bake.matrix_check
 
-bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput (bare and in the container image), the local bake
+bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput (bare and in the container image), the queue from zero, the local bake
 	$(PY) bench/fanout.py
 	$(PY) bench/throughput.py --image
+	$(PY) bench/queue.py
 	$(PY) bench/local_bake.py
 
 clean: ## remove local clusters, runs and the virtual environment

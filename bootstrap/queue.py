@@ -42,6 +42,8 @@ from bootstrap.hosts import Host
 PROGRAMS = ("resume", "suspend", "resume-fail")
 NODE_DIR = "/root/kiln/slurm"  # a node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log
 JOIN_TIMEOUT_S = 120
+LOCK_TIMEOUT_S = 900  # a resume of many nodes holds the lock while it makes and joins them
+TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged", "runuser")
 KEY_BYTES = 1024  # as mungekey makes one
 # A local node boots and goes in seconds (a cloud's: slurm.RESUME_TIMEOUT_S, SUSPEND_TIMEOUT_S); a node removed is
 # resumed again only once its SuspendTimeout has passed.
@@ -89,10 +91,24 @@ def save(name: str, saved: Saved) -> None:
 
 
 @contextlib.contextmanager
-def locked(name: str) -> Iterator[None]:
-    """Held by one resume, suspend or resume-fail of the cluster at a time (slurmctld may start them together)."""
-    with open(folder(name) / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def locked(name: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Held by one resume, suspend or resume-fail of the cluster at a time (slurmctld may start them together), and
+    by `stop_controller` while it removes the queue; the queue's file is read again under it (a queue removed
+    meanwhile is refused, and nothing of it is written again)."""
+    if not folder(name).is_dir():
+        raise UsageError(f"cluster {name} has no queue (kiln queue up {name} makes one)")
+    with open(folder(name) / ".lock", "a") as lock:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise QueueError(f"queue {name}: another resume or suspend held it for {timeout_s:g} s") from None
+                time.sleep(0.2)
+        if not exists(name):
+            raise UsageError(f"cluster {name} has no queue (it was removed)")
         yield
 
 
@@ -130,6 +146,10 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
     if provider.kind != "local":
         raise UsageError(f"kiln queue up --provider {provider.kind}: a queue runs on the local provider for now "
                          "(its controller on this machine); the clouds' controller machine comes next")
+    missing = [tool for tool in TOOLS if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin")]
+    if missing:
+        raise UsageError(f"kiln queue up: {', '.join(missing)} not installed here (Debian: apt-get install "
+                         "slurmctld slurmd slurm-client munge; make setup installs them)")
     queue_dir = folder(name)
     draft = slurm.check_queue(plan_queue(name, shapes, "controller", "0.0.0.0", queue_dir, suspend_time_s))
     count = sum(shape.max_nodes for shape in draft.shapes)
@@ -219,8 +239,10 @@ def stop_controller(name: str, wait_s: float = 30) -> bool:
     queue_dir = folder(name)
     if not queue_dir.exists():
         return False
-    for pid_file in (queue_dir / "ctl" / "slurmctld.pid", Path(slurm.Munge(name).path("pid"))):
-        stop_daemon(pid_file, wait_s)
+    stop_daemon(queue_dir / "ctl" / "slurmctld.pid", wait_s)  # it starts no resume or suspend from here on
+    with contextlib.suppress(UsageError), locked(name):  # one running ends first: what it makes is removed after
+        (queue_dir / "queue.json").unlink()
+    stop_daemon(Path(slurm.Munge(name).path("pid")), wait_s)
     for suffix in ("key", "socket", "socket.lock", "pid", "seed", "log"):
         Path(slurm.Munge(name).path(suffix)).unlink(missing_ok=True)
     shutil.rmtree(queue_dir, ignore_errors=True)
@@ -265,22 +287,30 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
             for node in wanted:
                 mark_down(name, node, f"kiln could not make it: {error}")
             raise
-        record = state.load_cluster(name)
-        options = ssh_options(name, record)
-        lines, joined = [], dict(saved.nodes)
-        for node, made in zip(wanted, added, strict=True):
-            try:
-                scontrol(name, "update", f"NodeName={node}", f"NodeAddr={made.address}",
-                         f"NodeHostname={made.host.label}")
-                join(name, saved.queue, node, made.host, options)
-            except (KilnError, subprocess.TimeoutExpired) as error:
-                mark_down(name, node, f"kiln could not join {made.host.label}: {error}")
+        options = ssh_options(name, state.load_cluster(name))
+        lines, joined, pending = [], dict(saved.nodes), list(zip(wanted, added, strict=True))
+        try:
+            while pending:
+                node, made = pending[0]
+                try:
+                    scontrol(name, "update", f"NodeName={node}", f"NodeAddr={made.address}",
+                             f"NodeHostname={made.host.label}")
+                    join(name, saved.queue, node, made.host, options)
+                except (KilnError, OSError, subprocess.TimeoutExpired) as error:
+                    mark_down(name, node, f"kiln could not join {made.host.label}: {error}")
+                    lines.append(f"{node}: failed on {made.host.label} ({made.address}): {error}")
+                else:
+                    joined[node] = {"host": made.host.label, "address": made.address}
+                    save(name, replace(saved, nodes=joined))  # known the moment it is: a suspend finds it
+                    lines.append(f"{node}: {made.host.label} ({made.address})")
+                    pending.pop(0)
+                    continue
+                pending.pop(0)
                 chosen.shrink(name, [made.host])
-                lines.append(f"{node}: failed on {made.host.label} ({made.address}): {error}")
-                continue
-            joined[node] = {"host": made.host.label, "address": made.address}
-            lines.append(f"{node}: {made.host.label} ({made.address})")
-        save(name, replace(saved, nodes=joined))
+        finally:  # interrupted (slurmctld's kill, an error of another kind): no machine the queue does not know
+            if pending:
+                with contextlib.suppress(Exception):
+                    chosen.shrink(name, [made.host for _, made in pending])
         return lines
 
 
@@ -289,11 +319,23 @@ def suspend(name: str, nodes: str, *, why: str = "suspended") -> list[str]:
     resume in time). A line per node."""
     with locked(name):
         saved = load(name)
-        gone = [node for node in slurm.expand(nodes) if node in saved.nodes]
+        gone = [node for node in slurm.expand(nodes) if node in saved.nodes and not powered_up(name, node, why)]
         if gone:
             placed(name).shrink(name, [Host(saved.nodes[node]["host"]) for node in gone])
         save(name, replace(saved, nodes={k: v for k, v in saved.nodes.items() if k not in gone}))
         return [f"{node}: {why}, {saved.nodes[node]['host']} removed" for node in gone]
+
+
+def powered_up(name: str, node: str, why: str) -> bool:
+    """Whether slurmctld has the node up again (a resume came between its suspend and this): a suspend that waited
+    for the lock then leaves it. A node that did not come up in time (resume-fail) is always removed."""
+    if why != "suspended":
+        return False
+    try:
+        shown = scontrol(name, "show", "node", node)
+    except (KilnError, subprocess.TimeoutExpired):
+        return False
+    return "POWERING_DOWN" not in shown and "POWERED_DOWN" not in shown
 
 
 def placed(name: str) -> providers.Provider:
@@ -351,7 +393,6 @@ class Submitted:
     job: str  # Slurm's job id
     run_id: str
     folder: Path
-    code: int | None = None  # with wait: the job's exit status
 
 
 def job_folder(run_id: str) -> Path:
@@ -362,10 +403,9 @@ def job_folder(run_id: str) -> Path:
 
 
 def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: int, nproc_per_node: int = 1,
-           partition: str | None = None, wait: bool = False, python: str | None = None,
-           timeout_s: float = 24 * 3600) -> Submitted:
+           partition: str | None = None, python: str | None = None) -> Submitted:
     """Copy the project into a fresh job folder and submit the program as a batch job of `nodes` nodes
-    (slurm.batch_script); with `wait`, return once it has ended, with its exit status."""
+    (slurm.batch_script)."""
     saved = load(name)
     record = state.load_cluster(name)
     if mode not in slurm.JOB_MODES:
@@ -388,10 +428,31 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
     script = folder_ / "job.sh"
     script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
                                                    str(folder_), nproc_per_node)))
-    done = subprocess.run(["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)], capture_output=True,
-                          text=True, env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL,
-                          timeout=timeout_s if wait else 60)
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                          env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL, timeout=60)
     job = done.stdout.strip().split(";")[0]
     if not job.isdigit():
         raise QueueError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
-    return Submitted(job, run_id, folder_, done.returncode if wait else None)
+    return Submitted(job, run_id, folder_)
+
+
+def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: float = 2.0) -> int:
+    """Wait until the job has ended; its exit status (slurmctld keeps an ended job's record for MinJobAge)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True,
+                               env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL, timeout=30)
+        fields = dict(word.split("=", 1) for word in shown.stdout.split() if "=" in word)
+        if shown.returncode == 0 and fields.get("JobState") not in ("PENDING", "CONFIGURING", "RUNNING",
+                                                                      "COMPLETING", "SUSPENDED", None):
+            return int(fields.get("ExitCode", "1:0").split(":")[0]) or (0 if fields["JobState"] == "COMPLETED" else 1)
+        if shown.returncode:
+            raise QueueError(f"job {job} of queue {name}: slurmctld no longer knows it: {shown.stderr.strip()}")
+        if time.monotonic() > deadline:
+            raise QueueError(f"job {job} of queue {name} has not ended within {timeout_s:g} s")
+        time.sleep(every_s)
+
+
+def cancel(name: str, job: str) -> None:
+    subprocess.run(["scancel", job], capture_output=True, env={**os.environ, **slurm_env(name)}, timeout=30,
+                   stdin=subprocess.DEVNULL)

@@ -335,7 +335,8 @@ def batch_script(job: Job) -> str:
                 f'export KILN_TASK={task}-$SLURM_NODEID KILN_NODE_RANK=$SLURM_NODEID '
                 f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-$SLURM_NODEID '
                 f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-$SLURM_NODEID '
-                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}; exec "$@"')
+                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}; '
+                'mkdir -p "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR"; exec "$@"')
     if job.mode == "torchrun":
         program = (f"{shlex.quote(job.python)} -m torch.distributed.run --nnodes {job.nodes} "
                    f"--nproc-per-node {job.nproc_per_node} --rdzv-backend c10d "

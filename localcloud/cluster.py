@@ -165,9 +165,17 @@ def write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
+def make_mountpoints() -> None:
+    """Where a node's private folders are mounted, on this machine (a node mounts over them)."""
+    for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755),
+                             ("/run/munge", 0o755)):
+        os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
+
+
 def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_pub: str, *,
               docker: bool = False) -> plan.NodeBoot:
     """Write a node's keys and files, configure its network, start its sshd detached."""
+    make_mountpoints()  # a replacement or a slot booted later: /run is emptied by a reboot
     for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755), ("munge", 0o755)):
         (node_dir / sub).mkdir(parents=True)
         (node_dir / sub).chmod(mode)
@@ -276,7 +284,6 @@ def lose_node(name: str, node: plan.Node, timeout: float = 60) -> None:
     """Take a node away as a lost machine goes: its processes killed at once, its network and disk removed."""
     with nodes_lock(name):
         remove_node(name, node, timeout)
-        mark_up(name, {node.name: False})
 
 
 def remove_node(name: str, node: plan.Node, timeout: float) -> None:
@@ -502,9 +509,7 @@ def build(cluster: plan.Cluster, state: Path, *, metadata: bool = False, docker:
     slots); wait for every sshd; log in once; with `docker`, start the registry and every node's engine."""
     key = state / "operator_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kiln-operator@{cluster.name}", "-f", str(key)])
-    for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755),
-                             ("/run/munge", 0o755)):
-        os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
+    make_mountpoints()
     booted = cluster.nodes[:start]
     timeout = 60 + len(booted) / 10
     operator_pub = key.with_suffix(".pub").read_text()

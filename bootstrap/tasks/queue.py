@@ -42,6 +42,7 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
             raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
         print("\n".join(queue.up(name, providers.named(provider), [shape], suspend_time_s=seconds)))
     elif verb == "down":
+        queue.load(name)  # refused where the cluster has no queue: kiln down NAME removes any cluster
         stopped = queue.stop_controller(name)
         gone = queue.placed(name).down(name)
         print("\n".join([*([f"queue {name}: slurmctld and munged stopped"] if stopped else []), *gone.lines]))
@@ -85,12 +86,17 @@ def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=
     for its nodes (the queue makes them) and runs with kiln's environment (KILN_OUTPUT_DIR, KILN_CHECKPOINT_DIR,
     KILN_NODE_RANK, ...)."""
     done = queue.submit(name, Path.cwd(), list(c.config.get("kiln_command") or []), mode=mode, nodes=int(nodes),
-                        nproc_per_node=int(nproc_per_node), partition=partition, wait=bool(wait),
-                        python=python)
-    print(f"job {done.job} (run {done.run_id}) submitted to queue {name}: its folder {done.folder}, its log "
-          f"{done.folder}/slurm-{done.job}.out", flush=True)
-    if done.code is not None:
-        log = done.folder / f"slurm-{done.job}.out"
-        print(log.read_text(errors="replace") if log.is_file() else "(the job wrote no log)", end="")
-        if done.code:
-            raise KilnError(f"job {done.job} failed (exit {done.code}); its log: {log}")
+                        nproc_per_node=int(nproc_per_node), partition=partition, python=python)
+    log = done.folder / f"slurm-{done.job}.out"
+    print(f"job {done.job} (run {done.run_id}) submitted to queue {name}: its folder {done.folder}, its log {log}",
+          flush=True)
+    if not wait:
+        return
+    try:
+        code = queue.wait_for(name, done.job)
+    except KeyboardInterrupt:
+        queue.cancel(name, done.job)
+        raise KilnError(f"job {done.job} cancelled (interrupted); its log: {log}") from None
+    print(log.read_text(errors="replace") if log.is_file() else "(the job wrote no log)", end="")
+    if code:
+        raise KilnError(f"job {done.job} failed (exit {code}); its log: {log}")
