@@ -159,8 +159,10 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
         queue = plan_queue(name, shapes, host, address, queue_dir, suspend_time_s)
         start_controller(name, queue)
         kept = [slurm.node_names(queue, shape)[index] for shape in queue.shapes for index in range(shape.min_nodes)]
-        if kept:
-            resume(name, ",".join(kept), provider=provider)
+        failed = [line for line in (resume(name, ",".join(kept), provider=provider) if kept else [])
+                  if ": failed on " in line]
+        if failed:  # the nodes a partition keeps up are part of what up promised
+            raise QueueError(f"queue {name}: " + "; ".join(failed))
     except BaseException:
         with contextlib.suppress(Exception):
             stop_controller(name)
@@ -423,6 +425,9 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
     entry = launch.torchrun_entry(program, python) if mode == "torchrun" else launch.user_argv(argv, python)
     run_id = state.new_run_id()
     folder_ = job_folder(run_id)
+    if any(char.isspace() or char == "%" for char in str(folder_)):  # sbatch's --output and --chdir take it bare
+        raise UsageError(f"kiln submit: the runs folder {folder_.parent} has a space or '%' in its path, which Slurm "
+                         "cannot take; set KILN_RUNS to another folder")
     shutil.copytree(project, folder_ / "code", symlinks=True,
                     ignore=shutil.ignore_patterns(*(pattern.rstrip("/") for pattern in SYNC_EXCLUDES)))
     script = folder_ / "job.sh"

@@ -38,7 +38,7 @@ SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
 LONGEST_FIRST = ("image/test_bake_local.py", "integration/test_bake_docker.py", "integration/test_containers.py",
                  "integration/test_managed.py", "integration/test_launcher.py", "integration/test_aws.py",
                  "integration/test_trainer_resume.py", "integration/test_nvidia_roles.py",
-                 "integration/test_user_programs.py", "integration/test_image_rootfs.py",
+                 "integration/test_user_programs.py", "integration/test_queue.py", "integration/test_image_rootfs.py",
                  "integration/test_local_vm.py", "integration/test_watchdog.py", "integration/test_trainer_local.py",
                  "integration/test_frameworks.py")
 
