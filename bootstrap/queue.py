@@ -447,10 +447,9 @@ def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: flo
     while True:
         shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True,
                                env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL, timeout=30)
-        fields = dict(word.split("=", 1) for word in shown.stdout.split() if "=" in word)
-        if shown.returncode == 0 and fields.get("JobState") not in ("PENDING", "CONFIGURING", "RUNNING",
-                                                                      "COMPLETING", "SUSPENDED", None):
-            return int(fields.get("ExitCode", "1:0").split(":")[0]) or (0 if fields["JobState"] == "COMPLETED" else 1)
+        ended = slurm.job_exit(shown.stdout) if shown.returncode == 0 else None
+        if ended is not None:
+            return ended
         if shown.returncode:
             raise QueueError(f"job {job} of queue {name}: slurmctld no longer knows it: {shown.stderr.strip()}")
         if time.monotonic() > deadline:

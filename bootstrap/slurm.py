@@ -360,3 +360,18 @@ def batch_script(job: Job) -> str:
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} kiln {program}",
     ]
     return "\n".join(lines) + "\n"
+
+
+# The states a job ends in; every other (pending, configuring, running, requeued, completing) is still going.
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                   "OUT_OF_MEMORY"})
+
+
+def job_exit(shown: str) -> int | None:
+    """A job's exit status as `scontrol show job --oneliner` shows it, or None while it has not ended: 0 only for a
+    job COMPLETED with status 0; one that ended otherwise (cancelled, failed on a node, timed out) is never 0."""
+    fields = dict(word.split("=", 1) for word in shown.split() if "=" in word)
+    if fields.get("JobState") not in ENDED:
+        return None
+    code = int(fields.get("ExitCode", "0:0").split(":")[0] or 0)
+    return code if fields["JobState"] == "COMPLETED" else code or 1

@@ -17,6 +17,7 @@ from bootstrap.slurm import (
     expand,
     gres_conf,
     hostlist,
+    job_exit,
     join_script,
     node_names,
     program_text,
@@ -155,3 +156,16 @@ def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_env
     assert "export KILN_COORDINATOR=$addr:$((29400 + SLURM_JOB_ID % 1000))" in script
     jax = batch_script(Job("kq", "r3", "cpu", 2, "jax", ("/py", "sum.py"), "/py", "/runs/r3"))
     assert "JAX_COORDINATOR_ADDRESS=$KILN_COORDINATOR" in jax.splitlines()[-1] and "PET_" not in jax
+
+
+@pytest.mark.parametrize(("shown", "status"), [
+    ("JobId=7 JobName=r1 JobState=RUNNING Reason=None ExitCode=0:0", None),
+    ("JobId=7 JobState=PENDING Reason=BeginTime ExitCode=0:0", None),
+    ("JobId=7 JobState=REQUEUED ExitCode=0:0", None),  # a node was lost: the job goes on
+    ("JobId=7 JobState=COMPLETED ExitCode=0:0", 0),
+    ("JobId=7 JobState=FAILED ExitCode=3:0", 3),
+    ("JobId=7 JobState=CANCELLED ExitCode=0:15", 1),  # never 0 unless it completed
+    ("JobId=7 JobState=NODE_FAIL ExitCode=0:0", 1),
+])
+def test_a_job_has_ended_only_in_slurms_final_states_and_only_completed_is_0(shown, status):
+    assert job_exit(shown) == status
