@@ -117,9 +117,14 @@ def slurm_env(name: str) -> dict[str, str]:
     return {"SLURM_CONF": str(folder(name) / "slurm.conf")}
 
 
+def slurm_tool(name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """One of Slurm's client tools against the cluster's queue, bounded."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **slurm_env(name)},
+                          stdin=subprocess.DEVNULL)
+
+
 def scontrol(name: str, *args: str, timeout: float = 30) -> str:
-    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
+    done = slurm_tool(name, "scontrol", *args, timeout=timeout)
     if done.returncode:
         raise QueueError(f"scontrol {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
     return done.stdout
@@ -290,10 +295,10 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
                 mark_down(name, node, f"kiln could not make it: {error}")
             raise
         options = ssh_options(name, state.load_cluster(name))
-        lines, joined, pending = [], dict(saved.nodes), list(zip(wanted, added, strict=True))
+        lines, joined = [], dict(saved.nodes)
+        unjoined = dict(zip(wanted, added, strict=True))
         try:
-            while pending:
-                node, made = pending[0]
+            for node, made in list(unjoined.items()):
                 try:
                     scontrol(name, "update", f"NodeName={node}", f"NodeAddr={made.address}",
                              f"NodeHostname={made.host.label}")
@@ -301,18 +306,16 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
                 except (KilnError, OSError, subprocess.TimeoutExpired) as error:
                     mark_down(name, node, f"kiln could not join {made.host.label}: {error}")
                     lines.append(f"{node}: failed on {made.host.label} ({made.address}): {error}")
+                    chosen.shrink(name, [made.host])
                 else:
                     joined[node] = {"host": made.host.label, "address": made.address}
                     save(name, replace(saved, nodes=joined))  # known the moment it is: a suspend finds it
                     lines.append(f"{node}: {made.host.label} ({made.address})")
-                    pending.pop(0)
-                    continue
-                pending.pop(0)
-                chosen.shrink(name, [made.host])
+                del unjoined[node]
         finally:  # interrupted (slurmctld's kill, an error of another kind): no machine the queue does not know
-            if pending:
+            if unjoined:
                 with contextlib.suppress(Exception):
-                    chosen.shrink(name, [made.host for _, made in pending])
+                    chosen.shrink(name, [made.host for made in unjoined.values()])
         return lines
 
 
@@ -376,8 +379,7 @@ def mark_down(name: str, node: str, reason: str) -> None:
 def describe(name: str) -> str:
     """The queue's nodes and partitions as sinfo shows them (the powered-down ones too), and what is up."""
     saved = load(name)
-    shown = subprocess.run(["sinfo", "--all", "--format=%P %D %t %N"], capture_output=True, text=True, timeout=30,
-                           env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
+    shown = slurm_tool(name, "sinfo", "--all", "--format=%P %D %t %N")
     up_now = ", ".join(f"{node} on {where['host']}" for node, where in sorted(saved.nodes.items())) or "none"
     return (shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n") + f"nodes up: {up_now}"
 
@@ -433,8 +435,7 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
     script = folder_ / "job.sh"
     script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
                                                    str(folder_), nproc_per_node)))
-    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                          env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL, timeout=60)
+    done = slurm_tool(name, "sbatch", "--parsable", str(script), timeout=60)
     job = done.stdout.strip().split(";")[0]
     if not job.isdigit():
         raise QueueError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
@@ -445,8 +446,7 @@ def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: flo
     """Wait until the job has ended; its exit status (slurmctld keeps an ended job's record for MinJobAge)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True,
-                               env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL, timeout=30)
+        shown = slurm_tool(name, "scontrol", "show", "job", "--oneliner", job)
         ended = slurm.job_exit(shown.stdout) if shown.returncode == 0 else None
         if ended is not None:
             return ended
@@ -458,5 +458,4 @@ def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: flo
 
 
 def cancel(name: str, job: str) -> None:
-    subprocess.run(["scancel", job], capture_output=True, env={**os.environ, **slurm_env(name)}, timeout=30,
-                   stdin=subprocess.DEVNULL)
+    slurm_tool(name, "scancel", job)

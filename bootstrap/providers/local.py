@@ -115,8 +115,9 @@ class LocalProvider:
         record = state.load_cluster(cluster)
         if record is None:
             raise UsageError(f"no cluster {cluster!r} in {state.kiln_home()}/clusters")
-        plan = netns.cluster_from_nodes(cluster, local.load_nodes(cluster))
-        free = [node for node, entry in zip(plan.nodes, local.load_nodes(cluster), strict=True)
+        entries = local.load_nodes(cluster)
+        plan = netns.cluster_from_nodes(cluster, entries)
+        free = [node for node, entry in zip(plan.nodes, entries, strict=True)
                 if not entry.get("up", True)]
         if len(free) < count:
             raise CloudError(f"cluster {cluster}: {count} node(s) wanted, {len(free)} slot(s) free",

@@ -8,6 +8,7 @@ from pathlib import Path
 from bootstrap import providers, queue, slurm
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.tasks import cluster_task
+from bootstrap.tasks.cluster import user_command
 
 VERBS = ("up", "down", "status", "env")
 PROGRAM_VERBS = ("resume", "suspend", "resume-fail")  # slurmctld's: not for people (kiln queue --help lists them)
@@ -85,7 +86,7 @@ def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=
     """Submit the program after -- to the cluster's queue as a batch job, from a copy of this folder: it waits
     for its nodes (the queue makes them) and runs with kiln's environment (KILN_OUTPUT_DIR, KILN_CHECKPOINT_DIR,
     KILN_NODE_RANK, ...)."""
-    done = queue.submit(name, Path.cwd(), list(c.config.get("kiln_command") or []), mode=mode, nodes=int(nodes),
+    done = queue.submit(name, Path.cwd(), user_command(c), mode=mode, nodes=int(nodes),
                         nproc_per_node=int(nproc_per_node), partition=partition, python=python)
     log = done.folder / f"slurm-{done.job}.out"
     print(f"job {done.job} (run {done.run_id}) submitted to queue {name}: its folder {done.folder}, its log {log}",
