@@ -77,11 +77,10 @@ def labels(matrix: dict[str, str]) -> dict[str, str]:
 
 def pins(matrix: dict[str, str], pyproject: Path = PROJECT / "pyproject.toml") -> list[str]:
     """The pip pins of the image's Python environment (Horovod is built, not pinned here): the matrix's TensorFlow,
-    tf-keras, numpy and TensorBoard, then, at pyproject.toml's pins, Horovod's runtime needs and scikit-learn (the
-    reference trainer's digits and split)."""
+    tf-keras, numpy and TensorBoard, then, at pyproject.toml's pins, Horovod's runtime needs."""
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     return [*(f"{package}=={matrix[name]}" for name, package in PIP.items()), *extras["horovod"][1:],
-            *(pin for pin in extras["train"] if pin.startswith("scikit-learn==")), *framework_pins(matrix)]
+            *framework_pins(matrix)]
 
 
 def framework_pins(matrix: dict[str, str]) -> list[str]:

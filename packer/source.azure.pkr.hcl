@@ -34,10 +34,10 @@ source "azure-arm" "gpu" {
 
   # Azure limits an image to 15 tags (Packer 1.6.6 checks it). Left out: the Name tag (AWS's idea), the
   # driver branch (the start of the driver version), the CUDA release NCCL was built for (the NCCL
-  # package's suffix) and AWS's EFA installer (never in an Azure image); the fingerprint tag covers every
-  # entry of the matrix.
+  # package's suffix), AWS's EFA installer (never in an Azure image) and Slurm's lowest release (a floor,
+  # not what is installed: the manifest says that); the fingerprint tag covers every entry of the matrix.
   azure_tags = {
     for key, value in local.tags : key => value
-    if ! contains(["Name", "kiln:nvidia_driver_branch", "kiln:cuda_nccl_cuda", "kiln:efa_installer"], key)
+    if ! contains(["Name", "kiln:nvidia_driver_branch", "kiln:cuda_nccl_cuda", "kiln:efa_installer", "kiln:slurm_min_release"], key)
   }
 }

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = TrainConfig()
     parser = _Parser(
         prog="trainer",
-        description="kiln's reference TensorFlow trainer: a small dense net on scikit-learn's "
+        description="kiln's reference TensorFlow trainer: a small dense net on the bundled "
         "digits (or synthetic data) under one tf.distribute strategy or Horovod.",
     )
     parser.add_argument(
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=_dataset,
         default=defaults.data,
-        help="digits: scikit-learn's bundled 8x8 digits; synthetic: random features of the "
+        help="digits: the bundled 8x8 digits (UCI's handwritten digits); synthetic: random features of the "
         "same shape, for throughput runs; PATH.npz: a file with arrays x (N x features, "
         "float) and y (N integer labels); PATH.tfrecord, a folder or a glob of them: "
         "tf.train.Examples with a fixed-length float feature x and an int64 feature y; an .npz "

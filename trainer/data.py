@@ -24,7 +24,7 @@ def _split(x: np.ndarray, y: np.ndarray, seed: int, classes: int = CLASSES) -> S
 
 
 def digits_split(seed: int) -> Split:
-    """scikit-learn's bundled 8x8 digits, pixels scaled to [0, 1]."""
+    """The trainer's bundled 8x8 digits (splits.DIGITS_FILE), pixels scaled to [0, 1]."""
     return _split(*splits.digits(), seed)
 
 

@@ -87,16 +87,11 @@ def test_manifest_matrix_is_this_matrix(manifest, matrix):
 
 @pytest.fixture(scope="module")
 def frameworks(host) -> dict:
-    """TensorFlow's and tf-keras's versions, Horovod's build flags and the reference trainer's dataset, read in one
+    """TensorFlow's and tf-keras's versions, and Horovod's build flags, read in one
     process: each import of TensorFlow takes a minute on an emulated VM, and horovodrun --check-build imports it
     once per question. An import that fails is recorded with its error, so only the tests that need it fail."""
     code = """import json
 facts = {}
-try:
-    from sklearn.datasets import load_digits
-    facts["digits"] = list(load_digits().data.shape)
-except Exception as error:
-    facts["digits_error"] = repr(error)
 try:
     import tensorflow as tf, tf_keras
     facts["versions"] = [tf.__version__, tf_keras.__version__]
@@ -114,12 +109,6 @@ print(json.dumps(facts))"""
 def test_tensorflow_and_tf_keras_import(frameworks, matrix):
     assert "versions" in frameworks, f"TensorFlow or tf-keras does not import: {frameworks.get('versions_error')}"
     assert frameworks["versions"] == [matrix["tensorflow_version"], matrix["tensorflow_tf_keras_version"]]
-
-
-def test_the_reference_trainer_finds_its_dataset(frameworks):
-    """kiln train with no command runs kiln's reference trainer, whose digits and split come from scikit-learn."""
-    assert "digits" in frameworks, f"scikit-learn's digits do not load: {frameworks.get('digits_error')}"
-    assert frameworks["digits"] == [1797, 64]
 
 
 @pytest.fixture(scope="module")

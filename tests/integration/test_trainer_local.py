@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TIMEOUT = 600  # seconds for any one trainer process: a hang guard (they take far less, even beside others)
-DIGITS_TRAIN = 1437  # 80% of scikit-learn's 1797 digits
+DIGITS_TRAIN = 1437  # 80% of the trainer's 1797 digits
 METRIC_KEYS = {"step", "epoch", "loss", "accuracy", "examples_per_sec", "wall_time", "time"}
 RESULT_KEYS = {
     "strategy", "task", "world_size", "epochs", "steps", "global_batch_size", "per_replica_batch_size",

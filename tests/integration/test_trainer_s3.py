@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainer import splits
+
 pytestmark = [pytest.mark.integration, pytest.mark.quick]
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
@@ -52,13 +54,11 @@ def trainer(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 def test_npz_in_a_bucket_trains_and_the_export_lands_in_the_bucket(s3_env, tmp_path):
-    from sklearn.datasets import load_digits
-
     s3 = client(s3_env)
     s3.create_bucket(Bucket=BUCKET)
-    digits = load_digits()
+    x, y = splits.digits()
     buffer = io.BytesIO()
-    np.savez(buffer, x=digits.data / 16.0, y=digits.target)
+    np.savez(buffer, x=x, y=y)
     s3.put_object(Bucket=BUCKET, Key="sets/digits.npz", Body=buffer.getvalue())
     cache = tmp_path / "cache"
 
@@ -80,9 +80,8 @@ def test_npz_in_a_bucket_trains_and_the_export_lands_in_the_bucket(s3_env, tmp_p
     import tensorflow as tf
 
     serve = tf.saved_model.load(str(local)).signatures["serving_default"]
-    x = (digits.data[:50] / 16.0).astype(np.float32)
-    predicted = np.argmax(serve(features=tf.constant(x))["logits"].numpy(), axis=1)
-    assert np.mean(predicted == digits.target[:50]) >= 0.8
+    predicted = np.argmax(serve(features=tf.constant(x[:50]))["logits"].numpy(), axis=1)
+    assert np.mean(predicted == y[:50]) >= 0.8
 
 
 @pytest.mark.parametrize(

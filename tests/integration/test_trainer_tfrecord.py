@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainer import splits
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +42,7 @@ def trainer(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def digits():
-    from sklearn.datasets import load_digits
-
-    loaded = load_digits()
-    return (loaded.data / 16.0).astype(np.float32), loaded.target
+    return splits.digits()
 
 
 def test_a_folder_of_tfrecords_trains_the_digits_above_the_floor(tmp_path, digits):

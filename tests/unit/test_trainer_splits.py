@@ -1,7 +1,8 @@
-"""The trainer's train/test split and its bundled digits, without scikit-learn's import."""
+"""The trainer's train/test split and its bundled digits."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 
@@ -9,6 +10,9 @@ import numpy as np
 import pytest
 
 from trainer import splits
+from trainer.errors import TrainerError
+
+DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
 
 
 def test_the_split_is_a_partition_the_same_for_a_seed_and_another_for_another_seed():
@@ -42,7 +46,7 @@ def test_one_example_cannot_be_split():
         splits.split_indices(np.array([4]), seed=0)
 
 
-def test_the_digits_are_scikit_learns_read_without_importing_it():
+def test_the_digits_are_read_from_the_trainers_own_file_without_scikit_learn():
     found = subprocess.run(
         [sys.executable, "-c", "import sys; from trainer import splits; x, y = splits.digits(); "
                                "print(x.shape, x.dtype, x.min(), x.max(), y.dtype, sorted(set(y.tolist())), "
@@ -52,10 +56,14 @@ def test_the_digits_are_scikit_learns_read_without_importing_it():
     assert found[2] == "float32 0.0 1.0 int32 [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] False\n", found
 
 
-def test_the_digits_file_holds_what_scikit_learns_loader_gives():
-    from sklearn.datasets import load_digits
-
-    assert splits.digits_file() is not None
+def test_the_digits_file_is_the_one_scikit_learn_bundles():
+    """UCI's digits test set as scikit-learn 1.9.1 ships it (sklearn/datasets/data/digits.csv.gz): the same bytes."""
+    assert hashlib.sha256(splits.DIGITS_FILE.read_bytes()).hexdigest() == DIGITS_SHA256
     x, y = splits.digits()
-    bunch = load_digits()
-    assert np.array_equal(x, (bunch.data / 16.0).astype(np.float32)) and np.array_equal(y, bunch.target)
+    assert np.bincount(y).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert (x * 16 == np.round(x * 16)).all()  # whole pixel counts 0-16, scaled
+
+
+def test_a_trainer_without_its_digits_file_says_so(tmp_path):
+    with pytest.raises(TrainerError, match=r"--data digits: .*digits.csv.gz is missing"):
+        splits.digits(tmp_path / "digits.csv.gz")
