@@ -162,6 +162,11 @@ def checkpoint_dir(program: Program, run_dir: str) -> str:
     return program.checkpoint_dir or f"{run_dir}/checkpoints"
 
 
+# What every process of every mode gets, however it is started (kiln's launcher, a Slurm job): output unbuffered,
+# and legacy Keras (tf-keras), which the multi-worker and parameter-server strategies and Horovod's callbacks need.
+EVERY_PROCESS = {"PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1"}
+
+
 def process_env(run_id: str, python: str, paths: NodePaths, program: Program = Program()) -> dict[str, str]:
     """What every process gets: the environment contract (README), the code on PYTHONPATH (kiln's for the
     reference trainer, the user's project for theirs), legacy Keras, and kiln's ssh shim first on PATH."""
@@ -173,8 +178,7 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
         "KILN_OUTPUT_DIR": f"{run_dir}/output",
         "KILN_HEARTBEAT": f"{run_dir}/{node_side.HEARTBEAT}",
         "PYTHONPATH": paths.code if program.is_user else paths.lib,
-        "PYTHONUNBUFFERED": "1",
-        "TF_USE_LEGACY_KERAS": "1",
+        **EVERY_PROCESS,
         "PATH": process_path(python, paths),
     }
 

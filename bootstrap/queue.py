@@ -377,11 +377,15 @@ def mark_down(name: str, node: str, reason: str) -> None:
 
 
 def describe(name: str) -> str:
-    """The queue's nodes and partitions as sinfo shows them (the powered-down ones too), and what is up."""
+    """The queue's nodes and partitions as sinfo shows them (the powered-down ones too), its jobs as squeue shows
+    them, and what is up."""
     saved = load(name)
     shown = slurm_tool(name, "sinfo", "--all", "--format=%P %D %t %N")
+    jobs = slurm_tool(name, "squeue", "--all", "--format=%i %j %T %D %R")
     up_now = ", ".join(f"{node} on {where['host']}" for node, where in sorted(saved.nodes.items())) or "none"
-    return (shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n") + f"nodes up: {up_now}"
+    return "".join([shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n",
+                    jobs.stdout if jobs.returncode == 0 else f"squeue: {jobs.stderr.strip()}\n",
+                    f"nodes up: {up_now}"])
 
 
 def env_lines(name: str) -> str:
@@ -459,3 +463,44 @@ def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: flo
 
 def cancel(name: str, job: str) -> None:
     slurm_tool(name, "scancel", job)
+
+
+def shown_job(name: str, job: str) -> str:
+    """`scontrol show job` of one of the queue's jobs; refused by name where slurmctld has no such job (it keeps an
+    ended one's record for MinJobAge)."""
+    load(name)
+    if not job.isdigit():
+        raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
+    shown = slurm_tool(name, "scontrol", "show", "job", "--oneliner", job)
+    if shown.returncode:
+        raise UsageError(f"--job {job}: queue {name} has no such job ({(shown.stderr or shown.stdout).strip()})")
+    return shown.stdout
+
+
+def cancel_job(name: str, job: str) -> str:
+    """Cancel a job that has not ended; what became of it."""
+    if slurm.job_exit(shown_job(name, job)) is not None:
+        return f"job {job} of queue {name} had already ended"
+    done = slurm_tool(name, "scancel", job)
+    if done.returncode:
+        raise QueueError(f"scancel {job}: {(done.stderr or done.stdout).strip()}")
+    return f"job {job} of queue {name} cancelled"
+
+
+def job_log(name: str, job: str, follow: bool = False, every_s: float = 1.0) -> Iterator[str]:
+    """The job's log (its sbatch --output) as it is: what is there, or with `follow`, what is written until the job
+    has ended."""
+    log = Path(slurm.job_fields(shown_job(name, job)).get("StdOut", ""))
+    offset = 0
+    while True:
+        ended = slurm.job_exit(slurm_tool(name, "scontrol", "show", "job", "--oneliner", job).stdout) is not None
+        if log.is_file():
+            with open(log, "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            offset += len(chunk)
+            if chunk:
+                yield chunk.decode(errors="replace")
+        if not follow or ended:
+            return
+        time.sleep(every_s)

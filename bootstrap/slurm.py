@@ -24,6 +24,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bootstrap import launch, topology
 from bootstrap.errors import UsageError
 
 SHAPE_NAME = re.compile(r"[a-z][a-z0-9]{0,15}")  # a partition's name, and the middle of its nodes' names
@@ -291,10 +292,11 @@ def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: di
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
 
 
-JOB_MODES = ("run", "torchrun", "jax")
-# torchrun's c10d rendezvous and JAX's coordinator listen on the job's first node at 29400 + the job's id % 1000:
-# two jobs sharing a node listen apart
+JOB_MODES = ("run", "torchrun", "jax", "tf-config")
+# torchrun's c10d rendezvous and JAX's coordinator listen on the job's first node at 29400 + the job's id % 1000,
+# tf-config's workers on each node at 23456 + the job's id % 1000: two jobs sharing a node listen apart
 RENDEZVOUS_PORT = 29400
+TF_CONFIG_PORT = topology.DEFAULT_BASE_PORT
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,7 @@ class Job:
     """A program submitted to the queue (kiln submit): `nodes` nodes of `partition`, each running it once (`run`;
     `jax`: with its coordinator, for a bare jax.distributed.initialize(), which reads its process id and count
     from Slurm) or a torchrun agent of `nproc_per_node` workers (`torchrun`: `argv` is what follows torchrun's own
-    options).
+    options; `tf-config`: one worker per node, each with its TF_CONFIG, for MultiWorkerMirroredStrategy).
     `folder`: the job's folder, which every node sees (code/, output/, checkpoints/, model/, the job's log)."""
 
     cluster: str
@@ -316,6 +318,19 @@ class Job:
     nproc_per_node: int = 1
 
 
+def tf_config_lines() -> list[str]:
+    """The batch script's lines that give each task of a tf-config job its TF_CONFIG: a step on every node tells its
+    address (in node order), and each node's worker listens at the job's port (topology.tf_config's shape: one
+    worker per node, indexed by the node's place in the job; the first leads)."""
+    return [
+        f"addrs=($(srun --kill-on-bad-exit=1 bash -c {shlex.quote(ADDRESS + '; echo $SLURM_NODEID $addr')} "
+        "| sort -n | cut -d' ' -f2))",
+        f"port=$(({TF_CONFIG_PORT} + SLURM_JOB_ID % 1000))",
+        r'workers=; for a in "${addrs[@]}"; do workers+="${workers:+,}\"$a:$port\""; done',
+        'export KILN_TF_WORKERS="[$workers]"',
+    ]
+
+
 def batch_script(job: Job) -> str:
     """The job's sbatch script: the environment kiln's contract gives a program (KILN_RUN_ID; KILN_OUTPUT_DIR and
     KILN_CHECKPOINT_DIR per task, as each node's own disk would hold them; KILN_NODE_RANK, KILN_NUM_NODES), one
@@ -323,19 +338,22 @@ def batch_script(job: Job) -> str:
     job's first node under the job's id. Gloo and NCCL use each node's default-route interface (a node's hostname
     may name its loopback)."""
     folder = job.folder.rstrip("/")
-    task = {"torchrun": "torchrun", "jax": "jax"}.get(job.mode, "node")
+    task = {"torchrun": "torchrun", "jax": "jax", "tf-config": "worker"}.get(job.mode, "node")
     env = {"KILN_RUN_ID": job.run_id, "KILN_MODEL_DIR": f"{folder}/model", "KILN_NUM_NODES": str(job.nodes),
-           "PYTHONPATH": f"{folder}/code", "PYTHONUNBUFFERED": "1"}
+           "PYTHONPATH": f"{folder}/code", **launch.EVERY_PROCESS}
     # torchrun's agents (PET_X is their --x): the first node's keeps the rendezvous' store, and each names itself
     # to the workers by its address (a node's hostname may name its loopback, and no other node may know it)
     torchrun = ('PET_RDZV_CONF=is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0) PET_LOCAL_ADDR=$addr '
                 if job.mode == "torchrun" else "")
     jax = "JAX_COORDINATOR_ADDRESS=$KILN_COORDINATOR " if job.mode == "jax" else ""
+    tf_config = ('TF_CONFIG="{\\"cluster\\":{\\"worker\\":$KILN_TF_WORKERS},'
+                 '\\"task\\":{\\"type\\":\\"worker\\",\\"index\\":$SLURM_NODEID}}" '
+                 if job.mode == "tf-config" else "")
     per_task = (f'{ADDRESS}; nic=$(ip route show default | awk \'{{print $5; exit}}\'); '
                 f'export KILN_TASK={task}-$SLURM_NODEID KILN_NODE_RANK=$SLURM_NODEID '
                 f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-$SLURM_NODEID '
                 f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-$SLURM_NODEID '
-                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}; '
+                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}{tf_config}; '
                 'mkdir -p "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR"; exec "$@"')
     if job.mode == "torchrun":
         program = (f"{shlex.quote(job.python)} -m torch.distributed.run --nnodes {job.nodes} "
@@ -357,6 +375,7 @@ def batch_script(job: Job) -> str:
         "export " + " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()),
         f"{ADDRESS}  # this node's: the job's first",
         f"export KILN_COORDINATOR=$addr:$(({RENDEZVOUS_PORT} + SLURM_JOB_ID % 1000))",
+        *(tf_config_lines() if job.mode == "tf-config" else []),
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} kiln {program}",
     ]
     return "\n".join(lines) + "\n"
@@ -367,10 +386,15 @@ ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "OUT_OF_MEMORY"})
 
 
+def job_fields(shown: str) -> dict[str, str]:
+    """`scontrol show job --oneliner`'s KEY=VALUE words (a value with no space: state, exit code, paths)."""
+    return dict(word.split("=", 1) for word in shown.split() if "=" in word)
+
+
 def job_exit(shown: str) -> int | None:
     """A job's exit status as `scontrol show job --oneliner` shows it, or None while it has not ended: 0 only for a
     job COMPLETED with status 0; one that ended otherwise (cancelled, failed on a node, timed out) is never 0."""
-    fields = dict(word.split("=", 1) for word in shown.split() if "=" in word)
+    fields = job_fields(shown)
     if fields.get("JobState") not in ENDED:
         return None
     code = int(fields.get("ExitCode", "0:0").split(":")[0] or 0)

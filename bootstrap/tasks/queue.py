@@ -10,7 +10,7 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.tasks import cluster_task
 from bootstrap.tasks.cluster import user_command
 
-VERBS = ("up", "down", "status", "env")
+VERBS = ("up", "down", "status", "env", "logs", "cancel")
 PROGRAM_VERBS = ("resume", "suspend", "resume-fail")  # slurmctld's: not for people (kiln queue --help lists them)
 QUEUE_HELP = {
     "verb": f"{', '.join(VERBS)}; slurmctld itself runs {', '.join(PROGRAM_VERBS)} with --nodes",
@@ -24,15 +24,18 @@ QUEUE_HELP = {
     "partition": "up: the partition's name (default cpu)",
     "idle_minutes": "up: remove a node after it has been idle this long (Slurm's SuspendTime; default 5)",
     "nodes": "resume, suspend, resume-fail: the Slurm nodes, as slurmctld hands them (kq-cpu-[0-1])",
+    "job": "logs, cancel: the job's number (kiln submit prints it; kiln queue status lists them)",
+    "follow": "logs: print what the job writes until it has ended",
 }
 
 
 @cluster_task(name="queue", help=QUEUE_HELP)
 def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, memory_mib=1000, partition="cpu",
-           idle_minutes=5.0, nodes=None):
+           idle_minutes=5.0, nodes=None, job=None, follow=False):
     """A Slurm queue on a cluster whose nodes kiln makes when jobs wait and removes when they are idle: up makes
     the cluster (no node yet) and its controller, down removes both (kiln down NAME does too), status shows the
-    partitions and the nodes up, env prints what sbatch, srun and squeue need to reach it."""
+    partitions, the jobs and the nodes up, env prints what sbatch, srun and squeue need to reach it, logs prints a
+    job's log (--follow: until it ends), cancel cancels a job."""
     if verb in PROGRAM_VERBS:
         program(verb, name, nodes)
     elif verb == "up":
@@ -51,6 +54,13 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
         print(queue.describe(name))
     elif verb == "env":
         print(queue.env_lines(name), end="")
+    elif verb in ("logs", "cancel") and not job:
+        raise UsageError(f"kiln queue {verb} {name}: give --job N (kiln queue status {name} lists the jobs)")
+    elif verb == "logs":
+        for chunk in queue.job_log(name, str(job), follow=bool(follow)):
+            print(chunk, end="", flush=True)
+    elif verb == "cancel":
+        print(queue.cancel_job(name, str(job)))
     else:
         raise UsageError(f"kiln queue {verb}: choose one of {', '.join(VERBS)}")
 
@@ -72,7 +82,8 @@ SUBMIT_HELP = {
     "name": "the cluster whose queue takes the job (kiln queue up NAME)",
     "mode": "run: each node runs the program once (default); torchrun: a torchrun agent per node, the rendezvous "
             "on the job's first node; jax: each node's process told its coordinator (the first node) for a bare "
-            "jax.distributed.initialize()",
+            "jax.distributed.initialize(); tf-config: a worker per node, each given its TF_CONFIG "
+            "(MultiWorkerMirroredStrategy)",
     "nodes": "how many nodes the job runs on (default 1); the queue makes those it lacks",
     "nproc_per_node": "torchrun: workers on each node (default 1)",
     "partition": "the partition (default: the queue's first)",

@@ -123,6 +123,10 @@ def test_kiln_submit_trains_torchrun_ddp_on_two_nodes_made_for_it(queue, tmp_pat
     assert sorted(r["rank"] for r in results) == [0, 1], results
     assert sorted(path.parent.name for path in folder.glob("output/*/rank-*.json")) == ["torchrun-0", "torchrun-1"]
     assert all(r["world"] == 2 and r["batches"] > 0 for r in results), results
+    job = done.stdout.split()[1]
+    logs = queue.kiln("queue", "logs", NAME, "--job", job)
+    assert logs.returncode == 0 and logs.stdout == (folder / f"slurm-{job}.out").read_text(), logs.stderr
+    assert queue.kiln("queue", "cancel", NAME, "--job", job).stdout == f"job {job} of queue {NAME} had already ended\n"
 
 
 def test_kiln_submit_runs_a_bare_jax_initialize_across_two_nodes(queue, tmp_path):
@@ -140,6 +144,22 @@ def test_kiln_submit_runs_a_bare_jax_initialize_across_two_nodes(queue, tmp_path
     assert all(r["sum"] == r["expected"] for r in results), results
 
 
+def test_kiln_submit_trains_tensorflows_multi_worker_example_with_each_nodes_tf_config(queue, tmp_path):
+    """The tutorial's MultiWorkerMirroredStrategy program, TF_CONFIG alone: one worker per node, its address and
+    the job's port in every worker's cluster, its index its node's place in the job."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([str(KILN), "submit", NAME, "--mode", "tf-config", "--nodes", "2", "--wait", "--",
+                           "python", "keras_multiworker.py", "--epochs", "2", "--steps", "5"], cwd=project,
+                          env=queue.env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    results = {path.parent.name: json.loads(path.read_text()) for path in folder.glob("output/*/result.json")}
+    assert sorted(results) == ["worker-0", "worker-1"], results
+    assert [results[name]["task"] for name in sorted(results)] == ["worker-0", "worker-1"]
+    assert all(r["replicas"] == 2 and r["epochs"] == [0, 1] and r["batches"] == 10 for r in results.values()), results
+
+
 def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(queue):
     queue.wait("the last jobs' nodes removed", lambda: queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]", 180)
     assert local_cluster_command("exhaust", "--name", NAME).returncode == 0
@@ -150,8 +170,12 @@ def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(que
             return "no capacity" in shown
         queue.wait("a node marked down with the reason", down_with_reason, 120)
         assert queue.namespaces() == []
+        status = queue.kiln("queue", "status", NAME)
+        assert f"{job} wrap PENDING 1" in status.stdout, status.stdout  # it waits for a node
     finally:
-        queue.slurm("scancel", job)
+        cancelled = queue.kiln("queue", "cancel", NAME, "--job", job)
+    assert cancelled.stdout == f"job {job} of queue {NAME} cancelled\n", cancelled.stdout + cancelled.stderr
+    assert "CANCELLED" in queue.slurm("scontrol", "show", "job", job)
 
 
 def test_down_leaves_no_daemon_key_or_namespace(queue):
@@ -168,7 +192,9 @@ def test_bad_input_is_one_line_naming_it():
     for argv, named in ((("queue", "frob", NAME), "kiln queue frob"),
                         (("queue", "up", NAME, "--provider", "aws"), "--provider aws"),
                         (("queue", "up", NAME, "--max-nodes", "0"), "--max-nodes 0"),
-                        (("queue", "status", "nosuch"), "nosuch")):
+                        (("queue", "status", "nosuch"), "nosuch"),
+                        (("queue", "logs", NAME), "--job"),
+                        (("queue", "cancel", "nosuch", "--job", "7"), "nosuch")):
         done = subprocess.run([str(KILN), *argv], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "KILN_HOME": "/nonexistent-kiln-home"}, stdin=subprocess.DEVNULL)
         assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, (argv, done.stderr)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+import subprocess
 from dataclasses import replace
 
 import pytest
 
+from bootstrap import topology
 from bootstrap.errors import UsageError
 from bootstrap.slurm import (
     Job,
@@ -22,6 +26,7 @@ from bootstrap.slurm import (
     node_names,
     program_text,
     slurm_conf,
+    tf_config_lines,
 )
 
 POWER = Power("/opt/kiln/resume", "/opt/kiln/suspend", "/opt/kiln/resume-fail")
@@ -156,6 +161,23 @@ def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_env
     assert "export KILN_COORDINATOR=$addr:$((29400 + SLURM_JOB_ID % 1000))" in script
     jax = batch_script(Job("kq", "r3", "cpu", 2, "jax", ("/py", "sum.py"), "/py", "/runs/r3"))
     assert "JAX_COORDINATOR_ADDRESS=$KILN_COORDINATOR" in jax.splitlines()[-1] and "PET_" not in jax
+
+
+def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_would():
+    """Run the job's own lines under bash, with srun a stand-in that answers for three nodes in another order: each
+    node's TF_CONFIG is topology.tf_config's for one worker per node at the job's port, indexed by the node."""
+    script = batch_script(Job("kq", "r4", "cpu", 3, "tf-config", ("/py", "mw.py"), "/py", "/runs/r4"))
+    assert "\n".join(tf_config_lines()) in script
+    srun = script.splitlines()[-1]
+    per_task = shlex.split(srun)[4]
+    tf_config = per_task.split("TF_CONFIG=", 1)[1].split(" ;", 1)[0]
+    fake_srun = "srun() { printf '2 10.0.0.9\\n0 10.0.0.7\\n1 10.0.0.8\\n'; }"
+    shell = "\n".join([fake_srun, "SLURM_JOB_ID=1042", *tf_config_lines(),
+                       *(f"SLURM_NODEID={node}; echo {tf_config}" for node in range(3))])
+    said = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=10, check=True).stdout
+    plan = topology.plan_tf_config(["10.0.0.7", "10.0.0.8", "10.0.0.9"], [1, 1, 1], base_port=23456 + 42)
+    assert [json.loads(line) for line in said.splitlines()] == [topology.tf_config(plan, p) for p in plan.processes]
+    assert "KILN_OUTPUT_DIR=/runs/r4/output/worker-$SLURM_NODEID" in srun
 
 
 @pytest.mark.parametrize(("shown", "status"), [
