@@ -196,8 +196,8 @@ def free_port() -> int:
 
 
 def start_controller(name: str, queue: slurm.Queue) -> None:
-    """The cluster's MUNGE key (made once), slurm.conf, gres.conf and programs in its folder; munged and
-    slurmctld started; returns once slurmctld answers."""
+    """The cluster's MUNGE key (made once), its configuration (slurm.conf, gres.conf, mpi.conf) and programs in its
+    folder; munged and slurmctld started; returns once slurmctld answers."""
     queue_dir = folder(name)
     (queue_dir / "bin").mkdir(parents=True, exist_ok=True)
     (queue_dir / "ctl").mkdir(exist_ok=True)
@@ -207,8 +207,8 @@ def start_controller(name: str, queue: slurm.Queue) -> None:
         with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
             out.write(secrets.token_bytes(KEY_BYTES))
     save(name, Saved(queue))
-    state.write_atomic(queue_dir / "slurm.conf", slurm.slurm_conf(queue))
-    state.write_atomic(queue_dir / "gres.conf", slurm.gres_conf(queue))
+    for file, text in slurm.conf_files(queue).items():
+        state.write_atomic(queue_dir / file, text)
     for verb, path in zip(PROGRAMS, (queue.power.resume, queue.power.suspend, queue.power.resume_fail),
                           strict=True):
         Path(path).write_text(slurm.program_text(kiln_argv(), verb, name, str(queue_dir / f"{verb}.log"),

@@ -223,6 +223,21 @@ def gres_conf(queue: Queue) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mpi_conf(queue: Queue) -> str:
+    """mpi.conf of the queue: srun --mpi=pmix's client folders under the node's own Slurm folder (PMIx makes one
+    per job step, named by the user, job and step alone: in a /tmp that machines share, as the local cluster's
+    nodes share this machine's, the second node's step could not make its own)."""
+    check_queue(queue)
+    return (f"# srun --mpi=pmix on kiln cluster {queue.cluster}'s nodes: written by kiln (bootstrap/slurm.py).\n"
+            f"PMIxCliTmpDirBase={queue.node_dir.rstrip('/')}/pmix\n")
+
+
+def conf_files(queue: Queue) -> dict[str, str]:
+    """The files of the queue's configuration, by name: the same on the controller and on every node (beside
+    slurm.conf: Slurm reads the others from its folder)."""
+    return {"slurm.conf": slurm_conf(queue), "gres.conf": gres_conf(queue), "mpi.conf": mpi_conf(queue)}
+
+
 @dataclass(frozen=True)
 class Munge:
     """Where the munged of cluster `cluster` keeps its key, socket and files, on every machine of its queue."""
@@ -259,7 +274,7 @@ class Munge:
 
 def join_script(queue: Queue, node: str) -> str:
     """What a fresh machine runs (as root, over the cluster's pinned SSH) to become Slurm node `node` of the queue:
-    the cluster's MUNGE key from stdin (base64) and its munged, slurm.conf and gres.conf as the controller's,
+    the cluster's MUNGE key from stdin (base64) and its munged, the queue's configuration as the controller's,
     then slurmd under that node name. `slurmd -b`: the daemon's start counts as the node's boot (a local node
     shares the machine's boot time, older than the resume, and slurmctld would wait for a boot until
     ResumeTimeout)."""
@@ -274,9 +289,9 @@ def join_script(queue: Queue, node: str) -> str:
         f"hosts=$(grep -v -e '^127\\.0\\.1\\.1[[:space:]]' -e ' # kiln queue$' /etc/hosts || true); "
         f"printf '%s\\n%s\\n' \"$hosts\" \"$addr $(hostname) {node} # kiln queue\" > /etc/hosts",
         Munge(queue.cluster).start_script().rstrip("\n"),
-        f"mkdir -p {shlex.quote(f'{folder}/{node}/spool')}",
-        f"cat > {shlex.quote(conf)} <<'KILN_SLURM_CONF'\n{slurm_conf(queue)}KILN_SLURM_CONF",
-        f"cat > {shlex.quote(f'{folder}/gres.conf')} <<'KILN_SLURM_CONF'\n{gres_conf(queue)}KILN_SLURM_CONF",
+        f"mkdir -p {shlex.quote(f'{folder}/{node}/spool')} {shlex.quote(f'{folder}/pmix')}",
+        *(f"cat > {shlex.quote(f'{folder}/{file}')} <<'KILN_SLURM_CONF'\n{text}KILN_SLURM_CONF"
+          for file, text in conf_files(queue).items()),
         shlex.join(["slurmd", "-N", node, "-b", "-f", conf]),
     ]
     return "\n".join(lines) + "\n"
@@ -292,7 +307,7 @@ def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: di
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
 
 
-JOB_MODES = ("run", "torchrun", "jax", "tf-config")
+JOB_MODES = ("run", "torchrun", "jax", "tf-config", "horovod")
 # torchrun's c10d rendezvous and JAX's coordinator listen on the job's first node at 29400 + the job's id % 1000,
 # tf-config's workers on each node at 23456 + the job's id % 1000: two jobs sharing a node listen apart
 RENDEZVOUS_PORT = 29400
@@ -304,7 +319,8 @@ class Job:
     """A program submitted to the queue (kiln submit): `nodes` nodes of `partition`, each running it once (`run`;
     `jax`: with its coordinator, for a bare jax.distributed.initialize(), which reads its process id and count
     from Slurm) or a torchrun agent of `nproc_per_node` workers (`torchrun`: `argv` is what follows torchrun's own
-    options; `tf-config`: one worker per node, each with its TF_CONFIG, for MultiWorkerMirroredStrategy).
+    options; `tf-config`: one worker per node, each with its TF_CONFIG, for MultiWorkerMirroredStrategy;
+    `horovod`: `nproc_per_node` processes per node under srun --mpi=pmix, which Horovod's MPI reads its ranks from).
     `folder`: the job's folder, which every node sees (code/, output/, checkpoints/, model/, the job's log)."""
 
     cluster: str
@@ -338,7 +354,9 @@ def batch_script(job: Job) -> str:
     job's first node under the job's id. Gloo and NCCL use each node's default-route interface (a node's hostname
     may name its loopback)."""
     folder = job.folder.rstrip("/")
-    task = {"torchrun": "torchrun", "jax": "jax", "tf-config": "worker"}.get(job.mode, "node")
+    task = {"torchrun": "torchrun", "jax": "jax", "tf-config": "worker", "horovod": "rank"}.get(job.mode, "node")
+    # a process per node, named by its node's place in the job; horovod's `nproc_per_node` per node, by their rank
+    index = "$SLURM_PROCID" if job.mode == "horovod" else "$SLURM_NODEID"
     env = {"KILN_RUN_ID": job.run_id, "KILN_MODEL_DIR": f"{folder}/model", "KILN_NUM_NODES": str(job.nodes),
            "PYTHONPATH": f"{folder}/code", **launch.EVERY_PROCESS}
     # torchrun's agents (PET_X is their --x): the first node's keeps the rendezvous' store, and each names itself
@@ -350,9 +368,9 @@ def batch_script(job: Job) -> str:
                  '\\"task\\":{\\"type\\":\\"worker\\",\\"index\\":$SLURM_NODEID}}" '
                  if job.mode == "tf-config" else "")
     per_task = (f'{ADDRESS}; nic=$(ip route show default | awk \'{{print $5; exit}}\'); '
-                f'export KILN_TASK={task}-$SLURM_NODEID KILN_NODE_RANK=$SLURM_NODEID '
-                f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-$SLURM_NODEID '
-                f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-$SLURM_NODEID '
+                f'export KILN_TASK={task}-{index} KILN_NODE_RANK=$SLURM_NODEID '
+                f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-{index} '
+                f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-{index} '
                 f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}{tf_config}; '
                 'mkdir -p "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR"; exec "$@"')
     if job.mode == "torchrun":
@@ -367,7 +385,7 @@ def batch_script(job: Job) -> str:
         f"#SBATCH --job-name={job.run_id}",
         f"#SBATCH --partition={job.partition}",
         f"#SBATCH --nodes={job.nodes}",
-        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --ntasks-per-node={job.nproc_per_node if job.mode == 'horovod' else 1}",
         "#SBATCH --wait-all-nodes=1",
         f"#SBATCH --output={folder}/slurm-%j.out",
         f"#SBATCH --chdir={folder}/code",
@@ -376,7 +394,9 @@ def batch_script(job: Job) -> str:
         f"{ADDRESS}  # this node's: the job's first",
         f"export KILN_COORDINATOR=$addr:$(({RENDEZVOUS_PORT} + SLURM_JOB_ID % 1000))",
         *(tf_config_lines() if job.mode == "tf-config" else []),
-        f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} kiln {program}",
+        # horovod: Horovod's MPI finds its rank and size through the node's PMIx server (Slurm's mpi/pmix)
+        f"srun {'--mpi=pmix ' if job.mode == 'horovod' else ''}--kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} "
+        f"kiln {program}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -83,9 +83,10 @@ SUBMIT_HELP = {
     "mode": "run: each node runs the program once (default); torchrun: a torchrun agent per node, the rendezvous "
             "on the job's first node; jax: each node's process told its coordinator (the first node) for a bare "
             "jax.distributed.initialize(); tf-config: a worker per node, each given its TF_CONFIG "
-            "(MultiWorkerMirroredStrategy)",
+            "(MultiWorkerMirroredStrategy); horovod: --nproc-per-node ranks a node, started by srun --mpi=pmix "
+            "(no horovodrun)",
     "nodes": "how many nodes the job runs on (default 1); the queue makes those it lacks",
-    "nproc_per_node": "torchrun: workers on each node (default 1)",
+    "nproc_per_node": "torchrun, horovod: processes on each node (default 1)",
     "partition": "the partition (default: the queue's first)",
     "wait": "return once the job has ended, with its exit status, and print its log",
     "python": "the nodes' Python that runs the program (default: the cluster's)",

@@ -160,6 +160,20 @@ def test_kiln_submit_trains_tensorflows_multi_worker_example_with_each_nodes_tf_
     assert all(r["replicas"] == 2 and r["epochs"] == [0, 1] and r["batches"] == 10 for r in results.values()), results
 
 
+def test_kiln_submit_runs_horovods_keras_example_on_ranks_that_srun_starts_with_pmix(queue, tmp_path):
+    """Horovod's own Keras example, no horovodrun: its MPI reads rank and size from each node's PMIx server."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([str(KILN), "submit", NAME, "--mode", "horovod", "--nodes", "2", "--wait", "--",
+                           "python", "horovod_keras.py", "--epochs", "1"], cwd=project,
+                          env=queue.env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    results = {path.parent.name: json.loads(path.read_text()) for path in folder.glob("output/*/*.json")}
+    assert sorted(results) == ["rank-0", "rank-1"], results
+    assert sorted(r["rank"] for r in results.values()) == [0, 1] and {r["size"] for r in results.values()} == {2}
+
+
 def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(queue):
     queue.wait("the last jobs' nodes removed", lambda: queue.nodes_shown() == f"2 idle~ {NAME}-cpu-[0-1]", 180)
     assert local_cluster_command("exhaust", "--name", NAME).returncode == 0

@@ -163,6 +163,16 @@ def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_env
     assert "JAX_COORDINATOR_ADDRESS=$KILN_COORDINATOR" in jax.splitlines()[-1] and "PET_" not in jax
 
 
+def test_a_horovod_job_is_its_ranks_under_srun_with_pmix_each_named_by_its_rank():
+    script = batch_script(Job("kq", "r5", "gpu", 2, "horovod", ("/py", "hvd.py"), "/py", "/runs/r5", nproc_per_node=8))
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=8" in script
+    srun = script.splitlines()[-1]
+    assert srun.startswith("srun --mpi=pmix --kill-on-bad-exit=1 bash -c ") and srun.endswith("kiln /py hvd.py")
+    assert "KILN_OUTPUT_DIR=/runs/r5/output/rank-$SLURM_PROCID" in srun and "KILN_NODE_RANK=$SLURM_NODEID" in srun
+    plain = batch_script(Job("kq", "r6", "gpu", 2, "run", ("/py", "x.py"), "/py", "/runs/r6", nproc_per_node=8))
+    assert "#SBATCH --ntasks-per-node=1" in plain and "--mpi=pmix" not in plain  # one process a node
+
+
 def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_would():
     """Run the job's own lines under bash, with srun a stand-in that answers for three nodes in another order: each
     node's TF_CONFIG is topology.tf_config's for one worker per node at the job's port, indexed by the node."""
