@@ -39,7 +39,7 @@ from bootstrap.commands import SYNC_EXCLUDES, SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
-PROGRAMS = ("resume", "suspend", "resume-fail")
+PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
 NODE_DIR = "/root/kiln/slurm"  # a node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log
 JOIN_TIMEOUT_S = 120
 LOCK_TIMEOUT_S = 900  # a resume of many nodes holds the lock while it makes and joins them
@@ -49,6 +49,9 @@ KEY_BYTES = 1024  # as mungekey makes one
 # resumed again only once its SuspendTimeout has passed.
 LOCAL_RESUME_TIMEOUT_S = 300
 LOCAL_SUSPEND_TIMEOUT_S = 20
+# A local node's slurmd answers at once, or its machine is gone (a cloud's: slurm.SLURMD_TIMEOUT_S, REQUEUE_DELAY_S)
+LOCAL_SLURMD_TIMEOUT_S = 30
+LOCAL_REQUEUE_DELAY_S = 30
 
 
 class QueueError(KilnError):
@@ -184,7 +187,8 @@ def plan_queue(name: str, shapes: Sequence[slurm.Shape], host: str, address: str
                suspend_time_s: int) -> slurm.Queue:
     programs = [str(queue_dir / "bin" / verb) for verb in PROGRAMS]
     power = slurm.Power(*programs, suspend_time_s=suspend_time_s, resume_timeout_s=LOCAL_RESUME_TIMEOUT_S,
-                        suspend_timeout_s=LOCAL_SUSPEND_TIMEOUT_S)
+                        suspend_timeout_s=LOCAL_SUSPEND_TIMEOUT_S, slurmd_timeout_s=LOCAL_SLURMD_TIMEOUT_S,
+                        requeue_delay_s=LOCAL_REQUEUE_DELAY_S)
     return slurm.Queue(name, host, address, tuple(shapes), str(queue_dir / "ctl"), NODE_DIR,
                        slurm.Munge(name).socket, power, user="root", cgroups=False, port=free_port())
 
@@ -209,8 +213,8 @@ def start_controller(name: str, queue: slurm.Queue) -> None:
     save(name, Saved(queue))
     for file, text in slurm.conf_files(queue).items():
         state.write_atomic(queue_dir / file, text)
-    for verb, path in zip(PROGRAMS, (queue.power.resume, queue.power.suspend, queue.power.resume_fail),
-                          strict=True):
+    power = queue.power
+    for verb, path in zip(PROGRAMS, (power.resume, power.suspend, power.resume_fail, power.lost), strict=True):
         Path(path).write_text(slurm.program_text(kiln_argv(), verb, name, str(queue_dir / f"{verb}.log"),
                                                  program_env()))
         Path(path).chmod(0o700)
@@ -227,11 +231,17 @@ def start_controller(name: str, queue: slurm.Queue) -> None:
     while True:
         try:
             scontrol(name, "ping")
-            return
+            break
         except (QueueError, subprocess.TimeoutExpired) as error:
             if time.monotonic() > deadline:
                 raise QueueError(f"queue {name}: slurmctld does not answer: {error}; {log_tail(queue)}") from None
         time.sleep(0.3)
+    # a node going down runs kiln's lost program (a trigger kept in slurmctld's state: set once)
+    triggers = slurm_tool(name, "strigger", "--get", "--node")
+    if power.lost not in triggers.stdout:
+        done = slurm_tool(name, "strigger", "--set", "--node", "--down", "--flags=PERM", f"--program={power.lost}")
+        if done.returncode:
+            raise QueueError(f"queue {name}: strigger refused kiln's lost program: {done.stderr.strip()}")
 
 
 def log_tail(queue: slurm.Queue) -> str:
@@ -329,6 +339,25 @@ def suspend(name: str, nodes: str, *, why: str = "suspended") -> list[str]:
             placed(name).shrink(name, [Host(saved.nodes[node]["host"]) for node in gone])
         save(name, replace(saved, nodes={k: v for k, v in saved.nodes.items() if k not in gone}))
         return [f"{node}: {why}, {saved.nodes[node]['host']} removed" for node in gone]
+
+
+def lost(name: str, nodes: str) -> list[str]:
+    """slurmctld's trigger on nodes going down: each that no longer answers (its machine lost, or preempted) is
+    powered down by force, so its jobs go back in the queue and the suspend program removes what is left of its
+    machine; a node kiln marked down itself (it could not be made) is left as it is. A line per node."""
+    lines = []
+    for node in slurm.expand(nodes):
+        try:
+            shown = scontrol(name, "show", "node", "--oneliner", node)
+        except (KilnError, subprocess.TimeoutExpired) as error:
+            lines.append(f"{node}: not read: {error}")
+            continue
+        if not slurm.not_responding(shown):
+            lines.append(f"{node}: down, but it answers: left as it is")
+            continue
+        scontrol(name, "update", f"NodeName={node}", "State=POWER_DOWN_FORCE", "Reason=kiln: lost (no answer)")
+        lines.append(f"{node}: lost: powered down, its jobs back in the queue")
+    return lines
 
 
 def powered_up(name: str, node: str, why: str) -> bool:
@@ -437,8 +466,9 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
     shutil.copytree(project, folder_ / "code", symlinks=True,
                     ignore=shutil.ignore_patterns(*(pattern.rstrip("/") for pattern in SYNC_EXCLUDES)))
     script = folder_ / "job.sh"
+    lost_after_s = saved.queue.power.slurmd_timeout_s + 10  # slurmctld has marked a lost node down by then
     script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
-                                                   str(folder_), nproc_per_node)))
+                                                   str(folder_), nproc_per_node, lost_after_s)))
     done = slurm_tool(name, "sbatch", "--parsable", str(script), timeout=60)
     job = done.stdout.strip().split(";")[0]
     if not job.isdigit():

@@ -32,6 +32,11 @@ GPU_TYPE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 SUSPEND_TIME_S = 300
 SUSPEND_TIMEOUT_S = 120
 RESUME_TIMEOUT_S = 1800
+# A node that has not answered slurmctld for this long is lost: down, its jobs requeued (ParallelCluster: 180 s;
+# Slurm's default, 300 s). A requeued job starts again at the earliest this long after (Slurm's cred_expire: a job
+# step's credential outlives the old run's steps).
+SLURMD_TIMEOUT_S = 180
+REQUEUE_DELAY_S = 120
 MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
 MUNGE_DIR = "/run/munge"  # the distribution's own (owner munge, mode 755): a cloud image's, and each local node's
 ADDRESS = "addr=$(ip -o -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p')"  # a node's own, by its route
@@ -53,16 +58,20 @@ class Shape:
 
 @dataclass(frozen=True)
 class Power:
-    """What slurmctld runs to make nodes (`resume`), remove them (`suspend`) and mark a node whose making failed
-    (`resume_fail`), and when: a node idle `suspend_time_s` is removed; one not up within `resume_timeout_s`, or not
-    gone within `suspend_timeout_s`, is marked down."""
+    """What slurmctld runs to make nodes (`resume`), remove them (`suspend`), mark a node whose making failed
+    (`resume_fail`) and hand back a node lost under a job (`lost`, a trigger on a node going down), and when: a node
+    idle `suspend_time_s` is removed; one not up within `resume_timeout_s`, or not gone within `suspend_timeout_s`,
+    is marked down; one silent for `slurmd_timeout_s` is lost, and its jobs start again `requeue_delay_s` later."""
 
     resume: str
     suspend: str
     resume_fail: str
+    lost: str = ""
     suspend_time_s: int = SUSPEND_TIME_S
     suspend_timeout_s: int = SUSPEND_TIMEOUT_S
     resume_timeout_s: int = RESUME_TIMEOUT_S
+    slurmd_timeout_s: int = SLURMD_TIMEOUT_S
+    requeue_delay_s: int = REQUEUE_DELAY_S
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,7 @@ def slurm_conf(queue: Queue) -> str:
         f"SlurmUser={queue.user}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={queue.munge_socket}",
+        f"AuthInfo=socket={queue.munge_socket},cred_expire={power.requeue_delay_s}",
         f"StateSaveLocation={state}/state",
         f"SlurmctldPidFile={state}/slurmctld.pid",
         f"SlurmctldLogFile={state}/slurmctld.log",
@@ -196,6 +205,8 @@ def slurm_conf(queue: Queue) -> str:
         f"SuspendTime={power.suspend_time_s}",
         f"SuspendTimeout={power.suspend_timeout_s}",
         f"ResumeTimeout={power.resume_timeout_s}",
+        f"SlurmdTimeout={power.slurmd_timeout_s}",
+        "JobRequeue=1",  # a batch job on a node lost goes back in the queue
         "ResumeRate=0",
         "SuspendRate=0",
         "SlurmctldParameters=idle_on_node_suspend",
@@ -332,6 +343,7 @@ class Job:
     python: str
     folder: str
     nproc_per_node: int = 1
+    lost_after_s: int = SLURMD_TIMEOUT_S + 10  # by then slurmctld has marked a lost node down (lost_lines)
 
 
 def tf_config_lines() -> list[str]:
@@ -344,6 +356,27 @@ def tf_config_lines() -> list[str]:
         f"port=$(({TF_CONFIG_PORT} + SLURM_JOB_ID % 1000))",
         r'workers=; for a in "${addrs[@]}"; do workers+="${workers:+,}\"$a:$port\""; done',
         'export KILN_TF_WORKERS="[$workers]"',
+    ]
+
+
+def lost_lines(job: Job) -> list[str]:
+    """What the batch script does when its program fails: a process whose peer's node was lost fails at once (its
+    collective breaks), before slurmctld has marked the node down and requeued the job itself. So it asks slurmctld,
+    for at most `lost_after_s` (SlurmdTimeout and a margin: by then slurmctld has marked a lost node down and
+    requeued the job itself), whether a node of the job no longer answers; once one does not, it puts the job back
+    in the queue (the program resumes from its checkpoints on nodes that answer). A program that failed on its own
+    fails its job that much later."""
+    return [
+        "lost() {",
+        f"  for _ in $(seq {max(1, job.lost_after_s // 2)}); do",
+        "    if scontrol show node --oneliner \"$SLURM_JOB_NODELIST\" | grep -q 'State=[^ ]*NOT_RESPONDING'; then",
+        '      echo "kiln: a node of job $SLURM_JOB_ID does not answer: the job goes back in the queue" >&2',
+        '      scontrol requeue "$SLURM_JOB_ID"; exit "$1"',
+        "    fi",
+        "    sleep 2",
+        "  done",
+        '  exit "$1"',
+        "}",
     ]
 
 
@@ -388,15 +421,18 @@ def batch_script(job: Job) -> str:
         f"#SBATCH --ntasks-per-node={job.nproc_per_node if job.mode == 'horovod' else 1}",
         "#SBATCH --wait-all-nodes=1",
         f"#SBATCH --output={folder}/slurm-%j.out",
+        "#SBATCH --open-mode=append",  # a job run again (requeued) adds to its log
+        "#SBATCH --requeue",
         f"#SBATCH --chdir={folder}/code",
         "set -e",
         "export " + " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()),
         f"{ADDRESS}  # this node's: the job's first",
         f"export KILN_COORDINATOR=$addr:$(({RENDEZVOUS_PORT} + SLURM_JOB_ID % 1000))",
         *(tf_config_lines() if job.mode == "tf-config" else []),
+        *lost_lines(job),
         # horovod: Horovod's MPI finds its rank and size through the node's PMIx server (Slurm's mpi/pmix)
         f"srun {'--mpi=pmix ' if job.mode == 'horovod' else ''}--kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} "
-        f"kiln {program}",
+        f"kiln {program} || lost $?",
     ]
     return "\n".join(lines) + "\n"
 
@@ -404,6 +440,13 @@ def batch_script(job: Job) -> str:
 # The states a job ends in; every other (pending, configuring, running, requeued, completing) is still going.
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                    "OUT_OF_MEMORY"})
+# The states slurmctld passes through on its way to run a job that may be requeued (Requeue=1) once more
+REQUEUED_FROM = frozenset({"NODE_FAIL", "PREEMPTED"})
+
+
+def not_responding(shown: str) -> bool:
+    """Whether `scontrol show node --oneliner` shows a node slurmctld no longer hears from (DOWN*, ALLOCATED*)."""
+    return "NOT_RESPONDING" in job_fields(shown).get("State", "").split("+")
 
 
 def job_fields(shown: str) -> dict[str, str]:
@@ -413,9 +456,12 @@ def job_fields(shown: str) -> dict[str, str]:
 
 def job_exit(shown: str) -> int | None:
     """A job's exit status as `scontrol show job --oneliner` shows it, or None while it has not ended: 0 only for a
-    job COMPLETED with status 0; one that ended otherwise (cancelled, failed on a node, timed out) is never 0."""
+    job COMPLETED with status 0; one that ended otherwise (cancelled, failed on a node, timed out) is never 0. A job
+    that may be requeued has not ended on a node's failure: slurmctld runs it again."""
     fields = job_fields(shown)
     if fields.get("JobState") not in ENDED:
         return None
+    if fields["JobState"] in REQUEUED_FROM and fields.get("Requeue") == "1":
+        return None  # it goes back in the queue
     code = int(fields.get("ExitCode", "0:0").split(":")[0] or 0)
     return code if fields["JobState"] == "COMPLETED" else code or 1

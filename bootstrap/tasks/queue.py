@@ -11,7 +11,8 @@ from bootstrap.tasks import cluster_task
 from bootstrap.tasks.cluster import user_command
 
 VERBS = ("up", "down", "status", "env", "logs", "cancel")
-PROGRAM_VERBS = ("resume", "suspend", "resume-fail")  # slurmctld's: not for people (kiln queue --help lists them)
+# slurmctld's: not for people (kiln queue --help lists them)
+PROGRAM_VERBS = ("resume", "suspend", "resume-fail", "lost")
 QUEUE_HELP = {
     "verb": f"{', '.join(VERBS)}; slurmctld itself runs {', '.join(PROGRAM_VERBS)} with --nodes",
     "name": "the cluster's name (the local provider: 1-6 of a-z, 0-9, starting with a letter)",
@@ -66,13 +67,16 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
 
 
 def program(verb: str, name: str, nodes: str | None) -> None:
-    """What slurmctld runs (its ResumeProgram, SuspendProgram, ResumeFailProgram): kiln started with slurmctld's
-    blocked signals would hand them on to every daemon it starts (which then could not be stopped)."""
+    """What slurmctld runs (its ResumeProgram, SuspendProgram, ResumeFailProgram, the trigger on a node going
+    down): kiln started with slurmctld's blocked signals would hand them on to every daemon it starts (which then
+    could not be stopped)."""
     if not nodes:
         raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST (slurmctld gives it)")
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if verb == "resume":
         lines = queue.resume(name, nodes)
+    elif verb == "lost":
+        lines = queue.lost(name, nodes)
     else:
         lines = queue.suspend(name, nodes, why="suspended" if verb == "suspend" else "not up in time")
     print("\n".join(f"kiln queue {verb} {name}: {line}" for line in lines), flush=True)

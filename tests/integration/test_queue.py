@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -172,6 +173,34 @@ def test_kiln_submit_runs_horovods_keras_example_on_ranks_that_srun_starts_with_
     results = {path.parent.name: json.loads(path.read_text()) for path in folder.glob("output/*/*.json")}
     assert sorted(results) == ["rank-0", "rank-1"], results
     assert sorted(r["rank"] for r in results.values()) == [0, 1] and {r["size"] for r in results.values()} == {2}
+
+
+def test_a_job_that_loses_a_node_goes_back_in_the_queue_and_resumes_from_its_checkpoints(queue, tmp_path):
+    """A node's machine lost mid-job: the task left fails at once (its collective breaks), the job goes back in the
+    queue (not a failure, not a hang), slurmctld's trigger runs kiln's lost program, which powers the node down
+    (the suspend program removes what is left of the machine), a new machine is made for the job's second run, and
+    each task resumes from its checkpoint."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "tests" / "integration" / "programs" / "slurm_steps.py", project)
+    done = subprocess.run([str(KILN), "submit", NAME, "--nodes", "2", "--", "python", "slurm_steps.py", "--steps",
+                           "60"], cwd=project, env=queue.env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job, folder = done.stdout.split()[1], Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    steps = [folder / "checkpoints" / f"node-{index}" / "step" for index in (0, 1)]
+    queue.wait("both tasks counting", lambda: all(p.is_file() and int(p.read_text() or 0) >= 6 for p in steps), 240)
+    machine = re.search(rf"{NAME}-cpu-1 on (\w+)", queue.kiln("queue", "status", NAME).stdout).group(1)
+    assert local_cluster_command("lose", "--name", NAME, machine).returncode == 0
+
+    followed = queue.kiln("queue", "logs", NAME, "--job", job, "--follow", timeout=600)
+    assert followed.returncode == 0 and "Node failure on" in followed.stdout, followed.stdout[-3000:]
+    shown = queue.slurm("scontrol", "show", "job", job)
+    assert "JobState=COMPLETED" in shown and "Restarts=1" in shown, shown
+    results = [json.loads(path.read_text()) for path in sorted(folder.glob("output/node-*/result.json"))]
+    assert [r["runs"] for r in results] == [2, 2] and all(r["started_at"] >= 6 for r in results), results
+    said = (queue.home / "clusters" / NAME / "queue" / "lost.log").read_text()
+    assert f"{NAME}-cpu-1: lost: powered down, its jobs back in the queue" in said, said
 
 
 def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(queue):

@@ -23,6 +23,7 @@ from bootstrap.slurm import (
     hostlist,
     job_exit,
     join_script,
+    lost_lines,
     node_names,
     program_text,
     slurm_conf,
@@ -81,7 +82,9 @@ def test_the_controller_its_state_and_munge_are_the_queues():
     found = settings(slurm_conf(queue()))
     assert found["SlurmctldHost"] == "head(10.0.0.2)" and found["ClusterName"] == "kq"
     assert found["StateSaveLocation"] == "/var/lib/kiln-slurm/state"  # survives the controller's restart
-    assert found["AuthInfo"] == "socket=/run/kiln-munge/munge.socket" and found["AuthType"] == "auth/munge"
+    assert found["AuthInfo"] == "socket=/run/kiln-munge/munge.socket,cred_expire=120"
+    assert found["AuthType"] == "auth/munge"
+    assert (found["SlurmdTimeout"], found["JobRequeue"]) == ("180", "1")  # a node silent 3 minutes is lost
     assert found["SlurmdSpoolDir"] == "/var/spool/kiln-slurm/%n/spool"  # one slurmd per node name
     assert (found["ProctrackType"], found["TaskPlugin"]) == ("proctrack/cgroup", "task/cgroup,task/affinity")
     shared = settings(slurm_conf(queue(cgroups=False)))
@@ -119,7 +122,7 @@ def test_every_machine_of_a_queue_runs_munged_at_the_clusters_own_paths():
     assert munge.argv()[:5] == ["runuser", "-u", "munge", "--", "munged"]
     assert f"--key-file={munge.key}" in munge.argv() and f"--socket={munge.socket}" in munge.argv()
     assert Munge("kr").socket != munge.socket
-    assert settings(slurm_conf(queue(munge_socket=munge.socket)))["AuthInfo"] == f"socket={munge.socket}"
+    assert settings(slurm_conf(queue(munge_socket=munge.socket)))["AuthInfo"].startswith(f"socket={munge.socket},")
 
 
 def test_a_node_joins_with_the_key_from_stdin_and_the_controllers_configuration():
@@ -149,14 +152,14 @@ def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_env
     assert srun.startswith("srun --kill-on-bad-exit=1 bash -c ")
     assert srun.endswith("kiln /venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node 8 "
                          '--rdzv-backend c10d --rdzv-endpoint "$KILN_COORDINATOR" --rdzv-id "$SLURM_JOB_ID" train.py '
-                         "--epochs 2")
+                         "--epochs 2 || lost $?")
     for each in ("KILN_OUTPUT_DIR=/runs/r1/output/torchrun-$SLURM_NODEID",
                  "KILN_CHECKPOINT_DIR=/runs/r1/checkpoints/torchrun-$SLURM_NODEID", "PET_LOCAL_ADDR=$addr",
                  "is_host=$([ \"$SLURM_NODEID\" = 0 ]"):
         assert each in srun
     plain = batch_script(Job("kq", "r2", "cpu", 3, "run", ("/venv/bin/python", "where.py"), "/venv/bin/python",
                              "/runs/r2"))
-    assert plain.splitlines()[-1].endswith("kiln /venv/bin/python where.py") and "PET_" not in plain
+    assert plain.splitlines()[-1].endswith("kiln /venv/bin/python where.py || lost $?") and "PET_" not in plain
     assert "KILN_OUTPUT_DIR=/runs/r2/output/node-$SLURM_NODEID" in plain
     assert "export KILN_COORDINATOR=$addr:$((29400 + SLURM_JOB_ID % 1000))" in script
     jax = batch_script(Job("kq", "r3", "cpu", 2, "jax", ("/py", "sum.py"), "/py", "/runs/r3"))
@@ -167,10 +170,27 @@ def test_a_horovod_job_is_its_ranks_under_srun_with_pmix_each_named_by_its_rank(
     script = batch_script(Job("kq", "r5", "gpu", 2, "horovod", ("/py", "hvd.py"), "/py", "/runs/r5", nproc_per_node=8))
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=8" in script
     srun = script.splitlines()[-1]
-    assert srun.startswith("srun --mpi=pmix --kill-on-bad-exit=1 bash -c ") and srun.endswith("kiln /py hvd.py")
+    assert srun.startswith("srun --mpi=pmix --kill-on-bad-exit=1 bash -c ")
+    assert srun.endswith("kiln /py hvd.py || lost $?")
     assert "KILN_OUTPUT_DIR=/runs/r5/output/rank-$SLURM_PROCID" in srun and "KILN_NODE_RANK=$SLURM_NODEID" in srun
     plain = batch_script(Job("kq", "r6", "gpu", 2, "run", ("/py", "x.py"), "/py", "/runs/r6", nproc_per_node=8))
     assert "#SBATCH --ntasks-per-node=1" in plain and "--mpi=pmix" not in plain  # one process a node
+
+
+@pytest.mark.parametrize(("shown", "said"), [
+    ("NodeName=kq-cpu-1 State=ALLOCATED+CLOUD+NOT_RESPONDING Reason=None", "requeue 42\nexit 3\n"),
+    ("NodeName=kq-cpu-1 State=ALLOCATED+CLOUD Reason=None", "exit 3\n"),  # the program's own failure
+])
+def test_a_failed_program_puts_its_job_back_in_the_queue_only_where_a_node_of_it_no_longer_answers(shown, said):
+    """The batch script's `lost`, run under bash with scontrol a stand-in that shows the job's nodes."""
+    job = replace(Job("kq", "r7", "cpu", 2, "run", ("/py", "x.py"), "/py", "/runs/r7"), lost_after_s=2)
+    assert "\n".join(lost_lines(job)) in batch_script(job)
+    scontrol = (f"scontrol() {{ if [ \"$1\" = show ]; then echo '{shown}'; else echo \"$1 $2\"; fi; }}; "
+                "sleep() { :; }")
+    shell = "\n".join([scontrol, "SLURM_JOB_ID=42 SLURM_JOB_NODELIST='kq-cpu-[0-1]'", *lost_lines(job),
+                       "trap 'echo exit $?' EXIT", "lost 3"])
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=10)
+    assert (done.stdout, done.returncode) == (said, 3), done.stderr
 
 
 def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_would():
@@ -197,7 +217,8 @@ def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_woul
     ("JobId=7 JobState=COMPLETED ExitCode=0:0", 0),
     ("JobId=7 JobState=FAILED ExitCode=3:0", 3),
     ("JobId=7 JobState=CANCELLED ExitCode=0:15", 1),  # never 0 unless it completed
-    ("JobId=7 JobState=NODE_FAIL ExitCode=0:0", 1),
+    ("JobId=7 JobState=NODE_FAIL Requeue=0 ExitCode=0:0", 1),
+    ("JobId=7 JobState=NODE_FAIL Requeue=1 Restarts=0 ExitCode=0:0", None),  # kiln submit's: it runs again
 ])
 def test_a_job_has_ended_only_in_slurms_final_states_and_only_completed_is_0(shown, status):
     assert job_exit(shown) == status
