@@ -38,6 +38,7 @@ from bootstrap import launch, providers, slurm, state
 from bootstrap.commands import SYNC_EXCLUDES, SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
+from bootstrap.inputs import list_inputs
 
 PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
 NODE_DIR = "/root/kiln/slurm"  # a node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log
@@ -430,6 +431,12 @@ class Submitted:
     job: str  # Slurm's job id
     run_id: str
     folder: Path
+    shards: int = 0
+
+    @property
+    def log(self) -> str:
+        """Where its log is (an array job's: each task's, in the same folder)."""
+        return str(self.folder / (f"slurm-{self.job}_*.out" if self.shards else f"slurm-{self.job}.out"))
 
 
 def job_folder(run_id: str) -> Path:
@@ -440,9 +447,11 @@ def job_folder(run_id: str) -> Path:
 
 
 def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: int, nproc_per_node: int = 1,
-           partition: str | None = None, python: str | None = None) -> Submitted:
+           partition: str | None = None, python: str | None = None, shards: int = 0,
+           shard_input: str | None = None) -> Submitted:
     """Copy the project into a fresh job folder and submit the program as a batch job of `nodes` nodes
-    (slurm.batch_script)."""
+    (slurm.batch_script); with `shards` (or `shard_input`: as many shards as the partition's nodes), an array job
+    of that many one-node tasks, each given its shard (and its part of the inputs, as kiln run splits them)."""
     saved = load(name)
     record = state.load_cluster(name)
     if mode not in slurm.JOB_MODES:
@@ -455,6 +464,13 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
         raise UsageError(f"--nodes {nodes}: partition {shape.name} of queue {name} runs 1 to {shape.max_nodes}")
     if not argv:
         raise UsageError("kiln submit: give the program after --, e.g. kiln submit NAME -- python train.py")
+    shards = shards or (shape.max_nodes if shard_input else 0)
+    if shards < 0 or shards > slurm.MAX_ARRAY:
+        raise UsageError(f"--shards {shards}: give 1 to {slurm.MAX_ARRAY}")
+    if shards and (mode != "run" or nodes != 1):
+        raise UsageError("--shards and --shard-input run the program once on each of the array's one-node tasks "
+                         "(--mode run, --nodes 1)")
+    items = list_inputs(shard_input, project) if shard_input else None
     python = python or (record.python if record else sys.executable)
     program = launch.Program(tuple(argv))
     entry = launch.torchrun_entry(program, python) if mode == "torchrun" else launch.user_argv(argv, python)
@@ -465,15 +481,18 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
                          "cannot take; set KILN_RUNS to another folder")
     shutil.copytree(project, folder_ / "code", symlinks=True,
                     ignore=shutil.ignore_patterns(*(pattern.rstrip("/") for pattern in SYNC_EXCLUDES)))
+    for index, part in enumerate(launch.shard(items, shards) if items is not None else []):
+        (folder_ / f"shard-{index}.inputs").write_text("".join(f"{item}\n" for item in part))
     script = folder_ / "job.sh"
     lost_after_s = saved.queue.power.slurmd_timeout_s + 10  # slurmctld has marked a lost node down by then
     script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
-                                                   str(folder_), nproc_per_node, lost_after_s)))
+                                                   str(folder_), nproc_per_node, lost_after_s, shards,
+                                                   items is not None)))
     done = slurm_tool(name, "sbatch", "--parsable", str(script), timeout=60)
     job = done.stdout.strip().split(";")[0]
     if not job.isdigit():
         raise QueueError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
-    return Submitted(job, run_id, folder_)
+    return Submitted(job, run_id, folder_, shards)
 
 
 def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: float = 2.0) -> int:
@@ -518,19 +537,22 @@ def cancel_job(name: str, job: str) -> str:
 
 
 def job_log(name: str, job: str, follow: bool = False, every_s: float = 1.0) -> Iterator[str]:
-    """The job's log (its sbatch --output) as it is: what is there, or with `follow`, what is written until the job
-    has ended."""
-    log = Path(slurm.job_fields(shown_job(name, job)).get("StdOut", ""))
-    offset = 0
+    """The job's log (its sbatch --output; an array job's, each task's in turn) as it is: what is there, or with
+    `follow`, what is written until the job has ended."""
+    shown = shown_job(name, job)
+    offsets: dict[Path, int] = {}
     while True:
-        ended = slurm.job_exit(slurm_tool(name, "scontrol", "show", "job", "--oneliner", job).stdout) is not None
-        if log.is_file():
-            with open(log, "rb") as handle:
-                handle.seek(offset)
-                chunk = handle.read()
-            offset += len(chunk)
-            if chunk:
-                yield chunk.decode(errors="replace")
+        ended = slurm.job_exit(shown) is not None
+        for line in shown.splitlines():
+            log = Path(slurm.job_fields(line).get("StdOut", "/nonexistent"))
+            if log.is_file():
+                with open(log, "rb") as handle:
+                    handle.seek(offsets.get(log, 0))
+                    chunk = handle.read()
+                offsets[log] = offsets.get(log, 0) + len(chunk)
+                if chunk:
+                    yield chunk.decode(errors="replace")
         if not follow or ended:
             return
         time.sleep(every_s)
+        shown = slurm_tool(name, "scontrol", "show", "job", "--oneliner", job).stdout or shown

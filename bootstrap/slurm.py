@@ -37,6 +37,7 @@ RESUME_TIMEOUT_S = 1800
 # step's credential outlives the old run's steps).
 SLURMD_TIMEOUT_S = 180
 REQUEUE_DELAY_S = 120
+MAX_ARRAY = 1000  # tasks of one array job: Slurm's MaxArraySize (1001) less one
 MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
 MUNGE_DIR = "/run/munge"  # the distribution's own (owner munge, mode 755): a cloud image's, and each local node's
 ADDRESS = "addr=$(ip -o -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p')"  # a node's own, by its route
@@ -332,6 +333,7 @@ class Job:
     from Slurm) or a torchrun agent of `nproc_per_node` workers (`torchrun`: `argv` is what follows torchrun's own
     options; `tf-config`: one worker per node, each with its TF_CONFIG, for MultiWorkerMirroredStrategy;
     `horovod`: `nproc_per_node` processes per node under srun --mpi=pmix, which Horovod's MPI reads its ranks from).
+    With `shards`: an array job of `shards` tasks (kiln run's shards), each one node running the program once.
     `folder`: the job's folder, which every node sees (code/, output/, checkpoints/, model/, the job's log)."""
 
     cluster: str
@@ -344,6 +346,8 @@ class Job:
     folder: str
     nproc_per_node: int = 1
     lost_after_s: int = SLURMD_TIMEOUT_S + 10  # by then slurmctld has marked a lost node down (lost_lines)
+    shards: int = 0  # an array job of this many tasks, each its shard (`run` on one node); 0: one job
+    shard_inputs: bool = False  # each shard's items are in the job's folder, shard-INDEX.inputs
 
 
 def tf_config_lines() -> list[str]:
@@ -388,10 +392,17 @@ def batch_script(job: Job) -> str:
     may name its loopback)."""
     folder = job.folder.rstrip("/")
     task = {"torchrun": "torchrun", "jax": "jax", "tf-config": "worker", "horovod": "rank"}.get(job.mode, "node")
-    # a process per node, named by its node's place in the job; horovod's `nproc_per_node` per node, by their rank
+    # a process per node, named by its node's place in the job; horovod's `nproc_per_node` per node, by their rank;
+    # an array's task by its shard
     index = "$SLURM_PROCID" if job.mode == "horovod" else "$SLURM_NODEID"
     env = {"KILN_RUN_ID": job.run_id, "KILN_MODEL_DIR": f"{folder}/model", "KILN_NUM_NODES": str(job.nodes),
            "PYTHONPATH": f"{folder}/code", **launch.EVERY_PROCESS}
+    shard = ""
+    if job.shards:
+        task, index = "shard", "$SLURM_ARRAY_TASK_ID"
+        env["KILN_SHARD_COUNT"] = str(job.shards)
+        shard = "KILN_SHARD_INDEX=$SLURM_ARRAY_TASK_ID " + (
+            f"KILN_SHARD_INPUTS={shlex.quote(folder)}/shard-$SLURM_ARRAY_TASK_ID.inputs " if job.shard_inputs else "")
     # torchrun's agents (PET_X is their --x): the first node's keeps the rendezvous' store, and each names itself
     # to the workers by its address (a node's hostname may name its loopback, and no other node may know it)
     torchrun = ('PET_RDZV_CONF=is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0) PET_LOCAL_ADDR=$addr '
@@ -404,7 +415,7 @@ def batch_script(job: Job) -> str:
                 f'export KILN_TASK={task}-{index} KILN_NODE_RANK=$SLURM_NODEID '
                 f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-{index} '
                 f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-{index} '
-                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}{tf_config}; '
+                f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}{tf_config}{shard}; '
                 'mkdir -p "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR"; exec "$@"')
     if job.mode == "torchrun":
         program = (f"{shlex.quote(job.python)} -m torch.distributed.run --nnodes {job.nodes} "
@@ -420,7 +431,8 @@ def batch_script(job: Job) -> str:
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --ntasks-per-node={job.nproc_per_node if job.mode == 'horovod' else 1}",
         "#SBATCH --wait-all-nodes=1",
-        f"#SBATCH --output={folder}/slurm-%j.out",
+        *([f"#SBATCH --array=0-{job.shards - 1}"] if job.shards else []),
+        f"#SBATCH --output={folder}/slurm-{'%A_%a' if job.shards else '%j'}.out",
         "#SBATCH --open-mode=append",  # a job run again (requeued) adds to its log
         "#SBATCH --requeue",
         f"#SBATCH --chdir={folder}/code",
@@ -455,9 +467,19 @@ def job_fields(shown: str) -> dict[str, str]:
 
 
 def job_exit(shown: str) -> int | None:
-    """A job's exit status as `scontrol show job --oneliner` shows it, or None while it has not ended: 0 only for a
-    job COMPLETED with status 0; one that ended otherwise (cancelled, failed on a node, timed out) is never 0. A job
-    that may be requeued has not ended on a node's failure: slurmctld runs it again."""
+    """A job's exit status as `scontrol show job --oneliner` shows it (an array job: a line per task, or per tasks
+    still pending), or None while it has not ended: 0 only for a job COMPLETED with status 0; one that ended
+    otherwise (cancelled, failed on a node, timed out) is never 0. A job that may be requeued has not ended on a
+    node's failure: slurmctld runs it again. An array job has ended when every task has, with its first task's
+    failure."""
+    codes = [record_exit(line) for line in shown.splitlines() if "JobState=" in line]
+    if not codes or None in codes:
+        return None
+    return next((code for code in codes if code), 0)
+
+
+def record_exit(shown: str) -> int | None:
+    """job_exit of one job's (or one array task's) record."""
     fields = job_fields(shown)
     if fields.get("JobState") not in ENDED:
         return None

@@ -94,17 +94,23 @@ SUBMIT_HELP = {
     "partition": "the partition (default: the queue's first)",
     "wait": "return once the job has ended, with its exit status, and print its log",
     "python": "the nodes' Python that runs the program (default: the cluster's)",
+    "shards": "an array job of N one-node tasks, each told its shard (KILN_SHARD_INDEX, KILN_SHARD_COUNT), as kiln "
+              "run's processes",
+    "shard_input": "a list file, a folder or s3://bucket/prefix: each shard gets its contiguous share in the file "
+                   "KILN_SHARD_INPUTS (default --shards: the partition's nodes)",
 }
 
 
 @cluster_task(help=SUBMIT_HELP)
-def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=False, python=None):
+def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=False, python=None, shards=0,
+           shard_input=None):
     """Submit the program after -- to the cluster's queue as a batch job, from a copy of this folder: it waits
     for its nodes (the queue makes them) and runs with kiln's environment (KILN_OUTPUT_DIR, KILN_CHECKPOINT_DIR,
     KILN_NODE_RANK, ...)."""
     done = queue.submit(name, Path.cwd(), user_command(c), mode=mode, nodes=int(nodes),
-                        nproc_per_node=int(nproc_per_node), partition=partition, python=python)
-    log = done.folder / f"slurm-{done.job}.out"
+                        nproc_per_node=int(nproc_per_node), partition=partition, python=python,
+                        shards=int(shards), shard_input=shard_input)
+    log = done.log
     print(f"job {done.job} (run {done.run_id}) submitted to queue {name}: its folder {done.folder}, its log {log}",
           flush=True)
     if not wait:
@@ -114,6 +120,6 @@ def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=
     except KeyboardInterrupt:
         queue.cancel(name, done.job)
         raise KilnError(f"job {done.job} cancelled (interrupted); its log: {log}") from None
-    print(log.read_text(errors="replace") if log.is_file() else "(the job wrote no log)", end="")
+    print("".join(queue.job_log(name, done.job)) or "(the job wrote no log)\n", end="")
     if code:
         raise KilnError(f"job {done.job} failed (exit {code}); its log: {log}")

@@ -175,6 +175,25 @@ def test_kiln_submit_runs_horovods_keras_example_on_ranks_that_srun_starts_with_
     assert sorted(r["rank"] for r in results.values()) == [0, 1] and {r["size"] for r in results.values()} == {2}
 
 
+def test_kiln_submit_shards_an_input_list_as_an_array_job_each_item_handled_once(queue, tmp_path):
+    """kiln run's --shard-input as a Slurm array job: three one-node tasks on a two-node partition, each given its
+    contiguous share of the list, as kiln run splits it."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", project, ignore=shutil.ignore_patterns("__pycache__"))
+    items = [f"item-{number}" for number in range(7)]
+    (project / "items.txt").write_text("\n".join(items) + "\n")
+    done = subprocess.run([str(KILN), "submit", NAME, "--shards", "3", "--shard-input", "items.txt", "--wait", "--",
+                           "python", "process_shard.py"], cwd=project, env=queue.env, capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    made = sorted(folder.glob("output/shard-*/processed.tsv"))
+    assert [path.parent.name for path in made] == ["shard-0", "shard-1", "shard-2"]
+    assert [line.split("\t")[0] for path in made for line in path.read_text().splitlines()] == items
+    for shard, count in ((0, 3), (1, 2), (2, 2)):
+        assert f"shard {shard} of 3: {count} item(s)" in done.stdout, done.stdout[-3000:]
+
+
 def test_a_job_that_loses_a_node_goes_back_in_the_queue_and_resumes_from_its_checkpoints(queue, tmp_path):
     """A node's machine lost mid-job: the task left fails at once (its collective breaks), the job goes back in the
     queue (not a failure, not a hang), slurmctld's trigger runs kiln's lost program, which powers the node down

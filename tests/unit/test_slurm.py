@@ -193,6 +193,21 @@ def test_a_failed_program_puts_its_job_back_in_the_queue_only_where_a_node_of_it
     assert (done.stdout, done.returncode) == (said, 3), done.stderr
 
 
+def test_shards_are_an_array_job_of_one_node_tasks_each_told_its_shard_and_its_inputs():
+    script = batch_script(Job("kq", "r8", "cpu", 1, "run", ("/py", "p.py"), "/py", "/runs/r8", shards=3,
+                              shard_inputs=True))
+    assert "#SBATCH --array=0-2" in script and "#SBATCH --output=/runs/r8/slurm-%A_%a.out" in script
+    assert "KILN_SHARD_COUNT=3" in script
+    srun = script.splitlines()[-1]
+    for each in ("KILN_SHARD_INDEX=$SLURM_ARRAY_TASK_ID",
+                 "KILN_SHARD_INPUTS=/runs/r8/shard-$SLURM_ARRAY_TASK_ID.inputs",
+                 "KILN_OUTPUT_DIR=/runs/r8/output/shard-$SLURM_ARRAY_TASK_ID", "KILN_TASK=shard-$SLURM_ARRAY_TASK_ID"):
+        assert each in srun
+    plain = batch_script(Job("kq", "r9", "cpu", 1, "run", ("/py", "p.py"), "/py", "/runs/r9", shards=2))
+    assert "KILN_SHARD_INPUTS" not in plain and "#SBATCH --array=0-1" in plain
+    assert "--array" not in batch_script(Job("kq", "r0", "cpu", 1, "run", ("/py", "p.py"), "/py", "/runs/r0"))
+
+
 def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_would():
     """Run the job's own lines under bash, with srun a stand-in that answers for three nodes in another order: each
     node's TF_CONFIG is topology.tf_config's for one worker per node at the job's port, indexed by the node."""
@@ -221,4 +236,16 @@ def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_woul
     ("JobId=7 JobState=NODE_FAIL Requeue=1 Restarts=0 ExitCode=0:0", None),  # kiln submit's: it runs again
 ])
 def test_a_job_has_ended_only_in_slurms_final_states_and_only_completed_is_0(shown, status):
+    assert job_exit(shown) == status
+
+
+@pytest.mark.parametrize(("shown", "status"), [
+    ("JobId=9 ArrayTaskId=0 JobState=COMPLETED ExitCode=0:0\nJobId=9 ArrayTaskId=1-2 JobState=PENDING ExitCode=0:0",
+     None),  # tasks still pending: not ended
+    ("JobId=9 ArrayTaskId=0 JobState=COMPLETED ExitCode=0:0\nJobId=10 ArrayTaskId=1 JobState=COMPLETED ExitCode=0:0",
+     0),
+    ("JobId=9 ArrayTaskId=0 JobState=COMPLETED ExitCode=0:0\nJobId=10 ArrayTaskId=1 JobState=FAILED ExitCode=4:0", 4),
+    ("", None),
+])
+def test_an_array_job_has_ended_once_every_task_has_with_the_first_failure(shown, status):
     assert job_exit(shown) == status
