@@ -27,7 +27,7 @@ WORKERS ?= 0
 # test takes longer.
 POOL ?= 3
 
-.PHONY: help setup matrix-env demo test test-fast lint unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
+.PHONY: help setup matrix-env demo test test-fast lint docs unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -47,13 +47,14 @@ demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, resul
 
 # validate (mostly one process at a time: packer, ansible-lint) runs beside unit (two workers): on 2 cores each
 # leaves the other room.
-test: setup ## everything CI runs: lint, validate beside unit, suites (.ci/run prints how long each stage took)
-	@$(MAKE) --no-print-directory lint
+test: setup ## everything CI runs: lint and docs, validate beside unit, suites (.ci/run prints how long each stage took)
+	@$(MAKE) --no-print-directory lint docs
 	@$(MAKE) --no-print-directory -j2 --output-sync=target validate unit UNIT_ARGS="$(VALIDATE_TESTS:%=--ignore=%)"
 	@$(MAKE) --no-print-directory suites
 
-test-fast: setup ## the inner loop (a few minutes): lint, unit, and the integration modules marked quick; says what it left out
+test-fast: setup ## the inner loop (a few minutes): lint, docs, unit, and the integration modules marked quick; says what it left out
 	$(VENV)/bin/ruff check .
+	@$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -q -n 2 tests/unit
 	$(PY) -m pytest -q -m "integration and quick" -n 3 tests/integration
 	@echo "make test-fast left out: shellcheck and make validate (the bake's static checks), the integration modules" \
@@ -72,6 +73,14 @@ lint: setup ## ruff over every Python file, shellcheck over every shell script
 	$(stage_begin)
 	$(VENV)/bin/ruff check .
 	shellcheck $(SHELL_SCRIPTS)
+	$(stage_end)
+
+# The documentation site (docs/, mkdocs.yml) into site/, which git ignores: strict, so a warning, a page left out of
+# the nav or a link to a missing page or heading fails it. Material's end-of-life notice (May 2027) is said once in
+# docs/development.md's dependency table, not on every build.
+docs: setup ## build the documentation site: mkdocs build --strict into site/ (seconds)
+	$(stage_begin)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 	$(stage_end)
 
 # The unit modules make validate runs too (packer validate of every source among them): make test's unit leaves
@@ -136,4 +145,4 @@ bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throu
 
 clean: ## remove local clusters, runs and the virtual environment
 	-$(PY) -m localcloud.cluster down --name kiln
-	rm -rf runs images .packer-compat $(VENV)
+	rm -rf runs images .packer-compat site $(VENV)
