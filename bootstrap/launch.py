@@ -168,8 +168,8 @@ EVERY_PROCESS = {"PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1"}
 
 
 def process_env(run_id: str, python: str, paths: NodePaths, program: Program = Program()) -> dict[str, str]:
-    """What every process gets: the environment contract (README), the code on PYTHONPATH (kiln's for the
-    reference trainer, the user's project for theirs), legacy Keras, and kiln's ssh shim first on PATH."""
+    """What every process gets: the environment contract (docs/environment.md), the code on PYTHONPATH (kiln's
+    for the reference trainer, the user's project for theirs), legacy Keras, and kiln's ssh shim first on PATH."""
     run_dir = paths.run(run_id)
     return {
         "KILN_RUN_ID": run_id,
@@ -234,8 +234,8 @@ def placeholder_values(env: Mapping[str, str], topo: topology.Topology | None = 
 
 
 def placement_env(*, node_rank: int, nodes: int, gpus: int, local_rank: int, local_size: int) -> dict[str, str]:
-    """Where one process stands (the environment contract, README): its node among the run's nodes, the node's
-    GPU count, and its place among the processes on its node, named as torchrun names them."""
+    """Where one process stands (the environment contract, docs/environment.md): its node among the run's nodes,
+    the node's GPU count, and its place among the processes on its node, named as torchrun names them."""
     return {"KILN_NUM_NODES": str(nodes), "KILN_NODE_RANK": str(node_rank), "KILN_NUM_GPUS_PER_NODE": str(gpus),
             "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size)}
 

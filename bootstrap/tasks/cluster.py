@@ -223,7 +223,7 @@ def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
-    with no command, kiln's reference trainer. See the README for the environment every process gets. With
+    with no command, kiln's reference trainer. docs/environment.md says what every process gets. With
     --image REF, every process runs inside that container image, one container per node."""
     command = user_command(c)
     ask = TrainAsk(tuple(command), mode, int(ps), chief, no_chief, evaluator, mpi, nic, int(min_np), int(max_np),
