@@ -52,7 +52,7 @@ LOCAL_RESUME_TIMEOUT_S = 300
 LOCAL_SUSPEND_TIMEOUT_S = 20
 # A local node's slurmd answers at once, or its machine is gone (a cloud's: slurm.SLURMD_TIMEOUT_S, REQUEUE_DELAY_S)
 LOCAL_SLURMD_TIMEOUT_S = 30
-LOCAL_REQUEUE_DELAY_S = 30
+LOCAL_REQUEUE_DELAY_S = 20
 
 
 class QueueError(KilnError):
