@@ -484,9 +484,9 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
     for index, part in enumerate(launch.shard(items, shards) if items is not None else []):
         (folder_ / f"shard-{index}.inputs").write_text("".join(f"{item}\n" for item in part))
     script = folder_ / "job.sh"
-    lost_after_s = saved.queue.power.slurmd_timeout_s + 10  # slurmctld has marked a lost node down by then
     script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
-                                                   str(folder_), nproc_per_node, lost_after_s, shards,
+                                                   str(folder_), nproc_per_node,
+                                                   saved.queue.power.slurmd_timeout_s, shards,
                                                    items is not None)))
     done = slurm_tool(name, "sbatch", "--parsable", str(script), timeout=60)
     job = done.stdout.strip().split(";")[0]

@@ -36,6 +36,7 @@ RESUME_TIMEOUT_S = 1800
 # Slurm's default, 300 s). A requeued job starts again at the earliest this long after (Slurm's cred_expire: a job
 # step's credential outlives the old run's steps).
 SLURMD_TIMEOUT_S = 180
+LOST_MARGIN_S = 10  # past SlurmdTimeout, what a failed job's script waits more for slurmctld to requeue it
 REQUEUE_DELAY_S = 120
 MAX_ARRAY = 1000  # tasks of one array job: Slurm's MaxArraySize (1001) less one
 MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
@@ -345,7 +346,7 @@ class Job:
     python: str
     folder: str
     nproc_per_node: int = 1
-    lost_after_s: int = SLURMD_TIMEOUT_S + 10  # by then slurmctld has marked a lost node down (lost_lines)
+    slurmd_timeout_s: int = SLURMD_TIMEOUT_S  # the queue's (Power): how long lost_lines asks after a failure
     shards: int = 0  # an array job of this many tasks, each its shard (`run` on one node); 0: one job
     shard_inputs: bool = False  # each shard's items are in the job's folder, shard-INDEX.inputs
 
@@ -366,13 +367,13 @@ def tf_config_lines() -> list[str]:
 def lost_lines(job: Job) -> list[str]:
     """What the batch script does when its program fails: a process whose peer's node was lost fails at once (its
     collective breaks), before slurmctld has marked the node down and requeued the job itself. So it asks slurmctld,
-    for at most `lost_after_s` (SlurmdTimeout and a margin: by then slurmctld has marked a lost node down and
+    for at most the queue's SlurmdTimeout and a margin (by then slurmctld has marked a lost node down and
     requeued the job itself), whether a node of the job no longer answers; once one does not, it puts the job back
     in the queue (the program resumes from its checkpoints on nodes that answer). A program that failed on its own
     fails its job that much later."""
     return [
         "lost() {",
-        f"  for _ in $(seq {max(1, job.lost_after_s // 2)}); do",
+        f"  for _ in $(seq {(job.slurmd_timeout_s + LOST_MARGIN_S) // 2}); do",
         "    if scontrol show node --oneliner \"$SLURM_JOB_NODELIST\" | grep -q 'State=[^ ]*NOT_RESPONDING'; then",
         '      echo "kiln: a node of job $SLURM_JOB_ID does not answer: the job goes back in the queue" >&2',
         '      scontrol requeue "$SLURM_JOB_ID"; exit "$1"',

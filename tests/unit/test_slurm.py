@@ -183,7 +183,7 @@ def test_a_horovod_job_is_its_ranks_under_srun_with_pmix_each_named_by_its_rank(
 ])
 def test_a_failed_program_puts_its_job_back_in_the_queue_only_where_a_node_of_it_no_longer_answers(shown, said):
     """The batch script's `lost`, run under bash with scontrol a stand-in that shows the job's nodes."""
-    job = replace(Job("kq", "r7", "cpu", 2, "run", ("/py", "x.py"), "/py", "/runs/r7"), lost_after_s=2)
+    job = replace(Job("kq", "r7", "cpu", 2, "run", ("/py", "x.py"), "/py", "/runs/r7"), slurmd_timeout_s=0)
     assert "\n".join(lost_lines(job)) in batch_script(job)
     scontrol = (f"scontrol() {{ if [ \"$1\" = show ]; then echo '{shown}'; else echo \"$1 $2\"; fi; }}; "
                 "sleep() { :; }")
