@@ -112,6 +112,7 @@ class Program:
     argv: tuple[str, ...] = ()
     trainer_args: tuple[str, ...] = ()
     checkpoint_dir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # the user's (--env, a task file's envs), for every process
 
     @property
     def is_user(self) -> bool:
@@ -179,8 +180,35 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
         "KILN_HEARTBEAT": f"{run_dir}/{node_side.HEARTBEAT}",
         "PYTHONPATH": paths.code if program.is_user else paths.lib,
         **EVERY_PROCESS,
+        **dict(program.env),
         "PATH": process_path(python, paths),
     }
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_refusal(name: str) -> str | None:
+    """Why a user's variable may not be set for the processes (None: it may): kiln sets it."""
+    if not _ENV_NAME.fullmatch(name):
+        return "not a variable name (letters, digits, _)"
+    if name.startswith("KILN_") or name in ("PATH", "PYTHONPATH"):
+        return "kiln sets it (docs/environment.md)"
+    return None
+
+
+def parse_env(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """--env NAME=VALUE (repeatable) as (name, value) pairs, a later one winning (pure); UsageError naming it."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, equals, value = str(item).partition("=")
+        if not equals:
+            raise UsageError(f"--env {item!r}: give NAME=VALUE")
+        refusal = env_refusal(name)
+        if refusal:
+            raise UsageError(f"--env {item!r}: {name}: {refusal}")
+        pairs[name] = value
+    return tuple(pairs.items())
 
 
 # Placeholders in a user's command, filled per process: `{kiln:NAME}` inside any word. The `kiln:` prefix keeps

@@ -2,7 +2,8 @@
 code, so `kiln -H h1,h2 train -- python train.py` works from any folder with every `fab` core flag.
 
 Everything after the first `--` is the user's command, kept as the argv it was given (invoke would join it into
-one string); the tasks read it from the config as `kiln_command`.
+one string); the tasks read it from the config as `kiln_command`, and which of their options were given on the
+command line as `kiln_given` (a task file gives the others).
 """
 
 from __future__ import annotations
@@ -61,8 +62,45 @@ def usage_errors():
         raise Exit(f"kiln: {error}", code=2) from None
 
 
+def given_flags(contexts) -> dict[str, list[str]]:
+    """Per task, the options given on the command line (by parameter name): a task file's fields give the rest."""
+    return {context.name: sorted(argument.name.replace("-", "_") for argument in context.args.values()
+                                 if argument.got_value) for context in contexts}
+
+
+# Tasks whose help groups their options by the providers that take them (kiln up --help).
+BY_PROVIDER = ("up", "launch")
+
+
+def flag_name(flags: str) -> str:
+    """The parameter name of a help line's flags: `--max-price=STRING` is max_price, `--[no-]spot` spot."""
+    first = flags.split(", ")[-1].split("=")[0].removeprefix("--").removeprefix("[no-]")
+    return first.replace("-", "_")
+
+
 class Kiln(Fab):
     command: list[str] = []
+    helping: str | None = None
+
+    def print_task_help(self, name: str) -> None:
+        self.helping = name
+        try:
+            super().print_task_help(name)
+        finally:
+            self.helping = None
+
+    def print_columns(self, tuples) -> None:
+        """A task's options; those of up and launch grouped by the providers that take them."""
+        if self.helping not in BY_PROVIDER:
+            return super().print_columns(tuples)
+        from bootstrap import providers  # only for this help
+
+        width = max(len(flags) for flags, _ in tuples)  # one column for every group
+        lines = {flag_name(flags): (flags.ljust(width), said) for flags, said in tuples}
+        for index, (title, names) in enumerate(providers.option_groups(list(lines))):
+            if index:
+                print(f"{self.leading_indent}{title} only:")
+            super().print_columns([lines[name] for name in names])
 
     def run(self, argv=None, exit: bool = True) -> None:
         own, self.command = split_command(list(sys.argv if argv is None else argv))
@@ -79,6 +117,7 @@ class Kiln(Fab):
     def update_config(self, merge: bool = True) -> None:
         super().update_config()
         self.config["kiln_command"] = list(self.command)
+        self.config["kiln_given"] = given_flags(self.tasks or [])
 
     def no_tasks_given(self) -> None:
         if self.command:

@@ -41,6 +41,7 @@ class TrainAsk:
     down_after: bool = False
     image: str | None = None
     fabric: str = "auto"
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def check_train(ask: TrainAsk) -> None:
@@ -98,7 +99,7 @@ def train_spec(ask: TrainAsk, hosts: Sequence[Host], python: str, new_run_id: st
     """The run a train asks for (check_train's rules first), on `hosts` as named; `new_run_id` where it names
     none."""
     check_train(ask)
-    program = launch.Program(tuple(ask.command), tuple(split_args(ask.args)), ask.checkpoint_dir)
+    program = launch.Program(tuple(ask.command), tuple(split_args(ask.args)), ask.checkpoint_dir, ask.env)
     return launch.RunSpec(
         run_id=state.validate_run_id(ask.run_id) if ask.run_id else new_run_id, mode=ask.mode,
         names=tuple(h.address for h in hosts), slots=tuple(h.slots for h in hosts), python=python,

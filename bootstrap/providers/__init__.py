@@ -273,3 +273,31 @@ def refuse_foreign_options(provider: Provider, given: Mapping[str, Any]) -> None
         takes = ", ".join("--" + name.replace("_", "-") for name in sorted(provider.up_options)) or "no other option"
         raise UsageError(f"{flags}: not options of --provider {provider.kind} (it takes a name, --count, "
                          f"--idle-minutes and {takes})")
+
+
+# How `kiln up --help` names each provider's options.
+TITLES = {"aws": "AWS", "gcp": "GCP", "azure": "Azure", "local": "local"}
+
+
+def option_groups(options: Sequence[str], takes: Mapping[str, frozenset[str]] | None = None) -> list[
+        tuple[str, list[str]]]:
+    """`options` (task parameter names) grouped by the providers that take them, for a task's help: those every
+    provider takes first, then those of several providers, then each provider's own (pure, given `takes`: each
+    provider's options, up_options and where; default: every provider's)."""
+    if takes is None:
+        takes = {kind: frozenset(provider_class(kind).up_options) | frozenset(provider_class(kind).where)
+                 for kind in KINDS}
+    kinds = list(takes)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for option in options:
+        taken_by = tuple(kind for kind in kinds if option in takes[kind])
+        groups.setdefault(taken_by if option not in COMMON_UP_OPTIONS else (), []).append(option)
+    order = sorted(groups, key=lambda by: (bool(by), -len(by), [kinds.index(kind) for kind in by]))
+    return [(title_of(by), groups[by]) for by in order]
+
+
+def title_of(kinds: Sequence[str]) -> str:
+    if not kinds:
+        return "every provider"
+    names = [TITLES.get(kind, kind) for kind in kinds]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -3,10 +3,12 @@ and the supervisor do the work."""
 
 from __future__ import annotations
 
+import inspect
+import shlex
 from pathlib import Path
 
 from bootstrap import autostop as autostop_plan
-from bootstrap import launch, mesh, preflight, providers, state, topology, training
+from bootstrap import launch, mesh, preflight, providers, state, taskfile, topology, training
 from bootstrap.cluster import REMOTE_ROOT
 from bootstrap.container import check_reference
 from bootstrap.errors import KilnError, UsageError
@@ -208,40 +210,81 @@ TRAIN_HELP = {
     "image": "run every process inside this container image, one container per node (pulled on every node, or "
              "shipped from this machine's Docker engine; the same image id everywhere); --python then names the "
              "image's Python (default: its python3)",
+    "env": "NAME=VALUE: set this variable for every process (repeatable; over a task file's envs)",
+    "task": "read the run from this task file (docs/tasks.md): workdir, setup, run, mode, envs, ...; the options "
+            "given here override its fields",
     "fabric": "the fabric NCCL uses between nodes: auto (EFA or InfiniBand where every node has it up, else TCP "
               "sockets), efa, ib (refused where a node lacks it), or socket (TCP even where there is a fabric)",
 }
 
 
-@cluster_task(help=TRAIN_HELP)
+@cluster_task(help=TRAIN_HELP, iterable=["env"])
 def train(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False,
           mode="horovod", ps=0, chief=False, no_chief=False, evaluator=False, mpi=False, nic=None, min_np=0, max_np=0,
           base_port=0, args="", code=None, checkpoint_dir=None, run_id=None, detach=False,
           timeout=3600, max_restarts=0, stall_factor=20.0, stall_minimum=0.0, stall_busy=600.0, managed=False,
           max_recoveries=3,
-          relocate=False, down_after=False, image=None, fabric="auto", dry_run=False):
+          relocate=False, down_after=False, image=None, fabric="auto", env=None, task=None, dry_run=False):
     """Train across the hosts: mesh, preflight, sync, start every process, watch, collect.
 
     `kiln train [options] -- CMD...` runs your program (from --code, default the current folder) in every process;
     with no command, kiln's reference trainer. docs/environment.md says what every process gets. With
-    --image REF, every process runs inside that container image, one container per node."""
-    command = user_command(c)
+    --image REF, every process runs inside that container image, one container per node. --task FILE reads the
+    run from a task file (docs/tasks.md); the options given here override its fields."""
+    options, command, setup = with_task(c, "train", task, locals())
+    if not (options["cluster"] or options["hostfile"] or c.config.get("kiln_hosts")):
+        options["cluster"] = options.pop("name", None)
+    options.pop("name", None)
+    train_run(c, command, setup, **options)
+
+
+def train_run(c, command: list[str], setup: str | None, *, hostfile, cluster, slots, python, fanout,
+              accept_new_host_keys, mode, ps, chief, no_chief, evaluator, mpi, nic, min_np, max_np, base_port, args,
+              code, checkpoint_dir, run_id, detach, timeout, max_restarts, stall_factor, stall_minimum, stall_busy,
+              managed, max_recoveries, relocate, down_after, image, fabric, env, dry_run) -> None:
+    """kiln train with its options parsed (and a task file's laid under them): the setup on every node, then the
+    run."""
     ask = TrainAsk(tuple(command), mode, int(ps), chief, no_chief, evaluator, mpi, nic, int(min_np), int(max_np),
                    int(base_port), args, checkpoint_dir, run_id, detach, int(max_restarts), managed,
-                   int(max_recoveries), relocate, down_after, image, fabric)
+                   int(max_recoveries), relocate, down_after, image, fabric, launch.parse_env(env or ()))
     check_train(ask)
     folder = project_folder(code, command)
     # With --image, --python names the image's Python; kiln's own node side keeps the nodes' Python.
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
     owner = training.owner_of(goal, ask, cluster)
     spec = train_spec(ask, goal.hosts, goal.python, state.new_run_id())
+    if setup:
+        run_command(c, ["sh", "-c", setup], hostfile=hostfile, cluster=cluster, slots=1, python=python,
+                    fanout=fanout, accept_new_host_keys=accept_new_host_keys, code=str(folder or code_folder(code)),
+                    timeout=timeout, image=image, env=env, dry_run=dry_run, what="setup")
     if dry_run:
-        print(launch.describe_plan(launch.plan_run(spec), goal.hosts))
+        print(launch.describe_plan(launch.plan_run(spec), goal.hosts) + described_env(ask.env))
         return
     training.train(c, goal, spec, ask, folder,
                    training.Watch(float(timeout), int(max_restarts), float(stall_factor), float(stall_minimum),
                                   float(stall_busy)),
                    training.Reach(int(fanout), accept_new_host_keys, slots, python), owner, say)
+
+
+def described_env(env: tuple[tuple[str, str], ...]) -> str:
+    """The dry run's line on the variables the user gives every process (--env, a task's envs), if any."""
+    return "\nand every process: " + " ".join(f"{name}={shlex.quote(value)}" for name, value in env) if env else ""
+
+
+def with_task(c, name: str, task: str | None, passed: dict,
+              ignore: tuple[str, ...] = ()) -> tuple[dict, list[str], str | None]:
+    """A task's options, command and setup: the task file's (taskfile.load) under the options given on the command
+    line (but `ignore`), and the command after -- over its run. Without a task file, the options as given."""
+    passed = {key: value for key, value in passed.items() if key not in ("c", "task", "named_file")}
+    command = user_command(c)
+    if not task:
+        return passed, command, None
+    read = taskfile.load(task)
+    given = set(c.config.get("kiln_given", {}).get(name, ())) - set(ignore)
+    options = taskfile.merged(read, {"name": None, **passed}, given)
+    if taskfile.unused(read, options):
+        say(f"{task}: kiln {name} leaves out {', '.join(taskfile.unused(read, options))} (kiln launch uses them)")
+    return options, command or list(read.command), read.setup
 
 
 RUN_TASK_HELP = {
@@ -257,13 +300,14 @@ RUN_TASK_HELP = {
     "stall_minimum": "stop the run when a process prints nothing for this many seconds while its node shows no "
                      "work (no CPU time, no GPU busy, no touch of KILN_HEARTBEAT) (default 0: never)",
     "image": TRAIN_HELP["image"],
+    "env": "NAME=VALUE: set this variable for every process (repeatable)",
 }
 
 
-@cluster_task(name="run", help=RUN_TASK_HELP)
+@cluster_task(name="run", help=RUN_TASK_HELP, iterable=["env"])
 def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept_new_host_keys=False, processes=0,
          shard_input=None, code=None, run_id=None, detach=False, timeout=3600, max_restarts=0, stall_minimum=0.0,
-         image=None, dry_run=False):
+         image=None, env=None, dry_run=False):
     """Run a command on every host (or --processes N over them), each with its shard: `kiln -H h1,h2 run -- CMD`.
 
     Every process gets KILN_SHARD_INDEX and KILN_SHARD_COUNT (and KILN_SHARD_INPUTS with --shard-input); what
@@ -271,13 +315,24 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
     command = user_command(c)
     if not command:
         raise UsageError("give the command after --, e.g. kiln -H h1,h2 run -- python process.py")
+    run_command(c, command, hostfile=hostfile, cluster=cluster, slots=slots, python=python, fanout=fanout,
+                accept_new_host_keys=accept_new_host_keys, processes=processes, shard_input=shard_input, code=code,
+                run_id=run_id, detach=detach, timeout=timeout, max_restarts=max_restarts,
+                stall_minimum=stall_minimum, image=image, env=env, dry_run=dry_run)
+
+
+def run_command(c, command: list[str], *, hostfile=None, cluster=None, slots=0, python=None, fanout=64,
+                accept_new_host_keys=False, processes=0, shard_input=None, code=None, run_id=None, detach=False,
+                timeout=3600, max_restarts=0, stall_minimum=0.0, image=None, env=None, dry_run=False,
+                what: str = "") -> None:
+    """kiln run's processes (a task's setup, `what`, one per host), started and watched to their end."""
     if int(processes) < 0:
         raise UsageError(f"--processes {processes}: give a positive number")
     launch.check_placeholders(command, "run")
     folder = project_folder(code, command)
     items = list_inputs(shard_input, folder) if shard_input else None
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
-    program = launch.Program(tuple(command))
+    program = launch.Program(tuple(command), env=launch.parse_env(env or ()))
     run_id = state.validate_run_id(run_id) if run_id else state.new_run_id()
     if image:
         check_reference(image)
@@ -288,9 +343,13 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
                                      inputs=items, gpus=gpus)
 
     if dry_run:
+        if what:
+            print(f"{what} on every node: {shlex.join(command)}")
         print(launch.describe_plan(plan_for([h.address for h in goal.hosts], goal.python, f"~/{REMOTE_ROOT}"),
-                                   goal.hosts))
+                                   goal.hosts) + described_env(program.env))
         return
+    if what:
+        say(f"{what} on {len(goal.hosts)} node(s): {shlex.join(command)} (run {run_id})")
     timeline = Timeline()
     group, nodes = connect_and_mesh(c, goal, timeline, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
     paths = launch.NodePaths(same_root(group))
@@ -303,7 +362,8 @@ def run_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accept
 
 
 LAUNCH_HELP = {
-    **{k: lifecycle.UP_HELP[k] for k in ("name", "provider", "count", "instance_type", "gpus", "spot", "max_price",
+    "name": lifecycle.UP_HELP["name"] + ", or a task file (kiln launch task.yaml)",
+    **{k: lifecycle.UP_HELP[k] for k in ("provider", "count", "instance_type", "gpus", "spot", "max_price",
                                           "ami", "ssh_cidr", "user", "region", "profile", "project", "zone",
                                           "subscription", "location", "source_image", "image_id", "ttl_hours",
                                           "ssh_wait", "volume")},
@@ -315,27 +375,50 @@ LAUNCH_HELP = {
     "max_recoveries": "with --managed: replace lost nodes at most N times (default 3)",
     "accept_new_host_keys": "trust host keys the consoles did not show, on first contact (default: refuse)",
     "image": "run the training inside this container image on every node (see train --image)",
+    "checkpoint_dir": TRAIN_HELP["checkpoint_dir"],
+    "env": TRAIN_HELP["env"],
+    "python": "the nodes' Python that runs the program (default: the image's; on --provider local, this "
+              "machine's kiln Python: give .venv-frameworks/bin/python for torchrun and jax)",
+    "task": "read the cluster and the run from this task file (or give it as NAME: kiln launch task.yaml); the "
+            "options given here override its fields (docs/tasks.md)",
 }
 
 
-@cluster_task(name="launch", help=LAUNCH_HELP)
+@cluster_task(name="launch", help=LAUNCH_HELP, iterable=["env"])
 def launch_(c, name, provider="aws", count=1, instance_type=None, spot=False, max_price=None,
             ami=None, ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=SSH_WAIT_S,
             mode="horovod", args="", code=None, run_id=None, timeout=3600, managed=False, max_recoveries=3,
             accept_new_host_keys=False, volume=None, snapshot=False, image=None, project=None, zone=None,
-            source_image=None, subscription=None, location=None, image_id=None, gpus=None):
+            source_image=None, subscription=None, location=None, image_id=None, gpus=None, checkpoint_dir=None,
+            env=None, python=None, task=None):
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
-    whatever happens after it is up: the run ends, fails, or you press Ctrl-C."""
-    where = {"region": region, "profile": profile, "project": project, "zone": zone, "subscription": subscription,
-             "location": location}
-    if snapshot and not providers.named(provider, where).volumes:
-        raise UsageError(f"--snapshot: a {provider} cluster's nodes have no data volumes")
-    lifecycle.up(c, name, count=count, provider=provider, instance_type=instance_type, spot=spot,
-                 max_price=max_price, ami=ami, ssh_cidr=ssh_cidr, user=user, ttl_hours=ttl_hours, ssh_wait=ssh_wait,
-                 volume=volume, source_image=source_image, image_id=image_id, gpus=gpus, **where)
+    whatever happens after it is up: the run ends, fails, or you press Ctrl-C. `kiln launch task.yaml` reads it
+    all from a task file (docs/tasks.md); the options given here override its fields."""
+    named_file = taskfile.is_task_file(name)
+    task = task or (name if named_file else None)
+    options, command, setup = with_task(c, "launch", task, {**locals(), "name": None if named_file else name},
+                                        ignore=("name",) if named_file else ())
+    name = options.pop("name") or taskfile.name_from(task)
+    where = {key: options.pop(key) for key in ("region", "profile", "project", "zone", "subscription", "location")}
+    if options["snapshot"] and not providers.named(options["provider"], where).volumes:
+        raise UsageError(f"--snapshot: a {options['provider']} cluster's nodes have no data volumes")
+    lifecycle.up(c, name, **{key: options[key] for key in LAUNCH_UP}, **where)
     try:
-        train(c, cluster=name, mode=mode, args=args, code=code, run_id=run_id, timeout=timeout, managed=managed,
-              max_recoveries=max_recoveries, accept_new_host_keys=accept_new_host_keys, image=image)
+        train_run(c, command, setup, **{**train_defaults(), "cluster": name,
+                                        **{key: options[key] for key in LAUNCH_TRAIN}})
     finally:
         print(f"launch: removing cluster {name}", flush=True)
-        lifecycle.down(c, name, snapshot=snapshot, **where)
+        lifecycle.down(c, name, snapshot=options["snapshot"], **where)
+
+
+# What kiln launch hands to kiln up and to kiln train (its other options: where, the snapshot).
+LAUNCH_UP = ("count", "provider", "instance_type", "spot", "max_price", "ami", "ssh_cidr", "user", "ttl_hours",
+             "ssh_wait", "volume", "source_image", "image_id", "gpus")
+LAUNCH_TRAIN = ("mode", "args", "code", "run_id", "timeout", "managed", "max_recoveries", "accept_new_host_keys",
+                "image", "checkpoint_dir", "env", "python")
+
+
+def train_defaults() -> dict:
+    """kiln train's options as it has them when none is given."""
+    return {key: parameter.default for key, parameter in inspect.signature(train.body).parameters.items()
+            if key not in ("c", "task")}

@@ -6,11 +6,16 @@ the frameworks' environment scripts/setup makes (.venv-frameworks: PyTorch's CPU
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_processes
+from conftest import KILN, ROOT, can_make_namespaces, run_processes
+
+from localcloud import netns
 
 pytestmark = pytest.mark.integration
 CLUSTER_NAME = "kf"
@@ -93,3 +98,27 @@ def test_modes_without_their_framework_or_a_program_are_refused_before_anything_
     done = cluster.kiln("train", "--mode", "torchrun", "--dry-run", "--", "python", "-u", "torch_ddp.py",
                         cwd=project, timeout=60)
     assert done.returncode == 2 and "torchrun runs a Python script" in done.stderr, done.stderr
+
+
+def test_kiln_launch_runs_the_torchrun_task_file_on_local_nodes_and_removes_them(project, tmp_path):
+    """examples/task-torchrun.yaml as a user runs it: two local nodes made, the setup once on each with the task's
+    envs, torchrun across both, the run folder collected, the nodes removed."""
+    if reason := can_make_namespaces():
+        pytest.skip(reason)
+    env = {**os.environ, "KILN_HOME": str(tmp_path / "home"), "KILN_RUNS": str(tmp_path / "runs")}
+    try:
+        done = subprocess.run([str(KILN), "launch", "task-torchrun.yaml", "--python", str(FRAMEWORKS), "--run-id",
+                               "tddp"], cwd=project, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        setups = [path.read_text() for path in (tmp_path / "runs").glob("*/hosts/node*/shard-*.log")]
+        assert len(setups) == 2 and all("OMP_NUM_THREADS=1" in log for log in setups), setups
+        found = {path.name: json.loads(path.read_text())
+                 for path in (tmp_path / "runs" / "tddp" / "hosts").glob("*/output/*/rank-*.json")}
+        assert sorted(r["rank"] for r in found.values()) == [0, 1] and {r["world"] for r in found.values()} == {2}
+        assert json.loads((tmp_path / "runs" / "tddp" / "summary.json").read_text())["status"] == "ok"
+        assert "launch: removing cluster ddp" in done.stdout
+        assert not (netns.STATE_ROOT / "ddp").exists()
+        assert run_processes("tddp") == []
+    finally:
+        subprocess.run([sys.executable, "-m", "localcloud.cluster", "down", "--name",
+                        "ddp"], capture_output=True, timeout=120)

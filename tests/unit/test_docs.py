@@ -125,7 +125,7 @@ CHECKED = [shown for shown in dry_runs() if left_out(shown) is None]
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("project")
-    for program in (ROOT / "examples").glob("*.py"):
+    for program in [*(ROOT / "examples").glob("*.py"), *(ROOT / "examples").glob("task-*.yaml")]:
         shutil.copy(program, folder / program.name)
     for name, text in PROJECT_FILES.items():
         (folder / name).write_text(text)
