@@ -117,7 +117,7 @@ verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boot
 
 image-test: setup ## bake the local image for real (qemu, TCG; kept in the cache, baked again when its inputs change), boot it, run the suite and a container, re-run the playbook (slow)
 	$(stage_begin)
-	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py
+	$(PY) -m pytest -q -m image_bake --timeout=5400 --durations=0 tests/image/test_bake_local.py tests/image/test_local_vm.py
 	$(stage_end)
 
 # make suites shuffles each module's tests (tests/integration/conftest.py) from SHUFFLE_SEED, one order that a
@@ -128,7 +128,7 @@ SHUFFLE_SEED ?= e77751ccbe4c
 suites: setup ## make integration and make image-test in one pool of POOL workers, the longest module first, shuffled (make test)
 	$(stage_begin)
 	KILN_TEST_SHUFFLE=$${KILN_TEST_SHUFFLE-$(SHUFFLE_SEED)} $(PY) -m pytest -q -m "integration or image_bake" \
-		-n $(POOL) --durations=20 tests/image/test_bake_local.py tests/integration
+		-n $(POOL) --durations=20 tests/image/test_bake_local.py tests/image/test_local_vm.py tests/integration
 	$(stage_end)
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)

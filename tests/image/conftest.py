@@ -21,6 +21,7 @@ from kiln.paths import cache_dir
 from localcloud.vm import booted
 
 SCRIPTS = ROOT / "scripts"
+BAKED_HOSTNAME = "kiln-again"  # the image tests' VM's, from its seed
 
 
 def pytest_configure(config):
@@ -87,6 +88,6 @@ def baked_vm(baked_image, tmp_path_factory):
     state = tmp_path_factory.mktemp("baked-vm")
     # One virtual CPU: make test runs this beside workers of cluster tests on 2 cores, where a second vCPU thread
     # only waits its turn (a guest's vCPU held off the host's cores spins its peers on kernel locks, under TCG)
-    with booted(baked_image, state / "vm", "kiln-again", data_gib=1, cpus=1) as ssh_config, \
+    with booted(baked_image, state / "vm", BAKED_HOSTNAME, data_gib=1, cpus=1) as ssh_config, \
             served(wheelhouse()) as port:
         yield ssh_config, port

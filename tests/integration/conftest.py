@@ -29,18 +29,21 @@ CONTAINER_MATRIX = ROOT / "matrices" / "pytorch-jax.yml"
 
 
 TESTS = Path(__file__).resolve().parents[1]
-# Modules that share a session fixture (the container bake, made once per pytest-xdist worker) run in one worker.
+# Modules that share a session fixture (the container bake, made once per pytest-xdist worker; the image tests' VM,
+# booted once under TCG) run in one worker.
 SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
-                  "tests/integration/test_bake_docker.py": "container-bake"}
+                  "tests/integration/test_bake_docker.py": "container-bake",
+                  "tests/image/test_bake_local.py": "baked-vm", "tests/image/test_local_vm.py": "baked-vm"}
 # The longest modules first (their time in a whole run, most first), so the workers end together; then the rest in
 # the order found. make test runs the local bake's tests (tests/image, about 1000 s with the image kept, 2500 s and
 # more baking it) in the same pool, first: one worker boots and provisions the VM while the other runs clusters.
 # test_queue early: most of its minutes are Slurm's timers, a worker waiting while the others use both cores
-LONGEST_FIRST = ("image/test_bake_local.py", "integration/test_bake_docker.py", "integration/test_queue.py",
+LONGEST_FIRST = ("image/test_bake_local.py", "image/test_local_vm.py", "integration/test_bake_docker.py",
+                 "integration/test_queue.py",
                  "integration/test_containers.py", "integration/test_managed.py", "integration/test_launcher.py",
                  "integration/test_aws.py", "integration/test_trainer_resume.py", "integration/test_nvidia_roles.py",
                  "integration/test_user_programs.py", "integration/test_image_rootfs.py",
-                 "integration/test_local_vm.py", "integration/test_watchdog.py", "integration/test_trainer_local.py",
+                 "integration/test_watchdog.py", "integration/test_trainer_local.py",
                  "integration/test_frameworks.py")
 
 

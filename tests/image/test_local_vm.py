@@ -1,5 +1,10 @@
-"""The local VM path: bake.base_image makes (or reuses) the Debian 12 base disk, localcloud.vm boots it under qemu
-(TCG, snapshot mode) like a cloud instance, and SSH to it checks the host key it printed on its console."""
+"""The local VM path: bake.base_image makes (or reuses) the Debian 12 base disk, localcloud.vm boots an image under
+qemu (TCG, snapshot mode) like a cloud instance, and SSH to it checks the host key it printed on its console.
+
+The VM is the image tests' own (tests/image/conftest.py: the local bake booted once, by `localcloud.vm boot` as
+`make verify` boots it): one boot under TCG, not two, serves test_bake_local's tests and these. This module runs
+after them in the same worker (tests/integration/conftest.py: SHARED_SESSION, LONGEST_FIRST; alone, its name sorts
+last in tests/image), and its last test powers that VM off."""
 
 from __future__ import annotations
 
@@ -13,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import BAKED_HOSTNAME
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = ["-m", "bake.base_image"]
 VM = ["-m", "localcloud.vm"]
 TOOLS = ("debootstrap", "mkfs.ext4", "qemu-img", "qemu-system-x86_64", "genisoimage", "ssh", "ssh-keygen")
-HOSTNAME = "kiln-test"
 
-# A cold base disk build (debootstrap) takes minutes; the boot under TCG about a minute (alone; several beside the
-# other integration modules and the bake).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+# A cold base disk build (debootstrap) takes minutes; the image tests' VM is booted already (or boots here, alone).
+pytestmark = [pytest.mark.image_bake, pytest.mark.timeout(2400)]
 
 
 def run(argv: list[str], timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
@@ -84,19 +89,10 @@ def base_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def vm(base_dir, tmp_path_factory):
-    """One snapshot-mode VM booted from the base disk for this module, always stopped afterwards."""
-    state = tmp_path_factory.mktemp("vm") / "state"
-    try:
-        booted = run([sys.executable, *VM, "boot", "--disk", base_dir / "disk.qcow2", "--kernel", base_dir / "vmlinuz",
-                      "--initrd", base_dir / "initrd.img", "--state", state, "--snapshot", "--hostname", HOSTNAME,
-                      "--memory", "2048", "--cpus", "1", "--timeout", "840"],
-                     timeout=900)  # TCG beside the other workers, on one vCPU as the image tests' VM (its conftest)
-        assert booted.returncode == 0, f"boot failed:\n{booted.stdout}\n{booted.stderr}"
-        assert booted.stdout.strip() == f"ssh -F {state / 'ssh_config'} kiln-vm"
-        yield Vm(state, json.loads((state / "vm.json").read_text()), base_dir)
-    finally:
-        run([sys.executable, *VM, "stop", "--state", state, "--timeout", "30"], timeout=120)
+def vm(base_dir, baked_vm):
+    """The image tests' VM (booted by `localcloud.vm boot --hostname kiln-again`, its state beside its ssh_config)."""
+    state = Path(baked_vm[0]).parent
+    return Vm(state, json.loads((state / "vm.json").read_text()), base_dir)
 
 
 def test_base_disk_is_reused_with_its_files(base_dir):
@@ -112,7 +108,7 @@ def test_base_disk_is_reused_with_its_files(base_dir):
 def test_hostname_comes_from_the_seed(vm):
     done = vm.ssh("hostname")
     assert done.returncode == 0, vm.evidence(done)
-    assert done.stdout.strip() == HOSTNAME
+    assert done.stdout.strip() == BAKED_HOSTNAME
 
 
 def test_root_logs_in_with_the_per_boot_key_only(vm, tmp_path):
@@ -130,7 +126,11 @@ def test_root_logs_in_with_the_per_boot_key_only(vm, tmp_path):
 
 
 def test_apt_reaches_debians_mirror(vm):
-    done = vm.ssh("apt-get update -qq && cd /tmp && apt-get download -q hello && ls hello_*.deb", timeout=600)
+    """From Debian's sources alone, into a throwaway state: the image's own lists and cache stay as baked."""
+    apt = ("apt-get -q -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache "
+           "-o Dir::Etc::SourceParts=/dev/null")
+    done = vm.ssh(f"mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial && {apt} update -qq && "
+                  f"cd /tmp && {apt} download hello && ls hello_*.deb", timeout=600)
     assert done.returncode == 0, vm.evidence(done)
     assert done.stdout.strip().splitlines()[-1].startswith("hello_")
 
@@ -176,7 +176,7 @@ def test_boot_timeout_names_the_console_and_kills_qemu(base_dir, tmp_path):
     assert not qemus_of(state), "qemu was left running after a failed boot"
 
 
-@pytest.mark.after_the_rest("one boot under TCG serves the module's tests, and this powers that VM off")
+@pytest.mark.after_the_rest("one boot under TCG serves the image tests, and this powers that VM off")
 def test_stop_powers_off_and_is_idempotent(vm):
     pid = vm.record["pid"]
     first = run([sys.executable, *VM, "stop", "--state", vm.state, "--timeout", "60"], timeout=180)
