@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bootstrap import commands, interconnect, launch, mesh
+from bootstrap import commands, interconnect, launch, mesh, progress
 from bootstrap import node as node_side
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError, UsageError
@@ -293,18 +293,40 @@ class ContainerRuntime:
         return {host: found[host] for host in hosts}
 
     def pull(self, hosts: Sequence[Host]) -> dict[Host, str]:
-        """Pull the reference on the nodes that lack it, all at once, saying how long each took; the failures."""
-        remote = self.group.remote
-
-        def fetch(host: Host) -> None:
-            started = time.monotonic()
-            result = remote.run(host, ["docker", "pull", "--quiet", self.reference], timeout=self.pull_timeout)
-            if result.code != 0:
-                raise HostFailure(docker_error(result.stderr) or f"docker pull exited {result.code}")
-            print(f"{self.name(host)}: pulled {self.reference} in {time.monotonic() - started:.1f} s", flush=True)
-
-        _, failures = remote.map(hosts, fetch)
+        """Pull the reference on the nodes that lack it, all at once, with each node's progress (bytes, rate, time
+        left; a line every 30 s where the output is no terminal) and how long each took; the failures."""
+        with progress.Report(f"pulling {self.reference}", [self.name(h) for h in hosts]) as report:
+            _, failures = self.group.remote.map(hosts, lambda host: self.pull_one(host, report))
         return failures
+
+    def pull_one(self, host: Host, report: progress.Report) -> None:
+        """`docker pull` on the node, on a terminal of its own (util-linux's script) so that docker prints its
+        layers' bytes, which `report` shows as they come."""
+        started = time.monotonic()
+        counted = progress.PullBytes()
+        pull = shlex.join(["docker", "pull", self.reference])
+        shell = f"if command -v script >/dev/null; then exec script -qfec {shlex.quote(pull)} /dev/null; " \
+                f"else exec {pull}; fi"
+        ssh = subprocess.Popen(commands.ssh_argv(host, shell, self.group.remote.options), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for chunk in proc.chunks(ssh.stdout, deadline=started + self.pull_timeout):
+                counted.feed(chunk.decode(errors="replace"))
+                report.update(self.name(host), counted.done, counted.total)
+            code = ssh.wait(timeout=max(1.0, started + self.pull_timeout - time.monotonic()))
+        except (TimeoutError, subprocess.TimeoutExpired):
+            raise HostFailure(f"docker pull took over {self.pull_timeout:g} s") from None
+        finally:
+            if ssh.poll() is None:
+                ssh.kill()
+                ssh.wait()
+            ssh.stdout.close()
+        counted.feed("\n")
+        if code != 0:
+            raise HostFailure(docker_error(counted.text) or f"docker pull exited {code}")
+        pulled = f" ({progress.filesize.decimal(counted.total)})" if counted.total else ""
+        print(f"{self.name(host)}: pulled {self.reference}{pulled} in {time.monotonic() - started:.1f} s",
+              flush=True)
 
     def local_image_id(self) -> str | None:
         """This machine's image id of the reference, where its engine has it."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import resource
+import select
 import shlex
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from kiln.errors import KilnError
 
@@ -56,3 +60,19 @@ def raise_descriptor_limit() -> int:
         except (ValueError, OSError):
             return soft
     return soft
+
+
+def chunks(stream: BinaryIO, *, deadline: float, size: int = 65536) -> Iterator[bytes]:
+    """What a pipe gives, as it comes, until its end; TimeoutError once `deadline` (time.monotonic()) passes."""
+    descriptor = stream.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        ready, _, _ = select.select([descriptor], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(descriptor, size)
+        if not chunk:
+            return
+        yield chunk

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -397,7 +398,8 @@ def test_a_lost_node_is_replaced_and_joins_the_elastic_torchrun_run_in_the_image
     shutil.copy(PROGRAMS / "torch_regrow.py", project)
     argv = [str(KILN), "train", "--cluster", NAME, "--mode", "torchrun", "--image", cluster.image, "--min-np", "2",
             "--managed", "--run-id", "cjoin", "--", "python", "torch_regrow.py", "--size", "3"]
-    with subprocess.Popen(argv, cwd=project, env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    env = {**cluster.env(), "KILN_PROGRESS_SECONDS": "5"}  # the replacement's pull: a line every 5 s, not 30
+    with subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as train:
         try:
             log = cluster.node_dir("node1") / "kiln" / "runs" / "cjoin" / "torchrun-0.log"
@@ -414,6 +416,11 @@ def test_a_lost_node_is_replaced_and_joins_the_elastic_torchrun_run_in_the_image
     assert train.returncode == 0, out[-4000:] + err[-4000:]
     assert "node2 (node2) stopped answering: the elastic run goes on without it" in out, out
     assert "recovery 1 of 3: replacing node2 to join the elastic run" in out and "node2: pulled" in out, out
+    # the pull's progress, as a log shows it: a line on the start, then bytes, rate and seconds every 5 s
+    assert f"pulling {cluster.image} on node2" in out, out
+    assert re.search(rf"pulling {re.escape(cluster.image)}: node2 [\d.]+ (bytes|kB|MB|GB) of [\d.]+ (kB|MB|GB) "
+                     r"\(\d+ s, [\d.]+ (kB|MB|GB)/s\)", out), out
+    assert re.search(rf"node2: pulled {re.escape(cluster.image)} \([\d.]+ GB\) in [\d.]+ s", out), out
     [join] = json.loads((cluster.runs / "cjoin" / "summary.json").read_text())["restarts"]
     assert join["kind"] == "join" and join["replaced"] == [{"old": "node2", "new": "node2"}], join
     results = [json.loads(path.read_text())
