@@ -248,6 +248,7 @@ def train_run(c, command: list[str], setup: str | None, *, hostfile, cluster, sl
                    int(base_port), args, checkpoint_dir, run_id, detach, int(max_restarts), managed,
                    int(max_recoveries), relocate, down_after, image, fabric, launch.parse_env(env or ()))
     check_train(ask)
+    check_setup(setup, managed)
     folder = project_folder(code, command)
     # With --image, --python names the image's Python; kiln's own node side keeps the nodes' Python.
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
@@ -264,6 +265,12 @@ def train_run(c, command: list[str], setup: str | None, *, hostfile, cluster, sl
                    training.Watch(float(timeout), int(max_restarts), float(stall_factor), float(stall_minimum),
                                   float(stall_busy)),
                    training.Reach(int(fanout), accept_new_host_keys, slots, python), owner, say)
+
+
+def check_setup(setup: str | None, managed: bool) -> None:
+    if setup and managed:
+        raise UsageError("a task's setup runs once on the nodes a run starts on, and a managed run's replacement "
+                         "would start without it: put it in the container image (image) or in your program")
 
 
 def described_env(env: tuple[tuple[str, str], ...]) -> str:
@@ -402,6 +409,7 @@ def launch_(c, name, provider="aws", count=1, instance_type=None, spot=False, ma
     where = {key: options.pop(key) for key in ("region", "profile", "project", "zone", "subscription", "location")}
     if options["snapshot"] and not providers.named(options["provider"], where).volumes:
         raise UsageError(f"--snapshot: a {options['provider']} cluster's nodes have no data volumes")
+    check_setup(setup, options["managed"])
     lifecycle.up(c, name, **{key: options[key] for key in LAUNCH_UP}, **where)
     try:
         train_run(c, command, setup, **{**train_defaults(), "cluster": name,

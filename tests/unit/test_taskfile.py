@@ -176,3 +176,21 @@ def test_kiln_starts_without_the_schema_validator():
     done = subprocess.run([sys.executable, "-c", "import sys, bootstrap.main; bootstrap.main.make_program(); "
                            "print('jsonschema' in sys.modules)"], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+def test_a_managed_task_with_a_setup_is_refused_before_anything_starts(tmp_path):
+    """A replacement node would start without the setup: refused, one line, until kiln runs it there too."""
+    (tmp_path / "t.py").write_text("")
+    (tmp_path / "task.yaml").write_text("run: python t.py\nmode: tf-config\nsetup: pip install x\nmanaged: true\n")
+    done = kiln("-H", "n1,n2", "train", "--task", "task.yaml", "--dry-run", cwd=tmp_path)
+    assert done.returncode == 2 and "a managed run's replacement would start without it" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_kiln_launch_refuses_a_managed_setup_before_it_makes_anything(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    (tmp_path / "task.yaml").write_text("name: ms\nresources:\n  provider: local\nrun: python t.py\n"
+                                        "setup: pip install x\nmanaged: true\n")
+    done = kiln("launch", "task.yaml", cwd=tmp_path)
+    assert done.returncode == 2 and "a managed run's replacement would start without it" in done.stderr
+    assert "local node" not in done.stdout and not (tmp_path / ".kiln" / "clusters" / "ms").exists()
