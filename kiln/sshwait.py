@@ -44,11 +44,13 @@ def probe_ssh(address: str, port: int, timeout_s: float) -> str | None:
 
 def wait_for_ssh(endpoints: Sequence[tuple[str, int]], timeout_s: float, *,
                  attempt_timeout_s: float = SSH_ATTEMPT_TIMEOUT_S, retry_s: float = SSH_RETRY_S,
-                 fanout: int = SSH_FANOUT, alive: Callable[[tuple[str, int]], bool] | None = None) -> list[str]:
+                 fanout: int = SSH_FANOUT, alive: Callable[[tuple[str, int]], bool] | None = None,
+                 answered: Callable[[str], None] | None = None) -> list[str]:
     """Probe every endpoint in parallel (at most `fanout` at once) until its SSH banner comes or timeout_s has
     passed; the endpoints ("address:port") that never answered, in the order given. Every endpoint gets at least
     one attempt, so the wait is bounded by timeout_s plus one attempt per `fanout` endpoints. `alive(endpoint)`,
-    asked before each attempt, gives up on an endpoint early (its server process is gone)."""
+    asked before each attempt, gives up on an endpoint early (its server process is gone); `answered("address:port")`
+    is called as each answers."""
     deadline = time.monotonic() + timeout_s
     stop = threading.Event()  # set when the caller gives up (Ctrl-C), so no worker outlives the call by much
 
@@ -58,6 +60,8 @@ def wait_for_ssh(endpoints: Sequence[tuple[str, int]], timeout_s: float, *,
                 return False
             left = deadline - time.monotonic()
             if probe_ssh(*endpoint, max(0.05, min(attempt_timeout_s, left))):
+                if answered is not None:
+                    answered(f"{endpoint[0]}:{endpoint[1]}")
                 return True
             left = deadline - time.monotonic()
             if left <= 0:

@@ -17,7 +17,7 @@ through google-cloud-compute (bootstrap.providers.gcp). azure: Resource Manager 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -129,8 +129,9 @@ class Provider(Protocol):
     def plan(self, request: Any) -> list[str]:
         """What `up` would do (kiln up --dry-run); nothing is made."""
 
-    def up(self, request: Any) -> Made:
-        """Make the cluster and write its cluster file; any failure removes what was made."""
+    def up(self, request: Any, say: Callable[[str], None] | None = None) -> Made:
+        """Make the cluster and write its cluster file; any failure removes what was made. `say` is told each step
+        and each node as it comes."""
 
     def down(self, name: str, *, snapshot_ttl_days: float | None = None) -> Gone:
         """Remove the cluster (with snapshot_ttl_days: snapshot its data volumes first); safe to repeat."""

@@ -12,7 +12,7 @@ region and profile, a GCP project, an Azure subscription), as given on the comma
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -29,7 +29,8 @@ from bootstrap.providers.gcp import plan as gcp_plan
 class Cloud(Protocol):
     """The verbs every cloud's module (bootstrap.providers.KIND.cloud) has, each called with `connects`."""
 
-    def up(self, request: Any, *, ssh_wait_s: float, **connection: str | None) -> provision.Up: ...
+    def up(self, request: Any, *, ssh_wait_s: float, say: Callable[[str], None] | None = None,
+           **connection: str | None) -> provision.Up: ...
 
     def down(self, name: str, **connection: str | None) -> list[str]: ...
 
@@ -136,8 +137,8 @@ class CloudProvider:
         return [*lines, f"then wait for the {self.facts.machine}s to run {wait}; pin the host keys "
                         f"{self.facts.keys_shown}"]
 
-    def up(self, request: CloudRequest) -> Made:
-        made = self.cloud.up(request.cluster, ssh_wait_s=request.ssh_wait, **self.connection())
+    def up(self, request: CloudRequest, say: Callable[[str], None] | None = None) -> Made:
+        made = self.cloud.up(request.cluster, ssh_wait_s=request.ssh_wait, say=say, **self.connection())
         return Made(made.name, tuple(provision.made_lines(made, volume_word=self.facts.volume,
                                                           machines=f"{self.facts.machine}s",
                                                           keys_from=self.facts.keys_from)),

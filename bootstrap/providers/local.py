@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,7 +62,7 @@ class LocalProvider:
         return [f"cluster {request.name}: {request.count} node(s) in network namespaces on this machine{zone}"
                 f"{engines}; their host keys pinned from the files the local cloud writes"]
 
-    def up(self, request: LocalRequest, python: str = sys.executable) -> Made:
+    def up(self, request: LocalRequest, say: Callable[[str], None] | None = None, python: str = sys.executable) -> Made:
         """Start the nodes (they share this machine's Python) and write the cluster file."""
         if state.load_cluster(request.name) is not None:
             raise UsageError(f"cluster {request.name} already exists (kiln down {request.name} first)")

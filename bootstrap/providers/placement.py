@@ -133,7 +133,7 @@ def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say,
     """The first candidate that comes up (failover.until_up), and where: capacity.json records it, with what the
     up was asked (`values`) and every candidate it named (`candidates`, default `order`: a move tries fewer, but
     the place it left stays one to move back to)."""
-    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1]), say,
+    made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1], say=say), say,
                                                deadline_s)
     state.save_capacity(made.name, failover.capacity_record(candidates or order, candidate, tried, values))
     return made, candidate

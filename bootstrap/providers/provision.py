@@ -6,11 +6,12 @@ the nodes, read the host keys they show, keep its own record, settle what it sta
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from bootstrap import mesh, state
 from bootstrap.errors import UsageError
@@ -25,10 +26,18 @@ from kiln.sshwait import wait_for_ssh
 @dataclass
 class Progress:
     """The step under way, which a failure names ("could not create the instances"); in a replacement, the new
-    node's id too, once it may exist (what a failure deletes)."""
+    node's id too, once it may exist (what a failure deletes). With `say`, each step is said as it begins (kiln
+    up's progress: `cluster NAME: run the instances`)."""
 
     step: str = "generate the cluster key"
     made: str | None = None
+    say: Callable[[str], None] | None = field(default=None, repr=False)
+    name: str = ""
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        if key == "step" and getattr(self, "say", None):
+            self.say(f"cluster {self.name}: {value}")
 
 
 @dataclass(frozen=True)
@@ -81,15 +90,30 @@ class Cluster:
                   expires, self.pinned, ssh_wait, tuple(volumes), restore_note)
 
 
+def answering(name: str, nodes: Nodes, say: Callable[[str], None]) -> Callable[[str], None]:
+    """What wait_for_ssh calls as each node's SSH answers: a line naming it, after how long, how many so far."""
+    ids = {f"{h.address}:{h.port}": (i, h.address) for i, h in zip(nodes.ids, nodes.hosts, strict=True)}
+    began, lock, answered = time.monotonic(), threading.Lock(), []
+
+    def said(endpoint: str) -> None:
+        with lock:
+            answered.append(endpoint)
+            node, address = ids[endpoint]
+            say(f"cluster {name}: {node} ({address}) answers SSH after {time.monotonic() - began:.0f} s "
+                f"({len(answered)} of {len(ids)})")
+    return said
+
+
 def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, python: str,
-       ssh_wait_s: float) -> Cluster:
+       ssh_wait_s: float, say: Callable[[str], None] | None = None) -> Cluster:
     """Make cluster `name` with the cloud's verbs, wait until SSH answers on every node (unless ssh_wait_s is 0),
     pin the host keys the nodes show, and write the cluster file; on any failure undo it all and raise the cloud's
     error naming the step (with `left` where the undo left something behind). A UsageError the undo fully undid is
-    raised as it is (bad input, found late: a name taken meanwhile)."""
+    raised as it is (bad input, found late: a name taken meanwhile). With `say`, each step and each node that
+    answers SSH is said as it comes."""
     folder = state.cluster_dir(name)
     identity = str(folder / "id_ed25519")
-    rollback, progress = Rollback(), Progress()
+    rollback, progress = Rollback(), Progress(say=say, name=name)
     try:
         had_key = (folder / "id_ed25519").exists()
         rollback.push("remove the local files", lambda: None if had_key else state.forget_cluster(name))
@@ -98,9 +122,10 @@ def up(name: str, verbs: Verbs, *, region: str, user: str, node_type: str, pytho
         nodes = verbs.make(progress, rollback, public_key)
         started = time.monotonic()
 
-        progress.step = "wait until SSH answers"
         if ssh_wait_s > 0:
-            silent = set(wait_for_ssh([(h.address, h.port) for h in nodes.hosts], ssh_wait_s))
+            progress.step = "wait until SSH answers"
+            silent = set(wait_for_ssh([(h.address, h.port) for h in nodes.hosts], ssh_wait_s,
+                                      answered=answering(name, nodes, say) if say else None))
             if silent:
                 raise verbs.error(no_answer_error([f"{i} ({h.address})" for i, h in zip(nodes.ids, nodes.hosts,
                                                                                          strict=True)

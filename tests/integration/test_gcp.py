@@ -326,6 +326,9 @@ def test_the_cli_makes_lists_sweeps_and_removes_a_gcp_cluster(env, gce):
               "--volume", "10", "--ssh-wait", "0")
     assert up.returncode == 0, up.stderr
     assert f"cluster cli is running in {PROJECT}/{ZONE} from kiln-gpu-2" in up.stdout
+    steps = [line.removeprefix("cluster cli: ") for line in up.stdout.splitlines() if line.startswith("cluster cli: ")]
+    assert steps[:6] == ["create the firewall rules", "create the compact placement policy", "create the data disks",
+                     "create the instances", "read the host keys the instances show", "write the cluster file"], steps
     listed = kiln(env, "list", "--provider", "gcp")
     assert listed.returncode == 0 and listed.stdout.startswith("cli: 2 instance(s)"), listed.stdout
     swept = kiln(env, "sweep", "--provider", "gcp", "--dry-run")
@@ -443,6 +446,8 @@ def test_retry_until_up_takes_capacity_that_returns_to_the_zone(env, gce):
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "KILN_HOME": str(env / "kiln")}) \
                 as up:
             first = up.stdout.readline()
+            while first.startswith("cluster fr: "):  # the steps of the first try, as each begins
+                first = up.stdout.readline()
             assert first.startswith("up: round 1: no capacity (ZONE_RESOURCE_POOL_EXHAUSTED); trying again in 10s"), \
                 first + up.stderr.read()
             assert leftovers(gce, "fr") == []  # the round's try left nothing while it waits

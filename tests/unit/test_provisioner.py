@@ -64,6 +64,19 @@ def test_up_makes_pins_and_writes_the_cluster_file_last():
     assert KEY.split()[1] in (state.cluster_dir("c") / "known_hosts").read_text()
 
 
+def test_up_says_each_step_as_it_begins_and_each_node_as_its_ssh_answers(home):
+    said: list[str] = []
+    provision.up("c", verbs([]), region="r1", user="u", node_type="t1", python="python3", ssh_wait_s=0,
+                 say=said.append)
+    assert said == ["cluster c: create the network", "cluster c: create the nodes",
+                    "cluster c: read the host keys the nodes show", "cluster c: write the cluster file"]
+    answered = provision.answering("c", Nodes(("n-1", "n-2"), (Host("10.0.0.1"), Host("10.0.0.2", port=2222))),
+                                   said.append)
+    answered("10.0.0.2:2222")
+    assert said[-1].startswith("cluster c: n-2 (10.0.0.2) answers SSH after ") and said[-1].endswith(" s (1 of 2)")
+    assert provision.Progress().step == "generate the cluster key"  # without say, silent
+
+
 def test_a_failed_step_undoes_every_step_before_it_in_reverse_and_names_itself(home):
     log: list[str] = []
     with pytest.raises(Boom) as failed:

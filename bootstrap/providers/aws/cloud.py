@@ -11,7 +11,7 @@ import contextlib
 import functools
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
 from datetime import UTC, datetime
@@ -422,7 +422,7 @@ def remove(aws: Aws, resources: list[plan.Resource], timeout_s: float = TERMINAT
 
 def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | None = None,
        profile: str | None = None, python: str = "python3", aws: Aws | None = None, now: datetime | None = None,
-       running_timeout_s: float = RUNNING_TIMEOUT_S) -> provision.Up:
+       running_timeout_s: float = RUNNING_TIMEOUT_S, say: Callable[[str], None] | None = None) -> provision.Up:
     """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
     the consoles show, write its cluster file, and return what was made. On any failure, undo it all.
 
@@ -515,7 +515,8 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
         "aws", AwsError, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s), save, describe_error,
         error_code, keys_step="read the host keys from the consoles", keys_source="console",
         place={"region": aws.region, **({"profile": profile} if profile else {})}),
-        region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s)
+        region=aws.region, user=request.user, node_type=request.instance_type, python=python, ssh_wait_s=ssh_wait_s,
+        say=say)
     return cluster.made(request.name, where=aws.region, image=image, expires=tags[plan.TAG_EXPIRES],
                         ssh_wait=ssh_wait_s, volumes=made["volumes"], restore_note=note)
 

@@ -21,7 +21,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from dataclasses import replace as changed
 from datetime import UTC, datetime
@@ -396,7 +396,7 @@ def suffix() -> str:
 
 def up(request: plan.Request, *, subscription: str | None = None, python: str = "python3", azure: Azure | None = None,
        now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S,
-       timeout_s: float = OPERATION_TIMEOUT_S) -> provision.Up:
+       timeout_s: float = OPERATION_TIMEOUT_S, say: Callable[[str], None] | None = None) -> provision.Up:
     """Create the cluster in its own resource group, wait until SSH answers on every VM (unless ssh_wait_s is 0),
     pin the host keys their serial logs show, write its cluster file, and return what was made. On any failure
     (Ctrl-C too), delete the resource group: nothing of the cluster lives outside it."""
@@ -504,7 +504,7 @@ def up(request: plan.Request, *, subscription: str | None = None, python: str = 
         settle=lambda: settle(pollers, timeout_s),
         place={"subscription": azure.subscription, "location": request.location}),
         region=request.location, user=request.user, node_type=request.vm_size, python=python,
-        ssh_wait_s=ssh_wait_s)
+        ssh_wait_s=ssh_wait_s, say=say)
     return cluster.made(request.name, where=f"resource group {group} ({request.location})",
                         image=image, expires=tags[plan.TAG_EXPIRES], ssh_wait=ssh_wait_s,
                         volumes=disks, restore_note=note)

@@ -354,7 +354,7 @@ def suffix() -> str:
 
 def up(request: plan.Request, *, project: str | None = None, python: str = "python3", gce: Gce | None = None,
        now: datetime | None = None, ssh_wait_s: float = SSH_WAIT_S,
-       timeout_s: float = OPERATION_TIMEOUT_S) -> provision.Up:
+       timeout_s: float = OPERATION_TIMEOUT_S, say: Callable[[str], None] | None = None) -> provision.Up:
     """Create the cluster, wait until SSH answers on every instance (unless ssh_wait_s is 0), pin the host keys
     the instances show, write its cluster file, and return what was made. On any failure (Ctrl-C too), undo it
     all: each step's undo is registered before the step, and finds what it removes by the cluster's labels."""
@@ -435,7 +435,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
         describe_error, error_code, keys_step="read the host keys the instances show",
         settle=lambda: settle(gce, operations), place={"project": gce.project, "zone": request.zone}),
         region=request.zone, user=request.user, node_type=request.machine_type, python=python,
-        ssh_wait_s=ssh_wait_s)
+        ssh_wait_s=ssh_wait_s, say=say)
     return cluster.made(request.name, where=f"{gce.project}/{request.zone}", image=image,
                         expires=plan.format_expiry(labels), ssh_wait=ssh_wait_s, volumes=disks, restore_note=note)
 
