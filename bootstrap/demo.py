@@ -26,11 +26,26 @@ CLUSTER = "kiln"
 STATE = Path("/run/kiln/local") / CLUSTER
 
 
+# Each stage's title and seconds, in order: the table at the end says where the demo's time went.
+STAGES: list[tuple[str, float]] = []
+
+
 def step(title: str, argv: list[str], timeout: float = 900, cwd: Path = ROOT) -> None:
     print(f"\n== {title}\n$ {' '.join(argv)}", flush=True)
+    started = time.monotonic()
     done = subprocess.run(argv, cwd=cwd, timeout=timeout)
+    STAGES.append((title, time.monotonic() - started))
     if done.returncode != 0:
         raise SystemExit(f"demo: {title} failed (exit {done.returncode})")
+
+
+def stage_table(stages: list[tuple[str, float]]) -> str:
+    """Where the time went, a stage a line, and the whole (pure)."""
+    width = max([len(title) for title, _ in stages] + [len("stage")])
+    lines = [f"{'stage'.ljust(width)}  seconds"]
+    lines += [f"{title.ljust(width)}  {seconds:7.1f}" for title, seconds in stages]
+    lines.append(f"{'all of it'.ljust(width)}  {sum(seconds for _, seconds in stages):7.1f}")
+    return "\n".join(lines)
 
 
 def container_image() -> str:
@@ -87,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
              [sys.executable, "-m", "bake.image", "docker"], timeout=3600)
         local = container_image()
         print(f"\n== pushing {local} to the cluster's registry (the nodes pull it from there)", flush=True)
+        started = time.monotonic()
         image = engines.push_to_cluster(CLUSTER, local)
+        STAGES.append(("pushing the image to the cluster's registry", time.monotonic() - started))
         run_id = f"demo-{stamp}-image"
         step(f"your program inside the image, one container per node: {image}",
              [*kiln, "train", "--cluster", CLUSTER, "--mode", "tf-config", "--image", image, "--run-id", run_id,
@@ -99,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not options.keep:
             subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
+        if STAGES:
+            print("\n" + stage_table(STAGES), flush=True)
     return 0
 
 
