@@ -324,7 +324,7 @@ class ContainerRuntime:
         counted.feed("\n")
         if code != 0:
             raise HostFailure(docker_error(counted.text) or f"docker pull exited {code}")
-        pulled = f" ({progress.filesize.decimal(counted.total)})" if counted.total else ""
+        pulled = f" ({progress.filesize.decimal(counted.total)} downloaded)" if counted.total else ""
         print(f"{self.name(host)}: pulled {self.reference}{pulled} in {time.monotonic() - started:.1f} s",
               flush=True)
 

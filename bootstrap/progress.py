@@ -33,7 +33,8 @@ def size(number: str, unit: str) -> int:
 
 @dataclass
 class PullBytes:
-    """One node's `docker pull`, from its terminal output: each layer's size, downloaded and unpacked bytes. `done`
+    """One node's `docker pull`, from its terminal output: each layer's size (as the registry sends it, compressed),
+    downloaded and unpacked bytes. `done`
     counts both halves (a layer downloaded is half done, unpacked is done), so it reaches `total` at the end; a
     layer's size is known once it starts downloading, so `total` grows while layers wait their turn."""
 
