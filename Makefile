@@ -22,10 +22,11 @@ MATRIX ?=
 # the modules one after another.
 WORKERS ?= 0
 # pytest-xdist workers for make suites (make test): the integration modules and the local bake's tests in one pool,
-# the longest first. Three on a 2-core machine: with two, the cores idled 15% of a whole run (both workers waiting on
-# timers, handshakes, a node's start at once: 85% busy, 1572 s); a third fills that (95% busy, 1439 s), though each
-# test takes longer.
-POOL ?= 3
+# the longest first. Four on a 2-core machine: with two, the cores idled 15% of a whole run (both workers waiting on
+# timers, handshakes, a node's start at once: 85% busy, 1572 s); a third filled most of that (1439 s then; 1565 s
+# once the queue's and the docs' tests came), a fourth the rest (1459 s with the same tests), though each test
+# takes longer.
+POOL ?= 4
 
 .PHONY: help setup matrix-env demo test test-fast lint docs unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
 
