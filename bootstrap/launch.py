@@ -185,12 +185,12 @@ def process_env(run_id: str, python: str, paths: NodePaths, program: Program = P
     }
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a variable a user may set (env_refusal)
 
 
 def env_refusal(name: str) -> str | None:
     """Why a user's variable may not be set for the processes (None: it may): kiln sets it."""
-    if not _ENV_NAME.fullmatch(name):
+    if not ENV_NAME.fullmatch(name):
         return "not a variable name (letters, digits, _)"
     if name.startswith("KILN_") or name in ("PATH", "PYTHONPATH"):
         return "kiln sets it (docs/environment.md)"

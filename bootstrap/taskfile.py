@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from bootstrap.errors import UsageError
-from bootstrap.launch import MODES, env_refusal
+from bootstrap.launch import ENV_NAME, MODES, env_refusal
 
 if TYPE_CHECKING:
     import jsonschema
@@ -27,7 +27,6 @@ _TEXT = {"type": "string", "minLength": 1}
 _COUNT = {"type": "integer", "minimum": 1}
 _NUMBER = {"type": "number", "minimum": 0}
 _FLAG = {"type": "boolean"}
-_ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
 PROVIDER_PATTERN = "^(any|local|(aws|gcp|azure)(,(aws|gcp|azure))*)$"
 
 # Under resources: what `kiln up` makes, as kiln launch's options of the same names.
@@ -55,7 +54,8 @@ SCHEMA = {
         "mode": {"enum": list(MODES)},
         "args": {"type": "string"},
         "envs": {"type": "object",
-                 "propertyNames": {"pattern": _ENV_NAME, "x-expect": "a variable name (letters, digits, _)"},
+                 "propertyNames": {"pattern": f"^{ENV_NAME.pattern}$",
+                                   "x-expect": "a variable name (letters, digits, _)"},
                  "additionalProperties": {"type": ["string", "number"],
                                           "x-expect": "a string or a number (quote true and false)"}},
         "checkpoint_dir": _TEXT,
@@ -91,8 +91,12 @@ def load(path: str | Path) -> Task:
 
 def parse(text: str, path: Path) -> Task:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)  # one parse: the nodes (their lines) and the data made from them
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -107,8 +111,8 @@ def parse(text: str, path: Path) -> Task:
         first = min(errors, key=lambda error: (line_of(error, lines), jsonschema.exceptions.relevance(error)))
         raise UsageError(f"{path}:{line_of(first, lines)}: {describe(first)}")
     for name in data.get("envs", {}):
-        if env_refusal(name):
-            raise UsageError(f"{path}:{lines[('envs', name)]}: envs.{name}: {env_refusal(name)}")
+        if refusal := env_refusal(name):
+            raise UsageError(f"{path}:{lines[('envs', name)]}: envs.{name}: {refusal}")
     return task_of(data, path)
 
 

@@ -282,7 +282,7 @@ def with_task(c, name: str, task: str | None, passed: dict,
               ignore: tuple[str, ...] = ()) -> tuple[dict, list[str], str | None]:
     """A task's options, command and setup: the task file's (taskfile.load) under the options given on the command
     line (but `ignore`), and the command after -- over its run. Without a task file, the options as given."""
-    passed = {key: value for key, value in passed.items() if key not in ("c", "task", "named_file")}
+    passed = {key: value for key, value in passed.items() if key not in ("c", "task")}
     command = user_command(c)
     if not task:
         return passed, command, None
@@ -401,9 +401,10 @@ def launch_(c, name, provider="aws", count=1, instance_type=None, spot=False, ma
     """One go: up, train (`-- CMD...` runs your program), collect the run folder, down. The cluster is removed
     whatever happens after it is up: the run ends, fails, or you press Ctrl-C. `kiln launch task.yaml` reads it
     all from a task file (docs/tasks.md); the options given here override its fields."""
+    asked = dict(locals())
     named_file = taskfile.is_task_file(name)
     task = task or (name if named_file else None)
-    options, command, setup = with_task(c, "launch", task, {**locals(), "name": None if named_file else name},
+    options, command, setup = with_task(c, "launch", task, {**asked, "name": None if named_file else name},
                                         ignore=("name",) if named_file else ())
     name = options.pop("name") or taskfile.name_from(task)
     where = {key: options.pop(key) for key in ("region", "profile", "project", "zone", "subscription", "location")}
