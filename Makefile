@@ -141,7 +141,7 @@ matrix-check: setup ## is the version matrix current? each pin's newest release 
 bench: setup ## benchmarks printing ratios (bench/): SSH fan-out, training throughput (bare and in the container image), the queue from zero, the local bake
 	$(PY) bench/fanout.py
 	$(PY) bench/throughput.py --image
-	$(PY) bench/queue.py
+	$(PY) bench/slurm_queue.py
 	$(PY) bench/local_bake.py
 
 clean: ## remove local clusters, runs and the virtual environment

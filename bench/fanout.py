@@ -6,12 +6,17 @@ a floor of plain parallel `ssh NODE true` over the same nodes (fresh connections
 the same width), and the SSH handshakes each node's sshd accepted during kiln's
 steps: from the operator, and from the other nodes (check's ring test).
 Floor and kiln take turns `--repeat` times on the same nodes (kiln with a fresh home and no open
-connections each time, as a first run); the medians are printed. Measured in one run; nothing is asserted.
+connections each time, as a first run); each turn's ratio and the medians are printed. Then where kiln's time
+went, per step (the medians of what kiln wrote to KILN_STEP_TIMES): `facts` is a round of one agent call per node
+(the first one opens each node's connection and starts its agent), `mesh` the mesh's install, `judge` the
+preflight's judging of every node's facts, `exit` the agents' ends, and `rest` what is left of kiln_s (Python's
+and Fabric's start, the cluster key, the state files). Measured in one run; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -56,13 +61,28 @@ def floor(names: list[str], width: int) -> float:
     return time.perf_counter() - start
 
 
-def kiln(names: list[str], width: int, home: str) -> float:
+def kiln(names: list[str], width: int, home: str) -> tuple[float, dict[str, float]]:
+    """kiln's seconds, and its steps' seconds (a step that comes twice is named with its turn: facts_2)."""
     fab = [str(Path(sys.executable).with_name("fab")), "-S", str(STATE / "ssh_config"), "-H", ",".join(names)]
-    env = {**os.environ, "KILN_HOME": home}
+    times = Path(home) / "steps.jsonl"
+    env = {**os.environ, "KILN_HOME": home, "KILN_STEP_TIMES": str(times)}
     start = time.perf_counter()
     subprocess.run([*fab, "cluster.mesh", "--fanout", str(width), "cluster.check", "--fanout", str(width)],
                    check=True, timeout=1800, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return seconds, steps([json.loads(line) for line in times.read_text().splitlines()], seconds)
+
+
+def steps(lines: list[dict], total: float) -> dict[str, float]:
+    """The steps in the order they ended, each name once (a repeat is NAME_2, NAME_3 ...), and `rest`."""
+    named: dict[str, float] = {}
+    for line in lines:
+        name, turn = line["step"], 1
+        while (name if turn == 1 else f"{name}_{turn}") in named:
+            turn += 1
+        named[name if turn == 1 else f"{name}_{turn}"] = line["seconds"]
+    named["rest"] = total - sum(named.values())
+    return named
 
 
 def close_connections() -> None:
@@ -71,21 +91,25 @@ def close_connections() -> None:
                    capture_output=True, timeout=300)
 
 
-def measure(names: list[str], width: int, repeat: int) -> tuple[float, float, int, int]:
-    """Median floor and kiln seconds over `repeat` turns, and the last kiln run's operator and node-to-node
-    handshakes."""
-    size, floors, kilns = len(names), [], []
+def measure(names: list[str], width: int, repeat: int
+            ) -> tuple[list[float], list[float], dict[str, float], int, int]:
+    """Each turn's floor and kiln seconds, kiln's median seconds per step, and the last kiln run's operator and
+    node-to-node handshakes."""
+    size, floors, kilns, timed = len(names), [], [], []
     for _ in range(repeat):
         floors.append(floor(names, width))
         before = accepted(size)
         with tempfile.TemporaryDirectory() as home:
-            kilns.append(kiln(names, width, home))
+            seconds, by_step = kiln(names, width, home)
+        kilns.append(seconds)
+        timed.append(by_step)
         after = accepted(size)
         close_connections()
         time.sleep(3)  # what kiln left ending in the background (its node agents) is done before the next turn
     operator = sum(1 for n in names for src in after[n][len(before[n]):] if src.endswith(".0.1"))
     peers = sum(len(after[n]) - len(before[n]) for n in names) - operator
-    return statistics.median(floors), statistics.median(kilns), operator, peers
+    medians = {name: statistics.median(turn.get(name, 0.0) for turn in timed) for name in timed[-1]}
+    return floors, kilns, medians, operator, peers
 
 
 def main() -> int:
@@ -95,18 +119,26 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
     print(f"{'nodes':>5} {'floor_s':>8} {'kiln_s':>8} {'ratio':>6} {'op_handshakes/node':>19} "
-          f"{'node_handshakes/node':>21}", flush=True)
+          f"{'node_handshakes/node':>21}  turns' ratios", flush=True)
+    phases = {}
     for size in (int(s) for s in options.sizes.split(",")):
         names = [f"node{i}" for i in range(1, size + 1)]
         local_cluster("down")
         local_cluster("up", str(size))
         try:
-            floor_s, kiln_s, operator, peers = measure(names, options.width, max(1, options.repeat))
+            floors, kilns, phases[size], operator, peers = measure(names, options.width, max(1, options.repeat))
+            floor_s, kiln_s = statistics.median(floors), statistics.median(kilns)
+            turns = " ".join(f"{k / f:.2f}" for f, k in zip(floors, kilns, strict=True))
             print(f"{size:>5} {floor_s:>8.2f} {kiln_s:>8.2f} {kiln_s / floor_s:>6.2f} {operator / size:>19.2f} "
-                  f"{peers / size:>21.2f}", flush=True)
+                  f"{peers / size:>21.2f}  {turns}", flush=True)
         finally:
             close_connections()
             local_cluster("down")
+    print("\nwhere kiln's time went (s, medians of the turns)")
+    columns = list(dict.fromkeys(name for found in phases.values() for name in found))
+    print(f"{'nodes':>5} " + " ".join(f"{name:>8}" for name in columns))
+    for size, found in phases.items():
+        print(f"{size:>5} " + " ".join(f"{found.get(name, 0.0):>8.2f}" for name in columns))
     return 0
 
 

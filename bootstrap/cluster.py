@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import commands, launch, mesh, preflight, state, topology
+from bootstrap import commands, launch, mesh, preflight, state, timeline, topology
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
@@ -60,7 +60,9 @@ class Cluster:
             return self.remote.node(host, self.python, "facts", ",".join(map(str, ports)),
                                     ",".join((names or {}).get(host, [])), (probes or {}).get(host, ""))
 
-        return self.remote.map(hosts or self.hosts, gather)
+        hosts = hosts or self.hosts
+        with timeline.step("facts", len(hosts)):
+            return self.remote.map(hosts, gather)
 
     def require_facts(self, step: str, **kwargs) -> list[Node]:
         facts, failures = self.facts(**kwargs)
@@ -87,7 +89,8 @@ class Cluster:
             return changed + self.remote.node(host, self.python, "mesh", "hosts", input=names_only,
                                               sudo=True)["changed"]
 
-        changed = self.remote.map_or_raise("mesh", self.hosts, install)
+        with timeline.step("mesh", len(self.hosts)):
+            changed = self.remote.map_or_raise("mesh", self.hosts, install)
         state.save_node_names(self.name, [state.NodeName(n.host.endpoint(), n.name, n.address, n.iface)
                                           for n in nodes])
         self.save(remember_python=remember_python)
@@ -133,13 +136,15 @@ class Cluster:
         found = [facts[h]["hostname"] for h in self.hosts if h in facts]
         if not unreachable and found != names:  # no mesh yet, or hostnames changed since
             facts, unreachable = gather(found)
-        try:
-            self.nodes = mesh.nodes_from_facts(facts)
-        except KilnError as error:
-            raise KilnError(f"preflight: {error}") from None
-        findings = preflight.check_nodes(self.nodes, ports=ports, required=tuple(required) if frameworks else (),
-                                         compare_versions=frameworks)
-        findings += preflight.check_probes(self.nodes)
+        with timeline.step("judge", len(self.hosts)):
+            try:
+                self.nodes = mesh.nodes_from_facts(facts)
+            except KilnError as error:
+                raise KilnError(f"preflight: {error}") from None
+            findings = preflight.check_nodes(self.nodes, ports=ports,
+                                             required=tuple(required) if frameworks else (),
+                                             compare_versions=frameworks)
+            findings += preflight.check_probes(self.nodes)
         checks = preflight.CHECKS if probes else tuple(check for check in preflight.CHECKS if check != "mesh")
         summary = []
         if fabric and (judged := preflight.check_fabric(self.nodes))[1]:

@@ -3,6 +3,8 @@ and the nodes' (process start, first and last logged step, exit) read back from 
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,11 +16,28 @@ OPERATOR_PHASES = ("connect", "mesh", "pull", "preflight", "sync", "container", 
                    "replace", "restore")
 # What the nodes' files tell, between the start and the watch's end.
 NODE_PHASES = ("startup", "training", "teardown", "noticed")
+# Where a command's steps over every node (facts, mesh, judge, ...) add their seconds, one JSON line each, when the
+# environment names a file: bench/fanout.py reads them to say where the time above its floor goes.
+STEP_TIMES = "KILN_STEP_TIMES"
 
 
 def span(name: str, began: float, ended: float, attempt: int = 0) -> dict:
     return {"phase": name, "attempt": attempt, "began": round(began, 3), "ended": round(ended, 3),
             "seconds": round(max(0.0, ended - began), 3)}
+
+
+@contextmanager
+def step(name: str, hosts: int) -> Iterator[None]:
+    """Time one step over `hosts` nodes into the file KILN_STEP_TIMES names (nothing without it)."""
+    path = os.environ.get(STEP_TIMES)
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        if path:
+            line = {"step": name, "hosts": hosts, "seconds": round(time.monotonic() - began, 3)}
+            with open(path, "a") as handle:
+                handle.write(json.dumps(line) + "\n")
 
 
 @dataclass

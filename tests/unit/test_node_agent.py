@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import io
 import json
+import marshal
 import os
 import subprocess
 import sys
 import threading
 import urllib.error
+from pathlib import Path
 
 import pytest
 
 from bootstrap import node as node_side
-from bootstrap.ssh import NODE_SCRIPT
+from bootstrap.ssh import NODE_DIGEST, NODE_SCRIPT, NODE_SOURCE, agent_command
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def agent(*lifetime: str) -> subprocess.Popen:
@@ -230,3 +234,90 @@ def test_rules_of_a_slice_since_removed_are_the_ones_taken_out():
     assert node_side.stale_rules(listing, "kiln-containers-12") == [
         ["-D", "OUTPUT", "-d", "169.254.169.254/32", "-m", "cgroup", "--path", "/kiln.slice", "-m", "comment",
          "--comment", "kiln-containers-11", "-j", "REJECT", "--reject-with", "icmp-port-unreachable"]]
+
+
+def loaded_agent(home, *requests: tuple[str, list[str]]) -> list[dict]:
+    """Start the agent as the operator does (bootstrap.ssh.agent_command: the loader, node.py's source on its
+    input ahead of the requests) with `home` as its home; its answers."""
+    command = agent_command(sys.executable, 60)
+    frames = b"".join(node_side.request_frame({"verb": verb, "args": args, "input": None}) for verb, args in requests)
+    done = subprocess.run(["sh", "-c", command], input=NODE_SOURCE + frames, capture_output=True, timeout=60,
+                          env={**os.environ, "HOME": str(home)})
+    assert done.returncode == 0, done.stderr.decode()
+    return [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+def test_the_agent_keeps_its_compiled_code_in_the_users_kiln_folder_and_runs_it_on_its_next_start(tmp_path):
+    folder = tmp_path / "kiln" / "agent"
+    folder.mkdir(parents=True)
+    (folder / "0123456789abcdef0123.cpython-30-0").write_bytes(b"another kiln's")
+    first, = loaded_agent(tmp_path, ("facts", ["", "", ""]))
+    assert first["ok"] and first["result"]["home"] == str(tmp_path)
+    kept, = folder.iterdir()  # the other version's file is gone
+    assert kept.name.startswith(NODE_DIGEST) and kept.stat().st_mode & 0o777 == 0o600
+    # the next start runs what it kept, not the source it is sent: a kept program that answers otherwise shows it
+    kept.write_bytes(marshal.dumps(compile("print('{\"kept\": 1}')", "kept", "exec")))
+    assert loaded_agent(tmp_path, ("facts", ["", "", ""])) == [{"kept": 1}]
+
+
+def test_an_unreadable_kept_file_is_compiled_again_and_an_unwritable_folder_costs_only_the_compile(tmp_path):
+    folder = tmp_path / "kiln" / "agent"
+    folder.mkdir(parents=True)
+    name = f"{NODE_DIGEST}.{sys.implementation.cache_tag}-{sys.hexversion:x}"
+    (folder / name).write_bytes(b"\x00not marshal")
+    answer, = loaded_agent(tmp_path, ("facts", ["", "", ""]))
+    assert answer["ok"]
+    assert marshal.loads((folder / name).read_bytes()).co_filename == "node.py"
+    home = tmp_path / "file-home"  # a home where nothing can be written (root writes through modes: a file)
+    home.write_text("")
+    answer, = loaded_agent(home, ("facts", ["", "", ""]))
+    assert answer["ok"] and answer["result"]["home"] == str(home)
+
+
+AUDITED = ("open", "os.listdir", "os.scandir", "subprocess.Popen", "os.posix_spawn", "socket.getaddrinfo",
+           "socket.gethostbyname", "socket.connect")
+
+
+def test_one_nodes_facts_cost_no_more_than_their_budget():
+    """What gathering one node's facts costs, counted by Python's audit events (files opened, folders listed,
+    processes started, names looked up): every kiln command pays it on every node, so a fact that adds any fails
+    here, to be weighed in review rather than found at 1000 nodes. The budget is what the facts read on any node
+    (fixed), and what grows with the node: its site folders, host keys, PCI devices (three reads for each NVIDIA
+    GPU's), RDMA devices."""
+    def listed(folder):
+        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+    pci = listed(node_side.PCI_DEVICES)
+    nvidia = [name for name in pci
+              if node_side.read_text(f"{node_side.PCI_DEVICES}/{name}/vendor").strip() == node_side.NVIDIA_PCI_VENDOR]
+    sites = node_side.site_dirs()
+    keys = [name for name in listed("/etc/ssh") if name.startswith("ssh_host_") and name.endswith("_key.pub")]
+    rdma = listed(node_side.RDMA_DEVICES)
+    venv = os.path.exists(os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "pyvenv.cfg"))
+    budget = {"open": 4 + venv + len(keys) + len(pci) + 2 * len(nvidia) + 2 * len(rdma),
+              "os.listdir": 4 + len(sites), "socket.getaddrinfo": 1}
+    script = ("import collections, json, sys\n"
+              "from bootstrap import node\n"
+              "node.facts([], [], None)\n"  # the modules it imports, imported once as the agent has them
+              "counted = collections.Counter()\n"
+              f"sys.addaudithook(lambda event, args: counted.update([event]) if event in {AUDITED!r} else None)\n"
+              "node.facts([], [], None)\n"
+              "print(json.dumps(counted))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    counted = json.loads(done.stdout)
+    over = {event: (count, budget.get(event, 0)) for event, count in counted.items() if count > budget.get(event, 0)}
+    assert not over, f"one node's facts cost more than their budget (counted, budget): {over}"
+
+
+def test_the_memlock_limit_is_the_kernels_hard_limit(tmp_path):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    assert node_side.memlock_limit() == (-1 if hard == resource.RLIM_INFINITY else hard)
+    table = tmp_path / "limits"
+    table.write_text("Limit                     Soft Limit           Hard Limit           Units     \n"
+                     "Max locked memory         65536                unlimited            bytes     \n")
+    assert node_side.memlock_limit(str(table)) == -1
+    table.write_text(table.read_text().replace("unlimited ", "8388608   "))
+    assert node_side.memlock_limit(str(table)) == 8388608

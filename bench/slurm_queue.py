@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""usage: bench/queue.py [--nodes N] [--rounds R]
+"""usage: bench/slurm_queue.py [--nodes N] [--rounds R]
 
 The queue, measured in one run on the local provider (root; Debian's slurmctld, slurmd and munged), a two-node
 job (each node writes the time it started):
@@ -49,7 +49,7 @@ def wait(what: str, check, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise SystemExit(f"bench/queue.py: {what} within {timeout:g} s")
+            raise SystemExit(f"bench/slurm_queue.py: {what} within {timeout:g} s")
         time.sleep(0.5)
 
 
