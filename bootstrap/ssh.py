@@ -37,14 +37,17 @@ NODE_SOURCE = NODE_SCRIPT.encode()
 NODE_DIGEST = hashlib.sha256(NODE_SOURCE).hexdigest()[:20]
 # How a node's agent starts: `python -S -c AGENT_LOADER DIGEST SIZE serve LIFETIME`, node.py's source on its input
 # ahead of the requests. The loader runs node.py compiled once per node and per Python, kept (the user's own, 0600)
-# as ~/kiln/agent/DIGEST.TAG: compiling its thousand lines cost every command's agent 10-17 ms of a core, on each
-# node, and on a local cluster all of them on this machine's cores. A file it cannot read (or a Python's of
-# another version) is compiled again; one it cannot write costs only the compile; other versions' files go.
-AGENT_LOADER = """\
+# as ~/.cache/kiln/agent/DIGEST.TAG: compiling its thousand lines cost every command's agent 13-22 ms of a core, on
+# each node, and on a local cluster all of them on this machine's cores. Not under ~/kiln: a run's container may
+# write there, and what the agent runs must be out of its reach (the agent holds what the container never gets, the
+# cluster's key). A file it cannot read (or a Python's of another version) is compiled again; one it cannot write
+# costs only the compile; other versions' files go.
+AGENT_CACHE = "~/.cache/kiln/agent"
+AGENT_LOADER = f"CACHE = {AGENT_CACHE!r}\n" + """\
 import marshal, os, sys
 digest, size = sys.argv[1], int(sys.argv[2])
 source = sys.stdin.buffer.read(size)
-folder = os.path.expanduser("~/kiln/agent")
+folder = os.path.expanduser(CACHE)
 name = "%s.%s-%x" % (digest, sys.implementation.cache_tag, sys.hexversion)
 try:
     with open(os.path.join(folder, name), "rb") as handle:
@@ -70,6 +73,7 @@ exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
 def agent_command(python: str, lifetime: int) -> str:
     """The shell command that starts a node's agent (AGENT_LOADER), which reads node.py's source first."""
     return shlex.join([python, "-S", "-c", AGENT_LOADER, NODE_DIGEST, str(len(NODE_SOURCE)), "serve", str(lifetime)])
+
 
 AS_ROOT = 'if [ "$(id -u)" = 0 ]; then exec "$@"; fi; exec sudo -n "$@"'  # sh -c AS_ROOT kiln ARGV: ARGV as root
 

@@ -10,6 +10,7 @@ from bootstrap import container, launch
 from bootstrap import node as node_side
 from bootstrap.errors import UsageError
 from bootstrap.launch import NodePaths
+from bootstrap.ssh import AGENT_CACHE
 
 PATHS = NodePaths("/home/u/kiln")
 NODE = container.NodeView(uid=1000, gid=1000, home="/home/u")
@@ -130,3 +131,13 @@ def test_a_container_that_sees_fewer_gpus_than_its_node_is_named():
     assert container.gpu_shortfall(8, listed) == ("the container sees 2 of the node's 8 GPUs (the NVIDIA runtime or "
                                                   "--gpus all failed)")
     assert "sees 0 of" in container.gpu_shortfall(1, "")
+
+
+def test_the_node_agents_kept_code_is_out_of_a_containers_reach():
+    """A run's container writes in what it mounts (kiln's folder, the checkpoint folder, the data volume); the code
+    the node's agent keeps compiled (bootstrap.ssh.AGENT_CACHE) is elsewhere: the agent holds the cluster's key,
+    which a container never gets, and must not run what a container wrote."""
+    node = container.NodeView(uid=1000, gid=1000, home="/home/u", gpus=0, data_volume="/data", memlock=65536)
+    kept = AGENT_CACHE.replace("~", node.home, 1) + "/"
+    for source, _ in container.mounts(PATHS, node, "/home/u/checkpoints"):
+        assert not kept.startswith(source.rstrip("/") + "/"), f"{source} holds {kept}"

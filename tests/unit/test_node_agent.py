@@ -247,8 +247,8 @@ def loaded_agent(home, *requests: tuple[str, list[str]]) -> list[dict]:
     return [json.loads(line) for line in done.stdout.decode().splitlines()]
 
 
-def test_the_agent_keeps_its_compiled_code_in_the_users_kiln_folder_and_runs_it_on_its_next_start(tmp_path):
-    folder = tmp_path / "kiln" / "agent"
+def test_the_agent_keeps_its_compiled_code_in_the_users_cache_and_runs_it_on_its_next_start(tmp_path):
+    folder = tmp_path / ".cache" / "kiln" / "agent"
     folder.mkdir(parents=True)
     (folder / "0123456789abcdef0123.cpython-30-0").write_bytes(b"another kiln's")
     first, = loaded_agent(tmp_path, ("facts", ["", "", ""]))
@@ -261,7 +261,7 @@ def test_the_agent_keeps_its_compiled_code_in_the_users_kiln_folder_and_runs_it_
 
 
 def test_an_unreadable_kept_file_is_compiled_again_and_an_unwritable_folder_costs_only_the_compile(tmp_path):
-    folder = tmp_path / "kiln" / "agent"
+    folder = tmp_path / ".cache" / "kiln" / "agent"
     folder.mkdir(parents=True)
     name = f"{NODE_DIGEST}.{sys.implementation.cache_tag}-{sys.hexversion:x}"
     (folder / name).write_bytes(b"\x00not marshal")
