@@ -36,11 +36,13 @@ from bake import plan as imagelib
 from bake.matrix import labels, read_matrix, read_override
 from bake.packer import compat_tree, is_modern, parse_packer_version, pkrvars
 from bake.plan import Bake
+from bake.progress import BakeProgress, last_log, logged_tasks
 from bake.targets import TARGETS
 from kiln import proc
 from kiln.errors import KilnError, UsageError, run_main
 from kiln.paths import PROJECT as ROOT
 from kiln.paths import cache_dir
+from kiln.progress import line_seconds
 
 IMAGES = Path(os.environ.get("KILN_IMAGES", ROOT / "images"))
 
@@ -51,11 +53,14 @@ def packer_version() -> tuple[int, int, int]:
     return parse_packer_version(proc.run(["packer", "version"], timeout=30).stdout)
 
 
-def run_packer(argv: list[str], log: Path, timeout: float) -> None:
+def run_packer(argv: list[str], log: Path, timeout: float, before: Path | None = None) -> None:
     """Run packer, its output to the terminal and to log (each line with the seconds since the start);
-    bounded in time; Ctrl-C lets it clean up."""
+    bounded in time; Ctrl-C lets it clean up. Every KILN_PROGRESS_SECONDS (30) it says which Ansible task the bake
+    is at, and with `before` (the last such bake's log) of about how many and about how long is left."""
     env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1",
            "PACKER_CACHE_DIR": os.environ.get("PACKER_CACHE_DIR", str(cache_dir() / "packer"))}
+    every = line_seconds()
+    tasks = BakeProgress(*logged_tasks(before.read_text(errors="replace").splitlines())) if before else BakeProgress()
     print("image: " + " ".join(argv), flush=True)
     with log.open("w", buffering=1) as out:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -63,10 +68,20 @@ def run_packer(argv: list[str], log: Path, timeout: float) -> None:
         timer = threading.Timer(timeout, lambda: os.killpg(process.pid, signal.SIGINT))
         timer.start()
         started = time.monotonic()
+        done, lock = threading.Event(), threading.Lock()
+
+        def report() -> None:  # on its own clock: a task may be silent for minutes (a pip install)
+            while not done.wait(every):
+                with lock:
+                    print(tasks.line(time.monotonic() - started), flush=True)
+
+        threading.Thread(target=report, name="bake-progress", daemon=True).start()
         try:
             for line in process.stdout:
-                sys.stdout.write(line)
-                out.write(f"[{time.monotonic() - started:8.1f}] {line}")
+                with lock:
+                    sys.stdout.write(line)
+                    out.write(f"[{time.monotonic() - started:8.1f}] {line}")
+                    tasks.feed(line)
             process.wait()
         except KeyboardInterrupt:
             os.killpg(process.pid, signal.SIGINT)  # packer stops the VM and removes what it made
@@ -74,6 +89,7 @@ def run_packer(argv: list[str], log: Path, timeout: float) -> None:
             raise
         finally:
             timer.cancel()
+            done.set()
     if process.returncode != 0:
         raise KilnError(f"packer build failed (exit {process.returncode}); its log: {log}")
 
@@ -129,7 +145,8 @@ def bake(args) -> Path:
             (work / "kiln.pkrvars.hcl").write_text(pkrvars(variables))
             var_files = [ROOT / "packer" / "vars" / f"{args.provider}.pkrvars.hcl", *map(Path, args.var_file),
                          work / "kiln.pkrvars.hcl"]
-            run_packer(imagelib.packer_build_argv(job, templates, var_files), work / "packer.log", args.timeout)
+            run_packer(imagelib.packer_build_argv(job, templates, var_files), work / "packer.log", args.timeout,
+                       last_log(IMAGES, args.provider, profile))
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -6,7 +6,6 @@ output is not a terminal (a CI log, a pipe) a line at most every `every` seconds
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -17,7 +16,7 @@ from typing import TextIO
 
 from rich import filesize
 
-from bootstrap.errors import UsageError
+from kiln.progress import line_seconds
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -68,18 +67,6 @@ class PullBytes:
     @property
     def done(self) -> int:
         return sum(self.downloaded.get(layer, 0) + self.unpacked.get(layer, 0) for layer in self.sizes) // 2
-
-
-def line_seconds() -> float:
-    """How often a report prints its line where the output is not a terminal: KILN_PROGRESS_SECONDS, else 30."""
-    given = os.environ.get("KILN_PROGRESS_SECONDS", "30")
-    try:
-        seconds = float(given)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise UsageError(f"KILN_PROGRESS_SECONDS={given!r}: give how many seconds between progress lines")
-    return seconds
 
 
 def line_of(what: str, counts: dict[str, tuple[int, int]], seconds: float) -> str:
