@@ -16,6 +16,7 @@ and Fabric's start, the cluster key, the state files). Measured in one run; noth
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -76,11 +77,11 @@ def kiln(names: list[str], width: int, home: str) -> tuple[float, dict[str, floa
 def steps(lines: list[dict], total: float) -> dict[str, float]:
     """The steps in the order they ended, each name once (a repeat is NAME_2, NAME_3 ...), and `rest`."""
     named: dict[str, float] = {}
+    turns: collections.Counter[str] = collections.Counter()
     for line in lines:
-        name, turn = line["step"], 1
-        while (name if turn == 1 else f"{name}_{turn}") in named:
-            turn += 1
-        named[name if turn == 1 else f"{name}_{turn}"] = line["seconds"]
+        turns[line["step"]] += 1
+        turn = turns[line["step"]]
+        named[line["step"] if turn == 1 else f"{line['step']}_{turn}"] = line["seconds"]
     named["rest"] = total - sum(named.values())
     return named
 
