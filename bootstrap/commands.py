@@ -149,9 +149,11 @@ def ignore_filters(has_kilnignore: bool) -> list[str]:
     return [":- .kilnignore"] if has_kilnignore else [":- .gitignore"]
 
 
-def rsync_pull_argv(host: Host, source_dir: str, dest_dir: str, options: SshOptions, timeout: int = 60) -> list[str]:
-    """Copy `source_dir` from `host` into the local `dest_dir`."""
-    return ["rsync", "-a", f"--timeout={timeout}", "--mkpath", "-e", rsync_ssh_command(host, options),
+def rsync_pull_argv(host: Host, source_dir: str, dest_dir: str, options: SshOptions, timeout: int = 60,
+                    excludes: Sequence[str] = ()) -> list[str]:
+    """Copy `source_dir` from `host` into the local `dest_dir` (but what `excludes` leave out)."""
+    return ["rsync", "-a", f"--timeout={timeout}", "--mkpath", *(f"--exclude={item}" for item in excludes),
+            "-e", rsync_ssh_command(host, options),
             rsync_target(host, source_dir.rstrip("/") + "/"), dest_dir.rstrip("/") + "/"]
 
 

@@ -34,11 +34,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import launch, providers, slurm, state
-from bootstrap.commands import SYNC_EXCLUDES, SshOptions, ssh_argv
+from bootstrap import providers, slurm, state
+from bootstrap.commands import SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
-from bootstrap.inputs import list_inputs
 
 PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
 NODE_DIR = "/root/kiln/slurm"  # a node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log
@@ -406,153 +405,6 @@ def mark_down(name: str, node: str, reason: str) -> None:
         scontrol(name, "update", f"NodeName={node}", "State=DOWN", f"Reason={reason[:200]}")
 
 
-def describe(name: str) -> str:
-    """The queue's nodes and partitions as sinfo shows them (the powered-down ones too), its jobs as squeue shows
-    them, and what is up."""
-    saved = load(name)
-    shown = slurm_tool(name, "sinfo", "--all", "--format=%P %D %t %N")
-    jobs = slurm_tool(name, "squeue", "--all", "--format=%i %j %T %D %R")
-    up_now = ", ".join(f"{node} on {where['host']}" for node, where in sorted(saved.nodes.items())) or "none"
-    return "".join([shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n",
-                    jobs.stdout if jobs.returncode == 0 else f"squeue: {jobs.stderr.strip()}\n",
-                    f"nodes up: {up_now}"])
-
-
 def env_lines(name: str) -> str:
     load(name)  # refused where the cluster has no queue
     return "".join(f"export {key}={value}\n" for key, value in slurm_env(name).items())
-
-
-# ---------------------------------------------------------------- jobs
-
-
-@dataclass(frozen=True)
-class Submitted:
-    job: str  # Slurm's job id
-    run_id: str
-    folder: Path
-    shards: int = 0
-
-    @property
-    def log(self) -> str:
-        """Where its log is (an array job's: each task's, in the same folder)."""
-        return str(self.folder / (f"slurm-{self.job}_*.out" if self.shards else f"slurm-{self.job}.out"))
-
-
-def job_folder(run_id: str) -> Path:
-    """Where a job keeps its code, outputs, checkpoints and log: a run's folder (kiln status and fetch find it
-    there; kiln down leaves it). On the local provider it is this machine's disk, which every local node sees, as
-    a cluster's shared filesystem."""
-    return state.run_folder(run_id)
-
-
-def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: int, nproc_per_node: int = 1,
-           partition: str | None = None, python: str | None = None, shards: int = 0,
-           shard_input: str | None = None) -> Submitted:
-    """Copy the project into a fresh job folder and submit the program as a batch job of `nodes` nodes
-    (slurm.batch_script); with `shards` (or `shard_input`: as many shards as the partition's nodes), an array job
-    of that many one-node tasks, each given its shard (and its part of the inputs, as kiln run splits them)."""
-    saved = load(name)
-    record = state.load_cluster(name)
-    if mode not in slurm.JOB_MODES:
-        raise UsageError(f"--mode {mode}: choose one of {', '.join(slurm.JOB_MODES)}")
-    shapes = {shape.name: shape for shape in saved.queue.shapes}
-    shape = shapes.get(partition or saved.queue.shapes[0].name)
-    if shape is None:
-        raise UsageError(f"--partition {partition}: queue {name} has {', '.join(shapes)}")
-    if not 1 <= nodes <= shape.max_nodes:
-        raise UsageError(f"--nodes {nodes}: partition {shape.name} of queue {name} runs 1 to {shape.max_nodes}")
-    if not argv:
-        raise UsageError("kiln submit: give the program after --, e.g. kiln submit NAME -- python train.py")
-    shards = shards or (shape.max_nodes if shard_input else 0)
-    if shards < 0 or shards > slurm.MAX_ARRAY:
-        raise UsageError(f"--shards {shards}: give 1 to {slurm.MAX_ARRAY}")
-    if shards and (mode != "run" or nodes != 1):
-        raise UsageError("--shards and --shard-input run the program once on each of the array's one-node tasks "
-                         "(--mode run, --nodes 1)")
-    items = list_inputs(shard_input, project) if shard_input else None
-    python = python or (record.python if record else sys.executable)
-    program = launch.Program(tuple(argv))
-    entry = launch.torchrun_entry(program, python) if mode == "torchrun" else launch.user_argv(argv, python)
-    run_id = state.new_run_id()
-    folder_ = job_folder(run_id)
-    if any(char.isspace() or char == "%" for char in str(folder_)):  # sbatch's --output and --chdir take it bare
-        raise UsageError(f"kiln submit: the runs folder {folder_.parent} has a space or '%' in its path, which Slurm "
-                         "cannot take; set KILN_RUNS to another folder")
-    shutil.copytree(project, folder_ / "code", symlinks=True,
-                    ignore=shutil.ignore_patterns(*(pattern.rstrip("/") for pattern in SYNC_EXCLUDES)))
-    for index, part in enumerate(launch.shard(items, shards) if items is not None else []):
-        (folder_ / f"shard-{index}.inputs").write_text("".join(f"{item}\n" for item in part))
-    script = folder_ / "job.sh"
-    script.write_text(slurm.batch_script(slurm.Job(name, run_id, shape.name, nodes, mode, tuple(entry), python,
-                                                   str(folder_), nproc_per_node,
-                                                   saved.queue.power.slurmd_timeout_s, shards,
-                                                   items is not None)))
-    done = slurm_tool(name, "sbatch", "--parsable", str(script), timeout=60)
-    job = done.stdout.strip().split(";")[0]
-    if not job.isdigit():
-        raise QueueError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
-    return Submitted(job, run_id, folder_, shards)
-
-
-def wait_for(name: str, job: str, timeout_s: float = 7 * 24 * 3600, every_s: float = 2.0) -> int:
-    """Wait until the job has ended; its exit status (slurmctld keeps an ended job's record for MinJobAge)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        shown = slurm_tool(name, "scontrol", "show", "job", "--oneliner", job)
-        ended = slurm.job_exit(shown.stdout) if shown.returncode == 0 else None
-        if ended is not None:
-            return ended
-        if shown.returncode:
-            raise QueueError(f"job {job} of queue {name}: slurmctld no longer knows it: {shown.stderr.strip()}")
-        if time.monotonic() > deadline:
-            raise QueueError(f"job {job} of queue {name} has not ended within {timeout_s:g} s")
-        time.sleep(every_s)
-
-
-def cancel(name: str, job: str) -> None:
-    slurm_tool(name, "scancel", job)
-
-
-def shown_job(name: str, job: str) -> str:
-    """`scontrol show job` of one of the queue's jobs; refused by name where slurmctld has no such job (it keeps an
-    ended one's record for MinJobAge)."""
-    load(name)
-    if not job.isdigit():
-        raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
-    shown = slurm_tool(name, "scontrol", "show", "job", "--oneliner", job)
-    if shown.returncode:
-        raise UsageError(f"--job {job}: queue {name} has no such job ({(shown.stderr or shown.stdout).strip()})")
-    return shown.stdout
-
-
-def cancel_job(name: str, job: str) -> str:
-    """Cancel a job that has not ended; what became of it."""
-    if slurm.job_exit(shown_job(name, job)) is not None:
-        return f"job {job} of queue {name} had already ended"
-    done = slurm_tool(name, "scancel", job)
-    if done.returncode:
-        raise QueueError(f"scancel {job}: {(done.stderr or done.stdout).strip()}")
-    return f"job {job} of queue {name} cancelled"
-
-
-def job_log(name: str, job: str, follow: bool = False, every_s: float = 1.0) -> Iterator[str]:
-    """The job's log (its sbatch --output; an array job's, each task's in turn) as it is: what is there, or with
-    `follow`, what is written until the job has ended."""
-    shown = shown_job(name, job)
-    offsets: dict[Path, int] = {}
-    while True:
-        ended = slurm.job_exit(shown) is not None
-        for line in shown.splitlines():
-            log = Path(slurm.job_fields(line).get("StdOut", "/nonexistent"))
-            if log.is_file():
-                with open(log, "rb") as handle:
-                    handle.seek(offsets.get(log, 0))
-                    chunk = handle.read()
-                offsets[log] = offsets.get(log, 0) + len(chunk)
-                if chunk:
-                    yield chunk.decode(errors="replace")
-        if not follow or ended:
-            return
-        time.sleep(every_s)
-        shown = slurm_tool(name, "scontrol", "show", "job", "--oneliner", job).stdout or shown

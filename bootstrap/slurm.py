@@ -320,6 +320,15 @@ def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: di
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
 
 
+@dataclass(frozen=True)
+class Partition:
+    """A partition a job may ask for: its name, and the most nodes one job of it can have (a queue kiln made: its
+    shape's max_nodes; a cluster reached through its login node: sinfo's count)."""
+
+    name: str
+    nodes: int
+
+
 JOB_MODES = ("run", "torchrun", "jax", "tf-config", "horovod")
 # torchrun's c10d rendezvous and JAX's coordinator listen on the job's first node at 29400 + the job's id % 1000,
 # tf-config's workers on each node at 23456 + the job's id % 1000: two jobs sharing a node listen apart

@@ -4,7 +4,7 @@ this machine). They parse and print."""
 
 from __future__ import annotations
 
-from bootstrap import providers, queue, state
+from bootstrap import attached, providers, queue, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.providers import catalog, common, failover, placement
 from bootstrap.providers.aws import plan
@@ -141,6 +141,9 @@ def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=c
     """Remove a cluster: terminate (GCP: delete) its machines and delete everything tagged or labelled with its
     name (safe to repeat). A cluster kiln made from here is looked for where its cluster file says it is."""
     record = state.load_cluster(name) if common.NAME.fullmatch(name or "") else None
+    if record is None and common.NAME.fullmatch(name or "") and attached.exists(name):
+        print("\n".join(attached.detach(name)))  # a Slurm cluster kiln did not make: forgotten, left running
+        return
     given = {"region": region, "profile": profile, "project": project, "zone": zone, "subscription": subscription,
              "location": location}
     placed = record is not None and record.provider

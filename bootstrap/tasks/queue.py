@@ -5,17 +5,19 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from bootstrap import providers, queue, slurm
+from bootstrap import attached, jobs, providers, queue, slurm, state
 from bootstrap.errors import KilnError, UsageError
+from bootstrap.session import ssh_options
 from bootstrap.tasks import cluster_task
 from bootstrap.tasks.cluster import user_command
 
-VERBS = ("up", "down", "status", "env", "logs", "cancel")
+VERBS = ("up", "attach", "down", "status", "env", "logs", "cancel", "fetch")
 # slurmctld's: not for people (kiln queue --help lists them)
 PROGRAM_VERBS = ("resume", "suspend", "resume-fail", "lost")
 QUEUE_HELP = {
     "verb": f"{', '.join(VERBS)}; slurmctld itself runs {', '.join(PROGRAM_VERBS)} with --nodes",
-    "name": "the cluster's name (the local provider: 1-6 of a-z, 0-9, starting with a letter)",
+    "name": "the cluster's name (the local provider: 1-6 of a-z, 0-9, starting with a letter; attach: 1-32 of "
+            "a-z, 0-9 and -)",
     "provider": "where its nodes are made: local (nodes in network namespaces on this machine, root; the only one "
                 "for now)",
     "max_nodes": "up: the most nodes the partition runs at once (default 2)",
@@ -25,18 +27,27 @@ QUEUE_HELP = {
     "partition": "up: the partition's name (default cpu)",
     "idle_minutes": "up: remove a node after it has been idle this long (Slurm's SuspendTime; default 5)",
     "nodes": "resume, suspend, resume-fail: the Slurm nodes, as slurmctld hands them (kq-cpu-[0-1])",
-    "job": "logs, cancel: the job's number (kiln submit prints it; kiln queue status lists them)",
+    "job": "logs, cancel, fetch: the job's number (kiln submit prints it; kiln queue status lists them)",
     "follow": "logs: print what the job writes until it has ended",
+    "login": "attach: USER@HOST[:PORT] of a Slurm cluster's login node kiln did not make (kiln's -i and -S give "
+             "the key and ssh config to log in with)",
+    "accept_new_host_keys": "attach: trust the login node's host key seen on this first contact (default: only "
+                            "keys already in your known_hosts)",
+    "folder": "attach: where the jobs' folders go on the cluster, under the user's home unless absolute (default "
+              "kiln-jobs); the cluster's nodes must see it (a shared home)",
+    "python": "attach: the nodes' Python that runs a job's program (default python3)",
 }
 
 
 @cluster_task(name="queue", help=QUEUE_HELP)
 def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, memory_mib=1000, partition="cpu",
-           idle_minutes=5.0, nodes=None, job=None, follow=False):
+           idle_minutes=5.0, nodes=None, job=None, follow=False, login=None, accept_new_host_keys=False,
+           folder="kiln-jobs", python="python3"):
     """A Slurm queue on a cluster whose nodes kiln makes when jobs wait and removes when they are idle: up makes
     the cluster (no node yet) and its controller, down removes both (kiln down NAME does too), status shows the
     partitions, the jobs and the nodes up, env prints what sbatch, srun and squeue need to reach it, logs prints a
-    job's log (--follow: until it ends), cancel cancels a job."""
+    job's log (--follow: until it ends), cancel cancels a job, fetch brings a job's folder here. attach reaches a
+    Slurm cluster kiln did not make, through its login node (down forgets it and leaves it running)."""
     if verb in PROGRAM_VERBS:
         program(verb, name, nodes)
     elif verb == "up":
@@ -46,24 +57,42 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
         if seconds < 1:
             raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
         print("\n".join(queue.up(name, providers.named(provider), [shape], suspend_time_s=seconds)))
+    elif verb == "attach":
+        if not login:
+            raise UsageError(f"kiln queue attach {name}: give --login USER@HOST of the cluster's login node")
+        print("\n".join(attached.attach(name, login, settings(c), accept_new=bool(accept_new_host_keys),
+                                        folder=folder, python=python)))
+    elif verb == "down" and attached.exists(name):
+        print("\n".join(attached.detach(name)))
     elif verb == "down":
         queue.load(name)  # refused where the cluster has no queue: kiln down NAME removes any cluster
         stopped = queue.stop_controller(name)
         gone = queue.placed(name).down(name)
         print("\n".join([*([f"queue {name}: slurmctld and munged stopped"] if stopped else []), *gone.lines]))
     elif verb == "status":
-        print(queue.describe(name))
+        print(jobs.describe(name))
+    elif verb == "env" and attached.exists(name):
+        raise UsageError(f"kiln queue env {name}: its Slurm tools run on its login node, "
+                         f"{attached.load(name).login}; kiln queue status, logs and cancel reach them from here")
     elif verb == "env":
         print(queue.env_lines(name), end="")
-    elif verb in ("logs", "cancel") and not job:
+    elif verb in ("logs", "cancel", "fetch") and not job:
         raise UsageError(f"kiln queue {verb} {name}: give --job N (kiln queue status {name} lists the jobs)")
     elif verb == "logs":
-        for chunk in queue.job_log(name, str(job), follow=bool(follow)):
+        for chunk in jobs.job_log(name, str(job), follow=bool(follow)):
             print(chunk, end="", flush=True)
     elif verb == "cancel":
-        print(queue.cancel_job(name, str(job)))
+        print(jobs.cancel_job(name, str(job)))
+    elif verb == "fetch":
+        print("\n".join(jobs.fetch(name, str(job))))
     else:
         raise UsageError(f"kiln queue {verb}: choose one of {', '.join(VERBS)}")
+
+
+def settings(c) -> state.SshSettings:
+    """How to log in to a login node: Fabric's -i, -S and -t flags (session.ssh_options)."""
+    options = ssh_options(c)
+    return state.SshSettings(options.config_file, options.identity, options.connect_timeout)
 
 
 def program(verb: str, name: str, nodes: str | None) -> None:
@@ -83,7 +112,7 @@ def program(verb: str, name: str, nodes: str | None) -> None:
 
 
 SUBMIT_HELP = {
-    "name": "the cluster whose queue takes the job (kiln queue up NAME)",
+    "name": "the cluster whose queue takes the job (kiln queue up NAME, or kiln queue attach NAME)",
     "mode": "run: each node runs the program once (default); torchrun: a torchrun agent per node, the rendezvous "
             "on the job's first node; jax: each node's process told its coordinator (the first node) for a bare "
             "jax.distributed.initialize(); tf-config: a worker per node, each given its TF_CONFIG "
@@ -93,33 +122,38 @@ SUBMIT_HELP = {
     "nproc_per_node": "torchrun, horovod: processes on each node (default 1)",
     "partition": "the partition (default: the queue's first)",
     "wait": "return once the job has ended, with its exit status, and print its log",
-    "python": "the nodes' Python that runs the program (default: the cluster's)",
+    "python": "the nodes' Python that runs the program (default: the cluster's, or what attach was given)",
     "shards": "an array job of N one-node tasks, each told its shard (KILN_SHARD_INDEX, KILN_SHARD_COUNT), as kiln "
               "run's processes",
     "shard_input": "a list file, a folder or s3://bucket/prefix: each shard gets its contiguous share in the file "
                    "KILN_SHARD_INPUTS (default --shards: the partition's nodes)",
+    "dry_run": "print the job's batch script and where its folder would be; nothing is copied or submitted",
 }
 
 
 @cluster_task(help=SUBMIT_HELP)
 def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=False, python=None, shards=0,
-           shard_input=None):
+           shard_input=None, dry_run=False):
     """Submit the program after -- to the cluster's queue as a batch job, from a copy of this folder: it waits
     for its nodes (the queue makes them) and runs with kiln's environment (KILN_OUTPUT_DIR, KILN_CHECKPOINT_DIR,
     KILN_NODE_RANK, ...)."""
-    done = queue.submit(name, Path.cwd(), user_command(c), mode=mode, nodes=int(nodes),
+    done = jobs.submit(name, Path.cwd(), user_command(c), mode=mode, nodes=int(nodes),
                         nproc_per_node=int(nproc_per_node), partition=partition, python=python,
-                        shards=int(shards), shard_input=shard_input)
+                        shards=int(shards), shard_input=shard_input, dry_run=bool(dry_run))
+    if dry_run:
+        print(f"kiln submit {name} --dry-run: the job's folder would be {done.folder}; its batch script:\n"
+              f"{done.script}", end="")
+        return
     log = done.log
     print(f"job {done.job} (run {done.run_id}) submitted to queue {name}: its folder {done.folder}, its log {log}",
           flush=True)
     if not wait:
         return
     try:
-        code = queue.wait_for(name, done.job)
+        code = jobs.wait_for(name, done.job)
     except KeyboardInterrupt:
-        queue.cancel(name, done.job)
+        jobs.cancel(name, done.job)
         raise KilnError(f"job {done.job} cancelled (interrupted); its log: {log}") from None
-    print("".join(queue.job_log(name, done.job)) or "(the job wrote no log)\n", end="")
+    print("".join(jobs.job_log(name, done.job)) or "(the job wrote no log)\n", end="")
     if code:
         raise KilnError(f"job {done.job} failed (exit {code}); its log: {log}")

@@ -110,6 +110,14 @@ def pytest_xdist_make_scheduler(config, log):
     return ByModule(config, log)
 
 
+def needs_slurm(*tools: str) -> pytest.MarkDecorator:
+    """Skips a module where Debian's Slurm and MUNGE (`tools`, by default the daemons and the client) are missing."""
+    missing = [name for name in tools or ("slurmctld", "slurmd", "munged", "sbatch", "sinfo")
+               if not shutil.which(name, path="/usr/sbin:/usr/bin")]
+    return pytest.mark.skipif(bool(missing), reason=f"Slurm and MUNGE are not installed: {', '.join(missing)} "
+                                                    "(scripts/setup installs them)")
+
+
 def can_make_namespaces() -> str | None:
     if os.geteuid() != 0:
         return "needs root for network namespaces"
@@ -254,17 +262,80 @@ def container_bake(container_images, container_registry):
 
 
 SAID: list[str] = []
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting (this machine's); absent elsewhere
+BEFORE = pytest.StashKey[int]()
 
 
-def module_seconds(reports) -> list[tuple[str, int, float]]:
-    """Each test module's tests and seconds (setup, call and teardown together), the longest first."""
+class CpuByModule:
+    """The CPU each test used, with everything it started (a cluster's sshd and what runs under it, node engines,
+    a VM's qemu): the pytest process in a cpuacct cgroup of its own, which every process it starts inherits,
+    daemons included. Where a suite's minutes go on a machine whose cores are all busy is CPU, not a module's
+    seconds (they stretch with what runs beside them). Not counted: what other daemons start for a test (the
+    host's Docker engine's containers)."""
+
+    def __init__(self, group: Path):
+        self.group = group
+
+    @classmethod
+    def start(cls) -> CpuByModule | None:
+        if os.geteuid() != 0 or not (CPUACCT / "cpuacct.usage").is_file():
+            return None
+        group = CPUACCT / f"kiln-tests-{os.getpid()}"
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            return None
+        return cls(group)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()  # where a process it started lingers, the group stays (and says what it used)
+
+    def usage(self) -> int:
+        return int((self.group / "cpuacct.usage").read_text())
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        item.stash[BEFORE] = self.usage()
+        yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        if call.when == "teardown" and BEFORE in item.stash:
+            outcome.get_result().user_properties.append(("cpu_s", (self.usage() - item.stash[BEFORE]) / 1e9))
+
+
+CPU: list[CpuByModule] = []
+
+
+def pytest_configure(config):
+    if started := CpuByModule.start():
+        CPU.append(started)
+        config.pluginmanager.register(started, "kiln-cpu-by-module")
+
+
+def pytest_unconfigure(config):
+    for started in CPU:
+        started.stop()
+
+
+def module_seconds(reports) -> list[tuple[str, int, float, float]]:
+    """Each test module's tests, seconds (setup, call and teardown together) and CPU seconds (CpuByModule; 0 where
+    not measured), the longest first."""
     tests: dict[str, set[str]] = {}
     seconds: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for report in reports:
         module = report.nodeid.split("::", 1)[0]
         tests.setdefault(module, set()).add(report.nodeid)
         seconds[module] = seconds.get(module, 0.0) + getattr(report, "duration", 0.0)
-    return sorted(((module, len(tests[module]), seconds[module]) for module in tests), key=lambda row: -row[2])
+        cpu[module] = cpu.get(module, 0.0) + sum(value for key, value in getattr(report, "user_properties", ())
+                                                 if key == "cpu_s")
+    return sorted(((module, len(tests[module]), seconds[module], cpu[module]) for module in tests),
+                  key=lambda row: -row[2])
 
 
 def module_spans(reports) -> dict[str, tuple[str, float, float]]:
@@ -290,11 +361,14 @@ def pytest_terminal_summary(terminalreporter):
         spans = module_spans(reports)
         zero = min((began for _, began, _ in spans.values()), default=0.0)
         terminalreporter.write_sep("=", "each module's tests and seconds (setup, call, teardown), the longest first, "
-                                        "its worker and its span from the first test's start")
-        for module, count, seconds in rows:
+                                        "the CPU seconds of all it started, its worker and its span from the first "
+                                        "test's start")
+        for module, count, seconds, cpu in rows:
             worker, began, ended = spans.get(module, ("-", zero, zero))
             span = f"{began - zero:6.0f}-{ended - zero:<6.0f}"
-            terminalreporter.write_line(f"{seconds:8.1f}s {count:3d} {worker:>4} {span} {module}")
+            terminalreporter.write_line(f"{seconds:8.1f}s {count:3d} {cpu:7.0f}cpu {worker:>4} {span} {module}")
+        if measured := sum(row[3] for row in rows):
+            terminalreporter.write_line(f"CPU seconds of all the modules: {measured:.0f}")
 
 
 def pytest_sessionfinish(session):

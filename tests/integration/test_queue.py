@@ -15,15 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KILN, ROOT, can_make_namespaces, local_cluster_command
+from conftest import KILN, ROOT, can_make_namespaces, local_cluster_command, needs_slurm
 
 NAME = "kqt"
-DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "sinfo")
-missing = [name for name in DAEMONS if not shutil.which(name, path="/usr/sbin:/usr/bin")]
 pytestmark = [
     pytest.mark.integration, pytest.mark.timeout(900),
-    pytest.mark.skipif(bool(missing), reason=f"Slurm and MUNGE are not installed: {', '.join(missing)} (scripts/setup "
-                                             "installs them)"),
+    needs_slurm(),
     pytest.mark.in_written_order("the queue's nodes come, go, then cannot be made"),
 ]
 IDLE_MINUTES = 0.25  # SuspendTime 15 s

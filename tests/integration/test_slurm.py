@@ -17,15 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import needs_slurm
 
 from bootstrap.slurm import Power, Queue, Shape, expand, gres_conf, slurm_conf
 
-DAEMONS = ("slurmctld", "munged", "mungekey", "sbatch", "sinfo")
-missing = [name for name in DAEMONS if not shutil.which(name, path="/usr/sbin:/usr/bin")]
 pytestmark = [
     pytest.mark.integration, pytest.mark.quick,
-    pytest.mark.skipif(bool(missing), reason=f"Slurm and MUNGE are not installed: {', '.join(missing)} (scripts/setup "
-                                             "installs them)"),
+    needs_slurm("slurmctld", "munged", "mungekey", "sbatch", "sinfo"),
     pytest.mark.skipif(os.geteuid() != 0, reason="slurmctld and munged run as their own users: the test starts them "
                                                  "as root"),
 ]
