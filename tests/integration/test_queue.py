@@ -195,6 +195,54 @@ def test_kiln_submit_shards_an_input_list_as_an_array_job_each_item_handled_once
         assert f"shard {shard} of 3: {count} item(s)" in done.stdout, done.stdout[-3000:]
 
 
+STAMP = """\
+import socket, sys, time
+print("began", socket.gethostname(), time.time(), flush=True)
+time.sleep(float(sys.argv[1]))
+print("ended", socket.gethostname(), time.time(), flush=True)
+"""
+
+
+def test_two_jobs_run_side_by_side_and_two_that_need_every_node_one_after_the_other(queue, tmp_path):
+    """Two one-node jobs submitted together run at once, each on a node of its own (the queue makes what it
+    lacks); two jobs that each need the partition's two nodes run back to back on them, the second once the first
+    has ended."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "stamp.py").write_text(STAMP)
+
+    def submit(nodes: int) -> tuple[str, Path]:
+        done = subprocess.run([str(KILN), "submit", NAME, "--nodes", str(nodes), "--", "python", "stamp.py", "6"],
+                              cwd=project, env=queue.env, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.split()[1], Path(done.stdout.split("its log ", 1)[1].strip())
+
+    def stamps(log: Path) -> dict[str, list[tuple[str, float]]]:
+        said: dict[str, list[tuple[str, float]]] = {"began": [], "ended": []}
+        for line in log.read_text().splitlines():
+            word, host, at = (line.split() + ["", "", ""])[:3]
+            if word in said:
+                said[word].append((host, float(at)))
+        return said
+
+    def ended(job: str) -> bool:
+        return "JobState=COMPLETED" in queue.slurm("scontrol", "show", "job", "--oneliner", job)
+
+    side = [submit(1), submit(1)]
+    queue.wait("both one-node jobs done", lambda: all(ended(job) for job, _ in side), 240)
+    (first, second) = (stamps(log) for _, log in side)
+    assert first["began"][0][0] != second["began"][0][0], (first, second)  # a node each
+    assert max(first["began"][0][1], second["began"][0][1]) < min(first["ended"][0][1], second["ended"][0][1]), \
+        (first, second)  # at once
+
+    back = [submit(2), submit(2)]
+    queue.wait("both two-node jobs done", lambda: all(ended(job) for job, _ in back), 240)
+    (first, second) = (stamps(log) for _, log in back)
+    assert len(first["began"]) == len(second["began"]) == 2, (first, second)
+    assert max(at for _, at in first["ended"]) <= min(at for _, at in second["began"]), (first, second)
+
+
 def test_a_job_that_loses_a_node_goes_back_in_the_queue_and_resumes_from_its_checkpoints(queue, tmp_path):
     """A node's machine lost mid-job: the task left fails at once (its collective breaks), the job goes back in the
     queue (not a failure, not a hang), slurmctld's trigger runs kiln's lost program, which powers the node down
