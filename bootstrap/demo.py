@@ -2,9 +2,10 @@
 
 kiln end to end on this machine: bring up a local cluster (network namespaces
 with their own sshd and Docker engine), mesh it, train in horovod mode and in
-tf-config mode (workers, then parameter servers), run your own program, and run
-it again inside the container image kiln bakes; print one result table, tear it
-all down.
+tf-config mode (workers, then parameter servers), run your own program, submit
+a job to a Slurm queue with no node up and watch its nodes come and go, and run
+your program again inside the container image kiln bakes; print one result
+table, tear it all down.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from localcloud import engines
 
 CLUSTER = "kiln"
 STATE = Path("/run/kiln/local") / CLUSTER
+QUEUE = "kdemo"  # the queue's cluster: its nodes are made for its jobs and removed once idle
+QUEUE_IDLE_MINUTES = 0.25  # SuspendTime 15 s: the demo watches the nodes go
 
 
 # Each stage's title and seconds, in order: the table at the end says where the demo's time went.
@@ -46,6 +49,34 @@ def stage_table(stages: list[tuple[str, float]]) -> str:
     lines += [f"{title.ljust(width)}  {seconds:7.1f}" for title, seconds in stages]
     lines.append(f"{'all of it'.ljust(width)}  {sum(seconds for _, seconds in stages):7.1f}")
     return "\n".join(lines)
+
+
+def queue_row(kiln: str, frameworks: Path, epochs: int) -> dict:
+    """A Slurm queue with no node up; PyTorch's DDP example as a two-node job, whose nodes the queue makes; the
+    nodes watched until the queue has removed them again. Its row of the result table."""
+    step("a Slurm queue with no node up", [kiln, "queue", "up", QUEUE, "--max-nodes", "2", "--idle-minutes",
+                                           str(QUEUE_IDLE_MINUTES)])
+    started = time.monotonic()
+    step("a two-node job from zero nodes: examples/torch_ddp.py through torchrun",
+         [kiln, "submit", QUEUE, "--mode", "torchrun", "--nodes", "2", "--wait", "--python", str(frameworks), "--",
+          "python", "torch_ddp.py", "--epochs", str(epochs)], cwd=ROOT / "examples")
+    seconds = time.monotonic() - started
+    print("\n== the queue's nodes, until it has removed them (SuspendTime 15 s)", flush=True)
+    began, shown, up = time.monotonic(), "", ""
+    while time.monotonic() - began < 180:
+        said = subprocess.run([kiln, "queue", "status", QUEUE], capture_output=True, text=True, timeout=60)
+        up = said.stdout.strip().splitlines()[-1] if said.returncode == 0 and said.stdout.strip() else said.stderr
+        if up != shown:
+            print(f"{time.monotonic() - began:5.0f} s  {up}", flush=True)
+            shown = up
+        if up == "nodes up: none":
+            break
+        time.sleep(2)
+    STAGES.append(("the queue's nodes removed once idle", time.monotonic() - began))
+    step("kiln down (slurmctld, munged and the cluster)", [kiln, "down", QUEUE])
+    return {"mode": "queue: torchrun job from 0 nodes", "nodes": "2", "processes": "2", "final_loss": "-",
+            "accuracy": "-", "examples/s": "-", "wall_s": f"{seconds:.1f}",
+            "status": "ok" if up == "nodes up: none" else "nodes left up"}
 
 
 def container_image() -> str:
@@ -98,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
               "python", "torch_ddp.py", "--epochs", str(options.epochs)], cwd=ROOT / "examples")
         data = json.loads((state.run_folder(run_id) / "summary.json").read_text())
         rows.append({**runs.result_row(data), "mode": "torchrun (torch_ddp.py)"})
+        rows.append(queue_row(str(Path(sys.executable).with_name("kiln")), ROOT / ".venv-frameworks" / "bin" /
+                              "python", options.epochs))
         step("the container image (make image PROVIDER=docker: reused while unchanged)",
              [sys.executable, "-m", "bake.image", "docker"], timeout=3600)
         local = container_image()
@@ -116,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not options.keep:
             subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
+        if (state.cluster_dir(QUEUE) / "cluster.json").exists():  # the queue's row stopped half-way
+            subprocess.run([str(Path(sys.executable).with_name("kiln")), "down", QUEUE], timeout=300, check=False)
         if STAGES:
             print("\n" + stage_table(STAGES), flush=True)
     return 0
