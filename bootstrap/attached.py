@@ -32,6 +32,7 @@ LOGIN_FILE = "login.json"
 PROBE_TIMEOUT_S = 60
 RSYNC_TIMEOUT_S = 60  # rsync's own: a transfer that stalls this long ends
 MISSING = 3  # read's exit where the file is not there
+TIMED_OUT = 124  # timeout(1)'s exit: remote_command's bound on the node
 # What attach asks the login node, as the user, in a login shell: a KEY=VALUE line each (pure parse: parse_probe)
 PROBE = "\n".join([
     'echo "home=$HOME"',
@@ -150,13 +151,16 @@ class Login:
         return done
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        return self.call(login_shell(remote_command(argv, timeout=timeout)), timeout)
+        done = self.call(login_shell(remote_command(argv, timeout=timeout)), timeout)
+        if done.returncode == TIMED_OUT:
+            raise AttachedError(f"queue {self.name}: {argv[0]} on {self.login} did not finish within {timeout:g} s")
+        return done
 
     def job_folder(self, run_id: str) -> str:
         return f"{self.folder}/{run_id}"
 
     def place(self, project: Path, staged: Path, folder: str) -> None:
-        for argv in (rsync_push_argv(str(staged), self.host, folder, self.options, excludes=("code/",),
+        for argv in (rsync_push_argv(str(staged), self.host, folder, self.options, excludes=("/code/",),
                                      timeout=RSYNC_TIMEOUT_S, one_writer=False),
                      rsync_push_argv(str(project), self.host, f"{folder}/code", self.options,
                                      timeout=RSYNC_TIMEOUT_S, one_writer=False)):
@@ -177,7 +181,7 @@ class Login:
 
     def fetch(self, folder: str, into: Path) -> list[str]:
         argv = rsync_pull_argv(self.host, folder, str(into), self.options, timeout=RSYNC_TIMEOUT_S,
-                               excludes=("code/",))
+                               excludes=("/code/",))  # the job's own code folder, not an output's
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode:
             raise AttachedError(f"queue {self.name}: {self.login}:{folder} was not copied: "
@@ -245,6 +249,13 @@ def attach(name: str, login: str, ssh: state.SshSettings, *, accept_new: bool = 
                  probed.slurm, probed.user)
     state.write_atomic(state.known_hosts_path(name),
                        "".join(hostkeys.known_hosts_lines([host.address], probed.host_keys, host.port)))
+    try:  # the keys pinned open the node as every later call reaches it
+        made.call("true", PROBE_TIMEOUT_S)
+    except AttachedError as error:
+        state.known_hosts_path(name).unlink(missing_ok=True)
+        raise AttachedError(f"--login {login}: the node's host keys, pinned under {host.address}, do not open it as "
+                            f"later calls reach it ({error}); give the node's own name or address, not an ssh "
+                            "config alias") from None
     data = asdict(made)
     del data["here"]
     state.write_json(path(name), data)
@@ -252,6 +263,13 @@ def attach(name: str, login: str, ssh: state.SshSettings, *, accept_new: bool = 
     return [f"queue {name}: Slurm {made.slurm} through {login} as {made.user}, its host keys pinned "
             f"({len(probed.host_keys)}); partitions {parts}; jobs' folders in {made.folder}",
             f"  submit: kiln submit {name} -- python train.py (from your project's folder)"]
+
+
+def refuse_taken(name: str) -> None:
+    """Refuse to make a cluster under the name of an attached one (they would share its folder, its pins)."""
+    if common.NAME.fullmatch(name or "") and exists(name):
+        raise UsageError(f"cluster {name} is a Slurm cluster reached through {load(name).login} (kiln down {name} "
+                         "forgets it); give another name")
 
 
 def detach(name: str) -> list[str]:

@@ -32,6 +32,9 @@ from bootstrap.inputs import list_inputs
 from bootstrap.slurm import Partition
 
 WAIT_S = 7 * 24 * 3600  # kiln submit --wait: a week at most
+HERE_EVERY_S = 2.0  # how often --wait asks slurmctld on this machine
+LOGIN_EVERY_S = 10.0  # and a login node (a login each: a site's sshd limits how many come at once)
+MISSED_CALLS = 5  # calls in a row that may fail to reach a login node before --wait gives up
 
 
 class JobError(KilnError):
@@ -46,6 +49,7 @@ class Reach(Protocol):
     partitions: tuple[Partition, ...]  # the first is the default
     slurmd_timeout_s: int  # how long slurmctld waits on a silent node (the batch script's lost-node check)
     here: bool  # a job's folder is this machine's own
+    user: str  # who the jobs run as on a login node ("" here: whoever runs kiln)
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """One of Slurm's client tools (sbatch, squeue, scontrol, ...) against the queue, bounded; text output."""
@@ -73,6 +77,7 @@ class Here:
     slurmd_timeout_s: int
     python: str | None = None
     here: bool = True
+    user: str = ""
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return queue.slurm_tool(self.name, *argv, timeout=timeout)
@@ -183,12 +188,22 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
 # ---------------------------------------------------------------- jobs
 
 
-def wait_for(name: str, job: str, timeout_s: float = WAIT_S, every_s: float = 2.0) -> int:
-    """Wait until the job has ended; its exit status (slurmctld keeps an ended job's record for MinJobAge)."""
+def wait_for(name: str, job: str, timeout_s: float = WAIT_S, every_s: float | None = None) -> int:
+    """Wait until the job has ended; its exit status (slurmctld keeps an ended job's record for MinJobAge). A login
+    node is asked every LOGIN_EVERY_S (a connection each), and a few calls that do not reach it are ridden out."""
     where = reach(name)
-    deadline = time.monotonic() + timeout_s
+    every_s = every_s or (HERE_EVERY_S if where.here else LOGIN_EVERY_S)
+    deadline, missed = time.monotonic() + timeout_s, 0
     while True:
-        shown = where.tool("scontrol", "show", "job", "--oneliner", job)
+        try:
+            shown = where.tool("scontrol", "show", "job", "--oneliner", job)
+            missed = 0
+        except KilnError:
+            missed += 1
+            if missed > MISSED_CALLS:
+                raise
+            time.sleep(every_s)
+            continue
         ended = slurm.job_exit(shown.stdout) if shown.returncode == 0 else None
         if ended is not None:
             return ended
@@ -250,7 +265,7 @@ def describe(name: str) -> str:
     them; of a queue kiln made, which machine each node that is up is."""
     where = reach(name)
     shown = where.tool("sinfo", "--all", "--format=%P %D %t %N")
-    jobs = where.tool("squeue", *(["--all"] if where.here else ["--me"]), "--format=%i %j %T %D %R")
+    jobs = where.tool("squeue", *(["--all"] if where.here else [f"--user={where.user}"]), "--format=%i %j %T %D %R")
     said = [shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n",
             jobs.stdout if jobs.returncode == 0 else f"squeue: {jobs.stderr.strip()}\n"]
     if where.here:
@@ -266,9 +281,13 @@ def fetch(name: str, job: str) -> list[str]:
     where = reach(name)
     if not job.isdigit():
         raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
-    for path in sorted(state.runs_root().glob("*/job.json")):
-        record = json.loads(path.read_text())
-        if record.get("queue") == name and record.get("job") == job:
+    for path in sorted(state.runs_root().glob("*/job.json"), reverse=True):  # newest first: a name used again
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(record, dict) and record.get("queue") == name and record.get("job") == job and \
+                isinstance(record.get("folder"), str):
             return where.fetch(record["folder"], path.parent)
     raise UsageError(f"--job {job}: no job of queue {name} was submitted from here (kiln submit writes a run's "
                      f"job.json under {state.runs_root()})")

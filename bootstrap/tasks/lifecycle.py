@@ -82,6 +82,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
     --cluster NAME); with several candidates (clouds, places, instance types, spot then on-demand), the first
     that comes up whole."""
+    attached.refuse_taken(name)
     values = locals()
     planned = placement.plan_up(name, values)
     if gpus:

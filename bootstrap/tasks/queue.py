@@ -51,6 +51,7 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
     if verb in PROGRAM_VERBS:
         program(verb, name, nodes)
     elif verb == "up":
+        attached.refuse_taken(name)
         shape = slurm.Shape(partition, cpus=int(cpus), memory_mib=int(memory_mib), max_nodes=int(max_nodes),
                             min_nodes=int(min_nodes))
         seconds = round(float(idle_minutes) * 60)

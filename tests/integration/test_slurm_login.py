@@ -189,6 +189,11 @@ def test_attach_pins_the_login_nodes_host_keys_and_reads_the_partitions(site, tm
     assert not Path(site.env["KILN_RUNS"]).exists() and not (Path(pwd.getpwnam(USER).pw_dir) / "kiln-jobs").exists()
     again = site.kiln("queue", "attach", NAME, "--login", site.login, "--accept-new-host-keys")
     assert again.returncode == 2 and "already known here" in again.stderr, again.stderr
+    for argv in (("queue", "up", NAME), ("up", NAME, "--provider", "local", "--dry-run")):
+        taken = site.kiln(*argv)
+        assert taken.returncode == 2 and taken.stderr.strip() == (
+            f"kiln: cluster {NAME} is a Slurm cluster reached through {site.login} (kiln down {NAME} forgets it); "
+            "give another name"), taken.stderr
 
 
 def test_a_job_runs_on_both_nodes_as_the_user_and_its_folder_comes_back(site, tmp_path):
