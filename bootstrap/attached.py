@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bootstrap import queue, state
-from bootstrap.commands import SshOptions, remote_command, rsync_pull_argv, rsync_push_argv, ssh_argv
+from bootstrap.commands import SshOptions, ignore_filters, remote_command, rsync_pull_argv, rsync_push_argv, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host, parse_host
 from bootstrap.providers import common
@@ -163,7 +163,8 @@ class Login:
         for argv in (rsync_push_argv(str(staged), self.host, folder, self.options, excludes=("/code/",),
                                      timeout=RSYNC_TIMEOUT_S, one_writer=False),
                      rsync_push_argv(str(project), self.host, f"{folder}/code", self.options,
-                                     timeout=RSYNC_TIMEOUT_S, one_writer=False)):
+                                     timeout=RSYNC_TIMEOUT_S, one_writer=False,
+                                     filters=ignore_filters((project / ".kilnignore").is_file()))):
             done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
             if done.returncode:
                 raise AttachedError(f"queue {self.name}: the job's files did not reach {self.login}:{folder}: "

@@ -158,6 +158,9 @@ def project(tmp_path: Path) -> Path:
     (folder / "who.py").write_text(PROGRAM)
     (folder / ".venv").mkdir()  # left out, as kiln sync leaves it out
     (folder / ".venv" / "big").write_text("x")
+    (folder / ".gitignore").write_text("data/\n")  # left out as kiln sync leaves it out
+    (folder / "data").mkdir()
+    (folder / "data" / "raw.bin").write_text("x")
     return folder
 
 
@@ -204,6 +207,7 @@ def test_a_job_runs_on_both_nodes_as_the_user_and_its_folder_comes_back(site, tm
     assert done.stdout.count("hello from node") == 2 and f"as {USER}" in done.stdout, done.stdout
     remote = Path(pwd.getpwnam(USER).pw_dir) / "kiln-jobs" / run_id
     assert not (remote / "code" / ".venv").exists() and (remote / "code" / "who.py").is_file()
+    assert not (remote / "code" / "data").exists()
     assert remote.stat().st_uid == pwd.getpwnam(USER).pw_uid  # made by the user, not by root
 
     fetched = site.kiln("queue", "fetch", NAME, "--job", job)
