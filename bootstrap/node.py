@@ -483,7 +483,8 @@ def run_processes(run_id, helpers=False, inside=0):
             with open(f"/proc/{entry}/environ", "rb") as handle:
                 if needle not in b"\0" + handle.read() + b"\0" or namespaces(entry) not in places:
                     continue
-            if not helpers and is_helper(read_bytes(f"/proc/{entry}/cmdline")):
+            cmdline = read_bytes(f"/proc/{entry}/cmdline")
+            if is_stopping(cmdline) or (not helpers and is_helper(cmdline)):
                 continue
             found.append(int(entry))
         except OSError:
@@ -514,6 +515,13 @@ def runs_here():
 def is_helper(cmdline):
     """Whether a command line (NUL-separated) runs one of kiln's helper scripts."""
     return any(word.decode(errors="replace").endswith(HELPERS) for word in cmdline.split(b"\0")[:3])
+
+
+def is_stopping(cmdline):
+    """Whether a command line is kiln's own stop of a run (the interruption watcher becomes one on a notice): not
+    one of the run's processes, and a second stop that ended it would cut its work and its report short."""
+    words = cmdline.split(b"\0")
+    return any(word.endswith(b"/lib/node.py") for word in words[:3]) and b"stop" in words[1:5]
 
 
 def read_bytes(path):

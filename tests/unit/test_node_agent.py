@@ -321,3 +321,14 @@ def test_the_memlock_limit_is_the_kernels_hard_limit(tmp_path):
     assert node_side.memlock_limit(str(table)) == -1
     table.write_text(table.read_text().replace("unlimited ", "8388608   "))
     assert node_side.memlock_limit(str(table)) == 8388608
+
+
+def test_a_stop_of_the_run_is_not_one_of_its_processes_the_watcher_still_is():
+    """The interruption watcher becomes `node.py stop RUN` on a notice: a second stop (the operator's) leaves it to
+    finish and report; the watcher itself is one of the run's helpers."""
+    stopping = b"\0".join([b"/opt/kiln/venv/bin/python", b"-S", b"/root/kiln/lib/node.py", b"stop", b"run-1", b"90"])
+    watching = b"\0".join([b"/opt/kiln/venv/bin/python", b"/root/kiln/lib/shim/interruption.py", b"--source", b"any"])
+    training = b"\0".join([b"python", b"train.py", b"--stop", b"3"])
+    assert node_side.is_stopping(stopping) and not node_side.is_helper(stopping)
+    assert node_side.is_helper(watching) and not node_side.is_stopping(watching)
+    assert not node_side.is_stopping(training) and not node_side.is_helper(training)
