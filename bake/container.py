@@ -7,7 +7,13 @@ Pure names first; the engine calls (docker CLI, bounded) after them. bake.image 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
+import tempfile
+import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from kiln import proc
 from kiln.errors import KilnError, UsageError
@@ -69,12 +75,46 @@ def tag_image(image: str, name: str) -> None:
     proc.run(["docker", "tag", image, name], timeout=60)
 
 
-def push(name: str, timeout: float = 1800) -> str:
-    """Push a tagged image; its repository digest (NAME@sha256:...)."""
-    proc.run(["docker", "push", name], timeout=timeout)
-    repository = name.rsplit(":", 1)[0]
-    found = inspect(name) or {}
+def skopeo_tls(reference: str, option: str) -> list[str]:
+    """Plain HTTP for a registry on loopback (as Docker allows it), TLS checked anywhere else."""
+    host = reference.split("/", 1)[0].rsplit(":", 1)[0]
+    return [f"--{option}=false"] if host in ("127.0.0.1", "localhost", "[::1]") else []
+
+
+def push(image: str, reference: str, timeout: float = 1800) -> str:
+    """Push `image` of this machine's engine as `reference` (REGISTRY/REPOSITORY:TAG); its repository digest
+    (REGISTRY/REPOSITORY@sha256:...). skopeo reads the image from the engine and compresses its layers on every
+    core (kiln's 2.9 GB cpu image: 36 s, where docker push, one core, took 77 s here); docker push where skopeo is
+    missing or cannot (an engine newer than its API version, a registry only the engine is told is insecure)."""
+    repository = reference.rsplit(":", 1)[0]
+    deadline = time.monotonic() + timeout
+    if shutil.which("skopeo"):
+        # skopeo keeps the engine's export (the whole image, uncompressed) in TMPDIR: here, removed after it, on
+        # a disk (as skopeo's own default, /var/tmp; /tmp may be memory)
+        with tempfile.TemporaryDirectory(prefix="kiln-push-", dir="/var/tmp" if Path("/var/tmp").is_dir() else None) \
+                as scratch:
+            digest_file = Path(scratch) / "digest"
+            try:
+                done = proc.run(["skopeo", "copy", "--quiet", "--digestfile", str(digest_file),
+                                 *skopeo_tls(reference, "dest-tls-verify"), f"docker-daemon:{image}",
+                                 f"docker://{reference}"], timeout=timeout, check=False,
+                                env={**os.environ, "TMPDIR": scratch})
+            except KilnError as error:  # it ran out its time: docker push would too
+                raise KilnError(f"pushing {image} to {reference}: {error}") from None
+            if done.returncode == 0 and digest_file.is_file():
+                return f"{repository}@{digest_file.read_text().strip()}"
+            print(f"push: skopeo could not push {image} ({proc.tail(done.stderr or done.stdout, 1) or 'no output'})"
+                  f"; docker push instead", file=sys.stderr, flush=True)
+    tagged = image != reference
+    if tagged:
+        tag_image(image, reference)
+    try:
+        proc.run(["docker", "push", reference], timeout=max(60.0, deadline - time.monotonic()))
+        found = inspect(reference) or {}
+    finally:
+        if tagged:
+            proc.run(["docker", "rmi", reference], timeout=60, check=False)
     for digest in found.get("RepoDigests", []):
         if digest.startswith(f"{repository}@"):
             return digest
-    raise KilnError(f"docker push {name} gave no digest")
+    raise KilnError(f"docker push {reference} gave no digest")

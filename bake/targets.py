@@ -153,7 +153,7 @@ def publish(record: dict, registry: str) -> None:
     if registry:
         remote = container.tag(record["profile"], record["fingerprint"], registry)
         container.tag_image(record["image_id"], remote)
-        record["pushed"] = container.push(remote)
+        record["pushed"] = container.push(remote, remote)
         print(f"image: pushed {record['pushed']}")
 
 

@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bake import container
 from kiln import proc
 from kiln.errors import KilnError
 from localcloud import netns as plan
@@ -127,20 +128,16 @@ def push_to_cluster(name: str, image: str, timeout: float = 1800, copy_from: str
     """Push an image of this machine's engine to cluster `name`'s registry (up --docker); the reference its
     nodes pull it by (REGISTRY/REPOSITORY:TAG on the bridge). `copy_from`: a registry reference that already holds
     the image (where `make image PROVIDER=docker REGISTRY=...` pushed it): its compressed layers are copied as they
-    are, where docker push compresses every layer again (kiln's 3 GB cpu image: 9 s against 143 s here); where
-    that reference names another image, or cannot be read, the image is pushed."""
+    are, where a push compresses every layer again (kiln's 3 GB cpu image: 9 s against 143 s with docker push on
+    an earlier machine); where that reference names another image, or cannot be read, the image is pushed
+    (container.push)."""
     addresses = registry_addresses(name)
     if not addresses:
         raise KilnError(f"cluster {name} has no registry (make it with: local-cluster up --docker)")
     path = image.rsplit("/", 1)[-1]  # the repository's last part and the tag: kiln:cpu-FINGERPRINT
     pushed = f"{addresses['operator']}/{path}"
-    if copy_from and copied(copy_from, pushed, image, timeout):
-        return f"{addresses['nodes']}/{path}"
-    proc.run(["docker", "tag", image, pushed], timeout=60)
-    try:
-        proc.run(["docker", "push", pushed], timeout=timeout)
-    finally:
-        proc.run(["docker", "rmi", pushed], timeout=60, check=False)
+    if not (copy_from and copied(copy_from, pushed, image, timeout)):
+        container.push(image, pushed, timeout)
     return f"{addresses['nodes']}/{path}"
 
 
@@ -151,25 +148,20 @@ def config_digest(manifest: dict) -> str | None:
     return config.get("digest") if isinstance(config, dict) else None
 
 
-def skopeo_tls(reference: str, option: str) -> list[str]:
-    """Plain HTTP for a registry on loopback (as Docker allows it), TLS checked anywhere else."""
-    host = reference.split("/", 1)[0].rsplit(":", 1)[0]
-    return [f"--{option}=false"] if host in ("127.0.0.1", "localhost", "[::1]") else []
-
-
 def copied(source: str, target: str, image: str, timeout: float) -> bool:
     """Copy the image at registry reference `source` to `target` blob by blob, unchanged (skopeo), when its
     manifest names `image` of this machine's engine; whether it did."""
     if not shutil.which("skopeo"):
         return False
     wanted = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=60).stdout.strip()
-    raw = proc.run(["skopeo", "inspect", "--raw", *skopeo_tls(source, "tls-verify"), f"docker://{source}"],
+    raw = proc.run(["skopeo", "inspect", "--raw", *container.skopeo_tls(source, "tls-verify"), f"docker://{source}"],
                    timeout=120, check=False)
     try:
         if raw.returncode != 0 or config_digest(json.loads(raw.stdout)) != wanted:
             return False
     except (json.JSONDecodeError, AttributeError):
         return False
-    proc.run(["skopeo", "copy", "--quiet", *skopeo_tls(source, "src-tls-verify"),
-              *skopeo_tls(target, "dest-tls-verify"), f"docker://{source}", f"docker://{target}"], timeout=timeout)
+    proc.run(["skopeo", "copy", "--quiet", *container.skopeo_tls(source, "src-tls-verify"),
+              *container.skopeo_tls(target, "dest-tls-verify"), f"docker://{source}", f"docker://{target}"],
+             timeout=timeout)
     return True

@@ -1,6 +1,7 @@
 """What push_to_cluster reads of a registry before it copies an image from it (pure parts)."""
 
-from localcloud.engines import config_digest, skopeo_tls
+from bake.container import skopeo_tls
+from localcloud.engines import config_digest
 
 
 def test_the_image_id_is_the_config_digest_of_a_docker_or_oci_manifest():
