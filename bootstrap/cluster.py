@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import commands, launch, mesh, preflight, state, timeline, topology
+from bootstrap import commands, launch, mesh, preflight, progress, state, timeline, topology
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
@@ -20,6 +21,7 @@ from kiln.gpu import allreduce, collective, dcgm, health, probe
 from kiln.gpu import facts as gpufacts
 
 REMOTE_ROOT = "kiln"
+SYNC_QUIET_S = 2.0  # a sync over sooner (a small project) says nothing of its progress
 
 
 @dataclass
@@ -236,14 +238,22 @@ class Cluster:
 
     def sync(self, source: str, destination: str) -> None:
         """Mirror a project folder to the same path on every node, leaving out what its .kilnignore (else its
-        .gitignore files) and kiln's fixed list leave out."""
+        .gitignore files) and kiln's fixed list leave out. A sync that lasts shows each node's bytes (a bar each on
+        a terminal, else a line every 30 s) and how long it took."""
         filters = commands.ignore_filters((Path(source) / ".kilnignore").is_file())
+        started = time.monotonic()
+        with progress.Report(f"syncing {source}", [host.label for host in self.hosts], quiet_s=SYNC_QUIET_S) as report:
 
-        def push(host: Host) -> None:
-            self.remote.rsync(host, commands.rsync_push_argv(source, host, destination, self.remote.options,
-                                                             filters=filters))
+            def push(host: Host) -> None:
+                argv = commands.rsync_push_argv(source, host, destination, self.remote.options, filters=filters)
+                self.remote.rsync(host, commands.with_progress(argv),
+                                  progress=lambda done, total: report.update(host.label, done, total))
 
-        self.remote.map_or_raise("sync", self.hosts, push)
+            self.remote.map_or_raise("sync", self.hosts, push)
+        if report.shown:
+            size = max((total for _, total in report.counts.values()), default=0)
+            print(f"synced {source} ({progress.filesize.decimal(size)}) to {len(self.hosts)} node(s) in "
+                  f"{time.monotonic() - started:.1f} s", flush=True)
 
     def sync_lib(self, destination: str) -> None:
         """Put kiln's own node-side part (the reference trainer, the shims, node.py for the interruption watcher)

@@ -121,6 +121,16 @@ def one_writer_rsync_path(dest_dir: str, wait: int) -> str:
     return f"mkdir -p {shlex.quote(parent)} && sh -c {shlex.quote(waited)} sh rsync"
 
 
+# What an rsync adds for its progress (bytes so far and the share of the whole, the share of every file from the
+# start: the file list is made first); Remote.rsync reads it.
+RSYNC_PROGRESS = ("--info=progress2", "--no-inc-recursive")
+
+
+def with_progress(argv: Sequence[str]) -> list[str]:
+    """An rsync argv that reports its progress (RSYNC_PROGRESS)."""
+    return [argv[0], *RSYNC_PROGRESS, *argv[1:]]
+
+
 def rsync_push_argv(source_dir: str, host: Host, dest_dir: str, options: SshOptions,
                     excludes: Sequence[str] = SYNC_EXCLUDES, timeout: int = 60,
                     filters: Sequence[str] = (), one_writer: bool = True) -> list[str]:

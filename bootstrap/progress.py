@@ -69,6 +69,31 @@ class PullBytes:
         return sum(self.downloaded.get(layer, 0) + self.unpacked.get(layer, 0) for layer in self.sizes) // 2
 
 
+_RSYNC = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+\S+/s\s+\d+:\d\d:\d\d", re.MULTILINE)
+
+
+@dataclass
+class RsyncBytes:
+    """One node's rsync, from what `--info=progress2` prints (a line, rewritten with carriage returns, of the bytes
+    so far and the share of the whole): bytes done and the whole, known once the share is (pure). With
+    `--no-inc-recursive` the share is of every file from the start."""
+
+    done: int = 0
+    total: int = 0
+    pending: str = ""
+
+    def feed(self, chunk: str) -> None:
+        whole = self.pending + chunk
+        ended = max(whole.rfind("\r"), whole.rfind("\n")) + 1
+        self.pending = whole[ended:]
+        for done, share in _RSYNC.findall(whole[:ended].replace("\r", "\n")):
+            self.done = int(done.replace(",", ""))
+            if int(share) > 0:
+                self.total = max(self.done, self.done * 100 // int(share))
+            if int(share) == 100:
+                self.total = self.done
+
+
 def line_of(what: str, counts: dict[str, tuple[int, int]], seconds: float) -> str:
     """The line a report prints where the output is not a terminal (pure)."""
     done = sum(d for d, _ in counts.values())
@@ -82,12 +107,15 @@ class Report:
     """Progress of one step on several nodes (thread-safe: each node's worker updates its own)."""
 
     def __init__(self, what: str, names: Sequence[str], *, stream: TextIO | None = None, every: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, terminal: bool | None = None):
-        self.what, self.stream, self.clock = what, stream or sys.stdout, clock
+                 clock: Callable[[], float] = time.monotonic, terminal: bool | None = None, quiet_s: float = 0):
+        """`quiet_s`: a step over sooner says nothing (a sync of a small project); a longer one shows its bars
+        from then on, or its lines (every `every` seconds) without the opening line."""
+        self.what, self.stream, self.clock, self.quiet_s = what, stream or sys.stdout, clock, quiet_s
         self.every = line_seconds() if every is None else every
         self.terminal = self.stream.isatty() if terminal is None else terminal
         self.counts = {name: (0, 0) for name in names}
         self.began = self.said = clock()
+        self.shown = not quiet_s  # whether it has said anything (a step past its quiet start)
         self.lock = threading.Lock()
         self.bars = None
         if self.terminal:
@@ -100,22 +128,26 @@ class Report:
             self.tasks = {name: self.bars.add_task(f"{what} {name}", total=None) for name in names}
 
     def __enter__(self) -> Report:
-        if self.bars:
+        if self.bars and self.shown:
             self.bars.start()
-        else:
+        elif self.shown:
             print(f"{self.what} on {', '.join(self.counts)}", file=self.stream, flush=True)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.bars:
+        if self.bars and self.shown:
             self.bars.stop()
 
     def update(self, name: str, done: int, total: int) -> None:
         with self.lock:
             self.counts[name] = (done, total)
             if self.bars:
+                if not self.shown and self.clock() - self.began >= self.quiet_s:
+                    self.shown = True
+                    self.bars.start()
                 self.bars.update(self.tasks[name], completed=done, total=total or None)
                 return
+            self.shown = self.shown or self.clock() - self.began >= self.every
             now = self.clock()
             if now - self.said >= self.every:
                 self.said = now

@@ -30,6 +30,8 @@ from bootstrap import node as node_side
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError
 from bootstrap.hosts import Host
+from bootstrap.progress import RsyncBytes
+from kiln import proc
 
 T = TypeVar("T")
 NODE_SCRIPT = (Path(__file__).parent / "node.py").read_text()
@@ -368,12 +370,43 @@ class Remote:
         except json.JSONDecodeError:
             raise HostFailure(f"unexpected answer from {python}: {result.stdout.strip()[:200]!r}") from None
 
-    def rsync(self, host: Host, argv: Sequence[str], timeout: float | None = None) -> None:
+    def rsync(self, host: Host, argv: Sequence[str], timeout: float | None = None,
+              progress: Callable[[int, int], None] | None = None) -> None:
         """One rsync to or from `host`. Its exit 24 (files that vanished before they could be sent: a stopped
-        process's status file renamed into place meanwhile) is a copy of everything that was there: not a failure."""
-        result = self._execute(host, argv, timeout or self.timeout, None)
+        process's status file renamed into place meanwhile) is a copy of everything that was there: not a failure.
+        With `progress` (argv with commands.RSYNC_PROGRESS), it is called with the bytes done and the whole as they
+        move, and the rsync is bounded by `timeout` seconds without a byte (rsync's own --timeout too), not by
+        its length: a large project takes as long as its bytes take."""
+        if progress is None:
+            result = self._execute(host, argv, timeout or self.timeout, None)
+        else:
+            result = self._streamed(host, argv, (timeout or self.timeout) + self.options.connect_timeout + 10,
+                                    progress)
         if result.code not in (0, RSYNC_VANISHED):
             raise HostFailure(describe_failure(result.code, result.stderr))
+
+    def _streamed(self, host: Host, argv: Sequence[str], idle: float, progress: Callable[[int, int], None]) -> Result:
+        counted = RsyncBytes()
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True, env={**os.environ, "LC_ALL": "C"})  # digits as parsed
+        said: list[bytes] = []
+        drain = threading.Thread(target=lambda: said.append(child.stderr.read()), daemon=True)
+        drain.start()
+        try:
+            for chunk in proc.chunks(child.stdout, deadline=float("inf"), idle=idle):
+                counted.feed(chunk.decode(errors="replace"))
+                progress(counted.done, counted.total)
+            code = child.wait(timeout=idle)
+        except (TimeoutError, subprocess.TimeoutExpired):
+            return Result(host, 124, "", f"nothing moved for {idle:g}s")
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            drain.join(timeout=10)
+            child.stdout.close()
+            child.stderr.close()
+        return Result(host, code, "", b"".join(said).decode(errors="replace"))
 
     def map(self, hosts: Iterable[Host], action: Callable[[Host], T]) -> tuple[dict[Host, T], dict[Host, str]]:
         """Apply `action` to every host in parallel (bounded); results and failures by host."""

@@ -62,17 +62,22 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
-def chunks(stream: BinaryIO, *, deadline: float, size: int = 65536) -> Iterator[bytes]:
-    """What a pipe gives, as it comes, until its end; TimeoutError once `deadline` (time.monotonic()) passes."""
+def chunks(stream: BinaryIO, *, deadline: float, size: int = 65536, idle: float | None = None) -> Iterator[bytes]:
+    """What a pipe gives, as it comes, until its end; TimeoutError once `deadline` (time.monotonic()) passes, or
+    once `idle` seconds pass without a byte."""
     descriptor = stream.fileno()
+    waiting = select.poll()  # not select(): a large cluster's pipes are numbered past 1023
+    waiting.register(descriptor, select.POLLIN | select.POLLHUP | select.POLLERR)
+    last = time.monotonic()
     while True:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now if idle is None else min(deadline - now, last + idle - now)
         if left <= 0:
-            raise TimeoutError("the deadline passed")
-        ready, _, _ = select.select([descriptor], [], [], min(left, 1.0))
-        if not ready:
+            raise TimeoutError("the deadline passed" if now >= deadline else f"nothing came for {idle:g} s")
+        if not waiting.poll(min(left, 1.0) * 1000):
             continue
         chunk = os.read(descriptor, size)
         if not chunk:
             return
+        last = time.monotonic()
         yield chunk

@@ -9,8 +9,8 @@ import time
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
-from bootstrap import commands, launch, plots, runs, state
-from bootstrap.cluster import Cluster
+from bootstrap import commands, launch, plots, progress, runs, state
+from bootstrap.cluster import SYNC_QUIET_S, Cluster
 from bootstrap.commands import SshOptions
 from bootstrap.errors import KilnError, RemoteError, UsageError
 from bootstrap.supervisor import Supervisor
@@ -202,15 +202,18 @@ def fetch(c, path, run_id=None, host=None):
     folder = state.run_folder(record.run_id)
     source = path if PurePosixPath(path).is_absolute() else f"{paths.run(record.run_id)}/{path}"
 
-    def pull(index: int) -> str | None:
+    def pull(index: int, report: progress.Report) -> str | None:
         if group.remote.run(group.hosts[index], ["test", "-e", source]).code != 0:
             return None
         destination = fetch_destination(folder, record.names[index], path)
-        group.remote.rsync(group.hosts[index], commands.rsync_fetch_argv(group.hosts[index], source, str(destination),
-                                                                         group.remote.options))
+        argv = commands.rsync_fetch_argv(group.hosts[index], source, str(destination), group.remote.options)
+        group.remote.rsync(group.hosts[index], commands.with_progress(argv),
+                           progress=lambda done, total: report.update(record.names[index], done, total))
         return str(destination / PurePosixPath(source).name)
 
-    fetched, failures = group.remote.map([group.hosts[i] for i in chosen], lambda h: pull(group.hosts.index(h)))
+    with progress.Report(f"fetching {source}", [record.names[i] for i in chosen], quiet_s=SYNC_QUIET_S) as report:
+        fetched, failures = group.remote.map([group.hosts[i] for i in chosen],
+                                             lambda h: pull(group.hosts.index(h), report))
     for where in fetched.values():
         if where:
             print(f"fetched {where}")

@@ -4,8 +4,10 @@ the environment contract, the synced project, outputs collected, and the errors 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -269,6 +271,31 @@ def test_fetch_brings_a_path_back_from_every_node_of_a_run(cluster, project):
     assert some.returncode == 0, some.stdout + some.stderr
     assert "not on node1, node3: " in some.stdout and "Broken pipe" not in some.stdout + some.stderr
     assert (folder / "node2" / "only-node2.txt").read_text() == "partial\n"
+
+
+def test_a_large_project_is_synced_and_fetched_showing_each_nodes_bytes(cluster, project):
+    """Where the output is not a terminal (a CI log), a sync that lasts prints each node's bytes of the whole every
+    KILN_PROGRESS_SECONDS, then the project's size and how long it took; a fetch prints its bytes too. A small
+    project's sync says nothing of it (the other tests)."""
+    (project / "weights.bin").write_bytes(os.urandom(48 * 10**6))
+    env = {"KILN_PROGRESS_SECONDS": "0.05"}
+    done = cluster.kiln("run", "--run-id", "bigsync", "--", "sh", "-c",
+                        'mkdir -p "$KILN_MODEL_DIR" && cp weights.bin "$KILN_MODEL_DIR/"', cwd=project, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(rf"^syncing {re.escape(str(project))}: node\d [\d.]+ (bytes|kB|MB) of [\d.]+ MB, ",
+                     done.stdout, re.MULTILINE), done.stdout
+    assert re.search(rf"^synced {re.escape(str(project))} \(4[89]\.\d MB\) to 3 node\(s\) in [\d.]+ s$",
+                     done.stdout, re.MULTILINE), done.stdout
+    wanted = hashlib.sha256((project / "weights.bin").read_bytes()).hexdigest()
+    assert cluster.ssh("node3", "sha256sum ~/kiln/code/weights.bin").stdout.split()[0] == wanted
+    folder = cluster.runs / "bigsync" / "hosts"
+    for model in folder.glob("*/model"):
+        shutil.rmtree(model)
+    fetched = cluster.kiln("fetch", "--run-id", "bigsync", "model", cwd=project, hosts=None, env=env)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert re.search(r"^fetching \S+/model: node\d [\d.]+ (bytes|kB|MB)", fetched.stdout, re.MULTILINE), fetched.stdout
+    assert {hashlib.sha256(path.read_bytes()).hexdigest() for path in folder.glob("*/model/weights.bin")} == {wanted}
+    assert len(list(folder.glob("*/model/weights.bin"))) == 3
 
 
 def test_tensorboard_is_forwarded_from_the_chief_and_ends_with_the_command(cluster, project):

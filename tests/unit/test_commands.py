@@ -16,6 +16,7 @@ from bootstrap.commands import (
     rsync_push_argv,
     ssh_argv,
     trainer_argv,
+    with_progress,
 )
 from bootstrap.hosts import Host
 from bootstrap.ssh import describe_failure
@@ -62,6 +63,8 @@ def test_rsync_mirrors_code_over_the_same_ssh_settings():
     assert "--rsync-path" not in " ".join(rsync_push_argv("/c", Host("n1"), "r/ckpt", options, one_writer=False))
     assert rsync_pull_argv(Host("n1"), "/r/runs/x", "runs/x/hosts/n1", options)[-2:] == [
         "n1:/r/runs/x/", "runs/x/hosts/n1/"]
+    reporting = with_progress(argv)
+    assert reporting[:3] == ["rsync", "--info=progress2", "--no-inc-recursive"] and reporting[3:] == argv[1:]
 
 
 def local_push(source: Path, dest: Path, wait: int, tmp_path: Path) -> subprocess.CompletedProcess:
