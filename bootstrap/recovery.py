@@ -4,6 +4,7 @@ is planned again on the hosts it now has. The supervisor then restarts it from t
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,9 @@ from bootstrap.live import Ended, Live
 from bootstrap.orchestration import same_root
 from bootstrap.providers import Provider, Replacement, failover
 from bootstrap.providers.common import SNAPSHOT_TTL_DAYS
+from bootstrap.ssh import HostFailure
+
+SETUP_TIMEOUT_S = 1800  # a task's setup on a new machine (packages, a dataset) may take this long
 
 
 @dataclass
@@ -40,6 +44,9 @@ class Recovery:
     nic: str | None = None  # as the user asked (--nic): else found again on a moved cluster
     fabric: str = "auto"  # as the user asked (--fabric)
     relocate: bool = False  # where no replacement can be had for want of capacity, move the whole cluster
+    setup: str | None = None  # a task's setup: run on every new machine before the run restarts
+    setup_folder: Path | None = None  # the folder it runs from (the project's, also where the run is kiln's trainer)
+    setup_timeout_s: float = SETUP_TIMEOUT_S
 
     def recover(self, lost: list[Host]) -> tuple[list[Replacement], RunPlan]:
         group = self.group
@@ -50,17 +57,43 @@ class Recovery:
         group.hosts = [fresh.get(host, host) for host in group.hosts]
         nodes = group.require_facts("re-mesh")
         group.apply_mesh()
-        self.bring_code(group)
+        self.bring_code(group, [r.new for r in replaced])
         if self.idle_minutes:
             group.autostop(autostop.agent_args(self.idle_minutes, self.provider.shutdown), [r.new for r in replaced])
         return replaced, launch.plan_run(replace(self.spec, names=tuple(n.name for n in nodes),
                                                  gpus=mesh.gpu_counts(nodes)))
 
-    def bring_code(self, group: Cluster) -> None:
-        """kiln's node part and the project on the (new) machines, and the program checked there."""
-        group.sync_run(self.paths.lib, str(self.folder) if self.folder else None, self.paths.code)
+    def bring_code(self, group: Cluster, new: Sequence[Host]) -> None:
+        """kiln's node part and the project on the (new) machines, the task's setup run on the `new` ones (as it
+        ran on the first ones before the run started), and the program checked there."""
+        project = self.folder or (self.setup_folder if self.setup else None)
+        group.sync_run(self.paths.lib, str(project) if project else None, self.paths.code)
+        if self.setup:
+            self.run_setup(group, new)
         if self.folder and self.check_on_nodes:
             group.check_program(launch.program_check(self.program, group.python, self.paths))
+
+    def run_setup(self, group: Cluster, hosts: Sequence[Host]) -> None:
+        """The task's setup on `hosts`, side by side, from the project's folder with what every process gets
+        (the user's variables among it); its output kept in the run's folder here, setup-HOST.log. A setup that
+        fails fails the recovery, naming the machine and the log's last line."""
+        env = launch.process_env(self.spec.run_id, group.python, self.paths,
+                                 Program(("sh", "-c", self.setup), env=self.program.env))  # as the first setup had
+        command = (f"cd {shlex.quote(self.paths.code)} && exec env "
+                   + " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+                   + f" sh -c {shlex.quote(self.setup)}")
+        print(f"setup on {', '.join(host.label for host in hosts)}: {self.setup}", flush=True)
+
+        def one(host: Host) -> None:
+            done = group.remote.run(host, ["sh", "-c", f"{command} 2>&1"], timeout=self.setup_timeout_s)
+            log = state.run_folder(self.spec.run_id) / f"setup-{host.label}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(done.stdout + done.stderr)
+            if done.code != 0:
+                said = (done.stdout + done.stderr).strip().splitlines()
+                raise HostFailure(f"the setup exited {done.code}: {said[-1] if said else 'no output'} ({log})")
+
+        group.remote.map_or_raise("setup", hosts, one)
 
     def answer(self, live: Live, ended: Ended, number: int, of: int, entry: dict) -> str | None:
         """The `number`th recovery of `of`: the attempt's lost and noticed hosts replaced where the cluster is,
@@ -190,7 +223,7 @@ class Recovery:
         if same_root(group) != self.paths.root:
             raise KilnError(f"its home folder is {same_root(group)}, where the run's is {self.paths.root}")
         self.group = group
-        self.bring_code(group)
+        self.bring_code(group, group.hosts)
         if self.idle_minutes:
             self.provider.arm_autostop(group.name)
             group.autostop(autostop.agent_args(self.idle_minutes, self.provider.shutdown), group.hosts)

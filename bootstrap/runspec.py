@@ -42,6 +42,8 @@ class TrainAsk:
     image: str | None = None
     fabric: str = "auto"
     env: tuple[tuple[str, str], ...] = ()
+    setup: str | None = None  # a task file's setup: run on every node first, and on a managed run's new machines
+    setup_folder: str | None = None  # the folder the setup runs from (synced to every node)
 
 
 def check_train(ask: TrainAsk) -> None:

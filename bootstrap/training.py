@@ -68,7 +68,8 @@ def train(c, goal: Target, spec: launch.RunSpec, ask: TrainAsk, folder: Path | N
             reopen=lambda: connect_and_mesh(c, target(c, hostfile=None, cluster=goal.name, slots=reach.slots,
                                                       python=None if ask.image else reach.python), timeline,
                                             fanout=reach.fanout, accept_new_host_keys=reach.accept_new_host_keys),
-            nic=ask.nic, fabric=ask.fabric, relocate=ask.relocate) if ask.managed else None
+            nic=ask.nic, fabric=ask.fabric, relocate=ask.relocate, setup=ask.setup,
+            setup_folder=Path(ask.setup_folder) if ask.setup_folder else None) if ask.managed else None
         start_and_watch(group, launch.plan_run(spec), paths, spec.program, folder, detach=ask.detach,
                         timeout=watch.timeout, max_restarts=watch.max_restarts, stall_factor=watch.stall_factor,
                         stall_minimum=watch.stall_minimum, stall_busy=watch.stall_busy, timeline=timeline,

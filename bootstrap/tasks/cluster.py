@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from bootstrap import autostop as autostop_plan
@@ -246,17 +247,19 @@ def train_run(c, command: list[str], setup: str | None, *, hostfile, cluster, sl
     run."""
     ask = TrainAsk(tuple(command), mode, int(ps), chief, no_chief, evaluator, mpi, nic, int(min_np), int(max_np),
                    int(base_port), args, checkpoint_dir, run_id, detach, int(max_restarts), managed,
-                   int(max_recoveries), relocate, down_after, image, fabric, launch.parse_env(env or ()))
+                   int(max_recoveries), relocate, down_after, image, fabric, launch.parse_env(env or ()), setup)
     check_train(ask)
-    check_setup(setup, managed)
+    check_setup(setup, managed, image)
     folder = project_folder(code, command)
+    if setup:
+        ask = replace(ask, setup_folder=str(folder or code_folder(code)))
     # With --image, --python names the image's Python; kiln's own node side keeps the nodes' Python.
     goal = target(c, hostfile=hostfile, cluster=cluster, slots=slots, python=None if image else python)
     owner = training.owner_of(goal, ask, cluster)
     spec = train_spec(ask, goal.hosts, goal.python, state.new_run_id())
     if setup:
         run_command(c, ["sh", "-c", setup], hostfile=hostfile, cluster=cluster, slots=1, python=python,
-                    fanout=fanout, accept_new_host_keys=accept_new_host_keys, code=str(folder or code_folder(code)),
+                    fanout=fanout, accept_new_host_keys=accept_new_host_keys, code=ask.setup_folder,
                     timeout=timeout, image=image, env=env, dry_run=dry_run, what="setup")
     if dry_run:
         print(launch.describe_plan(launch.plan_run(spec), goal.hosts) + described_env(ask.env))
@@ -267,10 +270,11 @@ def train_run(c, command: list[str], setup: str | None, *, hostfile, cluster, sl
                    training.Reach(int(fanout), accept_new_host_keys, slots, python), owner, say)
 
 
-def check_setup(setup: str | None, managed: bool) -> None:
-    if setup and managed:
-        raise UsageError("a task's setup runs once on the nodes a run starts on, and a managed run's replacement "
-                         "would start without it: put it in the container image (image) or in your program")
+def check_setup(setup: str | None, managed: bool, image: str | None) -> None:
+    if setup and managed and image:
+        raise UsageError("a task's setup runs in a container of the image on the nodes a run starts on, and a "
+                         "managed run's new machines start new containers without it: put it in the container "
+                         "image or in your program")
 
 
 def described_env(env: tuple[tuple[str, str], ...]) -> str:
@@ -410,7 +414,7 @@ def launch_(c, name, provider="aws", count=1, instance_type=None, spot=False, ma
     where = {key: options.pop(key) for key in ("region", "profile", "project", "zone", "subscription", "location")}
     if options["snapshot"] and not providers.named(options["provider"], where).volumes:
         raise UsageError(f"--snapshot: a {options['provider']} cluster's nodes have no data volumes")
-    check_setup(setup, options["managed"])
+    check_setup(setup, options["managed"], options["image"])
     lifecycle.up(c, name, **{key: options[key] for key in LAUNCH_UP}, **where)
     try:
         train_run(c, command, setup, **{**train_defaults(), "cluster": name,

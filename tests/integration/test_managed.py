@@ -126,10 +126,16 @@ def pinned_keys(managed: Managed, name: str) -> set[str]:
 
 
 def test_a_lost_node_is_replaced_and_the_run_finishes_from_its_last_checkpoint(managed):
+    """With a task file's setup, which runs on every node first and again on the replacement, a fresh machine."""
     before = pinned_keys(managed, "node2")
-    done, lost_at = train_and_lose(managed, "lose-node2", "--managed")
+    (managed.project / "setup.yaml").write_text("setup: echo \"$MARK\" > ~/kiln/setup-done.txt\nenvs:\n  MARK: set\n")
+    done, lost_at = train_and_lose(managed, "lose-node2", "--managed", "--task", "setup.yaml")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "recovery 1 of 3: replacing node2" in done.stdout
+    assert "setup on node2: echo" in done.stdout, done.stdout
+    for node in ("node1", "node2", "node3"):
+        assert (STATE / node / "kiln" / "setup-done.txt").read_text() == "set\n", node
+    assert (managed.runs / "lose-node2" / "setup-node2.log").is_file()
     data = managed.summary("lose-node2")
     assert data["status"] == "ok"
     [recovery] = data["restarts"]

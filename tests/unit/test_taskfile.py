@@ -178,19 +178,24 @@ def test_kiln_starts_without_the_schema_validator():
     assert done.stdout.strip() == "False", done.stdout + done.stderr
 
 
-def test_a_managed_task_with_a_setup_is_refused_before_anything_starts(tmp_path):
-    """A replacement node would start without the setup: refused, one line, until kiln runs it there too."""
+def test_a_managed_task_with_a_setup_in_a_container_image_is_refused_before_anything_starts(tmp_path):
+    """A new machine's containers would start without the setup: refused, one line. Bare, the setup runs on the new
+    machines too (test_managed)."""
     (tmp_path / "t.py").write_text("")
-    (tmp_path / "task.yaml").write_text("run: python t.py\nmode: tf-config\nsetup: pip install x\nmanaged: true\n")
+    (tmp_path / "task.yaml").write_text("run: python t.py\nmode: tf-config\nsetup: pip install x\nmanaged: true\n"
+                                        "image: registry.example.com/kiln:cpu\n")
     done = kiln("-H", "n1,n2", "train", "--task", "task.yaml", "--dry-run", cwd=tmp_path)
-    assert done.returncode == 2 and "a managed run's replacement would start without it" in done.stderr
+    assert done.returncode == 2 and "a managed run's new machines start new containers without it" in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+    (tmp_path / "task.yaml").write_text("run: python t.py\nmode: tf-config\nsetup: pip install x\nmanaged: true\n")
+    bare = kiln("-H", "n1,n2", "train", "--task", "task.yaml", "--dry-run", cwd=tmp_path)
+    assert "setup" not in bare.stderr, bare.stderr  # (refused for want of a cluster kiln made: -H names hosts)
 
 
 def test_kiln_launch_refuses_a_managed_setup_before_it_makes_anything(tmp_path):
     (tmp_path / "t.py").write_text("")
-    (tmp_path / "task.yaml").write_text("name: ms\nresources:\n  provider: local\nrun: python t.py\n"
-                                        "setup: pip install x\nmanaged: true\n")
+    (tmp_path / "task.yaml").write_text("name: ms\nresources:\n  provider: local\nimage: r.example.com/k:1\n"
+                                        "run: python t.py\nsetup: pip install x\nmanaged: true\n")
     done = kiln("launch", "task.yaml", cwd=tmp_path)
-    assert done.returncode == 2 and "a managed run's replacement would start without it" in done.stderr
+    assert done.returncode == 2 and "a managed run's new machines start new containers without it" in done.stderr
     assert "local node" not in done.stdout and not (tmp_path / ".kiln" / "clusters" / "ms").exists()
