@@ -11,8 +11,10 @@ table, tear it all down.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,13 +44,67 @@ def step(title: str, argv: list[str], timeout: float = 900, cwd: Path = ROOT) ->
         raise SystemExit(f"demo: {title} failed (exit {done.returncode})")
 
 
-def stage_table(stages: list[tuple[str, float]]) -> str:
-    """Where the time went, a stage a line, and the whole (pure)."""
-    width = max([len(title) for title, _ in stages] + [len("stage")])
+def stage_table(stages: list[tuple[str, float]], wall_s: float) -> str:
+    """Where the time went, a stage a line, and the whole: `wall_s`, from the first stage's start to the last's
+    end (a stage that ran beside others is counted once there) (pure)."""
+    whole = "all of it (wall)"
+    width = max([len(title) for title, _ in stages] + [len("stage"), len(whole)])
     lines = [f"{'stage'.ljust(width)}  seconds"]
     lines += [f"{title.ljust(width)}  {seconds:7.1f}" for title, seconds in stages]
-    lines.append(f"{'all of it'.ljust(width)}  {sum(seconds for _, seconds in stages):7.1f}")
+    lines.append(f"{whole.ljust(width)}  {wall_s:7.1f}")
     return "\n".join(lines)
+
+
+def start_bake(log: Path) -> subprocess.Popen:
+    """`make image PROVIDER=docker` (reused while unchanged) started beside the rows that do not need the image,
+    its output to `log`."""
+    print(f"\n== the container image (make image PROVIDER=docker: reused while unchanged), baked beside the rows "
+          f"below\n$ {sys.executable} -m bake.image docker >{log}", flush=True)
+    with log.open("w") as out:
+        # a session of its own: a Ctrl-C reaches it once, from stop_bake, which waits for its undo
+        return subprocess.Popen([sys.executable, "-m", "bake.image", "docker"], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def last_bake_line(log: Path) -> str:
+    """The newest line the bake printed of its own (its `bake:` and `image:` lines), not the tools' (pure I/O)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(("bake:", "image:"))]
+    return lines[-1] if lines else ""
+
+
+def finish_bake(baking: subprocess.Popen, log: Path, started: float, timeout_s: float = 3600) -> None:
+    """Wait for the bake started at `started` (time.monotonic()), saying what it does every 15 s."""
+    print("\n== waiting for the container image's bake", flush=True)
+    began, shown = time.monotonic(), ""
+    while baking.poll() is None:
+        if time.monotonic() - started > timeout_s:
+            stop_bake(baking)
+            raise SystemExit(f"demo: the container image's bake ran past {timeout_s:.0f} s (its output: {log})")
+        line = last_bake_line(log)
+        if line and line != shown:
+            print(line, flush=True)
+            shown = line
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            baking.wait(timeout=15 if shown else 1)
+    STAGES.append(("the container image, baked beside the rows above", time.monotonic() - started))
+    STAGES.append(("waiting for the bake", time.monotonic() - began))
+    if baking.returncode != 0:
+        print("\n".join(log.read_text(errors="replace").splitlines()[-30:]), flush=True)
+        raise SystemExit(f"demo: the container image's bake failed (exit {baking.returncode}; its output: {log})")
+    if last_bake_line(log) != shown:
+        print(last_bake_line(log), flush=True)
+
+
+def stop_bake(baking: subprocess.Popen | None) -> None:
+    """A demo that stops early stops its bake as Ctrl-C would (bake.image undoes what it made)."""
+    if baking is None or baking.poll() is not None:
+        return
+    baking.send_signal(signal.SIGINT)
+    try:
+        baking.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        baking.kill()
+        baking.wait(timeout=60)
 
 
 def queue_row(kiln: str, frameworks: Path, epochs: int) -> dict:
@@ -103,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         ("tf-config (1 ps)", ["--mode", "tf-config", "--ps", "1"]),
     ]
     subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
+    began = time.monotonic()
+    bake_log = state.kiln_home() / "demo" / f"bake-{stamp}.log"
+    bake_log.parent.mkdir(parents=True, exist_ok=True)
+    baking = None
     try:
+        baking, bake_started = start_bake(bake_log), time.monotonic()
         step(f"a local cluster of {options.nodes} nodes", [*local_cluster, "up", str(options.nodes), "--name", CLUSTER,
                                                           "--docker"])
         # --python: the cluster's Python is this venv's, whatever an earlier demo's torchrun row left in its record
@@ -131,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({**runs.result_row(data), "mode": "torchrun (torch_ddp.py)"})
         rows.append(queue_row(str(Path(sys.executable).with_name("kiln")), ROOT / ".venv-frameworks" / "bin" /
                               "python", options.epochs))
-        step("the container image (make image PROVIDER=docker: reused while unchanged)",
-             [sys.executable, "-m", "bake.image", "docker"], timeout=3600)
+        finish_bake(baking, bake_log, bake_started)
         local = container_image()
         print(f"\n== pushing {local} to the cluster's registry (the nodes pull it from there)", flush=True)
         started = time.monotonic()
@@ -147,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + runs.format_rows(rows))
         print(f"\nrun folders: {state.runs_root()}/demo-{stamp}-*")
     finally:
+        stop_bake(baking)
         if not options.keep:
             subprocess.run([*local_cluster, "down", "--name", CLUSTER], timeout=120, check=False)
         if (state.cluster_dir(QUEUE) / "cluster.json").exists():  # the queue's row stopped half-way
             subprocess.run([str(Path(sys.executable).with_name("kiln")), "down", QUEUE], timeout=300, check=False)
         if STAGES:
-            print("\n" + stage_table(STAGES), flush=True)
+            print("\n" + stage_table(STAGES, time.monotonic() - began), flush=True)
     return 0
 
 
