@@ -147,8 +147,7 @@ class Report:
                     self.bars.start()
                 self.bars.update(self.tasks[name], completed=done, total=total or None)
                 return
-            self.shown = self.shown or self.clock() - self.began >= self.every
             now = self.clock()
             if now - self.said >= self.every:
-                self.said = now
+                self.said, self.shown = now, True
                 print(line_of(self.what, self.counts, now - self.began), file=self.stream, flush=True)

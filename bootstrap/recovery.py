@@ -4,12 +4,11 @@ is planned again on the hosts it now has. The supervisor then restarts it from t
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bootstrap import autostop, checkpoints, interconnect, launch, mesh, providers, runs, state, topology
+from bootstrap import autostop, checkpoints, commands, interconnect, launch, mesh, providers, runs, state, topology
 from bootstrap.cluster import Cluster
 from bootstrap.errors import KilnError
 from bootstrap.hosts import Host
@@ -77,15 +76,14 @@ class Recovery:
         """The task's setup on `hosts`, side by side, from the project's folder with what every process gets
         (the user's variables among it); its output kept in the run's folder here, setup-HOST.log. A setup that
         fails fails the recovery, naming the machine and the log's last line."""
+        argv = ("sh", "-c", self.setup)
         env = launch.process_env(self.spec.run_id, group.python, self.paths,
-                                 Program(("sh", "-c", self.setup), env=self.program.env))  # as the first setup had
-        command = (f"cd {shlex.quote(self.paths.code)} && exec env "
-                   + " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
-                   + f" sh -c {shlex.quote(self.setup)}")
+                                 Program(argv, env=self.program.env))  # as the first setup had
+        command = commands.remote_command(argv, cwd=self.paths.code, env=env)
         print(f"setup on {', '.join(host.label for host in hosts)}: {self.setup}", flush=True)
 
         def one(host: Host) -> None:
-            done = group.remote.run(host, ["sh", "-c", f"{command} 2>&1"], timeout=self.setup_timeout_s)
+            done = group.remote.run(host, command, timeout=self.setup_timeout_s)
             log = state.run_folder(self.spec.run_id) / f"setup-{host.label}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(done.stdout + done.stderr)

@@ -21,13 +21,19 @@ CAPTURED = (Path(__file__).parent / "data" / "docker-pull-tty.txt").read_text()
 RSYNC = (Path(__file__).parent / "data" / "rsync-progress2.txt").read_text()
 
 
+def fed(counted, text: str, step: int) -> list[tuple[int, int]]:
+    """Feed `text` to a counter `step` characters at a time: (done, total) after each."""
+    seen = []
+    for at in range(0, len(text), step):
+        counted.feed(text[at:at + step])
+        seen.append((counted.done, counted.total))
+    return seen
+
+
 @pytest.mark.parametrize("step", [1, 13, 200, len(CAPTURED)])
 def test_a_pulls_bytes_are_read_from_its_terminal_output_however_it_arrives(step):
     counted = PullBytes()
-    seen = []
-    for at in range(0, len(CAPTURED), step):
-        counted.feed(CAPTURED[at:at + step])
-        seen.append((counted.done, counted.total))
+    seen = fed(counted, CAPTURED, step)
     assert counted.total == 77_200_000 and counted.done == 77_200_000
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:], strict=False)), "the count went back"
     assert "Status: Downloaded newer image" in counted.text and "\x1b" not in counted.text
@@ -94,10 +100,7 @@ def test_chunks_come_as_written_and_a_deadline_ends_the_wait():
 @pytest.mark.parametrize("step", [1, 7, 64, len(RSYNC)])
 def test_an_rsyncs_bytes_and_whole_are_read_from_its_progress2_however_they_arrive(step):
     counted = RsyncBytes()
-    seen = []
-    for at in range(0, len(RSYNC), step):
-        counted.feed(RSYNC[at:at + step])
-        seen.append((counted.done, counted.total))
+    seen = fed(counted, RSYNC, step)
     assert (counted.done, counted.total) == (50_001_000, 50_001_000)
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:], strict=False)), "the count went back"
     # the whole is known from the first share over 0% (21,823,488 bytes at 43%), within that share's rounding
