@@ -57,6 +57,28 @@ def test_an_agent_whose_input_never_ends_leaves_at_the_end_of_its_lifetime():
     assert code == -14  # SIGALRM
 
 
+def test_the_agents_inputs_end_when_the_operator_has_exited_not_one_by_one_before(tmp_path):
+    """At its exit the operator hands the agents' inputs to a helper (bootstrap.ssh.hold_until_exit): closing its
+    own copies ends no agent; its exit ends them all."""
+    ended = tmp_path / "ended"
+    script = (
+        "import subprocess, time\n"
+        "from bootstrap import ssh\n"
+        f"agent = subprocess.Popen(['sh', '-c', 'read _; echo ended > {ended}'], stdin=subprocess.PIPE)\n"
+        "ssh.hold_until_exit([agent.stdin.fileno()])\n"
+        "agent.stdin.close()\n"
+        "time.sleep(1)\n"
+        f"print(__import__('os').path.exists({str(ended)!r}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"  # its input still open: the helper holds it
+    for _ in range(300):
+        if ended.exists():
+            break
+        threading.Event().wait(0.1)
+    assert ended.read_text() == "ended\n"  # the operator gone, the helper went, and the input ended
+
+
 def test_the_names_in_a_hosts_file_are_read_past_comments_and_aliases(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost\n# 10.0.0.9 commented\n10.0.0.2 node2 node2.cluster  # kiln\n\n"
