@@ -107,19 +107,37 @@ def verdict_of(cloud: str, error: CloudError | Unavailable) -> str:
 
 T = TypeVar("T")
 EVERY_REGION = "*"  # a quota that holds in every region of a cloud (GCE's GPUS_ALL_REGIONS)
+# How many candidates an up tries in one round before it gives up (or, with --retry-until-up, waits for the next):
+# each failed try is a cloud's answer and the undoing of what it made, up to a minute or two, so a dozen is already
+# a quarter of an hour. --max-attempts sets it.
+MAX_ATTEMPTS = 12
 
 
-def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
-              say: Callable[[str], None]) -> tuple[T, Candidate, list[Tried]]:
-    """Try each candidate in turn until one comes up: (what `attempt` returned, that candidate, what was tried
-    before it). A candidate in a region where a quota was hit is skipped; an error that is neither capacity nor
-    quota, or an attempt that left something behind, is raised as it is."""
+def check_max_attempts(count: int) -> int:
+    """--max-attempts (the command line made it a whole number) of at least 1, else UsageError."""
+    if count < 1:
+        raise UsageError(f"--max-attempts {count}: give how many candidates an up may try, a whole number of at "
+                         "least 1")
+    return count
+
+
+def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say: Callable[[str], None],
+              max_attempts: int = MAX_ATTEMPTS) -> tuple[T, Candidate, list[Tried]]:
+    """Try each candidate in turn until one comes up, `max_attempts` of them at most: (what `attempt` returned,
+    that candidate, what was tried before it). A candidate in a region where a quota was hit is skipped (not an
+    attempt); an error that is neither capacity nor quota, or an attempt that left something behind, is raised as
+    it is."""
     tried: list[Tried] = []
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
+    untried = 0
     for index, candidate in enumerate(order):
         if {(candidate.cloud, candidate.region, candidate.spot), (candidate.cloud, EVERY_REGION, candidate.spot)} \
                 & over_quota:
             continue
+        if len(tried) >= max_attempts:
+            untried = len(order) - index
+            say(f"up: {max_attempts} tried, the most a round tries (--max-attempts); {untried} not tried")
+            break
         if len(order) > 1:
             say(f"up: trying {candidate.describe()} ({index + 1} of {len(order)})")
         try:
@@ -141,7 +159,8 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T],
                 say(f"up: {candidate.describe()}: {error}; nothing was made")
             else:
                 say(f"up: {candidate.describe()}: no capacity ({error.code}); nothing of it is left")
-    raise NoCapacity(f"no candidate came up: tried {len(tried)}: "
+    capped = f", {untried} not tried (--max-attempts {max_attempts})" if untried else ""
+    raise NoCapacity(f"no candidate came up: tried {len(tried)}{capped}: "
                      + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried),
                      refused_only=bool(tried) and all(t.refused for t in tried))
 
@@ -162,15 +181,17 @@ def retryable(error: BaseException, cloud: str) -> bool:
 
 def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say: Callable[[str], None],
              deadline_s: float, *, sleep: Callable[[float], None] = time.sleep,
-             clock: Callable[[], float] = time.monotonic) -> tuple[T, Candidate, list[Tried]]:
-    """first_fit, round after round while no candidate has capacity, waiting longer each time (RETRY_FIRST_WAIT_S
-    doubled up to RETRY_LONGEST_WAIT_S), until `deadline_s` from now; then the last round's error."""
+             clock: Callable[[], float] = time.monotonic,
+             max_attempts: int = MAX_ATTEMPTS) -> tuple[T, Candidate, list[Tried]]:
+    """first_fit (`max_attempts` tries a round), round after round while no candidate has capacity, waiting longer
+    each time (RETRY_FIRST_WAIT_S doubled up to RETRY_LONGEST_WAIT_S), until `deadline_s` from now; then the last
+    round's error."""
     end = clock() + deadline_s
     wait, round_ = RETRY_FIRST_WAIT_S, 0
     while True:
         round_ += 1
         try:
-            return first_fit(order, attempt, say)
+            return first_fit(order, attempt, say, max_attempts)
         except (NoCapacity, CloudError, Unavailable) as error:
             left = end - clock()
             if deadline_s <= 0 or not retryable(error, order[0].cloud) or left <= 0:
@@ -306,11 +327,13 @@ def refuse_across_places(order: Sequence[Candidate], given: Mapping[str, object]
                          f"{len(places)}: give one place, or leave the option out")
 
 
-def describe_order(order: Sequence[Candidate], prices: Mapping[Candidate, float] | None = None) -> list[str]:
+def describe_order(order: Sequence[Candidate], prices: Mapping[Candidate, float] | None = None,
+                   max_attempts: int = MAX_ATTEMPTS) -> list[str]:
     """What `up --dry-run` says of the candidates, in the order they are tried (with the spot price of each that
-    has one, where --by-price read them)."""
+    has one, where --by-price read them), and how many a round tries at most where that is fewer."""
     prices = prices or {}
-    return [f"candidates, in the order kiln tries them ({len(order)}):",
+    capped = f"; a round tries {max_attempts} at most: --max-attempts" if len(order) > max_attempts else ""
+    return [f"candidates, in the order kiln tries them ({len(order)}{capped}):",
             *(f"  {index}. {candidate.describe()}" + (f" (${prices[candidate]:g}/h now)" if candidate in prices else "")
               for index, candidate in enumerate(order, 1))]
 

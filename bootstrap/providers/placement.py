@@ -47,6 +47,7 @@ def plan_up(name: str, values: dict) -> Planned:
         raise UsageError("--on-demand-fallback: falls back from --spot machines; give --spot too")
     if values["by_price"] and not values["spot"]:
         raise UsageError("--by-price: orders the candidates by their spot price; give --spot too")
+    failover.check_max_attempts(values.get("max_attempts", failover.MAX_ATTEMPTS))
     types = failover.types_of(clouds, values["gpus"], values["instance_type"])
     order = failover.candidates(clouds, failover.places_of(clouds, values["zones"], values["regions"], values),
                                 types, bool(values["spot"]), values["on_demand_fallback"])
@@ -134,7 +135,8 @@ def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say,
     up was asked (`values`) and every candidate it named (`candidates`, default `order`: a move tries fewer, but
     the place it left stays one to move back to)."""
     made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1], say=say), say,
-                                               deadline_s)
+                                               deadline_s, max_attempts=failover.check_max_attempts(
+                                                   values.get("max_attempts", failover.MAX_ATTEMPTS)))
     state.save_capacity(made.name, failover.capacity_record(candidates or order, candidate, tried, values))
     return made, candidate
 

@@ -63,6 +63,8 @@ UP_HELP = {
                 "EC2's spot price history); those without one follow in your order, then any on-demand fallback",
     "retry_until_up": "where no candidate has capacity, try them all again, waiting 10 s, then twice as long each "
                       "time (at most 5 minutes), for up to MINUTES (default 0: once)",
+    "max_attempts": "how many candidates a round tries before it gives up (or, with --retry-until-up, waits for "
+                    f"the next round); default {failover.MAX_ATTEMPTS}",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
               "image has Docker), for train --image",
 }
@@ -78,7 +80,8 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
        ssh_cidr=None, user=None, region=None, profile=None, ttl_hours=24.0, ssh_wait=common.SSH_WAIT_S,
        image_tags=None, dry_run=False, provider="aws", volume=None, idle_minutes=None, docker=False,
        source_image=None, project=None, zone=None, image_id=None, subscription=None, location=None, gpus=None,
-       zones=None, regions=None, on_demand_fallback=False, retry_until_up=0.0, by_price=False):
+       zones=None, regions=None, on_demand_fallback=False, retry_until_up=0.0, by_price=False,
+       max_attempts=failover.MAX_ATTEMPTS):
     """Start a cluster (AWS, GCP or Azure from a kiln image, or --provider local) and write its cluster file (then
     --cluster NAME); with several candidates (clouds, places, instance types, spot then on-demand), the first
     that comes up whole."""
@@ -92,13 +95,13 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     order, prices = placement.by_price(planned, say) if by_price else (planned.order, {})
     if dry_run:
         if len(order) > 1 or by_price:
-            print("\n".join(failover.describe_order(order, prices)))
+            print("\n".join(failover.describe_order(order, prices, failover.check_max_attempts(max_attempts))))
             print(f"the plan of the first ({order[0].describe()}); the others alike:")
         chosen, request = planned.prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
     if by_price:
-        print("\n".join(failover.describe_order(order, prices)), flush=True)
+        print("\n".join(failover.describe_order(order, prices, failover.check_max_attempts(max_attempts))), flush=True)
     made, candidate = placement.bring_up(order, planned.prepared, placement.asked(values), say,
                                          float(retry_until_up) * 60)
     print("\n".join(made.lines))

@@ -427,6 +427,8 @@ def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_n
     try:
         up = kiln(env, "up", "fe", "--provider", "gcp", "--zones", f"{ZONE},{OTHER_REGION_ZONE}", "--count", "1",
                   "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        capped = kiln(env, "up", "fc", "--provider", "gcp", "--zones", f"{ZONE},{OTHER_REGION_ZONE}", "--count", "1",
+                      "--ssh-cidr", CIDR, "--ssh-wait", "0", "--max-attempts", "1")
     finally:
         for zone in (ZONE, OTHER_REGION_ZONE):
             gce.capacity(zone, None)
@@ -434,6 +436,11 @@ def test_a_quota_error_skips_the_rest_of_its_region_and_all_empty_is_one_error_n
     assert up.stderr.startswith("kiln: no candidate came up: tried 2: gcp us-central1-a g2-standard-4 on-demand: "
                                 "capacity (ZONE_RESOURCE_POOL_EXHAUSTED); gcp us-east1-b"), up.stderr
     assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "fe").exists()
+    assert capped.returncode == 1 and f"trying gcp {OTHER_REGION_ZONE}" not in capped.stdout, capped.stdout
+    assert "up: 1 tried, the most a round tries (--max-attempts); 1 not tried" in capped.stdout
+    assert capped.stderr.startswith("kiln: no candidate came up: tried 1, 1 not tried (--max-attempts 1): gcp "
+                                    f"{ZONE} g2-standard-4 on-demand: capacity"), capped.stderr
+    assert leftovers(gce) == [] and not (env / "kiln" / "clusters" / "fc").exists()
 
 
 def test_retry_until_up_takes_capacity_that_returns_to_the_zone(env, gce):

@@ -263,6 +263,30 @@ def test_retry_until_up_stops_at_its_deadline_and_never_retries_what_is_not_capa
     assert asked == ["r1"]  # no --retry-until-up: once
 
 
+def test_a_round_tries_max_attempts_candidates_and_says_how_many_it_left():
+    """--max-attempts caps the tries of a round; a candidate skipped for a quota is not a try."""
+    attempt, asked = fails({"r1": "InsufficientInstanceCapacity", "r2": "VcpuLimitExceeded",
+                               "r3": "InsufficientInstanceCapacity", "r4": "InsufficientInstanceCapacity"})
+    said: list[str] = []
+    candidates = [*order("aws", "r1", "r2"), Candidate("aws", "r2", "t2", False), *order("aws", "r3", "r4", "r5")]
+    with pytest.raises(NoCapacity, match=r"tried 3, 2 not tried \(--max-attempts 3\)"):
+        failover.first_fit(candidates, attempt, said.append, max_attempts=3)
+    assert asked == ["r1", "r2", "r3"]  # r2's second type skipped for r2's quota
+    assert said[-1] == "up: 3 tried, the most a round tries (--max-attempts); 2 not tried"
+    made, chosen, _ = failover.first_fit(candidates, attempt, lambda line: None, max_attempts=6)
+    assert chosen.place == "r5" and made == "up in r5"
+    assert "a round tries 3 at most: --max-attempts" in failover.describe_order(candidates, max_attempts=3)[0]
+    assert "at most" not in failover.describe_order(candidates)[0]
+
+
+def test_max_attempts_below_one_is_refused_before_anything_is_planned(tmp_path):
+    for value, said in (("0", "--max-attempts 0: give how many candidates an up may try, a whole number of at "
+                              "least 1"),
+                        ("many", "--max-attempts wants a whole number, not 'many'")):
+        refused = kiln("up", "x", "--provider", "local", "--max-attempts", value, home=tmp_path)
+        assert refused.returncode == 2 and refused.stderr == f"kiln: {said}\n", refused.stderr
+
+
 def kiln(*args: str, home) -> subprocess.CompletedProcess:
     return subprocess.run([str(KILN), *args], cwd=home, capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(home), "KILN_HOME": str(home / ".kiln")})
