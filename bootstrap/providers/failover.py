@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TypeVar
 
 from bootstrap.errors import KilnError, UsageError
@@ -44,11 +44,11 @@ class Unavailable(UsageError):
 
 class NoCapacity(KilnError):
     """Every candidate was tried and none came up; the message lists what each said. `refused_only`: every place
-    refused the request itself, before anything was made (Unavailable)."""
+    refused the request itself, before anything was made (Unavailable); `tried`: the tries."""
 
-    def __init__(self, message: str, *, refused_only: bool = False):
+    def __init__(self, message: str, *, refused_only: bool = False, tried: Sequence[Tried] = ()):
         super().__init__(message)
-        self.refused_only = refused_only
+        self.refused_only, self.tried = refused_only, list(tried)
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class Tried:
     verdict: str  # capacity, quota, unavailable
     code: str  # the cloud's error code
     refused: bool = False  # refused before anything was made (Unavailable)
+    round: int = 1  # --retry-until-up's round it was tried in
 
 
 def candidates(clouds: Sequence[str], places: Mapping[str, Sequence[str]], types: Mapping[str, Sequence[str]],
@@ -162,7 +163,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
     capped = f", {untried} not tried (--max-attempts {max_attempts})" if untried else ""
     raise NoCapacity(f"no candidate came up: tried {len(tried)}{capped}: "
                      + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried),
-                     refused_only=bool(tried) and all(t.refused for t in tried))
+                     refused_only=bool(tried) and all(t.refused for t in tried), tried=tried)
 
 
 # --retry-until-up's waits between rounds: the first, doubled each round up to the longest.
@@ -188,14 +189,19 @@ def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say:
     round's error."""
     end = clock() + deadline_s
     wait, round_ = RETRY_FIRST_WAIT_S, 0
+    earlier: list[Tried] = []  # the rounds before this one's tries, each with its round
     while True:
         round_ += 1
         try:
-            return first_fit(order, attempt, say, max_attempts)
+            made, chosen, tried = first_fit(order, attempt, say, max_attempts)
+            return made, chosen, [*earlier, *(replace(one, round=round_) for one in tried)]
         except (NoCapacity, CloudError, Unavailable) as error:
             left = end - clock()
             if deadline_s <= 0 or not retryable(error, order[0].cloud) or left <= 0:
                 raise
+            tries = error.tried if isinstance(error, NoCapacity) else [  # one candidate's error comes as it is
+                Tried(order[0], verdict_of(order[0].cloud, error), error.code, isinstance(error, Unavailable))]
+            earlier += [replace(one, round=round_) for one in tries]
             pause = min(wait, left)
             say(f"up: round {round_}: no capacity ({getattr(error, 'code', '') or 'any candidate'}); trying again "
                 f"in {pause:.0f}s (--retry-until-up: {left:.0f}s left)")
@@ -299,8 +305,22 @@ def capacity_record(order: Sequence[Candidate], chosen: Candidate, tried: Sequen
     """What capacity.json keeps of an `up`: the candidates in order, the one that came up, what each try before it
     met, and what the `up` was asked (so a managed run can bring the cluster up again elsewhere)."""
     return {"candidates": [asdict(candidate) for candidate in order], "came_up": asdict(chosen),
-            "tried": [{**asdict(one.candidate), "verdict": one.verdict, "code": one.code} for one in tried],
+            "tried": [{**asdict(one.candidate), "verdict": one.verdict, "code": one.code, "round": one.round}
+                      for one in tried],
             **({"asked": dict(asked)} if asked is not None else {})}
+
+
+def attempt_log(name: str, record: Mapping) -> list[str]:
+    """What `kiln list -v` says of how cluster `name` came up (its capacity.json): every try before it, round by
+    round, and where it came up (pure)."""
+    came_up = Candidate(**record["came_up"])
+    tried = record.get("tried", [])
+    lines = [f"{name}: came up at {came_up.describe()} after {len(tried)} failed tr{'y' if len(tried) == 1 else 'ies'}"
+             f" of {len(record.get('candidates', []))} candidate(s)"]
+    for one in tried:
+        candidate = Candidate(**{key: one[key] for key in ("cloud", "place", "instance_type", "spot")})
+        lines.append(f"  round {one.get('round', 1)}: {candidate.describe()}: {one['verdict']} ({one['code']})")
+    return lines
 
 
 def candidates_of(record: Mapping) -> tuple[list[Candidate], Candidate]:

@@ -56,8 +56,13 @@ class KilnTask(Task):
         kwargs["auto_shortflags"] = False
         super().__init__(*args, **kwargs)
 
+    SHORT = {"verbose": "v"}  # the one short flag a task may have, as ls -v and ssh -v spell it
+
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         arguments = super().get_arguments(ignore_unknown_help=ignore_unknown_help)
+        for argument in arguments:
+            if argument.name in self.SHORT:
+                argument.names = (*argument.names, self.SHORT[argument.name])
         return [NumberArgument(number=a.kind, names=tuple(a.names), default=a.default, help=a.help,
                                positional=a.positional, optional=a.optional, attr_name=a.attr_name)
                 if a.kind in (int, float) else a for a in arguments]

@@ -175,9 +175,11 @@ WHERE_HELP = {**{k: UP_HELP[k] for k in WHERE_OPTIONS}, "provider": "aws (defaul
                              "the regions of the clusters made from here and the one given or configured"}
 
 
-@cluster_task(name="list", help=WHERE_HELP)
+@cluster_task(name="list", help={**WHERE_HELP, "verbose": "also say how each cluster made from here came up: "
+                                                          "every candidate its up tried first, round by round, "
+                                                          "what each met, and where it came up"})
 def list_(c, region=None, profile=None, provider="aws", project=None, zone=None, subscription=None, location=None,
-          all_regions=False):
+          all_regions=False, verbose=False):
     """List the clusters kiln has made (AWS: tagged, GCP: labelled, with their expiry, and the snapshots of their
     data volumes), in every region that holds a cluster made from here, and the one given or configured."""
     looked = providers.look_everywhere(provider, {"region": region, "profile": profile, "project": project,
@@ -185,6 +187,12 @@ def list_(c, region=None, profile=None, provider="aws", project=None, zone=None,
                                        bool(all_regions), "list")
     if looked.lines or not looked.failed:
         print("\n".join(looked.lines) if looked.lines else f"no kiln clusters{in_places(looked)}")
+    if verbose:
+        logs = [line for record in state.list_clusters(lenient=True) if record.provider == provider
+                and (capacity := state.load_capacity(record.name)) and "came_up" in capacity
+                for line in failover.attempt_log(record.name, capacity)]
+        print("\n".join(["how the clusters made from here came up:", *logs] if logs else
+                        ["no cluster made from here has a record of how it came up"]))
     fail_where_unread(looked)
 
 

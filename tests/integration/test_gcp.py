@@ -379,6 +379,11 @@ def test_an_empty_zone_moves_up_on_to_the_next_and_leaves_nothing_of_the_try(env
     assert record["came_up"]["place"] == "us-central1-b" and [(t["place"], t["verdict"], t["code"]) for t in
                                                                record["tried"]] == [
         (ZONE, "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED")]
+    listed = kiln(env, "list", "--provider", "gcp", "-v")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert ("fo: came up at gcp us-central1-b g2-standard-4 on-demand after 1 failed try of 2 candidate(s)\n"
+            f"  round 1: gcp {ZONE} g2-standard-4 on-demand: capacity (ZONE_RESOURCE_POOL_EXHAUSTED)\n") \
+        in listed.stdout, listed.stdout
     instances = instances_of(gce, "fo")
     assert [i.zone.rsplit("/", 1)[-1] for i in instances] == ["us-central1-b"] * 2
     assert leftovers(gce, "fo") == sorted([*(f"{kind} {i.name}" for i in instances for kind in ("disk", "instance")),
@@ -464,3 +469,6 @@ def test_retry_until_up_takes_capacity_that_returns_to_the_zone(env, gce):
         gce.capacity(ZONE, None)
     assert up.returncode == 0, out + err
     assert f"cluster fr is running in kiln-test/{ZONE}" in out and state.load_cluster("fr").region == ZONE
+    record = json.loads((env / "kiln" / "clusters" / "fr" / "capacity.json").read_text())
+    assert [(t["place"], t["verdict"], t["code"], t["round"]) for t in record["tried"]] == [
+        (ZONE, "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED", 1)]  # the whole log: the first round's try too

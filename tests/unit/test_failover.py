@@ -238,10 +238,18 @@ def test_retry_until_up_waits_longer_each_round_and_takes_capacity_that_returns(
             raise CloudError("...", code="ZONE_RESOURCE_POOL_EXHAUSTED")
         return f"up in {candidate.place}"
 
-    made, chosen, _ = failover.until_up(order("gcp", "z-a", "z-b"), attempt, said.append, 600, sleep=clock.sleep,
-                                        clock=lambda: clock.now)
+    made, chosen, tried = failover.until_up(order("gcp", "z-a", "z-b"), attempt, said.append, 600,
+                                            sleep=clock.sleep, clock=lambda: clock.now)
     assert made == "up in z-b" and clock.slept == [10.0, 20.0, 40.0]
     assert "up: round 1: no capacity (any candidate); trying again in 10s (--retry-until-up: 600s left)" in said
+    assert [(one.candidate.place, one.round) for one in tried] == [
+        ("z-a", 1), ("z-b", 1), ("z-a", 2), ("z-b", 2), ("z-a", 3), ("z-b", 3), ("z-a", 4)]  # every round's
+    record = failover.capacity_record(order("gcp", "z-a", "z-b"), chosen, tried)
+    assert failover.attempt_log("c", record) == [
+        "c: came up at gcp z-b t on-demand after 7 failed tries of 2 candidate(s)",
+        *(f"  round {n}: gcp {place} t on-demand: capacity (ZONE_RESOURCE_POOL_EXHAUSTED)"
+          for n in (1, 2, 3) for place in ("z-a", "z-b")),
+        "  round 4: gcp z-a t on-demand: capacity (ZONE_RESOURCE_POOL_EXHAUSTED)"]
 
 
 def test_retry_until_up_stops_at_its_deadline_and_never_retries_what_is_not_capacity():
