@@ -12,6 +12,7 @@ import pytest
 
 from bootstrap.errors import UsageError
 from bootstrap.providers import failover
+from bootstrap.providers.aws import plan as aws_plan
 from bootstrap.providers.failover import Candidate, CloudError, NoCapacity
 
 WHERE = {"region": None, "zone": None, "location": None}
@@ -293,6 +294,22 @@ def test_max_attempts_below_one_is_refused_before_anything_is_planned(tmp_path):
                         ("many", "--max-attempts wants a whole number, not 'many'")):
         refused = kiln("up", "x", "--provider", "local", "--max-attempts", value, home=tmp_path)
         assert refused.returncode == 2 and refused.stderr == f"kiln: {said}\n", refused.stderr
+
+
+def test_a_region_aws_does_not_have_is_refused_with_the_nearest_real_ones():
+    known = aws_plan.sdk_regions()
+    assert {"us-east-1", "eu-west-1", "ap-northeast-1", "cn-north-1", "us-gov-west-1"} <= set(known)  # partitions
+    aws_plan.check_region("us-west-2", known)
+    with pytest.raises(UsageError, match=r"^region us-est-1: not an AWS region \(the nearest: us-west-1, us-east-1"):
+        aws_plan.check_region("us-est-1", known)
+
+
+def test_a_made_up_region_in_the_list_is_refused_before_anything_is_planned(tmp_path):
+    refused = kiln("up", "x", "--gpus", "H100:8", "--regions", "us-east-1,mars-east-1", "--ssh-cidr",
+                   "203.0.113.7/32", "--dry-run", home=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("kiln: region mars-east-1: not an AWS region (the nearest: us-east-1, "), \
+        refused.stderr
 
 
 def kiln(*args: str, home) -> subprocess.CompletedProcess:
