@@ -131,12 +131,15 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
     tried: list[Tried] = []
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
     untried = 0
+    def skipped(candidate: Candidate) -> bool:
+        return bool({(candidate.cloud, candidate.region, candidate.spot),
+                     (candidate.cloud, EVERY_REGION, candidate.spot)} & over_quota)
+
     for index, candidate in enumerate(order):
-        if {(candidate.cloud, candidate.region, candidate.spot), (candidate.cloud, EVERY_REGION, candidate.spot)} \
-                & over_quota:
+        if skipped(candidate):
             continue
         if len(tried) >= max_attempts:
-            untried = len(order) - index
+            untried = sum(1 for later in order[index:] if not skipped(later))
             say(f"up: {max_attempts} tried, the most a round tries (--max-attempts); {untried} not tried")
             break
         if len(order) > 1:

@@ -188,11 +188,7 @@ def list_(c, region=None, profile=None, provider="aws", project=None, zone=None,
     if looked.lines or not looked.failed:
         print("\n".join(looked.lines) if looked.lines else f"no kiln clusters{in_places(looked)}")
     if verbose:
-        logs = [line for record in state.list_clusters(lenient=True) if record.provider == provider
-                and (capacity := state.load_capacity(record.name)) and "came_up" in capacity
-                for line in failover.attempt_log(record.name, capacity)]
-        print("\n".join(["how the clusters made from here came up:", *logs] if logs else
-                        ["no cluster made from here has a record of how it came up"]))
+        print("\n".join(attempt_logs(provider)))
     fail_where_unread(looked)
 
 
@@ -207,6 +203,26 @@ def sweep(c, region=None, profile=None, dry_run=False, provider="aws", project=N
     if looked.lines or not looked.failed:
         print("\n".join(looked.lines) if looked.lines else f"nothing has expired{in_places(looked)}")
     fail_where_unread(looked)
+
+
+def attempt_logs(provider: str) -> list[str]:
+    """list -v: how each cluster of `provider` made from here came up (its capacity.json); one that cannot be read
+    is said, and the others still shown."""
+    logs = []
+    for record in state.list_clusters(lenient=True):
+        if record.provider != provider:
+            continue
+        try:
+            capacity = state.load_capacity(record.name)
+        except KilnError as error:
+            logs.append(f"{record.name}: {error}")
+            continue
+        try:
+            logs += failover.attempt_log(record.name, capacity) if capacity and "came_up" in capacity else []
+        except (KeyError, TypeError, ValueError):
+            logs.append(f"{record.name}: its capacity.json is not as kiln writes it")
+    return ["how the clusters made from here came up:", *logs] if logs else [
+        "no cluster made from here has a record of how it came up"]
 
 
 def in_places(looked: providers.Looked) -> str:

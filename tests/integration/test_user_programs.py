@@ -77,7 +77,9 @@ def test_a_classic_between_graph_program_runs_unchanged_with_placeholders(cluste
     assert done.returncode == 0, done.stdout + done.stderr
     results = outputs(cluster, "classic")
     assert set(results) == {"node1/worker-0", "node2/worker-1", "node3/worker-2"}, results
-    assert max(r["global_step"] for r in results.values()) >= 299
+    # a worker's step is fetched in the run that updates it, before or after that update and the other workers'
+    # in flight: the last one seen may be one per worker short of where training stopped (a run of CI saw 298)
+    assert max(r["global_step"] for r in results.values()) >= 300 - len(results)
     assert sum(r["steps_here"] for r in results.values()) >= 299, "the workers shared one global step"
     data = json.loads((cluster.runs / "classic" / "summary.json").read_text())
     assert data["status"] == "ok", data

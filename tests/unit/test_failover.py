@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap import state
 from bootstrap.errors import UsageError
+from bootstrap.hosts import Host
 from bootstrap.providers import failover
 from bootstrap.providers.aws import plan as aws_plan
 from bootstrap.providers.failover import Candidate, CloudError, NoCapacity
@@ -282,6 +284,9 @@ def test_a_round_tries_max_attempts_candidates_and_says_how_many_it_left():
         failover.first_fit(candidates, attempt, said.append, max_attempts=3)
     assert asked == ["r1", "r2", "r3"]  # r2's second type skipped for r2's quota
     assert said[-1] == "up: 3 tried, the most a round tries (--max-attempts); 2 not tried"
+    later_in_r2 = [*order("aws", "r1", "r2", "r3"), Candidate("aws", "r2", "t2", False), *order("aws", "r4")]
+    with pytest.raises(NoCapacity, match=r"tried 2, 2 not tried"):  # r2's second type would be skipped: not counted
+        failover.first_fit(later_in_r2, attempt, lambda line: None, max_attempts=2)
     made, chosen, _ = failover.first_fit(candidates, attempt, lambda line: None, max_attempts=6)
     assert chosen.place == "r5" and made == "up in r5"
     assert "a round tries 3 at most: --max-attempts" in failover.describe_order(candidates, max_attempts=3)[0]
@@ -294,6 +299,22 @@ def test_max_attempts_below_one_is_refused_before_anything_is_planned(tmp_path):
                         ("many", "--max-attempts wants a whole number, not 'many'")):
         refused = kiln("up", "x", "--provider", "local", "--max-attempts", value, home=tmp_path)
         assert refused.returncode == 2 and refused.stderr == f"kiln: {said}\n", refused.stderr
+
+
+def test_list_v_says_how_each_cluster_came_up_and_which_record_it_cannot_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_HOME", str(tmp_path / ".kiln"))
+    for name in ("a", "b"):
+        state.save_cluster(state.ClusterRecord(name, (Host("10.0.0.2"),), "python3", provider="local"))
+    candidates = order("local", "z1", "z2")
+    state.save_capacity("a", failover.capacity_record(candidates, candidates[1], [
+        failover.Tried(candidates[0], "capacity", "NoRoom")]))
+    (tmp_path / ".kiln" / "clusters" / "b" / "capacity.json").write_text("{not json")
+    listed = kiln("list", "--provider", "local", "-v", home=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert ("how the clusters made from here came up:\n"
+            "a: came up at local z2 t on-demand after 1 failed try of 2 candidate(s)\n"
+            "  round 1: local z1 t on-demand: capacity (NoRoom)\n"
+            f"b: cannot read {tmp_path}/.kiln/clusters/b/capacity.json: ") in listed.stdout, listed.stdout
 
 
 def test_a_region_aws_does_not_have_is_refused_with_the_nearest_real_ones():

@@ -6,6 +6,7 @@ Everything here is pure and unit-tested for exact output; bootstrap.providers.aw
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import json
 import re
@@ -421,9 +422,11 @@ def vcpus_short(quota: VcpuQuota, limit: float, used: int, wanted: int, count: i
             f"{limit:g} here with {used} in use: ask Service Quotas for more")
 
 
+@functools.cache
 def sdk_regions() -> tuple[str, ...]:
     """Every region botocore's endpoint data names for EC2, in each of its partitions: the SDK's own list (no call
-    to AWS), as new as the botocore kiln pins."""
+    to AWS), as new as the botocore kiln pins (a region AWS opens later is refused until the pin moves). Read once
+    (a third of a second): an up prepares every candidate."""
     import botocore.session
 
     session = botocore.session.get_session()
