@@ -131,6 +131,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
     tried: list[Tried] = []
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
     untried = 0
+
     def skipped(candidate: Candidate) -> bool:
         return bool({(candidate.cloud, candidate.region, candidate.spot),
                      (candidate.cloud, EVERY_REGION, candidate.spot)} & over_quota)

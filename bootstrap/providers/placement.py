@@ -37,6 +37,7 @@ class Planned:
     order: list[failover.Candidate]
     prepared: dict  # candidate -> (provider, request)
     idle_minutes: float | None
+    max_attempts: int  # the most a round tries (--max-attempts)
 
 
 def plan_up(name: str, values: dict) -> Planned:
@@ -47,7 +48,7 @@ def plan_up(name: str, values: dict) -> Planned:
         raise UsageError("--on-demand-fallback: falls back from --spot machines; give --spot too")
     if values["by_price"] and not values["spot"]:
         raise UsageError("--by-price: orders the candidates by their spot price; give --spot too")
-    failover.check_max_attempts(values.get("max_attempts", failover.MAX_ATTEMPTS))
+    max_attempts = max_attempts_of(values)
     types = failover.types_of(clouds, values["gpus"], values["instance_type"])
     order = failover.candidates(clouds, failover.places_of(clouds, values["zones"], values["regions"], values),
                                 types, bool(values["spot"]), values["on_demand_fallback"])
@@ -59,7 +60,12 @@ def plan_up(name: str, values: dict) -> Planned:
                          "second one of that name")
     prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
                 for candidate in order}
-    return Planned(clouds, types, order, prepared, idle_minutes)
+    return Planned(clouds, types, order, prepared, idle_minutes, max_attempts)
+
+
+def max_attempts_of(values: dict) -> int:
+    """--max-attempts of an up's options, checked (a capacity.json written before it has none: the default)."""
+    return failover.check_max_attempts(values.get("max_attempts", failover.MAX_ATTEMPTS))
 
 
 def by_price(planned: Planned, say: Callable[[str], None]) -> tuple[list[failover.Candidate], dict]:
@@ -135,8 +141,7 @@ def bring_up(order: list[failover.Candidate], prepared: dict, values: dict, say,
     up was asked (`values`) and every candidate it named (`candidates`, default `order`: a move tries fewer, but
     the place it left stays one to move back to)."""
     made, candidate, tried = failover.until_up(order, lambda one: prepared[one][0].up(prepared[one][1], say=say), say,
-                                               deadline_s, max_attempts=failover.check_max_attempts(
-                                                   values.get("max_attempts", failover.MAX_ATTEMPTS)))
+                                               deadline_s, max_attempts=max_attempts_of(values))
     state.save_capacity(made.name, failover.capacity_record(candidates or order, candidate, tried, values))
     return made, candidate
 

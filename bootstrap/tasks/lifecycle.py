@@ -95,13 +95,13 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
     order, prices = placement.by_price(planned, say) if by_price else (planned.order, {})
     if dry_run:
         if len(order) > 1 or by_price:
-            print("\n".join(failover.describe_order(order, prices, failover.check_max_attempts(max_attempts))))
+            print("\n".join(failover.describe_order(order, prices, planned.max_attempts)))
             print(f"the plan of the first ({order[0].describe()}); the others alike:")
         chosen, request = planned.prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
     if by_price:
-        print("\n".join(failover.describe_order(order, prices, failover.check_max_attempts(max_attempts))), flush=True)
+        print("\n".join(failover.describe_order(order, prices, planned.max_attempts)), flush=True)
     made, candidate = placement.bring_up(order, planned.prepared, placement.asked(values), say,
                                          float(retry_until_up) * 60)
     print("\n".join(made.lines))
