@@ -243,6 +243,25 @@ def load_capacity(cluster: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def offerings_path(kind: str) -> Path:
+    """Where kiln keeps what a cloud last said of where it offers each GPU type (offerings/`kind`.json)."""
+    return kiln_home() / "offerings" / f"{kind}.json"
+
+
+def save_offerings(kind: str, data: dict) -> None:
+    """Written by the cloud's provider when it has read them (bootstrap.providers.clouds)."""
+    write_json(offerings_path(kind), data)
+
+
+def load_offerings(kind: str) -> dict | None:
+    """The cloud's kept offerings; None where there are none, or the file is damaged (then they are read again)."""
+    try:
+        data = read_json(offerings_path(kind))
+    except KilnError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def has_cloud_state(cluster: str, kind: str = "aws") -> bool:
     return (cluster_dir(cluster) / f"{kind}.json").exists()
 

@@ -11,9 +11,9 @@ is patched:
 
 It serves one project (and, read-only, the images of other projects added with `add_image(project=...)`) in a few
 zones: instances (insert, get, list, aggregatedList, delete, getGuestAttributes, getSerialPortOutput, setLabels,
-stop, start, attachDisk), machineTypes (get: the types each zone offers), disks (insert, get, list, delete,
-setLabels), resourcePolicies (insert, get, list, delete), snapshots and firewalls (global: the same), images (get,
-getFromFamily, list) and the zone, region and global operations (get, list, wait). A resource's numeric id serves
+stop, start, attachDisk), machineTypes (get, aggregatedList: the types each zone offers), disks (insert, get, list,
+delete, setLabels), resourcePolicies (insert, get, list, delete), snapshots and firewalls (global: the same), images
+(get, getFromFamily, list) and the zone, region and global operations (get, list, wait). A resource's numeric id serves
 in place of its name, as in GCE.
 
 How it holds to the real API:
@@ -259,6 +259,7 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
             ("POST", inst + "/start", "instances.start", self._instances_start),
             ("POST", inst + "/attachDisk", "instances.attachDisk", self._instances_attach_disk),
             ("GET", p + "/zones/{zone}/machineTypes/{machineType}", "machineTypes.get", self._machine_types_get),
+            ("GET", p + "/aggregated/machineTypes", "machineTypes.aggregatedList", self._machine_types_aggregated),
             ("GET", p + "/zones/{zone}/disks", "disks.list", self._list),
             ("POST", p + "/zones/{zone}/disks", "disks.insert", self._disks_insert),
             ("GET", p + "/zones/{zone}/disks/{disk}", "disks.get", self._get_one),

@@ -72,9 +72,30 @@ class InstanceHandlers:
     def _machine_types_get(self, method, params, query, body):
         """A machine type as the zone offers it (404 where the zone does not: GCE has no such resource there)."""
         zone, name = params["zone"], params["machineType"]
-        path = f"projects/{self.project}/zones/{zone}/machineTypes/{name}"
         if zone not in self.machine_types or name not in self.machine_types[zone]:
-            raise not_found(path)
+            raise not_found(f"projects/{self.project}/zones/{zone}/machineTypes/{name}")
+        return self._machine_type_message(zone, name)
+
+    def _machine_types_aggregated(self, method, params, query, body):
+        """The machine types every zone offers, by scope `zones/Z` (filtered by name, paged over the types, as
+        machineTypes.aggregatedList answers): a zone with none on this page carries NO_RESULTS_ON_PAGE."""
+        everything = [self._machine_type_message(zone, name) for zone in self.zones
+                      for name in sorted(self.machine_types[zone])]
+        items = sorted(self._filtered(everything, query), key=lambda m: (m.zone, m.name))
+        chosen, token = page(items, query.get("maxResults", ""), query.get("pageToken", ""))
+        scoped = {}
+        for zone in self.zones:
+            here = [m for m in chosen if m.zone == zone]
+            scoped[f"zones/{zone}"] = compute_v1.MachineTypesScopedList(machine_types=here) if here else \
+                compute_v1.MachineTypesScopedList(warning=compute_v1.Warning(
+                    code="NO_RESULTS_ON_PAGE", message=f"There are no results for scope 'zones/{zone}' on this page.",
+                    data=[compute_v1.Data(key="scope", value=f"zones/{zone}")]))
+        parent = f"projects/{self.project}/aggregated/machineTypes"
+        return compute_v1.MachineTypeAggregatedList(kind="compute#machineTypeAggregatedList", id=parent, items=scoped,
+                                                    next_page_token=token, self_link=api_url(parent))
+
+    def _machine_type_message(self, zone: str, name: str):
+        path = f"projects/{self.project}/zones/{zone}/machineTypes/{name}"
         machine = MACHINE_TYPES[name]
         accelerators = [compute_v1.Accelerators(guest_accelerator_count=machine.gpus,
                                                 guest_accelerator_type=machine.accelerator)] if machine.gpus else []

@@ -8,9 +8,11 @@ them), and Azure's H100 NVL apart from the SXM H100.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bootstrap.errors import UsageError
+from bootstrap.providers import offerings
 
 SOURCES = {
     "aws": "https://aws.amazon.com/ec2/instance-types/#Accelerated_Computing",
@@ -122,11 +124,18 @@ def choose(text: str, cloud: str) -> list[Machine]:
     raise UsageError(f"--gpus {text}: {offers}{where} (--instance-type names any other type)")
 
 
-def table(cloud: str | None = None) -> list[str]:
-    """The catalog as `kiln gpus` prints it: a line per instance type, by cloud."""
+def table(cloud: str | None = None, offered: Mapping[str, offerings.Record] | None = None) -> list[str]:
+    """The catalog as `kiln gpus` prints it: a line per instance type, by cloud; where `offered` has the cloud's
+    offerings, how many regions and zones offer each type to the account, and where that was read."""
     lines = []
     for name in (cloud,) if cloud else CLOUDS:
-        lines.append(f"{name} ({SOURCES[name]}):")
-        lines += [f"  {machine.gpu + ':' + str(machine.count):13} {machine.instance_type:27} {machine.describe()}"
-                  for machine in of_cloud(name)]
+        record = (offered or {}).get(name)
+        lines.append(f"{name} ({SOURCES[name]}):" + (f" where offered: {offerings.describe(record)}" if record else ""))
+        for machine in of_cloud(name):
+            where = ""
+            if record:
+                regions, zones = offerings.summary(record, [machine.instance_type])
+                where = f"  [{regions} region(s), {zones} zone(s)]" if regions else "  [offered nowhere to you]"
+            lines.append(f"  {machine.gpu + ':' + str(machine.count):13} {machine.instance_type:27} "
+                         f"{machine.describe()}{where}")
     return lines

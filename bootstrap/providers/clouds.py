@@ -14,13 +14,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from dataclasses import replace as changed
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import Gone, Made, Notice, Replacement, provision
+from bootstrap.providers import Gone, Made, Notice, Replacement, catalog, provision
+from bootstrap.providers import offerings as offered
 from bootstrap.providers.azure import plan as azure_plan
 from bootstrap.providers.common import SSH_WAIT_S, ClusterSummary, configured, listing, swept, validate_ssh_wait
 from bootstrap.providers.gcp import plan as gcp_plan
@@ -52,6 +54,10 @@ class Cloud(Protocol):
 
     def spot_prices(self, types: Sequence[str], **place: str | None) -> dict[str, float]: ...
 
+    def offerings(self, types: Sequence[str], **connection: str | None) -> offered.Record: ...
+
+    def default_place(self, **connection: str | None) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class CloudFacts:
@@ -66,6 +72,7 @@ class CloudFacts:
     where: tuple[str, ...]  # the options that place its clusters
     scope: str  # the option of `where` that bounds what list and sweep see
     connects: tuple[str, ...]  # the options of `where` every verb is called with
+    account: str  # the option of `where` that names the account (what it is offered, and where, depends on it)
     prices: str  # where up --by-price reads its spot prices ("": kiln reads none there)
     priced_by: tuple[str, ...]  # the options of `where` its spot prices are read with
     machine: str  # what a node is called there: instance, VM
@@ -179,6 +186,23 @@ class CloudProvider:
     def arm_autostop(self, cluster: str) -> None:
         self.cloud.arm_autostop(cluster, **self.connection())
 
+    def default_place(self) -> str | None:
+        """The place an up that names none goes to, as the cloud's own settings name it (None: none does)."""
+        return self.cloud.default_place(**self.connection())
+
+    def offerings(self, instance_types: Sequence[str] = (), *, refresh: bool = False) -> offered.Record:
+        """Where the cloud offers the types of kiln's catalog (and `instance_types`) to the account: as it said
+        within the last day (kept in KILN_HOME/offerings/KIND.json), else asked now and kept."""
+        account = self.given((self.facts.account,))[self.facts.account] or ""
+        types = tuple(dict.fromkeys([*(m.instance_type for m in catalog.of_cloud(self.facts.kind)), *instance_types]))
+        now = datetime.now(UTC)
+        kept = offered.Record.from_json(state.load_offerings(self.facts.kind) or {})
+        if kept and not refresh and kept.answers(account, types, now):
+            return kept
+        record = changed(self.cloud.offerings(types, **self.connection()), account=account)
+        state.save_offerings(self.facts.kind, record.to_json())
+        return record
+
     def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
         if not self.facts.prices:
             return {}
@@ -193,7 +217,7 @@ PROVIDERS = CLOUDS = {
         shutdown="system", notice=Notice("ec2", "IMDSv2 latest/meta-data/spot/instance-action"),
         up_options=frozenset({"instance_type", "spot", "max_price", "ami", "image_profile", "image_tags", "ssh_cidr",
                               "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"}),
-        where=("region", "profile"), scope="region", connects=("region", "profile"),
+        where=("region", "profile"), scope="region", connects=("region", "profile"), account="profile",
         prices="EC2's spot price history (the newest price in each zone of the region, the lowest of them)",
         priced_by=("region", "profile"), machine="instance", volume="data volume", keys_from="the console output",
         keys_shown="their consoles show", found_by="tagged kiln:cluster={name}", snapshot_word=""),
@@ -205,7 +229,8 @@ PROVIDERS = CLOUDS = {
         shutdown="system", notice=Notice("gce", "the metadata server's instance/preempted"),
         up_options=frozenset({"instance_type", "spot", "source_image", "image_profile", "image_tags", "ssh_cidr",
                               "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"}),
-        where=("project", "zone"), scope="project", connects=("project",),  # a project's list holds every zone's
+        # a project's list holds every zone's
+        where=("project", "zone"), scope="project", connects=("project",), account="project",
         prices="", priced_by=(),  # its prices are in the Cloud Billing Catalog API, which kiln does not read
         machine="instance", volume="data disk", keys_from="the instances' guest attributes and serial ports",
         keys_shown="they show", found_by="labelled kiln-cluster={name}",
@@ -219,7 +244,7 @@ PROVIDERS = CLOUDS = {
         up_options=frozenset({"instance_type", "spot", "max_price", "image_id", "image_profile", "image_tags",
                               "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"}),
         where=("subscription", "location"), scope="subscription",  # a subscription's list holds every location's
-        connects=("subscription",),
+        connects=("subscription",), account="subscription",
         prices="Azure's Retail Prices API (the Linux Spot meter of the size in the location)",
         priced_by=("location",), machine="VM", volume="data disk", keys_from="the VMs' serial logs",
         keys_shown="their serial logs show", found_by="in resource group kiln-{name}",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from bootstrap import autostop, providers, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.providers import common, failover
+from bootstrap.providers import offerings as offered
 
 PROVIDER_OPTIONS = ("instance_type", "spot", "max_price", "ami", "source_image", "image_id", "image_profile",
                     "image_tags", "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "region", "profile", "project",
@@ -38,6 +39,7 @@ class Planned:
     prepared: dict  # candidate -> (provider, request)
     idle_minutes: float | None
     max_attempts: int  # the most a round tries (--max-attempts)
+    where_from: tuple[str, ...] = ()  # what the up read of where clouds offer the types, for a cloud it left open
 
 
 def plan_up(name: str, values: dict) -> Planned:
@@ -50,17 +52,92 @@ def plan_up(name: str, values: dict) -> Planned:
         raise UsageError("--by-price: orders the candidates by their spot price; give --spot too")
     max_attempts = max_attempts_of(values)
     types = failover.types_of(clouds, values["gpus"], values["instance_type"])
-    order = failover.candidates(clouds, failover.places_of(clouds, values["zones"], values["regions"], values),
-                                types, bool(values["spot"]), values["on_demand_fallback"])
+    places = failover.places_of(clouds, values["zones"], values["regions"], values)
+    places, records, unread, where_from = open_places(clouds, places, types, values)
+    order = [candidate for candidate in failover.candidates([c for c in clouds if places[c]], places, types,
+                                                            bool(values["spot"]), values["on_demand_fallback"])
+             if candidate.cloud not in records or not offered.missing(records[candidate.cloud], candidate.place,
+                                                                      candidate.instance_type)]
+    if not order:
+        raise UsageError(f"--gpus {values['gpus']}: no place of --provider {values['provider']} to try: "
+                         + "; ".join(where_from))
     idle_minutes = autostop.validate_idle_minutes(values["idle_minutes"]) or None
     refuse_foreign(clouds, values)
     failover.refuse_across_places(order, {key: values[key] for key in ("volume", "ami", "image_id")})
     if len(order) > 1 and state.load_cluster(name) is not None:
         raise UsageError(f"cluster {name} exists here (kiln down {name} first): trying other places could make a "
                          "second one of that name")
-    prepared = {candidate: prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
-                for candidate in order}
-    return Planned(clouds, types, order, prepared, idle_minutes, max_attempts)
+    prepared = prepare_each(name, order, values, idle_minutes, clouds, unread, where_from)
+    order = [candidate for candidate in order if candidate in prepared]
+    if not order:
+        raise UsageError(f"--gpus {values['gpus']}: no place of --provider {values['provider']} to try: "
+                         + "; ".join(where_from))
+    return Planned(clouds, types, order, prepared, idle_minutes, max_attempts, tuple(where_from))
+
+
+def prepare_each(name: str, order: list[failover.Candidate], values: dict, idle_minutes: float | None,
+                 clouds: list[str], unread: set[str], said: list[str]) -> dict:
+    """Each candidate's provider and checked request (prepare). A cloud of several whose offerings could not be
+    read (`unread`) and whose own default place its request cannot do without (GCP's zone, Azure's location) is
+    left out, and `said` says so; any other refusal is the up's."""
+    prepared, left_out = {}, set()
+    for candidate in order:
+        try:
+            prepared[candidate] = prepare(name, values["count"], candidate, values, idle_minutes, len(clouds) > 1)
+        except UsageError as error:
+            if candidate.place or candidate.cloud not in unread or len(clouds) == 1:
+                raise
+            if candidate.cloud not in left_out:
+                said.append(f"{candidate.cloud}: left out: {error}")
+                left_out.add(candidate.cloud)
+    return prepared
+
+
+def known_offerings(clouds: list[str], *, refresh: bool) -> tuple[dict[str, offered.Record], dict[str, str]]:
+    """What kiln knows of where each cloud offers the types of its catalog: with `refresh`, as each cloud answers
+    now (why not, for a cloud that cannot be asked), else as kept from the last answer, however old."""
+    kept, unread = {}, {}
+    for cloud in clouds:
+        if refresh:
+            try:
+                kept[cloud] = providers.named(cloud).offerings(refresh=True)
+            except KilnError as error:
+                unread[cloud] = str(error)
+        elif record := offered.Record.from_json(state.load_offerings(cloud) or {}):
+            kept[cloud] = record
+    return kept, unread
+
+
+def open_places(clouds: list[str], places: dict[str, list[str]], types: dict[str, list[str]],
+                values: dict) -> tuple[dict[str, list[str]], dict[str, offered.Record], set[str], list[str]]:
+    """Where an up asked by --gpus tries a cloud for which it names no place (no --region, --zone, --location or
+    list, and none in the cloud's own settings): every place that offers the types to the account, as the cloud
+    says (its offerings, kept a day). The places of each cloud, the offerings read, the clouds whose offerings
+    could not be read (no credentials: its own default place is its one candidate, as with no --gpus; an up of
+    several clouds leaves out one that has none), and what to say of them."""
+    found, records, unread, lines = dict(places), {}, set(), []
+    if not values["gpus"]:
+        return found, records, unread, lines
+    for cloud in clouds:
+        if places.get(cloud) != [""] or not types.get(cloud):
+            continue
+        option = failover.PLACE[cloud]
+        chosen = providers.named(cloud, {key: values[key] for key in providers.provider_class(cloud).where})
+        try:
+            if chosen.default_place():
+                continue
+            record = chosen.offerings(types[cloud])
+        except KilnError as error:
+            lines.append(f"{cloud}: no --{option} given or configured, and where {cloud} offers "
+                         f"{', '.join(types[cloud])} could not be read ({error}): its own default {option} is tried")
+            unread.add(cloud)
+            continue
+        found[cloud], records[cloud] = offered.places_of(record, types[cloud]), record
+        regions, zones = offered.summary(record, types[cloud])
+        lines.append(f"{cloud}: no --{option} named: every {option} that offers {', '.join(types[cloud])} to this "
+                     f"account, {len(found[cloud])} ({regions} region(s), {zones} zone(s); {offered.describe(record)})")
+        lines += [f"  left out: {line}" for line in offered.closed(record, types[cloud])]
+    return found, records, unread, lines
 
 
 def max_attempts_of(values: dict) -> int:

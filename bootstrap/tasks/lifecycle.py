@@ -92,6 +92,8 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
         print(f"--gpus {gpus}: " + "; ".join(f"{cloud} {', '.join(planned.types[cloud]) or 'has none'}"
                                               for cloud in planned.clouds) + " (kiln gpus lists the catalog)",
               flush=True)
+    if planned.where_from:
+        print("\n".join(planned.where_from), flush=True)
     order, prices = placement.by_price(planned, say) if by_price else (planned.order, {})
     if dry_run:
         if len(order) > 1 or by_price:
@@ -235,9 +237,17 @@ def fail_where_unread(looked: providers.Looked) -> None:
                         + "; ".join(f"{where}: {why}" for where, why in looked.failed))
 
 
-@cluster_task(help={"provider": "only this cloud's: aws, gcp or azure (default: every cloud's)"})
-def gpus(c, provider=None):
-    """List the GPU machines of kiln's catalog, by cloud: what kiln up --gpus MODEL:COUNT picks from."""
+@cluster_task(help={"provider": "only this cloud's: aws, gcp or azure (default: every cloud's)",
+                    "refresh": "ask each cloud you have credentials for where it offers each type now (else: what "
+                               "kiln kept of the last answer, read again after a day by an up that needs it)"})
+def gpus(c, provider=None, refresh=False):
+    """List the GPU machines of kiln's catalog, by cloud, and how many regions and zones offer each to you: what
+    kiln up --gpus MODEL:COUNT picks from."""
     if provider and provider not in catalog.CLOUDS:
         raise UsageError(f"--provider {provider}: the catalog has {', '.join(catalog.CLOUDS)}")
-    print("\n".join(catalog.table(provider)))
+    kept, unread = placement.known_offerings([provider] if provider else list(catalog.CLOUDS), refresh=refresh)
+    print("".join(f"{cloud}: where it offers each type could not be read: {why}\n" for cloud, why in unread.items())
+          + "\n".join(catalog.table(provider, kept)))
+    if not kept:
+        print("where each type is offered: not read yet (kiln gpus --refresh asks each cloud you have credentials "
+              "for; an up --gpus with no place named asks the cloud it needs)")

@@ -1225,3 +1225,54 @@ def test_a_managed_move_comes_up_at_the_other_place_and_a_cluster_with_data_volu
         assert [item.split()[0] for item in before].count("volume") == 4  # two root volumes, two data volumes
     finally:
         aws.down("stay")
+
+
+def regions_offering(instance_type: str, regions: list[str]) -> dict[str, set[str]]:
+    """Where moto's copy of EC2's offerings (the data its DescribeInstanceTypeOfferings answers from) has the
+    type, read from its files: region -> zones."""
+    import gzip
+
+    folder = Path(moto_server.__file__).parent / "ec2" / "resources" / "instance_type_offerings" / "availability-zone"
+    found = {}
+    for region in regions:
+        if not (folder / f"{region}.json.gz").is_file():  # a region moto has no offerings of answers none
+            continue
+        rows = json.loads(gzip.decompress((folder / f"{region}.json.gz").read_bytes()))
+        zones = {row["Location"] for row in rows if row["InstanceType"] == instance_type}
+        if zones:
+            found[region] = zones
+    return found
+
+
+def test_with_no_region_given_or_configured_every_region_that_offers_the_type_is_a_candidate(env, ec2, monkeypatch):
+    """--gpus H100:8 with no region given and none configured: kiln asks EC2 where p5.48xlarge is (DescribeRegions,
+    then DescribeInstanceTypeOfferings in each) and plans a candidate in each region that has it and no other,
+    those with the most zones first; the answer is kept a day (the next up reads no offerings), and kiln gpus shows
+    how many regions and zones offer each type."""
+    expected = regions_offering("p5.48xlarge", [r["RegionName"] for r in ec2.describe_regions()["Regions"]])
+    assert len(expected) > 2 and "us-east-1" in expected
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    planned = fab(env, "cluster.up", "--name", "np", "--gpus", "H100:8", "--count", "2", "--ssh-cidr", CIDR,
+                  "--dry-run")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    zones = sum(len(z) for z in expected.values())
+    assert (f"aws: no --region named: every region that offers p5.48xlarge to this account, {len(expected)} "
+            f"({len(expected)} region(s), {zones} zone(s); EC2's DescribeInstanceTypeOfferings, read ") \
+        in planned.stdout
+    listed = [line.split()[2] for line in planned.stdout.splitlines() if line.strip().endswith("p5.48xlarge on-demand")
+              and line.strip()[0].isdigit()]
+    assert sorted(listed) == sorted(expected), planned.stdout
+    assert listed == sorted(expected, key=lambda region: (-len(expected[region]), region))
+    kept = env / "kiln" / "offerings" / "aws.json"
+    read_at = json.loads(kept.read_text())["read_at"]
+    again = fab(env, "cluster.up", "--name", "np", "--gpus", "H100:8", "--ssh-cidr", CIDR, "--dry-run")
+    assert again.returncode == 0 and json.loads(kept.read_text())["read_at"] == read_at
+    shown = fab(env, "cluster.gpus", "--provider", "aws")
+    assert shown.returncode == 0, shown.stderr
+    assert f"p5.48xlarge                 8 H100, 80 GB each, NVLink, EFA  [{len(expected)} region(s), {zones} " \
+           "zone(s)]" in shown.stdout, shown.stdout
+    configured = fab(env, "cluster.up", "--name", "np", "--gpus", "H100:8", "--ssh-cidr", CIDR, "--dry-run",
+                     "--region", "us-west-2")
+    assert configured.returncode == 0 and "no --region named" not in configured.stdout
+    assert "candidates, in the order" not in configured.stdout  # the region named is the one place
+    assert not (env / "kiln" / "clusters" / "np" / "capacity.json").exists()

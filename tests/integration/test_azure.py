@@ -648,3 +648,19 @@ def test_the_stand_in_refuses_what_azure_refuses_of_a_scale_set_and_its_vms(env,
         "409 PropertyChangeNotAllowed"
     cloud.down("rules")
     assert leftovers(arm) == []
+
+
+def test_with_no_location_named_the_locations_open_to_the_subscription_are_planned_and_the_closed_one_said(env, arm):
+    """--gpus H100-NVL:1 with no location given or configured: kiln reads the subscription's Resource SKUs and
+    plans the locations that offer the size and open it to the subscription; the one that has it closed is left
+    out with ARM's reason."""
+    arm.restrict_size("Standard_NC40ads_H100_v5", LOCATION)
+    planned = subprocess.run([str(KILN), "up", "nl", "--provider", "azure", "--gpus", "H100-NVL:1", "--ssh-cidr", CIDR,
+                              "--dry-run"], capture_output=True, text=True, timeout=120,
+                             env={key: value for key, value in os.environ.items() if key != "AZURE_LOCATION"})
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert ("azure: no --location named: every location that offers Standard_NC40ads_H100_v5 to this account, 1 "
+            "(1 region(s), ") in planned.stdout, planned.stdout
+    assert f"  left out: {LOCATION} Standard_NC40ads_H100_v5 (NotAvailableForSubscription)\n" in planned.stdout
+    assert "then in resource group kiln-nl (westus2)" in planned.stdout
+    assert f'"location": "{LOCATION}"' not in planned.stdout

@@ -472,3 +472,28 @@ def test_retry_until_up_takes_capacity_that_returns_to_the_zone(env, gce):
     record = json.loads((env / "kiln" / "clusters" / "fr" / "capacity.json").read_text())
     assert [(t["place"], t["verdict"], t["code"], t["round"]) for t in record["tried"]] == [
         (ZONE, "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED", 1)]  # the whole log: the first round's try too
+
+
+def test_with_no_zone_named_the_zones_that_offer_the_type_are_tried_and_no_other(env, gce):
+    """--gpus L4:1 with no zone given or configured: kiln asks GCE where g2-standard-4 is (machineTypes
+    .aggregatedList) and tries those zones alone: us-central1-b, which does not offer it, is never asked for
+    anything; the first that offers it has no machines left, and the cluster comes up in the next."""
+    gce.offer("us-central1-b", ["e2-standard-4"])
+    gce.capacity(ZONE, 0)
+    try:
+        calls = len(gce.calls)
+        up = kiln(env, "up", "nz", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--ssh-wait", "0")
+        asked = gce.calls[calls:]
+    finally:
+        gce.capacity(ZONE, None)
+        gce.offer("us-central1-b", None)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert ("gcp: no --zone named: every zone that offers g2-standard-4 to this account, 2 (2 region(s), 2 zone(s); "
+            "GCE's machineTypes.aggregatedList, read ") in up.stdout
+    assert f"up: trying gcp {ZONE} g2-standard-4 on-demand (1 of 2)" in up.stdout
+    assert f"up: gcp {ZONE} g2-standard-4 on-demand: no capacity (ZONE_RESOURCE_POOL_EXHAUSTED)" in up.stdout
+    assert state.load_cluster("nz").region == OTHER_REGION_ZONE
+    assert ("machineTypes.aggregatedList", f"/compute/v1/projects/{PROJECT}/aggregated/machineTypes") in asked
+    assert not [path for _, path in asked if "/zones/us-central1-b/" in path], asked
+    assert kiln(env, "down", "nz").returncode == 0
+    assert leftovers(gce, "nz") == []

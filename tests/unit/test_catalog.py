@@ -84,8 +84,10 @@ def test_up_dry_run_with_gpus_plans_the_catalogs_type(tmp_path):
 def test_kiln_gpus_lists_the_catalog_by_cloud(tmp_path):
     listed = kiln("gpus", home=tmp_path)
     assert listed.returncode == 0, listed.stderr
-    assert [line.split()[0] for line in listed.stdout.splitlines() if not line.startswith(" ")] == list(
-        catalog.CLOUDS)
+    assert [line.split()[0] for line in listed.stdout.splitlines() if not line.startswith(" ")] == [
+        *catalog.CLOUDS, "where"]
+    assert listed.stdout.endswith("where each type is offered: not read yet (kiln gpus --refresh asks each cloud you "
+                                  "have credentials for; an up --gpus with no place named asks the cloud it needs)\n")
     assert sum(line.startswith("  ") for line in listed.stdout.splitlines()) == len(catalog.MACHINES)
     one = kiln("gpus", "--provider", "azure", home=tmp_path)
     assert one.returncode == 0 and "Standard_ND96isr_H200_v5" in one.stdout and "p5.48xlarge" not in one.stdout

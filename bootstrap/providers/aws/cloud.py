@@ -12,6 +12,7 @@ import functools
 import os
 import secrets
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from dataclasses import replace as changed
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import meanings, provision
+from bootstrap.providers import offerings as offered
 from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import plan
 from bootstrap.providers.common import Rollback, poll_host_keys
@@ -37,6 +39,7 @@ CONSOLE_POLL_S = 10
 SNAPSHOT_TIMEOUT_S = 3600
 SNAPSHOT_POLL_S = 15
 ANY_REGION = "us-east-1"  # where the list of regions is asked when none is configured
+OFFERING_READERS = 8  # regions asked at once where each type is offered
 
 
 class AwsError(CloudError):
@@ -300,6 +303,33 @@ def spot_prices(instance_types: Sequence[str], *, region: str | None = None, pro
     except Exception as error:
         raise AwsError(f"could not read the spot prices in {aws.region}: {describe_error(error)}") from None
     return plan.lowest_spot_prices(history)
+
+
+def default_place(*, region: str | None = None, profile: str | None = None) -> str | None:
+    """The region an up that names none goes to (AWS_REGION, AWS_DEFAULT_REGION, the profile's), or None."""
+    return region or default_region(profile)
+
+
+def offerings(instance_types: Sequence[str], *, region: str | None = None, profile: str | None = None,
+              now: datetime | None = None) -> offered.Record:
+    """Where the types are offered to the account: every region it can use (DescribeRegions), in each the zones
+    that have each type (DescribeInstanceTypeOfferings by availability zone), the regions asked side by side."""
+    own = region or default_region(profile)
+    names = regions(region=own or ANY_REGION, profile=profile)
+
+    def offered_in(name: str) -> list[offered.Offering]:
+        ec2 = connect(name, profile).ec2
+        try:
+            pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+                LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": list(instance_types)}])
+            return offered.aws_offerings(name, [row for page in pages for row in page["InstanceTypeOfferings"]])
+        except Exception as error:
+            raise AwsError(f"could not read the instance types offered in {name}: {describe_error(error)}") from None
+
+    with ThreadPoolExecutor(OFFERING_READERS) as pool:
+        found = [row for rows in pool.map(offered_in, names) for row in rows]
+    return offered.Record("aws", profile or "", (now or datetime.now(UTC)).isoformat(timespec="seconds"),
+                          "EC2's DescribeInstanceTypeOfferings", tuple(instance_types), tuple(found))
 
 
 def find_image(aws: Aws, request: plan.Request) -> str:

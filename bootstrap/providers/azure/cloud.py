@@ -30,6 +30,7 @@ from urllib.parse import urlencode, urlparse
 
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import offerings as offered
 from bootstrap.providers import provision
 from bootstrap.providers.azure import plan
 from bootstrap.providers.common import (
@@ -587,6 +588,26 @@ def places(every: bool = False, *, subscription: str | None = None) -> list[str 
     """The subscription `list` and `sweep` look in besides the clusters' files (it holds every location's groups):
     the one given or configured (None: the credentials' own)."""
     return [configured(subscription, plan.ENV["subscription"])]
+
+
+def default_place(*, subscription: str | None = None) -> str | None:
+    """The location an up that names none goes to (AZURE_LOCATION), or None."""
+    return configured(None, plan.ENV["location"])
+
+
+def offerings(instance_types: Sequence[str], *, subscription: str | None = None, azure: Azure | None = None,
+              now: datetime | None = None) -> offered.Record:
+    """Where the sizes are offered to the subscription: every location (and its zones) of each, and the locations
+    where it is not open to this subscription, with ARM's reason (Resource SKUs, every location at once)."""
+    azure = azure or connect(subscription)
+    try:
+        documents = [sku.as_dict() for sku in azure.compute.resource_skus.list()]
+    except Exception as error:
+        raise AzureError(f"could not read the VM sizes of the subscription's locations: {describe_error(error)}") \
+            from None
+    return offered.Record("azure", azure.subscription, (now or datetime.now(UTC)).isoformat(timespec="seconds"),
+                          "ARM's Resource SKUs", tuple(instance_types),
+                          tuple(offered.azure_offerings(documents, instance_types)))
 
 
 def allow_self_deallocation(azure: Azure, machine, wait_s: float = PRINCIPAL_WAIT_S,

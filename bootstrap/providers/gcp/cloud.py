@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import offerings as offered
 from bootstrap.providers import provision
 from bootstrap.providers.common import (
     SNAPSHOT_TTL_DAYS,
@@ -488,6 +489,30 @@ def places(every: bool = False, *, project: str | None = None) -> list[str | Non
     """The project `list` and `sweep` look in besides the clusters' files (a project holds every zone's): the one
     given or configured (None: the credentials' own)."""
     return [configured(project, PROJECT_ENVS)]
+
+
+def default_place(*, project: str | None = None) -> str | None:
+    """The zone an up that names none goes to (CLOUDSDK_COMPUTE_ZONE), or None."""
+    return configured(None, plan.ENV["zone"])
+
+
+def offerings(instance_types: Sequence[str], *, project: str | None = None, gce: Gce | None = None,
+              now: datetime | None = None) -> offered.Record:
+    """Where the types are offered to the project: the zones that have each (machineTypes.aggregatedList, one
+    type at a time by its name)."""
+    gce = gce or connect(project)
+    items: dict[str, dict] = {}
+    for kind in instance_types:
+        try:
+            for scope, scoped in gce.machine_types.aggregated_list(request={"project": gce.project,
+                                                                            "filter": f'name = "{kind}"'}):
+                items.setdefault(scope, {"machineTypes": []})["machineTypes"] += as_dict(scoped).get(
+                    "machineTypes", [])
+        except Exception as error:
+            raise GcpError(f"could not read the zones that offer {kind}: {describe_error(error)}") from None
+    return offered.Record("gcp", gce.project, (now or datetime.now(UTC)).isoformat(timespec="seconds"),
+                          "GCE's machineTypes.aggregatedList", tuple(instance_types),
+                          tuple(offered.gcp_offerings(items)))
 
 
 def down(name: str, *, project: str | None = None, gce: Gce | None = None,
