@@ -11,10 +11,10 @@ is patched:
 
 It serves one project (and, read-only, the images of other projects added with `add_image(project=...)`) in a few
 zones: instances (insert, get, list, aggregatedList, delete, getGuestAttributes, getSerialPortOutput, setLabels,
-stop, start, attachDisk), machineTypes (get, aggregatedList: the types each zone offers), disks (insert, get, list,
-delete, setLabels), resourcePolicies (insert, get, list, delete), snapshots and firewalls (global: the same), images
-(get, getFromFamily, list) and the zone, region and global operations (get, list, wait). A resource's numeric id serves
-in place of its name, as in GCE.
+stop, start, attachDisk), zones (list), machineTypes (get, aggregatedList: the types each zone offers), disks
+(insert, get, list, delete, setLabels), resourcePolicies (insert, get, list, delete), snapshots and firewalls
+(global: the same), images (get, getFromFamily, list) and the zone, region and global operations (get, list, wait).
+A resource's numeric id serves in place of its name, as in GCE.
 
 How it holds to the real API:
 - URIs, verbs and query parameters are those of the library's own REST transport (`transports/rest_base.py`).
@@ -260,6 +260,7 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
             ("POST", inst + "/attachDisk", "instances.attachDisk", self._instances_attach_disk),
             ("GET", p + "/zones/{zone}/machineTypes/{machineType}", "machineTypes.get", self._machine_types_get),
             ("GET", p + "/aggregated/machineTypes", "machineTypes.aggregatedList", self._machine_types_aggregated),
+            ("GET", p + "/zones", "zones.list", self._zones_list),
             ("GET", p + "/zones/{zone}/disks", "disks.list", self._list),
             ("POST", p + "/zones/{zone}/disks", "disks.insert", self._disks_insert),
             ("GET", p + "/zones/{zone}/disks/{disk}", "disks.get", self._get_one),

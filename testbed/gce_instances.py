@@ -94,6 +94,18 @@ class InstanceHandlers:
         return compute_v1.MachineTypeAggregatedList(kind="compute#machineTypeAggregatedList", id=parent, items=scoped,
                                                     next_page_token=token, self_link=api_url(parent))
 
+    def _zones_list(self, method, params, query, body):
+        """The zones the project sees, UP, each in its region (filtered by name, paged, as zones.list answers)."""
+        everything = [compute_v1.Zone(kind="compute#zone", id=zlib.crc32(zone.encode()), name=zone, status="UP",
+                                      region=api_url(f"projects/{self.project}/regions/{region_of(zone)}"),
+                                      self_link=api_url(f"projects/{self.project}/zones/{zone}"))
+                      for zone in self.zones]
+        chosen, token = page(self._filtered(everything, query), query.get("maxResults", ""),
+                             query.get("pageToken", ""))
+        parent = f"projects/{self.project}/zones"
+        return compute_v1.ZoneList(kind="compute#zoneList", id=parent, items=chosen, next_page_token=token,
+                                   self_link=api_url(parent))
+
     def _machine_type_message(self, zone: str, name: str):
         path = f"projects/{self.project}/zones/{zone}/machineTypes/{name}"
         machine = MACHINE_TYPES[name]

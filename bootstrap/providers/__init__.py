@@ -149,6 +149,13 @@ class Provider(Protocol):
     def replace(self, cluster: str, host: Host) -> Replacement:
         """Put a fresh machine in a lost one's place, as the cluster's others were made; the old one goes."""
 
+    def grow(self, cluster: str, count: int) -> list[Added]:
+        """`count` machines more for the cluster (a queue's nodes resumed), made as its others were, each with the
+        host keys its provider shows pinned, in its cluster file; all of them, or none (CloudError)."""
+
+    def shrink(self, cluster: str, hosts: Sequence[Host]) -> None:
+        """The cluster's machines of `hosts` removed (a queue's idle nodes suspended), and out of its file."""
+
     def arm_autostop(self, cluster: str) -> None:
         """Get the cluster ready for its nodes to power themselves off (e.g. a power-off that terminates)."""
 

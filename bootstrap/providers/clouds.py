@@ -11,6 +11,7 @@ region and profile, a GCP project, an Azure subscription), as given on the comma
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -19,12 +20,20 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from bootstrap import state
-from bootstrap.errors import UsageError
+from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import Gone, Made, Notice, Replacement, catalog, provision
+from bootstrap.providers import Added, Gone, Made, Notice, Replacement, catalog, failover, provision
 from bootstrap.providers import offerings as offered
 from bootstrap.providers.azure import plan as azure_plan
-from bootstrap.providers.common import SSH_WAIT_S, ClusterSummary, configured, listing, swept, validate_ssh_wait
+from bootstrap.providers.common import (
+    SSH_WAIT_S,
+    ClusterSummary,
+    check_place,
+    configured,
+    listing,
+    swept,
+    validate_ssh_wait,
+)
 from bootstrap.providers.gcp import plan as gcp_plan
 
 
@@ -48,6 +57,10 @@ class Cloud(Protocol):
 
     def replace(self, cluster: str, address: str, **connection: str | None) -> tuple[Host, list[str]]: ...
 
+    def grow(self, cluster: str, count: int, **connection: str | None) -> list[tuple[str, Host, list[str]]]: ...
+
+    def shrink(self, cluster: str, addresses: Sequence[str], **connection: str | None) -> list[str]: ...
+
     def arm_autostop(self, cluster: str, **connection: str | None) -> object: ...
 
     def places(self, every: bool, **connection: str | None) -> list[str | None]: ...
@@ -57,6 +70,10 @@ class Cloud(Protocol):
     def offerings(self, types: Sequence[str], **connection: str | None) -> offered.Record: ...
 
     def default_place(self, **connection: str | None) -> str | None: ...
+
+    def place_names(self, **connection: str | None) -> Sequence[str]: ...
+
+    def account(self, **connection: str | None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,7 @@ class CloudFacts:
     where: tuple[str, ...]  # the options that place its clusters
     scope: str  # the option of `where` that bounds what list and sweep see
     connects: tuple[str, ...]  # the options of `where` every verb is called with
-    account: str  # the option of `where` that names the account (what it is offered, and where, depends on it)
+    place_word: str  # what one of its places is, to say a place it does not have: "an AWS region"
     prices: str  # where up --by-price reads its spot prices ("": kiln reads none there)
     priced_by: tuple[str, ...]  # the options of `where` its spot prices are read with
     machine: str  # what a node is called there: instance, VM
@@ -83,6 +100,7 @@ class CloudFacts:
     snapshot_word: str = "snapshot "  # before a snapshot's label ("": its id says it, as snap-...)
     env: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # an option not given, read from these
     volumes: bool = True  # its nodes can have data volumes (down --snapshot, up --volume)
+    places_any_case: bool = False  # its places are named in any case (Azure's eastus, EastUS)
 
     def __call__(self, **where: str | None) -> CloudProvider:
         return CloudProvider(self, **where)
@@ -129,6 +147,7 @@ class CloudProvider:
         return {key: self.place.get(key) for key in self.facts.connects}
 
     def request(self, name: str, count: int, options: Mapping[str, Any], idle_minutes: float | None) -> CloudRequest:
+        self.check_place()
         cluster = self.planner.from_options(name, count, options, idle_minutes, self.given(self.facts.where))
         ssh_wait = validate_ssh_wait(options.get("ssh_wait", SSH_WAIT_S))
         if idle_minutes and not ssh_wait:
@@ -183,8 +202,30 @@ class CloudProvider:
         new, keys = self.cloud.replace(cluster, host.address, **self.connection())
         return Replacement(host, new, tuple(keys))
 
+    def grow(self, cluster: str, count: int) -> list[Added]:
+        """`count` machines more for the cluster, made as its up made them (all, or none), in its file and pinned."""
+        return [Added(host, host.address, tuple(keys))
+                for _, host, keys in self.cloud.grow(cluster, count, **self.connection())]
+
+    def shrink(self, cluster: str, hosts: Sequence[Host]) -> None:
+        """The cluster's machines of `hosts` deleted, and taken out of its file and its pinned keys."""
+        self.cloud.shrink(cluster, [host.address for host in hosts], **self.connection())
+
     def arm_autostop(self, cluster: str) -> None:
         self.cloud.arm_autostop(cluster, **self.connection())
+
+    def check_place(self) -> None:
+        """The place it is given (its --region, --zone or --location, or an entry of --regions or --zones) is one
+        the cloud has, else one line naming the nearest real ones. Unchecked where the cloud cannot be asked (no
+        credentials: a dry run), since the up could not go there either."""
+        option = failover.PLACE[self.facts.kind]
+        place = self.place.get(option)
+        if not place:
+            return
+        known = place_names(self.facts.kind, tuple(sorted(self.connection().items())))
+        if known is not None:
+            check_place(place, known, option=option, listed=failover.PLACES_OPTION[self.facts.kind],
+                        word=self.facts.place_word, any_case=self.facts.places_any_case)
 
     def default_place(self) -> str | None:
         """The place an up that names none goes to, as the cloud's own settings name it (None: none does)."""
@@ -193,7 +234,11 @@ class CloudProvider:
     def offerings(self, instance_types: Sequence[str] = (), *, refresh: bool = False) -> offered.Record:
         """Where the cloud offers the types of kiln's catalog (and `instance_types`) to the account: as it said
         within the last day (kept in KILN_HOME/offerings/KIND.json), else asked now and kept."""
-        account = self.given((self.facts.account,))[self.facts.account] or ""
+        try:
+            account = self.cloud.account(**self.connection())
+        except ImportError as error:  # an SDK installed as kiln's extra, left out
+            raise UsageError(f"{self.facts.kind}: its SDK is not installed ({error}): pip install "
+                             f"'kiln[{self.facts.kind}]'") from None
         types = tuple(dict.fromkeys([*(m.instance_type for m in catalog.of_cloud(self.facts.kind)), *instance_types]))
         now = datetime.now(UTC)
         kept = offered.Record.from_json(state.load_offerings(self.facts.kind) or {})
@@ -209,6 +254,16 @@ class CloudProvider:
         return self.cloud.spot_prices(instance_types, **self.given(self.facts.priced_by))
 
 
+@functools.cache
+def place_names(kind: str, connection: tuple[tuple[str, str | None], ...]) -> tuple[str, ...] | None:
+    """Every place the cloud has, asked once per command (an up checks each candidate's); None where it cannot be
+    asked."""
+    try:
+        return tuple(importlib.import_module(f"{CLOUDS[kind].package}.cloud").place_names(**dict(connection)))
+    except (KilnError, ImportError):  # no credentials, or its SDK (an extra) is not installed
+        return None
+
+
 PROVIDERS = CLOUDS = {
     "aws": CloudFacts(
         "aws", "bootstrap.providers.aws", host_keys="each instance's console output (GetConsoleOutput)",
@@ -217,7 +272,8 @@ PROVIDERS = CLOUDS = {
         shutdown="system", notice=Notice("ec2", "IMDSv2 latest/meta-data/spot/instance-action"),
         up_options=frozenset({"instance_type", "spot", "max_price", "ami", "image_profile", "image_tags", "ssh_cidr",
                               "user", "ttl_hours", "ssh_wait", "volume", "region", "profile"}),
-        where=("region", "profile"), scope="region", connects=("region", "profile"), account="profile",
+        where=("region", "profile"), scope="region", connects=("region", "profile"),
+        place_word="an AWS region",
         prices="EC2's spot price history (the newest price in each zone of the region, the lowest of them)",
         priced_by=("region", "profile"), machine="instance", volume="data volume", keys_from="the console output",
         keys_shown="their consoles show", found_by="tagged kiln:cluster={name}", snapshot_word=""),
@@ -230,7 +286,8 @@ PROVIDERS = CLOUDS = {
         up_options=frozenset({"instance_type", "spot", "source_image", "image_profile", "image_tags", "ssh_cidr",
                               "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"}),
         # a project's list holds every zone's
-        where=("project", "zone"), scope="project", connects=("project",), account="project",
+        where=("project", "zone"), scope="project", connects=("project",),
+        place_word="a GCP zone",
         prices="", priced_by=(),  # its prices are in the Cloud Billing Catalog API, which kiln does not read
         machine="instance", volume="data disk", keys_from="the instances' guest attributes and serial ports",
         keys_shown="they show", found_by="labelled kiln-cluster={name}",
@@ -244,7 +301,8 @@ PROVIDERS = CLOUDS = {
         up_options=frozenset({"instance_type", "spot", "max_price", "image_id", "image_profile", "image_tags",
                               "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "subscription", "location"}),
         where=("subscription", "location"), scope="subscription",  # a subscription's list holds every location's
-        connects=("subscription",), account="subscription",
+        connects=("subscription",),
+        place_word="an Azure location", places_any_case=True,
         prices="Azure's Retail Prices API (the Linux Spot meter of the size in the location)",
         priced_by=("location",), machine="VM", volume="data disk", keys_from="the VMs' serial logs",
         keys_shown="their serial logs show", found_by="in resource group kiln-{name}",

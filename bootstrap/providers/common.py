@@ -6,6 +6,7 @@ and pinning them."""
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import os
@@ -383,3 +384,14 @@ def pin_host_keys(cluster: str, names: Sequence[str], hosts: Sequence, found: di
         states[host.address] = shown if keys else "first-contact"
     state.write_known_hosts(cluster, "".join(lines))
     return states
+
+
+def check_place(place: str, known: Sequence[str], *, option: str, listed: str, word: str,
+                any_case: bool = False) -> None:
+    """A place the cloud has (`known`: every one it has; `any_case`: its names are, as Azure's), else UsageError
+    naming it and the nearest real ones, and the options that name places (pure)."""
+    if place in known or any_case and place.lower() in {name.lower() for name in known}:
+        return
+    nearest = difflib.get_close_matches(place.lower(), list(known), n=3, cutoff=0.4) or list(known[:3])
+    raise UsageError(f"{option} {place}: not {word} (the nearest: {', '.join(nearest)}), as --{option} or --{listed} "
+                     "named it")

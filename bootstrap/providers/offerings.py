@@ -44,6 +44,7 @@ class Record:
     source: str
     types: tuple[str, ...]
     offerings: tuple[Offering, ...]
+    unread: tuple[str, ...] = ()  # the places that did not answer, each with why (left out of `offerings`)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -54,7 +55,8 @@ class Record:
         try:
             return cls(data["cloud"], data["account"], data["read_at"], data["source"], tuple(data["types"]),
                        tuple(Offering(o["instance_type"], o["place"], tuple(o.get("zones", ())),
-                                      o.get("restriction", "")) for o in data["offerings"]))
+                                      o.get("restriction", "")) for o in data["offerings"]),
+                       tuple(data.get("unread", ())))
         except (KeyError, TypeError, AttributeError):
             return None
 
@@ -172,5 +174,6 @@ def summary(record: Record, types: Sequence[str]) -> tuple[int, int]:
 
 
 def describe(record: Record) -> str:
-    """Where the record came from and when, as the dry run and `kiln gpus` say it."""
-    return f"{record.source}, read {record.read_at[:16].replace('T', ' ')} UTC"
+    """Where the record came from and when, as the dry run and `kiln gpus` say it (and where it could not read)."""
+    return (f"{record.source}, read {record.read_at[:16].replace('T', ' ')} UTC"
+            + (f"; not read: {', '.join(record.unread)}" if record.unread else ""))

@@ -19,6 +19,7 @@ from bootstrap.hosts import Host
 from bootstrap.providers import Unfound
 from bootstrap.providers.common import DATA_MOUNT, Rollback, no_answer_error, pin_host_keys
 from bootstrap.providers.failover import CloudError
+from kiln.hostkeys import known_hosts_lines, without_hosts
 from kiln.shield import shielded
 from kiln.sshwait import wait_for_ssh
 
@@ -186,7 +187,8 @@ class Swap:
     make(replacing): make the new node as `up` made the cluster's; set replacing.made to its id as soon as it may
         exist (before the call that makes it, where the id is chosen beforehand); (its id, its host).
     host_keys(ids, timeout_s): as Verbs.host_keys.
-    remove(id): delete a node (the new one after a failure, the old one after a success), waiting until it is gone.
+    remove(id, address): delete a node (the new one after a failure, the old one after a success, one a queue no
+        longer needs), waiting until it is gone; `address`: where it was reached ("" for one just made).
     attach(new_id, volume): attach the old node's data volume to the new one.
     """
 
@@ -194,7 +196,7 @@ class Swap:
     describe: Callable[[BaseException], str]
     make: Callable[[Progress], tuple[str, Host]]
     host_keys: Callable[[Sequence[str], float], dict[str, list[str]]]
-    remove: Callable[[str], None]
+    remove: Callable[[str, str], None]
     attach: Callable[[str, str], None]
     first_step: str  # "run the instance", "create the VM"
     keys_step: str  # "read its host keys from the console"
@@ -241,7 +243,7 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
         undo = Rollback()
         made = replacing.made
         if made:
-            undo.push(f"delete {made}", lambda: swap.remove(made))
+            undo.push(f"delete {made}", lambda: swap.remove(made, ""))
         left = undo.run(swap.describe)
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else swap.describe(error)
         raise swap.error(f"cluster {name}: could not replace {address} ({old.id}): could not {replacing.step}: {said}"
@@ -254,7 +256,7 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
     volume = volumes[index] if index < len(volumes) else None
     replaced = f"cluster {name}: {address} was replaced by {new_id} ({host.address}), but"
     try:
-        swap.remove(old.id)
+        swap.remove(old.id, address)
     except Exception as error:
         stays = f"; its {swap.volume_word} {volume} stays attached to it" if volume else ""
         raise swap.error(f"{replaced} the old {swap.node_word} {old.id} could not be deleted: "
@@ -267,6 +269,76 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
                              f"{swap.describe(error)} (the {swap.volume_word.split()[-1]} is kept, "
                              f"{swap.volume_kept})") from None
     return host, keys
+
+
+def no_volumes(name: str, volumes: Sequence[str]) -> None:
+    """A cluster whose nodes have data volumes keeps its number of nodes: each volume is its node's by place (a
+    replacement takes it over), which a node added or removed would shift."""
+    if any(volumes):
+        raise UsageError(f"cluster {name} has data volumes, one per node by its place: nodes are added to or removed "
+                         "from a cluster without them only")
+
+
+def grow(record: state.ClusterRecord, count: int, swap_at: Callable[[int], Swap], *, volumes: Sequence[str] = (),
+         ssh_wait_s: float) -> list[tuple[str, Host, list[str]]]:
+    """Add `count` nodes to the cluster (its `record`), each made as `up` made the cluster's (`swap_at(index)`:
+    the cloud's part for node `index`), one after another. Each must run, answer SSH and show its host keys (kiln
+    never trusts a new node on first contact); on any failure (Ctrl-C too) every one made is deleted and the
+    cluster is left as it was, else the cluster file lists them after its nodes and their keys are pinned beside
+    the others'. Each node's (id, host, host keys), in order: what a queue's resume joins."""
+    name, first = record.name, len(record.instances)
+    no_volumes(name, volumes)
+    made: list[tuple[str, Host, Swap]] = []
+    swap = swap_at(first)
+    growing = Progress(swap.first_step)
+    try:
+        for index in range(first, first + count):
+            swap = swap if index == first else swap_at(index)
+            growing = Progress(swap.first_step)
+            made.append((*swap.make(growing), swap))
+        started = time.monotonic()
+        growing.step = "wait until SSH answers"
+        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port) for _, host, _ in made], ssh_wait_s):
+            raise swap.error(no_answer_error([f"{new_id} ({host.address})" for new_id, host, _ in made], ssh_wait_s))
+        growing.step = "read the host keys they show"
+        keys = swap.host_keys([new_id for new_id, _, _ in made], max(0.0, ssh_wait_s - (time.monotonic() - started)))
+        blind = [new_id for new_id, _, _ in made if not keys.get(new_id)]
+        if blind:
+            raise swap.error(f"{', '.join(blind)} show(s) no host keys ({swap.keys_where}): kiln does not trust a "
+                             "new node on first contact")
+    except BaseException as error:
+        undo = Rollback()
+        ids = [new_id for new_id, _, _ in made]
+        if growing.made and growing.made not in ids:  # the one being made when it failed
+            made.append((growing.made, Host(""), swap))
+        for new_id, _, its in made:
+            undo.push(f"delete {new_id}", lambda its=its, new_id=new_id: its.remove(new_id, ""))
+        left = undo.run(swap.describe)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else swap.describe(error)
+        raise swap.error(f"cluster {name}: could not add {count} {swap.node_word}(s): could not {growing.step}: "
+                         f"{said}" + (f"; left behind: {'; '.join(left)}" if left else "; nothing new is left running"),
+                         code=swap.error_code(error), left=bool(left)) from None
+    state.save_cluster(changed(record, hosts=(*record.hosts, *(host for _, host, _ in made)), instances=(
+        *record.instances, *(state.Instance(new_id, host.address, swap.keys_source) for new_id, host, _ in made))))
+    state.write_known_hosts(name, state.read_known_hosts(name) + "".join(
+        line for new_id, host, _ in made for line in known_hosts_lines([host.address], keys[new_id], host.port)))
+    return [(new_id, host, keys[new_id]) for new_id, host, _ in made]
+
+
+def shrink(record: state.ClusterRecord, addresses: Sequence[str], remove: Callable[[str, str], None], *,
+           volumes: Sequence[str] = ()) -> list[str]:
+    """Delete the cluster's nodes at `addresses` one after another (`remove(id, address)`: the cloud's delete,
+    waiting until it is gone), each taken out of the cluster file and its known_hosts once it is gone (a failure
+    leaves the file true to what is left). The ids removed."""
+    no_volumes(record.name, volumes)
+    gone = [node_at(record, address)[0] for address in dict.fromkeys(addresses)]
+    for instance in gone:
+        remove(instance.id, instance.address)
+        record = changed(record, hosts=tuple(h for h in record.hosts if h.address != instance.address),
+                         instances=tuple(i for i in record.instances if i.address != instance.address))
+        state.save_cluster(record)
+        state.write_known_hosts(record.name, without_hosts(state.read_known_hosts(record.name), [instance.address]))
+    return [instance.id for instance in gone]
 
 
 class CloudRecord:

@@ -1276,3 +1276,48 @@ def test_with_no_region_given_or_configured_every_region_that_offers_the_type_is
     assert configured.returncode == 0 and "no --region named" not in configured.stdout
     assert "candidates, in the order" not in configured.stdout  # the region named is the one place
     assert not (env / "kiln" / "clusters" / "np" / "capacity.json").exists()
+
+
+def test_a_queue_grows_the_cluster_by_instances_launched_as_its_own_and_shrinks_it_all_or_nothing(env, ec2, image):
+    """What a queue's resume and suspend ask of EC2 (the provider's grow and shrink): instances launched as the
+    cluster's were, their console keys pinned and the cluster file extended; a grow whose second launch fails
+    terminates the first and leaves the cluster as it was; a shrink terminates the instances it names and takes
+    them out of the cluster file and its pins."""
+    from bootstrap import providers
+
+    connected = aws.connect()
+    connected.ec2 = KeyedConsoles(connected.ec2)
+    up("q", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
+    before = state.load_cluster("q")
+    grown = aws.grow("q", 2, aws=connected, ssh_wait_s=0)
+    assert [keys for _, _, keys in grown] == [CONSOLE_KEYS] * 2
+    running = {i["InstanceId"]: i for i in instances_of(ec2, "q")}
+    old = running[before.instances[0].id]
+    assert len(running) == 3 and {new_id for new_id, _, _ in grown} <= set(running)
+    for new_id, _, _ in grown:
+        for same in ("InstanceType", "ImageId", "KeyName"):
+            assert running[new_id].get(same) == old.get(same), same
+        assert plan.tags_of(running[new_id]) == plan.tags_of(old)
+        assert running[new_id]["MetadataOptions"]["HttpTokens"] == "required"
+    after = state.load_cluster("q")
+    assert [i.id for i in after.instances] == [before.instances[0].id, *(new_id for new_id, _, _ in grown)]
+    assert [i.host_keys for i in after.instances[1:]] == ["console", "console"]
+    pins = state.read_known_hosts("q")
+    assert all(host.address in pins for _, host, _ in grown)
+
+    connected.ec2 = FailOn(connected.ec2, "run_instances", capacity_error("RunInstances"), nth=2)
+    with pytest.raises(aws.AwsError) as raised:
+        aws.grow("q", 2, aws=connected, ssh_wait_s=0)
+    assert str(raised.value).startswith("cluster q: could not add 2 instance(s): could not run the instance: ")
+    assert str(raised.value).endswith("; nothing new is left running") and raised.value.code == \
+        "InsufficientInstanceCapacity"
+    assert set(i["InstanceId"] for i in instances_of(ec2, "q")) == set(running)
+    assert state.load_cluster("q") == after and state.read_known_hosts("q") == pins
+
+    provider = providers.for_cluster(state.load_cluster("q"), "q")
+    provider.shrink("q", [host for _, host, _ in grown])
+    assert [i["InstanceId"] for i in instances_of(ec2, "q")] == [before.instances[0].id]
+    assert state.load_cluster("q") == before
+    assert not any(host.address in state.read_known_hosts("q") for _, host, _ in grown)
+    aws.down("q")
+    assert leftovers(ec2) == []

@@ -664,3 +664,54 @@ def test_with_no_location_named_the_locations_open_to_the_subscription_are_plann
     assert f"  left out: {LOCATION} Standard_NC40ads_H100_v5 (NotAvailableForSubscription)\n" in planned.stdout
     assert "then in resource group kiln-nl (westus2)" in planned.stdout
     assert f'"location": "{LOCATION}"' not in planned.stdout
+
+
+def test_a_queue_grows_the_cluster_by_vms_made_as_its_own_and_shrinks_it_all_or_nothing(env, arm):
+    """What a queue's resume and suspend ask of Resource Manager (the provider's grow and shrink): VMs made as the
+    cluster's were, the keys their serial logs show pinned; a grow whose second VM fails to allocate deletes the
+    first and leaves the cluster as it was; a shrink deletes the VMs it names with their interfaces and
+    addresses."""
+    from bootstrap import providers
+
+    cloud.up(request("q", 1, spot=True), ssh_wait_s=0)
+    before = state.load_cluster("q")
+    grown = cloud.grow("q", 2, ssh_wait_s=0)
+    vms = vms_of(arm, "q")
+    assert [vm.tags["kiln:node"] for vm in vms] == ["0", "1", "2"]
+    for new in vms[1:]:
+        assert (new.hardware_profile.vm_size, new.priority, new.eviction_policy) == (
+            vms[0].hardware_profile.vm_size, vms[0].priority, vms[0].eviction_policy)
+        assert {k: v for k, v in new.tags.items() if k != "kiln:node"} == \
+            {k: v for k, v in vms[0].tags.items() if k != "kiln:node"}
+    assert [sorted(keys) for _, _, keys in grown] == [sorted(arm.host_keys("kiln-q", vm.name)) for vm in vms[1:]]
+    after = state.load_cluster("q")
+    assert [i.id for i in after.instances] == [vm.name for vm in vms]
+    pins = pinned(env, "q")
+
+    arm.fail("virtualMachines.createOrUpdate", code="AllocationFailed", status=200, on="operation", nth=2)
+    with pytest.raises(cloud.AzureError) as raised:
+        cloud.grow("q", 2, ssh_wait_s=0)
+    assert str(raised.value).startswith("cluster q: could not add 2 VM(s): could not create the VM: ")
+    assert raised.value.code == "AllocationFailed"
+    assert [vm.name for vm in vms_of(arm, "q")] == [vm.name for vm in vms]
+    assert state.load_cluster("q") == after and pinned(env, "q") == pins
+
+    providers.for_cluster(after, "q").shrink("q", [host for _, host, _ in grown])
+    assert [vm.name for vm in vms_of(arm, "q")] == [vms[0].name]
+    assert state.load_cluster("q") == before
+    assert sorted(line for line in leftovers(arm, "q") if line.startswith(("nic", "public-ip"))) == [
+        "nic kiln-q-0-nic", "public-ip kiln-q-0-ip"]
+    cloud.down("q")
+    assert leftovers(arm, "q") == []
+
+
+def test_a_location_azure_does_not_have_is_refused_by_name_before_anything_is_made(env, arm):
+    """A location where Resource SKUs offer the subscription nothing is refused with the nearest real ones, exit
+    2, and nothing is made."""
+    refused = subprocess.run([str(KILN), "up", "ml", "--provider", "azure", "--gpus", "T4:1", "--regions",
+                              f"{LOCATION},eastuss", "--ssh-cidr", CIDR, "--ssh-wait", "0"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr == ("kiln: location eastuss: not an Azure location (the nearest: eastus, westus2), as "
+                              "--location or --regions named it\n"), refused.stderr
+    assert leftovers(arm, "ml") == []

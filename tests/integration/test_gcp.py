@@ -497,3 +497,53 @@ def test_with_no_zone_named_the_zones_that_offer_the_type_are_tried_and_no_other
     assert not [path for _, path in asked if "/zones/us-central1-b/" in path], asked
     assert kiln(env, "down", "nz").returncode == 0
     assert leftovers(gce, "nz") == []
+
+
+def test_a_queue_grows_the_cluster_by_instances_made_as_its_own_and_shrinks_it_all_or_nothing(env, gce):
+    """What a queue's resume and suspend ask of Compute Engine (the provider's grow and shrink): instances made as
+    the cluster's were, the keys their guest attributes show pinned; a grow whose second insert finds the zone
+    empty deletes the first and leaves the cluster as it was; a shrink deletes the instances it names."""
+    from bootstrap import providers
+
+    cloud.up(request("q", 1), ssh_wait_s=0)
+    before = state.load_cluster("q")
+    provider = providers.for_cluster(before, "q")
+    added = [providers.Added(host, host.address, tuple(keys)) for _, host, keys in cloud.grow("q", 2, ssh_wait_s=0)]
+    instances = instances_of(gce, "q")
+    assert len(instances) == 3 and [i.labels["kiln-node"] for i in instances] == ["0", "1", "2"]
+    for new in instances[1:]:
+        for field in ("machine_type", "tags", "scheduling", "shielded_instance_config", "resource_policies"):
+            assert getattr(new, field) == getattr(instances[0], field), field
+    assert [sorted(a.host_keys) for a in added] == [sorted(gce.host_keys(ZONE, i.name)) for i in instances[1:]]
+    after = state.load_cluster("q")
+    assert [i.id for i in after.instances] == [i.name for i in instances]
+    assert after.hosts[1:] == tuple(a.host for a in added)
+    pins = pinned(env, "q")
+
+    gce.fail("instances.insert", reason="ZONE_RESOURCE_POOL_EXHAUSTED", code=503, on="operation", nth=2)
+    with pytest.raises(cloud.GcpError) as raised:
+        cloud.grow("q", 2, ssh_wait_s=0)
+    assert str(raised.value).startswith("cluster q: could not add 2 instance(s): could not create the instance: ")
+    assert raised.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert [i.name for i in instances_of(gce, "q")] == [i.name for i in instances]
+    assert state.load_cluster("q") == after and pinned(env, "q") == pins
+
+    provider.shrink("q", [a.host for a in added])
+    assert [i.name for i in instances_of(gce, "q")] == [instances[0].name]
+    assert state.load_cluster("q") == before
+    cloud.down("q")
+    assert leftovers(gce, "q") == []
+
+
+def test_a_zone_gce_does_not_have_is_refused_by_name_before_anything_is_made(env, gce):
+    """A zone that is no zone of the project (zones.list) is refused with the nearest real ones, exit 2, and nothing
+    is asked for."""
+    calls = len(gce.calls)
+    refused = kiln(env, "up", "mz", "--provider", "gcp", "--zones", f"{ZONE},us-centrall-b", "--gpus", "L4:1",
+                   "--ssh-cidr", CIDR, "--ssh-wait", "0")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.startswith("kiln: zone us-centrall-b: not a GCP zone (the nearest: us-central1-b, "), \
+        refused.stderr
+    assert refused.stderr.endswith("), as --zone or --zones named it\n") and refused.stderr.count("\n") == 1
+    assert not [method for method, _ in gce.calls[calls:] if not method.endswith((".list", ".get"))]
+    assert leftovers(gce, "mz") == []

@@ -13,7 +13,7 @@ import pytest
 from bootstrap import state
 from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
-from bootstrap.providers import failover
+from bootstrap.providers import common, failover
 from bootstrap.providers.aws import plan as aws_plan
 from bootstrap.providers.failover import Candidate, CloudError, NoCapacity
 
@@ -318,11 +318,21 @@ def test_list_v_says_how_each_cluster_came_up_and_which_record_it_cannot_read(tm
 
 
 def test_a_region_aws_does_not_have_is_refused_with_the_nearest_real_ones():
+    from bootstrap.providers import clouds
+
     known = aws_plan.sdk_regions()
     assert {"us-east-1", "eu-west-1", "ap-northeast-1", "cn-north-1", "us-gov-west-1"} <= set(known)  # partitions
-    aws_plan.check_region("us-west-2", known)
+    clouds.CLOUDS["aws"](region="us-west-2").check_place()
     with pytest.raises(UsageError, match=r"^region us-est-1: not an AWS region \(the nearest: us-west-1, us-east-1"):
-        aws_plan.check_region("us-est-1", known)
+        clouds.CLOUDS["aws"](region="us-est-1").check_place()
+    common.check_place("EastUS", ["eastus", "westus2"], option="location", listed="regions", word="an Azure location",
+                       any_case=True)
+    with pytest.raises(UsageError, match="^region US-EAST-1: not an AWS region"):
+        clouds.CLOUDS["aws"](region="US-EAST-1").check_place()
+    with pytest.raises(UsageError, match=r"^zone us-centrall-a: not a GCP zone \(the nearest: us-central1-a\), as "
+                                         r"--zone or --zones named it$"):
+        common.check_place("us-centrall-a", ["us-central1-a", "europe-west4-c"], option="zone", listed="zones",
+                           word="a GCP zone")
 
 
 def test_a_made_up_region_in_the_list_is_refused_before_anything_is_planned(tmp_path):

@@ -155,14 +155,17 @@ def test_bad_input_found_late_is_raised_as_it_is_once_all_is_undone():
     assert log[-2:] == ["undo create the nodes", "undo create the network"]
 
 
-def swap(log: list[str], *, keys: bool = True) -> Swap:
+def swap(log: list[str], *, keys: bool = True, number: int = 3, fails: bool = False) -> Swap:
     def make(replacing: Progress) -> tuple[str, Host]:
-        replacing.made = "n-3"
-        log.append("make n-3")
-        return "n-3", Host("10.0.0.3", user="u")
+        replacing.made = f"n-{number}"
+        log.append(f"make n-{number}")
+        if fails:
+            raise Boom("no capacity")
+        return f"n-{number}", Host(f"10.0.0.{number}", user="u")
 
     return Swap(Boom, str, make, lambda ids, timeout_s: {i: [KEY] for i in ids} if keys else {},
-                lambda node: log.append(f"remove {node}"), lambda node, volume: log.append(f"attach {volume} {node}"),
+                lambda node, address: log.append(f"remove {node}" + (f" at {address}" if address else "")),
+                lambda node, volume: log.append(f"attach {volume} {node}"),
                 first_step="make the node", keys_step="read its host keys", keys_where="its console")
 
 
@@ -178,7 +181,7 @@ def test_a_replacement_takes_the_old_nodes_place_and_its_volume():
     log: list[str] = []
     host, keys = provision.replace(cluster(), "10.0.0.2", ("vol-1", "vol-2"), swap(log), ssh_wait_s=0)
     assert (host.address, keys) == ("10.0.0.3", [KEY])
-    assert log == ["make n-3", "remove n-2", "attach vol-2 n-3"]
+    assert log == ["make n-3", "remove n-2 at 10.0.0.2", "attach vol-2 n-3"]
     assert [(i.id, i.address) for i in state.load_cluster("c").instances] == [("n-1", "10.0.0.1"),
                                                                                 ("n-3", "10.0.0.3")]
 
@@ -193,3 +196,49 @@ def test_a_replacement_without_host_keys_is_removed_and_the_cluster_left_as_it_w
     assert log == ["make n-3", "remove n-3"] and state.load_cluster("c") == before
     with pytest.raises(UsageError, match="^cluster c has no instance at 10.0.0.9$"):
         provision.replace(before, "10.0.0.9", (), swap(log), ssh_wait_s=0)
+
+
+def test_a_cluster_grows_by_nodes_made_as_its_own_all_of_them_or_none():
+    log: list[str] = []
+    before = cluster()
+    grown = provision.grow(before, 2, lambda index: swap(log, number=index + 1), ssh_wait_s=0)
+    assert [(new_id, host.address, keys) for new_id, host, keys in grown] == [("n-3", "10.0.0.3", [KEY]),
+                                                                              ("n-4", "10.0.0.4", [KEY])]
+    after = state.load_cluster("c")
+    assert [(i.id, i.address, i.host_keys) for i in after.instances[2:]] == [("n-3", "10.0.0.3", "shown"),
+                                                                            ("n-4", "10.0.0.4", "shown")]
+    assert state.read_known_hosts("c") == f"10.0.0.3 {KEY}\n10.0.0.4 {KEY}\n"
+    log.clear()
+    with pytest.raises(Boom, match=r"^cluster c: could not add 2 instance\(s\): could not make the node: no capacity; "
+                                   "nothing new is left running$"):
+        provision.grow(after, 2, lambda index: swap(log, number=index + 1, fails=index == 5), ssh_wait_s=0)
+    assert log == ["make n-5", "make n-6", "remove n-6", "remove n-5"]  # the one being made too, last made first
+    log.clear()
+    with pytest.raises(Boom, match="n-5, n-6 show.s. no host keys"):
+        provision.grow(after, 2, lambda index: swap(log, number=index + 1, keys=False), ssh_wait_s=0)
+    assert log == ["make n-5", "make n-6", "remove n-6", "remove n-5"]
+    assert state.load_cluster("c") == after and state.read_known_hosts("c").count("\n") == 2
+    with pytest.raises(UsageError, match="^cluster c has data volumes, one per node by its place"):
+        provision.grow(after, 1, lambda index: swap(log), volumes=("vol-1", "vol-2"), ssh_wait_s=0)
+    with pytest.raises(UsageError, match="^cluster c has data volumes"):
+        provision.shrink(after, ["10.0.0.3"], lambda node, address: None, volumes=("vol-1",))
+    assert state.load_cluster("c") == after
+
+
+def test_a_shrink_takes_each_node_out_as_it_goes():
+    log: list[str] = []
+    before = cluster()
+    state.write_known_hosts("c", f"10.0.0.1 {KEY}\n10.0.0.2 {KEY}\n")
+
+    def remove(node: str, address: str) -> None:
+        if node == "n-2":
+            raise Boom("throttled")
+        log.append(f"remove {node} at {address}")
+
+    with pytest.raises(Boom, match="^throttled$"):
+        provision.shrink(before, ["10.0.0.1", "10.0.0.2"], remove)
+    assert log == ["remove n-1 at 10.0.0.1"]
+    left = state.load_cluster("c")
+    assert [i.id for i in left.instances] == ["n-2"] and state.read_known_hosts("c") == f"10.0.0.2 {KEY}\n"
+    assert provision.shrink(left, ["10.0.0.2"], lambda node, address: log.append(f"remove {node}")) == ["n-2"]
+    assert state.load_cluster("c").instances == () and state.read_known_hosts("c") == ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import secrets
 from collections.abc import Callable, Sequence
@@ -125,19 +126,25 @@ def default_region(profile: str | None = None) -> str | None:
 
 def connect(region: str | None = None, profile: str | None = None) -> Aws:
     """EC2 and STS clients for a region (--region, else AWS_REGION, else the configured region) and a profile."""
-    import botocore.config
 
     session = session_of(profile)
     region = region or configured_region(session)
     if not region:
         raise UsageError("no AWS region: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
-    config = botocore.config.Config(connect_timeout=10, read_timeout=60,
-                                    retries={"max_attempts": 5, "mode": "standard"})
-    endpoint = os.environ.get(ENDPOINT_ENV) or None
-    ec2, sts, quotas = (session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
-                        for service in ("ec2", "sts", "service-quotas"))
+    ec2, sts, quotas = (client_of(session, service, region) for service in ("ec2", "sts", "service-quotas"))
     ec2.meta.events.register("needs-retry.ec2.RunInstances", launch_retried)
     return Aws(ec2, sts, region, quotas)
+
+
+def client_of(session, service: str, region: str):
+    """A client of one of the session's services in `region`, every call bounded (and aimed at KILN_AWS_ENDPOINT_URL
+    where it is set)."""
+    import botocore.config
+
+    config = botocore.config.Config(connect_timeout=10, read_timeout=60,
+                                    retries={"max_attempts": 5, "mode": "standard"})
+    return session.create_client(service, region_name=region, endpoint_url=os.environ.get(ENDPOINT_ENV) or None,
+                                 config=config)
 
 
 def launch_retried(response=None, **_) -> bool | None:
@@ -310,26 +317,47 @@ def default_place(*, region: str | None = None, profile: str | None = None) -> s
     return region or default_region(profile)
 
 
+def place_names(*, region: str | None = None, profile: str | None = None) -> Sequence[str]:
+    """Every region AWS has, from the SDK's own endpoint data (no call: plan.sdk_regions)."""
+    return plan.sdk_regions()
+
+
+def account(*, region: str | None = None, profile: str | None = None) -> str:
+    """Which account the credentials are, as kiln keeps it beside what it read with them: the profile and a digest
+    of the access key id (no call; none where there are no credentials)."""
+    credentials = session_of(profile).get_credentials()
+    if credentials is None:
+        raise UsageError("no AWS credentials (aws configure, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+    return f"{profile or 'default'}:{hashlib.sha256(credentials.access_key.encode()).hexdigest()[:12]}"
+
+
 def offerings(instance_types: Sequence[str], *, region: str | None = None, profile: str | None = None,
               now: datetime | None = None) -> offered.Record:
     """Where the types are offered to the account: every region it can use (DescribeRegions), in each the zones
-    that have each type (DescribeInstanceTypeOfferings by availability zone), the regions asked side by side."""
+    that have each type (DescribeInstanceTypeOfferings by availability zone), the regions asked side by side; a
+    region that does not answer is left out and named."""
     own = region or default_region(profile)
     names = regions(region=own or ANY_REGION, profile=profile)
+    session = session_of(profile)
+    clients = {name: client_of(session, "ec2", name) for name in names}  # made here: a session is not thread-safe
+    skipped: list[str] = []
 
     def offered_in(name: str) -> list[offered.Offering]:
-        ec2 = connect(name, profile).ec2
         try:
-            pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+            pages = clients[name].get_paginator("describe_instance_type_offerings").paginate(
                 LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": list(instance_types)}])
             return offered.aws_offerings(name, [row for page in pages for row in page["InstanceTypeOfferings"]])
         except Exception as error:
-            raise AwsError(f"could not read the instance types offered in {name}: {describe_error(error)}") from None
+            skipped.append(f"{name} ({describe_error(error)})")
+            return []
 
     with ThreadPoolExecutor(OFFERING_READERS) as pool:
         found = [row for rows in pool.map(offered_in, names) for row in rows]
-    return offered.Record("aws", profile or "", (now or datetime.now(UTC)).isoformat(timespec="seconds"),
-                          "EC2's DescribeInstanceTypeOfferings", tuple(instance_types), tuple(found))
+    if skipped and len(skipped) == len(names):
+        raise AwsError(f"could not read the instance types offered in any region: {skipped[0]}")
+    return offered.Record("aws", "", (now or datetime.now(UTC)).isoformat(timespec="seconds"),
+                          "EC2's DescribeInstanceTypeOfferings", tuple(instance_types), tuple(found),
+                          tuple(sorted(skipped)))
 
 
 def find_image(aws: Aws, request: plan.Request) -> str:
@@ -579,37 +607,68 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
     The new instance must run, answer SSH and show its host keys (kiln never trusts a replacement on first
     contact); otherwise it is terminated and the cluster is left as it was."""
     record, cloud = Record.of_cluster(name)
-    old, _ = provision.node_at(record, address)
+    provision.node_at(record, address)
     aws = aws or connect(region or record.region, profile)
+    return provision.replace(record, address, cloud.data_volumes,
+                             swap(aws, name, cloud, running_timeout_s, terminated_timeout_s), ssh_wait_s=ssh_wait_s)
+
+
+def grow(name: str, count: int, *, region: str | None = None, profile: str | None = None, aws: Aws | None = None,
+         running_timeout_s: float = RUNNING_TIMEOUT_S, ssh_wait_s: float = SSH_WAIT_S,
+         terminated_timeout_s: float = TERMINATED_TIMEOUT_S) -> list[tuple[str, Host, list[str]]]:
+    """Add `count` instances to the cluster, each launched as `up` launched the cluster's (provision.grow: all of
+    them, or none)."""
+    record, cloud = Record.of_cluster(name)
+    aws = aws or connect(region or record.region, profile)
+    return provision.grow(record, count, lambda _: swap(aws, name, cloud, running_timeout_s, terminated_timeout_s),
+                          volumes=cloud.data_volumes, ssh_wait_s=ssh_wait_s)
+
+
+def shrink(name: str, addresses: Sequence[str], *, region: str | None = None, profile: str | None = None,
+           aws: Aws | None = None, terminated_timeout_s: float = TERMINATED_TIMEOUT_S) -> list[str]:
+    """Terminate the cluster's instances at `addresses` (and release their Elastic IPs); the ids removed."""
+    record, cloud = Record.of_cluster(name)
+    aws = aws or connect(region or record.region, profile)
+    drop = swap(aws, name, cloud, RUNNING_TIMEOUT_S, terminated_timeout_s).remove
+    try:
+        return provision.shrink(record, addresses, drop, volumes=cloud.data_volumes)
+    except UsageError:
+        raise
+    except Exception as error:
+        raise AwsError(f"cluster {name}: could not remove {', '.join(addresses)}: {describe_error(error)}",
+                       code=error_code(error)) from None
+
+
+def swap(aws: Aws, name: str, cloud: Record, running_timeout_s: float, terminated_timeout_s: float) -> Swap:
+    """How the cluster's instances are made and removed one at a time (a replacement, a node added or removed):
+    launched as `up` launched them, and each one's Elastic IP released with it."""
     request = changed(cloud.planned(), count=1)
     network = cloud.network()
-    allocated: list[str] = []  # the new instance's Elastic IP
+    allocated: dict[str, list[str]] = {}  # each new instance's Elastic IP
 
-    def make(replacing: Progress) -> tuple[str, Host]:
+    def make(making: Progress) -> tuple[str, Host]:
         params = plan.run_instances_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags,
                                             efa=network,
                                             client_token=plan.client_token(name, secrets.token_hex(8)))
-        new_id = replacing.made = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
-        replacing.step = "wait until it runs"
+        new_id = making.made = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
+        making.step = "wait until it runs"
         wait(aws, "instance_running", [new_id], running_timeout_s)
         described = described_instances(aws, [new_id])
         if network:
-            replacing.step = "give it an Elastic IP"
-            allocated.extend(give_addresses(aws, described, cloud.tags))
+            making.step = "give it an Elastic IP"
+            allocated[new_id] = give_addresses(aws, described, cloud.tags)
             described = described_instances(aws, [new_id])
         [host] = plan.hosts_from_instances(described, request.user)
         return new_id, host
 
-    def drop(instance_id: str) -> None:
-        """Terminate an instance and then release its Elastic IP: the new one's after a failure; the old one's,
-        found by the address it was reached at, after a success."""
-        if not network:
-            addresses = []
-        elif instance_id == old.id:
+    def drop(instance_id: str, address: str) -> None:
+        """Terminate an instance and then release its Elastic IP: one made here, or an older one's, found by the
+        address it was reached at."""
+        if not network or not address:  # one just made: its own Elastic IPs, if it got any (no call)
+            addresses = allocated.get(instance_id, [])
+        else:
             addresses = efa_plan.addresses_at(aws.ec2.describe_addresses(Filters=[
                 {"Name": f"tag:{plan.TAG_CLUSTER}", "Values": [name]}])["Addresses"], address)
-        else:
-            addresses = allocated
         remove(aws, [plan.Resource("instance", instance_id, {}),
                      *(plan.Resource("elastic-ip", allocation, {}) for allocation in addresses)], terminated_timeout_s)
 
@@ -617,12 +676,10 @@ def replace(name: str, address: str, *, region: str | None = None, profile: str 
         wait_volumes(aws, "volume_available", [volume], terminated_timeout_s)
         aws.ec2.attach_volume(Device=plan.DATA_DEVICE, InstanceId=new_id, VolumeId=volume)
 
-    return provision.replace(record, address, cloud.data_volumes, Swap(
-        AwsError, describe_error, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s),
-        drop, attach,
-        first_step="run the instance", keys_step="read its host keys from the console", keys_where="its console",
-        keys_source="console", volume_word="data volume", finds_old="finds it by its tags",
-        volume_kept="tagged with the cluster", error_code=error_code), ssh_wait_s=ssh_wait_s)
+    return Swap(AwsError, describe_error, make, lambda ids, timeout_s: console_host_keys(aws, ids, timeout_s),
+                drop, attach, first_step="run the instance", keys_step="read its host keys from the console",
+                keys_where="its console", keys_source="console", volume_word="data volume",
+                finds_old="finds it by its tags", volume_kept="tagged with the cluster", error_code=error_code)
 
 
 def console_text(aws: Aws, instance_id: str) -> str:

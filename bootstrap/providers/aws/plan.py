@@ -5,7 +5,6 @@ Everything here is pure and unit-tested for exact output; bootstrap.providers.aw
 
 from __future__ import annotations
 
-import difflib
 import functools
 import ipaddress
 import json
@@ -434,21 +433,9 @@ def sdk_regions() -> tuple[str, ...]:
                         for region in session.get_available_regions("ec2", partition_name=partition)))
 
 
-def check_region(region: str, known: Sequence[str]) -> None:
-    """A region AWS has, else UsageError naming it and the nearest real ones (pure)."""
-    if region in known:
-        return
-    nearest = difflib.get_close_matches(region, known, n=3, cutoff=0.4) or list(known[:3])
-    raise UsageError(f"region {region}: not an AWS region (the nearest: {', '.join(nearest)}), as --region or "
-                     "--regions named it")
-
-
 def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: float | None,
                  place: Mapping[str, str | None]) -> Request:
-    """A `kiln up`'s request on EC2 from its options (validate_request; the region is the connection's, one AWS
-    has)."""
-    if place.get("region"):
-        check_region(str(place["region"]), sdk_regions())
+    """A `kiln up`'s request on EC2 from its options (validate_request; the region is the connection's)."""
     return validate_request(
         name, count, options.get("instance_type") or DEFAULT_INSTANCE_TYPE, ssh_cidr=options.get("ssh_cidr"),
         ami=options.get("ami"), image_profile=options.get("image_profile") or "gpu", spot=bool(options.get("spot")),

@@ -521,20 +521,52 @@ def replace(name: str, address: str, *, subscription: str | None = None, azure: 
     was."""
     record, kept = Record.of_cluster(name)
     _, index = provision.node_at(record, address)
-    public_key = provision.cluster_public_key(name)
     azure = azure or connect(subscription or kept.subscription)
+    return provision.replace(record, address, kept.data_disks, swap(azure, name, kept, index, timeout_s),
+                             ssh_wait_s=ssh_wait_s)
+
+
+def grow(name: str, count: int, *, subscription: str | None = None, azure: Azure | None = None,
+         ssh_wait_s: float = SSH_WAIT_S, timeout_s: float = OPERATION_TIMEOUT_S) -> list[tuple[str, Host, list[str]]]:
+    """Add `count` VMs to the cluster, each made as `up` made the cluster's (provision.grow: all of them, or
+    none)."""
+    record, kept = Record.of_cluster(name)
+    azure = azure or connect(subscription or kept.subscription)
+    return provision.grow(record, count, lambda index: swap(azure, name, kept, index, timeout_s),
+                          volumes=kept.data_disks, ssh_wait_s=ssh_wait_s)
+
+
+def shrink(name: str, addresses: Sequence[str], *, subscription: str | None = None, azure: Azure | None = None,
+           timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+    """Delete the cluster's VMs at `addresses` (their interfaces and addresses with them); the names removed."""
+    record, kept = Record.of_cluster(name)
+    azure = azure or connect(subscription or kept.subscription)
+    try:
+        return provision.shrink(record, addresses, swap(azure, name, kept, 0, timeout_s).remove,
+                                volumes=kept.data_disks)
+    except UsageError:
+        raise
+    except Exception as error:
+        raise AzureError(f"cluster {name}: could not remove {', '.join(addresses)}: {describe_error(error)}",
+                         code=error_code(error)) from None
+
+
+def swap(azure: Azure, name: str, kept: Record, index: int, timeout_s: float) -> Swap:
+    """How the cluster's VMs are made and removed one at a time (a replacement, a node added or removed): a new
+    one as `up` made node `index`, under a name of its own."""
+    public_key = provision.cluster_public_key(name)
     request = kept.planned()
     new_name = plan.vm_name(name, index, suffix())
 
-    def make(replacing: Progress) -> tuple[str, Host]:
-        replacing.made = new_name
+    def make(making: Progress) -> tuple[str, Host]:
+        making.made = new_name
         made = done(make_node(azure, request, group=kept.group, index=index, name=new_name, image=kept.image,
                               public_key=public_key, tags=kept.tags, subnet_id=kept.subnet_id,
                               placement_id=kept.placement_id, data_disk=None, timeout_s=timeout_s,
                               identity=kept.autostop, accelerated=kept.accelerated_networking,
                               scale_set_id=kept.scale_set_id), timeout_s)
         if kept.autostop:
-            replacing.step = "let it deallocate itself (autostop)"
+            making.step = "let it deallocate itself (autostop)"
             allow_self_deallocation(azure, made)
         return new_name, Host(address_of(azure, kept.group, new_name), user=request.user)
 
@@ -546,13 +578,11 @@ def replace(name: str, address: str, *, subscription: str | None = None, azure: 
             "managedDisk": {"id": azure.id(kept.group, "Microsoft.Compute/disks", disk)}}]
         done(azure.compute.virtual_machines.begin_create_or_update(kept.group, vm_name, body), timeout_s)
 
-    return provision.replace(record, address, kept.data_disks, Swap(
-        AzureError, describe_error, make, lambda names, timeout_s: host_keys(azure, kept.group, names, timeout_s),
-        lambda vm_name: delete_node(azure, kept.group, vm_name, timeout_s), attach, first_step="create the VM",
-        keys_step="read its host keys from the serial log", keys_where="its serial log", node_word="VM",
-        finds_old="removes its resource group", volume_kept="in the cluster's resource group",
-        error_code=error_code),
-        ssh_wait_s=ssh_wait_s)
+    return Swap(AzureError, describe_error, make, lambda names, wait_s: host_keys(azure, kept.group, names, wait_s),
+                lambda vm_name, _: delete_node(azure, kept.group, vm_name, timeout_s), attach,
+                first_step="create the VM", keys_step="read its host keys from the serial log",
+                keys_where="its serial log", node_word="VM", finds_old="removes its resource group",
+                volume_kept="in the cluster's resource group", error_code=error_code)
 
 
 def arm_autostop(name: str, *, subscription: str | None = None, azure: Azure | None = None,
@@ -593,6 +623,21 @@ def places(every: bool = False, *, subscription: str | None = None) -> list[str 
 def default_place(*, subscription: str | None = None) -> str | None:
     """The location an up that names none goes to (AZURE_LOCATION), or None."""
     return configured(None, plan.ENV["location"])
+
+
+def account(*, subscription: str | None = None) -> str:
+    """Which subscription kiln works in (given, or AZURE_SUBSCRIPTION_ID; no call)."""
+    return connect(subscription).subscription
+
+
+def place_names(*, subscription: str | None = None, azure: Azure | None = None) -> Sequence[str]:
+    """Every location where Resource SKUs offers the subscription a VM size."""
+    azure = azure or connect(subscription)
+    try:
+        return sorted({place.lower() for sku in azure.compute.resource_skus.list()
+                       if sku.resource_type == "virtualMachines" for place in sku.locations or ()})
+    except Exception as error:
+        raise AzureError(f"could not list the locations: {describe_error(error)}") from None
 
 
 def offerings(instance_types: Sequence[str], *, subscription: str | None = None, azure: Azure | None = None,

@@ -52,7 +52,7 @@ WAIT_CALL_TIMEOUT_S = 150
 HOST_KEYS_POLL_S = 5
 CLIENTS = {"instances": "InstancesClient", "disks": "DisksClient", "snapshots": "SnapshotsClient",
            "images": "ImagesClient", "firewalls": "FirewallsClient", "policies": "ResourcePoliciesClient",
-           "machine_types": "MachineTypesClient",
+           "machine_types": "MachineTypesClient", "zones": "ZonesClient",
            "zone_ops": "ZoneOperationsClient", "region_ops": "RegionOperationsClient",
            "global_ops": "GlobalOperationsClient"}
 
@@ -451,14 +451,45 @@ def replace(name: str, address: str, *, project: str | None = None, gce: Gce | N
     contact); otherwise it is deleted and the cluster is left as it was."""
     record, kept = Record.of_cluster(name)
     _, index = provision.node_at(record, address)
-    public_key = provision.cluster_public_key(name)
     gce = gce or connect(project or kept.project)
-    request = kept.planned()
-    body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image, public_key=public_key,
-                              labels=kept.labels, project=kept.project)
+    return provision.replace(record, address, kept.data_disks, swap(gce, name, kept, index, timeout_s),
+                             ssh_wait_s=ssh_wait_s)
 
-    def make(replacing: Progress) -> tuple[str, Host]:
-        replacing.made = body["name"]
+
+def grow(name: str, count: int, *, project: str | None = None, gce: Gce | None = None,
+         ssh_wait_s: float = SSH_WAIT_S, timeout_s: float = OPERATION_TIMEOUT_S) -> list[tuple[str, Host, list[str]]]:
+    """Add `count` instances to the cluster, each made as `up` made the cluster's (provision.grow: all of them,
+    or none)."""
+    record, kept = Record.of_cluster(name)
+    gce = gce or connect(project or kept.project)
+    return provision.grow(record, count, lambda index: swap(gce, name, kept, index, timeout_s),
+                          volumes=kept.data_disks, ssh_wait_s=ssh_wait_s)
+
+
+def shrink(name: str, addresses: Sequence[str], *, project: str | None = None, gce: Gce | None = None,
+           timeout_s: float = OPERATION_TIMEOUT_S) -> list[str]:
+    """Delete the cluster's instances at `addresses`; the names removed."""
+    record, kept = Record.of_cluster(name)
+    gce = gce or connect(project or kept.project)
+    try:
+        return provision.shrink(record, addresses, swap(gce, name, kept, 0, timeout_s).remove,
+                                volumes=kept.data_disks)
+    except UsageError:
+        raise
+    except Exception as error:
+        raise GcpError(f"cluster {name}: could not remove {', '.join(addresses)}: {describe_error(error)}",
+                       code=error_code(error)) from None
+
+
+def swap(gce: Gce, name: str, kept: Record, index: int, timeout_s: float) -> Swap:
+    """How the cluster's instances are made and removed one at a time (a replacement, a node added or removed): a
+    new one as `up` made node `index`, under a name of its own."""
+    request = kept.planned()
+    body = plan.instance_body(request, index=index, suffix=suffix(), image=kept.image,
+                              public_key=provision.cluster_public_key(name), labels=kept.labels, project=kept.project)
+
+    def make(making: Progress) -> tuple[str, Host]:
+        making.made = body["name"]
         wait(gce, gce.instances.insert_unary(project=kept.project, zone=kept.zone,
                                              instance_resource=message("Instance", body)), timeout_s)
         [host] = plan.hosts_from_instances([as_dict(gce.instances.get(project=kept.project, zone=kept.zone,
@@ -472,11 +503,10 @@ def replace(name: str, address: str, *, project: str | None = None, gce: Gce | N
                                  "deviceName": plan.DATA_DEVICE_NAME, "autoDelete": False, "mode": "READ_WRITE"})),
              timeout_s)
 
-    return provision.replace(record, address, kept.data_disks, Swap(
-        GcpError, describe_error, make, lambda names, timeout_s: host_keys(gce, kept.zone, names, timeout_s),
-        lambda instance: remove(gce, [plan.Resource("instance", instance, kept.zone, {})], timeout_s), attach,
-        first_step="create the instance", keys_step="read the host keys it shows",
-        keys_where="guest attributes, serial port", error_code=error_code), ssh_wait_s=ssh_wait_s)
+    return Swap(GcpError, describe_error, make, lambda names, wait_s: host_keys(gce, kept.zone, names, wait_s),
+                lambda instance, _: remove(gce, [plan.Resource("instance", instance, kept.zone, {})], timeout_s),
+                attach, first_step="create the instance", keys_step="read the host keys it shows",
+                keys_where="guest attributes, serial port", error_code=error_code)
 
 
 def arm_autostop(name: str, *, project: str | None = None) -> list[str]:
@@ -494,6 +524,20 @@ def places(every: bool = False, *, project: str | None = None) -> list[str | Non
 def default_place(*, project: str | None = None) -> str | None:
     """The zone an up that names none goes to (CLOUDSDK_COMPUTE_ZONE), or None."""
     return configured(None, plan.ENV["zone"])
+
+
+def account(*, project: str | None = None) -> str:
+    """Which project the credentials work in (given, configured, or the credentials' own; no call)."""
+    return connect(project).project
+
+
+def place_names(*, project: str | None = None, gce: Gce | None = None) -> Sequence[str]:
+    """Every zone of Compute Engine the project sees (zones.list)."""
+    gce = gce or connect(project)
+    try:
+        return sorted(zone.name for zone in gce.zones.list(project=gce.project))
+    except Exception as error:
+        raise GcpError(f"could not list the zones: {describe_error(error)}") from None
 
 
 def offerings(instance_types: Sequence[str], *, project: str | None = None, gce: Gce | None = None,
