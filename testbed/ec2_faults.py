@@ -6,7 +6,8 @@ server errors; 400 for the client errors such as the vCPU quota's). Nothing of a
 endpoint, as nothing is made by EC2. It also answers DescribeSpotPriceHistory in a region where a test set prices
 (`price()`), as EC2's Query API does (moto gives every type one price), so that prices can order candidates, and
 Service Quotas' GetServiceQuota for an EC2 quota a test set in a region (`quota()`), as that JSON API does (moto
-serves VPC quotas alone); everything else, Service Quotas' other calls included, goes on to the endpoint.
+serves VPC quotas alone), and the Price List's GetProducts from the on-demand prices a test set (`on_demand()`;
+moto has no Price List); everything else, Service Quotas' other calls included, goes on to the endpoint.
 
     with Ec2Faults(moto_endpoint) as hop:
         hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity")
@@ -65,6 +66,7 @@ class Ec2Faults(Served):
         self.answered: list[tuple[str, str]] = []  # (action, region) of each request the hop answered itself
         self.launches: list[tuple[str, str]] = []  # (region, ClientToken or "") of every RunInstances that came
         self.quotas: dict[tuple[str, str], tuple[str, float]] = {}  # (region, code) -> (name, value): EC2's quotas
+        self.list_prices: dict[tuple[str, str], float] = {}  # (region, type) -> USD an hour on demand
         self._lock = threading.Lock()
         server = ThreadingHTTPServer((host, 0), _handler(self))
         server.daemon_threads = True
@@ -84,6 +86,43 @@ class Ec2Faults(Served):
         with self._lock:
             self.prices.setdefault(region, []).append(
                 (instance_type, zone or f"{region}a", usd, at or datetime.now(UTC).replace(microsecond=0)))
+
+    def on_demand(self, region: str, instance_type: str, usd: float) -> None:
+        """Answer the Price List's GetProducts itself from now on, with this type's Linux on-demand price in
+        `region` among those given."""
+        with self._lock:
+            self.list_prices[(region, instance_type)] = usd
+
+    def price_list(self, body: bytes) -> bytes | None:
+        """The Price List Query API's GetProducts answer (JSON 1.1) from the on-demand prices given (None: none
+        given, the request goes on): the products matching its TERM_MATCH filters, each a JSON document in
+        PriceList, as that API documents them; a filter on an attribute a product lacks matches none."""
+        asked = json.loads(body or b"{}")
+        with self._lock:
+            given = dict(self.list_prices)
+        if not given:
+            return None
+        terms = {f["Field"]: f["Value"] for f in asked.get("Filters", []) if f.get("Type") == "TERM_MATCH"}
+        listed = []
+        for (region, kind), usd in sorted(given.items()):
+            attributes = {"instanceType": kind, "regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared",
+                          "preInstalledSw": "NA", "capacitystatus": "Used", "servicecode": "AmazonEC2"}
+            if asked.get("ServiceCode") != "AmazonEC2" or any(attributes.get(k) != v for k, v in terms.items()):
+                continue
+            sku = uuid.uuid5(uuid.NAMESPACE_URL, f"{region}/{kind}").hex[:16].upper()
+            listed.append(json.dumps({
+                "product": {"productFamily": "Compute Instance", "attributes": attributes, "sku": sku},
+                "serviceCode": "AmazonEC2", "version": "20261101000000", "publicationDate": "2026-11-01T00:00:00Z",
+                "terms": {"OnDemand": {f"{sku}.JRTCKXETXF": {
+                    "offerTermCode": "JRTCKXETXF", "sku": sku, "effectiveDate": "2026-11-01T00:00:00Z",
+                    "priceDimensions": {f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                        "unit": "Hrs", "endRange": "Inf", "beginRange": "0", "appliesTo": [],
+                        "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7", "pricePerUnit": {"USD": f"{usd:.10f}"},
+                        "description": f"${usd} per On Demand Linux {kind} Instance Hour"}},
+                    "termAttributes": {}}}}}))
+        with self._lock:
+            self.answered.append(("GetProducts", terms.get("regionCode", "")))
+        return json.dumps({"FormatVersion": asked.get("FormatVersion", "aws_v1"), "PriceList": listed}).encode()
 
     def quota(self, region: str, code: str, name: str, value: float) -> None:
         """Answer GetServiceQuota for EC2's quota `code` in `region` itself from now on: `value` (vCPUs)."""
@@ -111,6 +150,7 @@ class Ec2Faults(Served):
             self.faults.clear()
             self.prices.clear()
             self.quotas.clear()
+            self.list_prices.clear()
             self.answered.clear()
 
     def price_history(self, region: str, fields: dict[str, list[str]]) -> bytes | None:
@@ -174,6 +214,11 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
                 quota = hop.service_quota(region, body)
                 if quota is not None:
                     self._answer(200, {"Content-Type": "application/x-amz-json-1.1"}, quota)
+                    return
+            if self.headers.get("X-Amz-Target") == "AWSPriceListService.GetProducts":
+                listed = hop.price_list(body)
+                if listed is not None:
+                    self._answer(200, {"Content-Type": "application/x-amz-json-1.1"}, listed)
                     return
             history = hop.price_history(region, fields) if action == "DescribeSpotPriceHistory" else None
             if history is not None:

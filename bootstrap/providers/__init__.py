@@ -119,6 +119,8 @@ class Provider(Protocol):
     where: tuple[str, ...]
     # Where up --by-price reads the spot price of its machines now ("": kiln reads none there).
     prices: str
+    # Where up --by-price reads the on-demand price of its machines ("": kiln reads none there).
+    on_demand_from: str
     # The option of `where` that bounds what `list` and `sweep` see (an AWS region; a GCP project and an Azure
     # subscription hold every region's clusters); None: one place holds them all (local).
     scope: str | None
@@ -162,6 +164,10 @@ class Provider(Protocol):
     def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
         """The spot price now (USD an hour) of each type, where it is placed (up --by-price); those it has none of
         are left out."""
+
+    def on_demand_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        """The on-demand price (USD an hour) of each type, where it is placed (up --by-price); those it has none
+        of are left out."""
 
 
 def provider_class(kind: str):

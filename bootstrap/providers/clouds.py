@@ -67,6 +67,8 @@ class Cloud(Protocol):
 
     def spot_prices(self, types: Sequence[str], **place: str | None) -> dict[str, float]: ...
 
+    def on_demand_prices(self, types: Sequence[str], **place: str | None) -> dict[str, float]: ...
+
     def offerings(self, types: Sequence[str], **connection: str | None) -> offered.Record: ...
 
     def default_place(self, **connection: str | None) -> str | None: ...
@@ -91,6 +93,7 @@ class CloudFacts:
     connects: tuple[str, ...]  # the options of `where` every verb is called with
     place_word: str  # what one of its places is, to say a place it does not have: "an AWS region"
     prices: str  # where up --by-price reads its spot prices ("": kiln reads none there)
+    on_demand_from: str  # where up --by-price reads its on-demand prices ("": kiln reads none there)
     priced_by: tuple[str, ...]  # the options of `where` its spot prices are read with
     machine: str  # what a node is called there: instance, VM
     volume: str  # what a data volume is called there: data volume, data disk
@@ -253,6 +256,11 @@ class CloudProvider:
             return {}
         return self.cloud.spot_prices(instance_types, **self.given(self.facts.priced_by))
 
+    def on_demand_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        if not self.facts.on_demand_from:
+            return {}
+        return self.cloud.on_demand_prices(instance_types, **self.given(self.facts.priced_by))
+
 
 @functools.cache
 def place_names(kind: str, connection: tuple[tuple[str, str | None], ...]) -> tuple[str, ...] | None:
@@ -275,6 +283,7 @@ PROVIDERS = CLOUDS = {
         where=("region", "profile"), scope="region", connects=("region", "profile"),
         place_word="an AWS region",
         prices="EC2's spot price history (the newest price in each zone of the region, the lowest of them)",
+        on_demand_from="AWS's Price List (GetProducts: Linux, shared tenancy, the region's on-demand price)",
         priced_by=("region", "profile"), machine="instance", volume="data volume", keys_from="the console output",
         keys_shown="their consoles show", found_by="tagged kiln:cluster={name}", snapshot_word=""),
     "gcp": CloudFacts(
@@ -288,7 +297,8 @@ PROVIDERS = CLOUDS = {
         # a project's list holds every zone's
         where=("project", "zone"), scope="project", connects=("project",),
         place_word="a GCP zone",
-        prices="", priced_by=(),  # its prices are in the Cloud Billing Catalog API, which kiln does not read
+        # its prices are in the Cloud Billing Catalog API, which needs an API key kiln does not ask for
+        prices="", on_demand_from="", priced_by=(),
         machine="instance", volume="data disk", keys_from="the instances' guest attributes and serial ports",
         keys_shown="they show", found_by="labelled kiln-cluster={name}",
         env=gcp_plan.ENV),
@@ -304,6 +314,7 @@ PROVIDERS = CLOUDS = {
         connects=("subscription",),
         place_word="an Azure location", places_any_case=True,
         prices="Azure's Retail Prices API (the Linux Spot meter of the size in the location)",
+        on_demand_from="Azure's Retail Prices API (the Linux pay-as-you-go meter of the size in the location)",
         priced_by=("location",), machine="VM", volume="data disk", keys_from="the VMs' serial logs",
         keys_shown="their serial logs show", found_by="in resource group kiln-{name}",
         env=azure_plan.ENV),

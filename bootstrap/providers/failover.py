@@ -353,28 +353,33 @@ def refuse_across_places(order: Sequence[Candidate], given: Mapping[str, object]
 
 def describe_order(order: Sequence[Candidate], prices: Mapping[Candidate, float] | None = None,
                    max_attempts: int = MAX_ATTEMPTS) -> list[str]:
-    """What `up --dry-run` says of the candidates, in the order they are tried (with the spot price of each that
-    has one, where --by-price read them), and how many a round tries at most where that is fewer."""
+    """What `up --dry-run` says of the candidates, in the order they are tried (with each one's price where
+    --by-price read one: a spot price now, an on-demand one by the hour), and how many a round tries at most where
+    that is fewer."""
     prices = prices or {}
     capped = f"; a round tries {max_attempts} at most: --max-attempts" if len(order) > max_attempts else ""
     return [f"candidates, in the order kiln tries them ({len(order)}{capped}):",
-            *(f"  {index}. {candidate.describe()}" + (f" (${prices[candidate]:g}/h now)" if candidate in prices else "")
+            *(f"  {index}. {candidate.describe()}" + (f" (${prices[candidate]:g}/h{' now' if candidate.spot else ''})"
+                                                      if candidate in prices else "")
               for index, candidate in enumerate(order, 1))]
 
 
 def by_price(order: Sequence[Candidate], prices: Mapping[Candidate, float]) -> list[Candidate]:
-    """--by-price: the spot candidates cheapest first, by the price each cloud gives now; a spot candidate whose
-    price kiln could not read goes after the priced ones, in its place among the unpriced; the on-demand fallback
-    stays after every spot candidate, in the user's order."""
-    spot = [candidate for candidate in order if candidate.spot]
-    priced = sorted((c for c in spot if c in prices), key=lambda c: prices[c])  # stable: ties keep the user's order
-    return [*priced, *(c for c in spot if c not in prices), *(c for c in order if not c.spot)]
+    """--by-price: the spot candidates cheapest first, by the price each cloud gives now, then the on-demand ones
+    (without --spot, or its fallback) cheapest first by their hourly price; in each, a candidate whose price kiln
+    could not read goes after the priced ones, in the user's order among the unpriced."""
+    def cheapest(chosen: list[Candidate]) -> list[Candidate]:
+        priced = sorted((c for c in chosen if c in prices), key=lambda c: prices[c])  # stable: ties keep the order
+        return [*priced, *(c for c in chosen if c not in prices)]
+    return [*cheapest([c for c in order if c.spot]), *cheapest([c for c in order if not c.spot])]
 
 
-def price_requests(order: Sequence[Candidate]) -> dict[tuple[str, str], list[str]]:
-    """The instance types whose spot price to read, by (cloud, place), for the spot candidates of `order`."""
-    asked: dict[tuple[str, str], list[str]] = {}
+def price_requests(order: Sequence[Candidate]) -> dict[tuple[str, str, bool], list[str]]:
+    """The instance types whose price to read, by (cloud, place, spot or on demand), for the candidates of
+    `order`."""
+    asked: dict[tuple[str, str, bool], list[str]] = {}
     for candidate in order:
-        if candidate.spot and candidate.instance_type not in asked.setdefault((candidate.cloud, candidate.place), []):
-            asked[(candidate.cloud, candidate.place)].append(candidate.instance_type)
+        kinds = asked.setdefault((candidate.cloud, candidate.place, candidate.spot), [])
+        if candidate.instance_type not in kinds:
+            kinds.append(candidate.instance_type)
     return asked

@@ -44,6 +44,7 @@ class LocalProvider:
     where = ("zone",)
     scope = None  # every local cluster is on this machine
     prices = ""
+    on_demand_from = ""
 
     def __init__(self, zone: str | None = None):
         self.zone = zone
@@ -151,6 +152,10 @@ class LocalProvider:
         pass  # a node's processes are killed in place: nothing to arm
 
     def spot_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
+        """None: a local cluster costs nothing."""
+        return {}
+
+    def on_demand_prices(self, instance_types: Sequence[str]) -> dict[str, float]:
         """None: a local cluster costs nothing."""
         return {}
 

@@ -48,8 +48,6 @@ def plan_up(name: str, values: dict) -> Planned:
     clouds = failover.parse_clouds(values["provider"], tuple(providers.KINDS))
     if values["on_demand_fallback"] and not values["spot"]:
         raise UsageError("--on-demand-fallback: falls back from --spot machines; give --spot too")
-    if values["by_price"] and not values["spot"]:
-        raise UsageError("--by-price: orders the candidates by their spot price; give --spot too")
     max_attempts = max_attempts_of(values)
     types = failover.types_of(clouds, values["gpus"], values["instance_type"])
     places = failover.places_of(clouds, values["zones"], values["regions"], values)
@@ -146,31 +144,31 @@ def max_attempts_of(values: dict) -> int:
 
 
 def by_price(planned: Planned, say: Callable[[str], None]) -> tuple[list[failover.Candidate], dict]:
-    """The candidates cheapest first by the spot price each cloud gives now (those without one follow in the
-    up's order), and the prices."""
+    """The candidates cheapest first by the price each cloud gives (spot ones by their price now, then on-demand
+    ones by theirs; those without one follow in the up's order), and the prices."""
     prices = read_prices(planned.order, planned.prepared, say)
     return failover.by_price(planned.order, prices), prices
 
 
 def read_prices(order: list[failover.Candidate], prepared: dict,
                 say: Callable[[str], None]) -> dict[failover.Candidate, float]:
-    """The spot price now of each spot candidate whose cloud gives one (up --by-price), read once per place; a
-    place whose prices cannot be read is said, and its candidates keep their place after the priced ones."""
+    """The price of each candidate whose cloud gives one (up --by-price): spot now, or on demand by the hour, read
+    once per place and kind; a place whose prices cannot be read is said, and its candidates keep their place
+    after the priced ones."""
     prices: dict[failover.Candidate, float] = {}
-    for (cloud, place), kinds in failover.price_requests(order).items():
-        first = next(c for c in order if (c.cloud, c.place, c.spot) == (cloud, place, True))
-        chosen = prepared[first][0]
-        where = f"{cloud} {place or '(its default place)'}"
-        if not chosen.prices:
-            say(f"up: {where}: kiln reads no spot prices of {cloud}; its candidates follow the priced ones")
+    for (cloud, place, spot), kinds in failover.price_requests(order).items():
+        group = [c for c in order if (c.cloud, c.place, c.spot) == (cloud, place, spot)]
+        chosen = prepared[group[0]][0]
+        where, kind = f"{cloud} {place or '(its default place)'}", "spot" if spot else "on-demand"
+        if not (chosen.prices if spot else chosen.on_demand_from):
+            say(f"up: {where}: kiln reads no {kind} prices of {cloud}; its candidates follow the priced ones")
             continue
         try:
-            found = chosen.spot_prices(kinds)
+            found = chosen.spot_prices(kinds) if spot else chosen.on_demand_prices(kinds)
         except KilnError as error:
             say(f"up: {where}: {error}; its candidates follow the priced ones")
             continue
-        prices.update({c: found[c.instance_type] for c in order
-                       if (c.cloud, c.place, c.spot) == (cloud, place, True) and c.instance_type in found})
+        prices.update({c: found[c.instance_type] for c in group if c.instance_type in found})
     return prices
 
 

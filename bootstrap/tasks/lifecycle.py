@@ -59,8 +59,9 @@ UP_HELP = {
     "regions": "AWS regions (Azure locations) to try in order, e.g. us-east-1,us-west-2 (aws:us-east-1,azure:eastus "
                "with both clouds)",
     "on_demand_fallback": "with --spot: where no candidate has spot capacity, try them all again on demand",
-    "by_price": "with --spot: try the candidates cheapest first, by the spot price each cloud gives now (AWS: "
-                "EC2's spot price history); those without one follow in your order, then any on-demand fallback",
+    "by_price": "try the candidates cheapest first, by the price each cloud gives: spot ones by their spot price "
+                "now (AWS: EC2's spot price history; Azure: the Retail Prices API), then on-demand ones by the hour "
+                "(AWS's Price List; Azure's pay-as-you-go meter); those without one follow in your order",
     "retry_until_up": "where no candidate has capacity, try them all again, waiting 10 s, then twice as long each "
                       "time (at most 5 minutes), for up to MINUTES (default 0: once)",
     "max_attempts": "how many candidates a round tries before it gives up (or, with --retry-until-up, waits for "

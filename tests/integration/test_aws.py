@@ -1321,3 +1321,32 @@ def test_a_queue_grows_the_cluster_by_instances_launched_as_its_own_and_shrinks_
     assert not any(host.address in state.read_known_hosts("q") for _, host, _ in grown)
     aws.down("q")
     assert leftovers(ec2) == []
+
+
+def test_with_no_region_named_by_price_orders_every_offering_region_by_its_on_demand_price(env, ec2, server,
+                                                                                          monkeypatch):
+    """--gpus H100:8 --by-price with no region: the regions that offer p5.48xlarge (DescribeInstanceTypeOfferings),
+    ordered by the on-demand price the Price List gives for each (GetProducts, answered by the hop: moto has no
+    Price List), the cheapest first; the regions without a price follow in their own order."""
+    from testbed.ec2_faults import Ec2Faults
+
+    offered = regions_offering("p5.48xlarge", [r["RegionName"] for r in ec2.describe_regions()["Regions"]])
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with Ec2Faults(server) as hop:
+        hop.on_demand("us-east-1", "p5.48xlarge", 98.32)
+        hop.on_demand("us-west-2", "p5.48xlarge", 55.04)
+        hop.on_demand("ap-south-1", "p5.48xlarge", 70.0)
+        hop.on_demand("us-west-2", "g6.xlarge", 0.8)  # another type: not this up's
+        planned = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "bp", "--gpus", "H100:8",
+                              "--by-price", "--ssh-cidr", CIDR, "--dry-run")
+        asked = {region for action, region in hop.answered if action == "GetProducts"}
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    listed = [line.strip() for line in planned.stdout.splitlines() if line.startswith("  ") and "p5.48xlarge" in line]
+    assert listed[:3] == ["1. aws us-west-2 p5.48xlarge on-demand ($55.04/h)",
+                          "2. aws ap-south-1 p5.48xlarge on-demand ($70/h)",
+                          "3. aws us-east-1 p5.48xlarge on-demand ($98.32/h)"], planned.stdout
+    rest = [line.split()[2] for line in listed[3:]]
+    assert rest == sorted(set(offered) - {"us-west-2", "ap-south-1", "us-east-1"},
+                          key=lambda region: (-len(offered[region]), region))
+    assert all("$" not in line for line in listed[3:])
+    assert asked == set(offered)  # each candidate region's price asked, once

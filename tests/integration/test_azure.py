@@ -715,3 +715,17 @@ def test_a_location_azure_does_not_have_is_refused_by_name_before_anything_is_ma
     assert refused.stderr == ("kiln: location eastuss: not an Azure location (the nearest: eastus, westus2), as "
                               "--location or --regions named it\n"), refused.stderr
     assert leftovers(arm, "ml") == []
+
+
+def test_by_price_orders_on_demand_candidates_by_their_pay_as_you_go_meter(env, arm, monkeypatch):
+    """--by-price without --spot reads each location's Linux pay-as-you-go meter (not Spot, not Low Priority, not
+    Windows) from the Retail Prices API: the location cheaper by the hour comes first."""
+    arm.price(LOCATION, "Standard_NC4as_T4_v3", spot=0.05, on_demand=0.526)
+    arm.price("westus2", "Standard_NC4as_T4_v3", spot=0.30, on_demand=0.48)
+    monkeypatch.setenv(cloud.PRICES_ENV, arm.endpoint)
+    planned = subprocess.run([str(KILN), "up", "od", "--provider", "azure", "--gpus", "T4:1", "--by-price",
+                              "--regions", f"{LOCATION},westus2", "--ssh-cidr", CIDR, "--dry-run"],
+                             capture_output=True, text=True, timeout=120)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert ("  1. azure westus2 Standard_NC4as_T4_v3 on-demand ($0.48/h)\n"
+            f"  2. azure {LOCATION} Standard_NC4as_T4_v3 on-demand ($0.526/h)\n") in planned.stdout, planned.stdout

@@ -164,8 +164,10 @@ def test_the_spot_price_is_the_linux_spot_meter_of_each_size():
              retail_item("Standard_NC8as_T4_v3", "NC8as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 0.3),
              retail_item("Standard_NC8as_T4_v3", "NC8as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 9.0,
                          unit="1/Month")]
-    assert plan.lowest_spot_prices(items) == {"Standard_NC4as_T4_v3": 0.21, "Standard_NC8as_T4_v3": 0.3}
-    assert plan.lowest_spot_prices([]) == {}
+    assert plan.lowest_prices(items, spot=True) == {"Standard_NC4as_T4_v3": 0.21, "Standard_NC8as_T4_v3": 0.3}
+    assert plan.lowest_prices([], spot=True) == {}
+    # pay-as-you-go: the Linux meter that is neither Spot nor Low Priority
+    assert plan.lowest_prices(items, spot=False) == {"Standard_NC4as_T4_v3": 0.526}
 
 
 def test_the_price_filter_names_one_size_in_one_location_and_refuses_anything_else():

@@ -28,9 +28,9 @@ KILN = Path(sys.executable).with_name("kiln")
 LEFT_OUT = {
     "sweep": "sweep --dry-run lists what has expired in the cloud account, so it signs in and asks the cloud even as "
              "a dry run; tests/integration/test_aws.py, test_gcp.py and test_azure.py run it against their stand-ins",
-    "--by-price": "--by-price reads each cloud's prices of now even in a dry run (EC2's spot price history with "
-                  "credentials, Azure's Retail Prices API over the network); the tests give it the fault hop's "
-                  "and the ARM stand-in's prices (test_aws.py, test_azure.py)",
+    "--by-price": "--by-price reads each cloud's prices even in a dry run (EC2's spot price history and the Price "
+                  "List with credentials, Azure's Retail Prices API over the network); the tests give it the fault "
+                  "hop's and the ARM stand-in's prices (test_aws.py, test_azure.py)",
 }
 
 # The user's project folder the dry runs run from: kiln's example programs, as the docs' commands name them, and

@@ -381,16 +381,46 @@ def test_a_max_price_without_spot_is_refused_not_dropped(tmp_path, provider, sai
     assert refused.returncode == 2 and refused.stderr.startswith(f"kiln: {said}"), refused.stderr
 
 
-def test_by_price_puts_the_cheapest_spot_candidates_first_and_the_rest_in_the_users_order():
+def test_by_price_puts_the_cheapest_spot_candidates_first_then_the_cheapest_on_demand_ones():
     spot = [Candidate("aws", region, kind, True) for region in ("r1", "r2") for kind in ("p5", "p5e")]
-    on_demand = [Candidate("aws", "r1", "p5", False)]
+    on_demand = [Candidate("aws", "r1", "p5", False), Candidate("aws", "r2", "p5", False),
+                 Candidate("azure", "eastus", "nd", False)]
     gcp = Candidate("gcp", "z1", "a3", True)
     order = [*spot, gcp, *on_demand]
-    prices = {spot[0]: 40.0, spot[1]: 30.0, spot[2]: 30.0}  # r2 p5e: no price read
-    assert failover.by_price(order, prices) == [spot[1], spot[2], spot[0], spot[3], gcp, *on_demand]
-    assert failover.price_requests(order) == {("aws", "r1"): ["p5", "p5e"], ("aws", "r2"): ["p5", "p5e"],
-                                              ("gcp", "z1"): ["a3"]}
-    assert failover.describe_order(failover.by_price(order, prices), prices)[1] == "  1. aws r1 p5e spot ($30/h now)"
+    prices = {spot[0]: 40.0, spot[1]: 30.0, spot[2]: 30.0,  # r2 p5e: no price read
+              on_demand[0]: 98.32, on_demand[1]: 55.04}  # azure's: none read
+    assert failover.by_price(order, prices) == [spot[1], spot[2], spot[0], spot[3], gcp,
+                                                on_demand[1], on_demand[0], on_demand[2]]
+    assert failover.price_requests(order) == {
+        ("aws", "r1", True): ["p5", "p5e"], ("aws", "r2", True): ["p5", "p5e"], ("gcp", "z1", True): ["a3"],
+        ("aws", "r1", False): ["p5"], ("aws", "r2", False): ["p5"], ("azure", "eastus", False): ["nd"]}
+    described = failover.describe_order(failover.by_price(order, prices), prices)
+    assert described[1] == "  1. aws r1 p5e spot ($30/h now)"
+    assert described[6:8] == ["  6. aws r2 p5 on-demand ($55.04/h)", "  7. aws r1 p5 on-demand ($98.32/h)"]
+
+
+def test_the_on_demand_price_of_a_type_is_its_price_lists_hourly_on_demand_term():
+    """GetProducts' PriceList items as the Price List Query API documents them (product attributes, terms by
+    offer code, price dimensions by rate code)."""
+    import json
+
+    from bootstrap.providers.aws import plan
+
+    def product(kind: str, dimensions: dict) -> str:
+        return json.dumps({"product": {"productFamily": "Compute Instance", "sku": "JRTCKXETXF",
+                                       "attributes": {"instanceType": kind, "regionCode": "us-east-1",
+                                                      "operatingSystem": "Linux", "tenancy": "Shared"}},
+                           "serviceCode": "AmazonEC2", "terms": {"OnDemand": {"JRTCKXETXF.JRTCKXETXF": {
+                               "offerTermCode": "JRTCKXETXF", "priceDimensions": {
+                                   f"JRTCKXETXF.JRTCKXETXF.{code}": {"unit": unit, "pricePerUnit": {"USD": usd}}
+                                   for code, (unit, usd) in dimensions.items()}}}}})
+
+    listed = [product("p5.48xlarge", {"6YS6EN2CT7": ("Hrs", "98.3200000000")}),
+              product("p5.48xlarge", {"6YS6EN2CT7": ("Hrs", "0.0000000000")}),  # a reservation's used capacity
+              product("g6.xlarge", {"6YS6EN2CT7": ("Hrs", "0.8048000000"), "X": ("Quantity", "0.1")})]
+    assert plan.on_demand_prices(listed) == {"p5.48xlarge": 98.32, "g6.xlarge": 0.8048}
+    assert [f["Field"] for f in plan.price_list_filters("p5.48xlarge", "us-east-1")] == [
+        "instanceType", "regionCode", "operatingSystem", "tenancy", "preInstalledSw", "capacitystatus"]
 
 
 def test_the_spot_price_of_a_type_is_the_newest_of_each_zone_and_the_lowest_of_those():

@@ -41,6 +41,7 @@ SNAPSHOT_TIMEOUT_S = 3600
 SNAPSHOT_POLL_S = 15
 ANY_REGION = "us-east-1"  # where the list of regions is asked when none is configured
 OFFERING_READERS = 8  # regions asked at once where each type is offered
+PRICE_LIST_REGION = "us-east-1"  # where the Price List API answers (it has two others: eu-central-1, ap-south-1)
 
 
 class AwsError(CloudError):
@@ -320,6 +321,25 @@ def default_place(*, region: str | None = None, profile: str | None = None) -> s
 def place_names(*, region: str | None = None, profile: str | None = None) -> Sequence[str]:
     """Every region AWS has, from the SDK's own endpoint data (no call: plan.sdk_regions)."""
     return plan.sdk_regions()
+
+
+def on_demand_prices(instance_types: Sequence[str], *, region: str | None = None,
+                     profile: str | None = None) -> dict[str, float]:
+    """Each type's on-demand price per hour in the region (plan.on_demand_prices), from AWS's Price List
+    (GetProducts of AmazonEC2, asked at its us-east-1 endpoint; no charge, the account's credentials)."""
+    region = region or default_region(profile)
+    if not region:
+        raise UsageError("no AWS region to price: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
+    pricing = client_of(session_of(profile), "pricing", PRICE_LIST_REGION)
+    found: dict[str, float] = {}
+    for kind in instance_types:
+        try:
+            pages = pricing.get_paginator("get_products").paginate(
+                ServiceCode="AmazonEC2", Filters=plan.price_list_filters(kind, region), FormatVersion="aws_v1")
+            found.update(plan.on_demand_prices(text for page in pages for text in page["PriceList"]))
+        except Exception as error:
+            raise AwsError(f"could not read the on-demand prices in {region}: {describe_error(error)}") from None
+    return found
 
 
 def account(*, region: str | None = None, profile: str | None = None) -> str:

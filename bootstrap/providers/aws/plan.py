@@ -278,6 +278,29 @@ def lowest_spot_prices(history: Iterable[dict]) -> dict[str, float]:
     return lowest
 
 
+def price_list_filters(instance_type: str, region: str) -> list[dict]:
+    """The Price List's GetProducts filters for one type's Linux on-demand price in one region: shared tenancy, no
+    software preinstalled, capacity as used (not a reservation's)."""
+    terms = {"instanceType": instance_type, "regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared",
+             "preInstalledSw": "NA", "capacitystatus": "Used"}
+    return [{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in terms.items()]
+
+
+def on_demand_prices(price_list: Iterable[str]) -> dict[str, float]:
+    """Each instance type's on-demand price per hour (USD) from GetProducts' PriceList (each product a JSON
+    document): its OnDemand terms' price dimensions by the hour; the lowest above 0 where a type has several."""
+    lowest: dict[str, float] = {}
+    for text in price_list:
+        product = json.loads(text)
+        kind = product.get("product", {}).get("attributes", {}).get("instanceType")
+        for term in (product.get("terms", {}).get("OnDemand") or {}).values():
+            for dimension in (term.get("priceDimensions") or {}).values():
+                usd = float(dimension.get("pricePerUnit", {}).get("USD") or 0)
+                if kind and usd > 0 and dimension.get("unit") == "Hrs":
+                    lowest[kind] = min(lowest.get(kind, usd), usd)
+    return lowest
+
+
 def newest_image(images: Iterable[dict]) -> dict | None:
     """The image with the latest CreationDate (ties: the larger id, so the choice is stable)."""
     return max(images, key=lambda image: (image.get("CreationDate", ""), image["ImageId"]), default=None)

@@ -309,9 +309,22 @@ def serial_host_keys(azure: Azure, group: str, vm: str) -> list[str]:
 
 def spot_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | None = None,
                 ca_file: str | None = None) -> dict[str, float]:
-    """Each size's Spot price per hour now in `location`, from Azure's Retail Prices API (no sign-in; every page
-    of the answer); a size without a Linux Spot meter there is left out. `KILN_AZURE_PRICES` aims it elsewhere
-    (the tests' stand-in, with KILN_AZURE_CA_FILE)."""
+    """Each size's Spot price per hour now in `location` (retail_prices); a size without a Linux Spot meter there
+    is left out."""
+    return plan.lowest_prices(retail_prices(sizes, location, endpoint=endpoint, ca_file=ca_file), spot=True)
+
+
+def on_demand_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | None = None,
+                     ca_file: str | None = None) -> dict[str, float]:
+    """Each size's pay-as-you-go price per hour in `location` (retail_prices); a size without a Linux
+    pay-as-you-go meter there is left out."""
+    return plan.lowest_prices(retail_prices(sizes, location, endpoint=endpoint, ca_file=ca_file), spot=False)
+
+
+def retail_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | None = None,
+                  ca_file: str | None = None) -> list[dict]:
+    """The meters of each size in `location`, from Azure's Retail Prices API (no sign-in; every page of the
+    answer). `KILN_AZURE_PRICES` aims it elsewhere (the tests' stand-in, with KILN_AZURE_CA_FILE)."""
     if not location:
         raise UsageError(f"no location to price: give --location or set {plan.ENV['location'][0]}")
     base = (endpoint or os.environ.get(PRICES_ENV) or plan.RETAIL_PRICES).rstrip("/")
@@ -335,7 +348,7 @@ def spot_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | N
                 raise AzureError(f"Azure's retail prices of {size} in {location}: {error}") from None
             items += page.get("Items") or []
             url = page.get("NextPageLink")
-    return plan.lowest_spot_prices(items)
+    return items
 
 
 def host_keys(azure: Azure, group: str, names: Sequence[str], timeout_s: float,

@@ -385,12 +385,15 @@ def price_filter(location: str, size: str) -> str:
             "and priceType eq 'Consumption'")
 
 
-def lowest_spot_prices(items: Iterable[Mapping]) -> dict[str, float]:
-    """Each size's Linux Spot price per hour from the Retail Prices API's items: Spot meters only (not Low
-    Priority, not Windows), priced by the hour in USD; the lowest where a size has several."""
+def lowest_prices(items: Iterable[Mapping], *, spot: bool) -> dict[str, float]:
+    """Each size's Linux price per hour from the Retail Prices API's items: its Spot meters (spot), else its
+    pay-as-you-go ones (neither Spot nor Low Priority); never Windows', priced by the hour in USD; the lowest where
+    a size has several."""
     lowest: dict[str, float] = {}
     for item in items:
-        if (str(item.get("skuName", "")).endswith(" Spot") and "Windows" not in str(item.get("productName", ""))
+        sku = str(item.get("skuName", ""))
+        kind = sku.endswith(" Spot") if spot else not sku.endswith((" Spot", " Low Priority"))
+        if (kind and "Windows" not in str(item.get("productName", ""))
                 and item.get("unitOfMeasure") == "1 Hour" and item.get("currencyCode", "USD") == "USD"
                 and item.get("armSkuName") and isinstance(item.get("unitPrice"), int | float)):
             size = item["armSkuName"]
