@@ -105,8 +105,10 @@ class Ec2Faults(Served):
         terms = {f["Field"]: f["Value"] for f in asked.get("Filters", []) if f.get("Type") == "TERM_MATCH"}
         listed = []
         for (region, kind), usd in sorted(given.items()):
-            attributes = {"instanceType": kind, "regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared",
-                          "preInstalledSw": "NA", "capacitystatus": "Used", "servicecode": "AmazonEC2"}
+            attributes = {"instanceType": kind, "regionCode": region, "locationType": "AWS Region",
+                          "operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
+                          "licenseModel": "No License required", "capacitystatus": "Used", "marketoption": "OnDemand",
+                          "servicecode": "AmazonEC2"}
             if asked.get("ServiceCode") != "AmazonEC2" or any(attributes.get(k) != v for k, v in terms.items()):
                 continue
             sku = uuid.uuid5(uuid.NAMESPACE_URL, f"{region}/{kind}").hex[:16].upper()

@@ -135,7 +135,9 @@ def table(cloud: str | None = None, offered: Mapping[str, offerings.Record] | No
             where = ""
             if record:
                 regions, zones = offerings.summary(record, [machine.instance_type])
-                where = f"  [{regions} region(s), {zones} zone(s)]" if regions else "  [offered nowhere to you]"
+                low = offerings.cheapest(record, machine.instance_type)
+                price = f"; from ${low[0]:g}/h on demand ({low[1]})" if low else ""
+                where = f"  [{regions} region(s), {zones} zone(s){price}]" if regions else "  [offered nowhere to you]"
             lines.append(f"  {machine.gpu + ':' + str(machine.count):13} {machine.instance_type:27} "
                          f"{machine.describe()}{where}")
     return lines

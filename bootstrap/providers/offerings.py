@@ -16,7 +16,7 @@ The calls, each cloud's own way of saying where a type is:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 
 KEPT_FOR = timedelta(days=1)  # a record older than this is read again before an up uses it
@@ -25,12 +25,14 @@ KEPT_FOR = timedelta(days=1)  # a record older than this is read again before an
 @dataclass(frozen=True)
 class Offering:
     """`instance_type` is offered at `place` (the place kiln puts a cluster), in `zones` of it; `restriction`:
-    why this account may not use it there ("" where it may)."""
+    why this account may not use it there ("" where it may); `price`: its on-demand price there, USD an hour, where
+    the cloud's price source gave one."""
 
     instance_type: str
     place: str
     zones: tuple[str, ...] = ()
     restriction: str = ""
+    price: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Record:
     types: tuple[str, ...]
     offerings: tuple[Offering, ...]
     unread: tuple[str, ...] = ()  # the places that did not answer, each with why (left out of `offerings`)
+    priced_from: str = ""  # where the offerings' prices came from ("": none was read)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -55,8 +58,8 @@ class Record:
         try:
             return cls(data["cloud"], data["account"], data["read_at"], data["source"], tuple(data["types"]),
                        tuple(Offering(o["instance_type"], o["place"], tuple(o.get("zones", ())),
-                                      o.get("restriction", "")) for o in data["offerings"]),
-                       tuple(data.get("unread", ())))
+                                      o.get("restriction", ""), o.get("price")) for o in data["offerings"]),
+                       tuple(data.get("unread", ())), data.get("priced_from", ""))
         except (KeyError, TypeError, AttributeError):
             return None
 
@@ -128,17 +131,39 @@ def offered(record: Record, place: str, instance_type: str) -> Offering | None:
                  and o.instance_type.lower() == instance_type.lower()), None)
 
 
+def priced(offerings: Iterable[Offering], prices: Mapping[tuple[str, str], float]) -> list[Offering]:
+    """The offerings, each with its on-demand price where `prices` ((type, place) -> USD an hour, any case) has
+    one."""
+    known = {(kind.lower(), place.lower()): usd for (kind, place), usd in prices.items()}
+    return [replace(o, price=known.get((o.instance_type.lower(), o.place.lower()), o.price)) for o in offerings]
+
+
+def price_of(record: Record, place: str, instance_type: str) -> float | None:
+    """The type's on-demand price at the place, by the record (None: not known)."""
+    found = offered(record, place, instance_type)
+    return found.price if found else None
+
+
+def cheapest(record: Record, instance_type: str) -> tuple[float, str] | None:
+    """The type's lowest on-demand price among the places open to the account, and where (None: no price)."""
+    priced = [(o.price, o.place) for o in record.offerings if o.instance_type.lower() == instance_type.lower()
+              and not o.restriction and o.price is not None]
+    return min(priced) if priced else None
+
+
 def places_of(record: Record, types: Sequence[str], first: str = "") -> list[str]:
     """The places open to the account that offer any of `types`, in the order an up with no place named tries
     them: `first` (the place the cloud's own settings name) where it offers one, then those offering the most
-    preferred type first, then by how many zones have it (more zones, more machines to ask for), then by name."""
+    preferred type first, then the cheapest by its on-demand price (those without a price after), then by how many
+    zones have it (more zones, more machines to ask for), then by name."""
     rank = {kind.lower(): index for index, kind in enumerate(types)}
-    best: dict[str, tuple[int, int, str]] = {}
+    best: dict[str, tuple[int, float, int, str]] = {}
     for offering in record.offerings:
         kind = offering.instance_type.lower()
         if kind not in rank or offering.restriction:
             continue
-        key = (rank[kind], -len(offering.zones), offering.place)
+        price = offering.price if offering.price is not None else float("inf")
+        key = (rank[kind], price, -len(offering.zones), offering.place)
         best[offering.place] = min(best.get(offering.place, key), key)
     ordered = sorted(best, key=lambda place: best[place])
     if first and first.lower() in ordered:
@@ -176,4 +201,5 @@ def summary(record: Record, types: Sequence[str]) -> tuple[int, int]:
 def describe(record: Record) -> str:
     """Where the record came from and when, as the dry run and `kiln gpus` say it (and where it could not read)."""
     return (f"{record.source}, read {record.read_at[:16].replace('T', ' ')} UTC"
+            + (f"; prices: {record.priced_from}" if record.priced_from else "")
             + (f"; not read: {', '.join(record.unread)}" if record.unread else ""))

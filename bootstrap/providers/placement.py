@@ -7,7 +7,7 @@ places (`up_again`). The `up` task and a move both come here; `say` prints a lin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bootstrap import autostop, providers, state
 from bootstrap.errors import KilnError, UsageError
@@ -40,6 +40,7 @@ class Planned:
     idle_minutes: float | None
     max_attempts: int  # the most a round tries (--max-attempts)
     where_from: tuple[str, ...] = ()  # what the up read of where clouds offer the types, for a cloud it left open
+    prices: dict = field(default_factory=dict)  # candidate -> its on-demand price, where those offerings gave one
 
 
 def plan_up(name: str, values: dict) -> Planned:
@@ -70,7 +71,10 @@ def plan_up(name: str, values: dict) -> Planned:
     if not order:
         raise UsageError(f"--gpus {values['gpus']}: no place of --provider {values['provider']} to try: "
                          + "; ".join(where_from))
-    return Planned(clouds, types, order, prepared, idle_minutes, max_attempts, tuple(where_from))
+    prices = {candidate: price for candidate in order if candidate.cloud in records and not candidate.spot
+              and (price := offered.price_of(records[candidate.cloud], candidate.place, candidate.instance_type))
+              is not None}
+    return Planned(clouds, types, order, prepared, idle_minutes, max_attempts, tuple(where_from), prices)
 
 
 def prepare_each(name: str, order: list[failover.Candidate], values: dict, idle_minutes: float | None,
@@ -132,8 +136,10 @@ def open_places(clouds: list[str], places: dict[str, list[str]], types: dict[str
             continue
         found[cloud], records[cloud] = offered.places_of(record, types[cloud]), record
         regions, zones = offered.summary(record, types[cloud])
+        order = ", the cheapest first" if record.priced_from else ""
         lines.append(f"{cloud}: no --{option} named: every {option} that offers {', '.join(types[cloud])} to this "
-                     f"account, {len(found[cloud])} ({regions} region(s), {zones} zone(s); {offered.describe(record)})")
+                     f"account{order}, {len(found[cloud])} ({regions} region(s), {zones} zone(s); "
+                     f"{offered.describe(record)})")
         lines += [f"  left out: {line}" for line in offered.closed(record, types[cloud])]
     return found, records, unread, lines
 

@@ -95,7 +95,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
               flush=True)
     if planned.where_from:
         print("\n".join(planned.where_from), flush=True)
-    order, prices = placement.by_price(planned, say) if by_price else (planned.order, {})
+    order, prices = placement.by_price(planned, say) if by_price else (planned.order, planned.prices)
     if dry_run:
         if len(order) > 1 or by_price:
             print("\n".join(failover.describe_order(order, prices, planned.max_attempts)))
@@ -103,7 +103,7 @@ def up(c, name, count=1, instance_type=None, spot=False, max_price=None, ami=Non
         chosen, request = planned.prepared[order[0]]
         print("\n".join(chosen.plan(request)))
         return
-    if by_price:
+    if by_price or prices:
         print("\n".join(failover.describe_order(order, prices, planned.max_attempts)), flush=True)
     made, candidate = placement.bring_up(order, planned.prepared, placement.asked(values), say,
                                          float(retry_until_up) * 60)

@@ -1337,9 +1337,20 @@ def test_with_no_region_named_by_price_orders_every_offering_region_by_its_on_de
         hop.on_demand("us-west-2", "p5.48xlarge", 55.04)
         hop.on_demand("ap-south-1", "p5.48xlarge", 70.0)
         hop.on_demand("us-west-2", "g6.xlarge", 0.8)  # another type: not this up's
+        by_offerings = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "bp", "--gpus", "H100:8",
+                                   "--ssh-cidr", CIDR, "--dry-run")
+        hop.answered.clear()
         planned = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "bp", "--gpus", "H100:8",
                               "--by-price", "--ssh-cidr", CIDR, "--dry-run")
-        asked = {region for action, region in hop.answered if action == "GetProducts"}
+        asked = [region for action, region in hop.answered if action == "GetProducts"]
+    assert by_offerings.returncode == 0, by_offerings.stdout + by_offerings.stderr
+    # with no --by-price, the offerings' own prices (the Price List of every region, read with them) order them
+    assert ("aws: no --region named: every region that offers p5.48xlarge to this account, the cheapest first, "
+            f"{len(offered)} (") in by_offerings.stdout, by_offerings.stdout
+    assert "prices: AWS's Price List, on demand" in by_offerings.stdout
+    assert [line.strip() for line in by_offerings.stdout.splitlines() if line.startswith("  ")][:3] == [
+        "1. aws us-west-2 p5.48xlarge on-demand ($55.04/h)", "2. aws ap-south-1 p5.48xlarge on-demand ($70/h)",
+        "3. aws us-east-1 p5.48xlarge on-demand ($98.32/h)"], by_offerings.stdout
     assert planned.returncode == 0, planned.stdout + planned.stderr
     listed = [line.strip() for line in planned.stdout.splitlines() if line.startswith("  ") and "p5.48xlarge" in line]
     assert listed[:3] == ["1. aws us-west-2 p5.48xlarge on-demand ($55.04/h)",
@@ -1349,4 +1360,4 @@ def test_with_no_region_named_by_price_orders_every_offering_region_by_its_on_de
     assert rest == sorted(set(offered) - {"us-west-2", "ap-south-1", "us-east-1"},
                           key=lambda region: (-len(offered[region]), region))
     assert all("$" not in line for line in listed[3:])
-    assert asked == set(offered)  # each candidate region's price asked, once
+    assert asked == [""]  # one GetProducts for the type, every region's price at once

@@ -49,6 +49,7 @@ def env(arm, monkeypatch, tmp_path):
     monkeypatch.setenv(cloud.CA_FILE_ENV, str(arm.ca_file))
     monkeypatch.setenv(cloud.TOKEN_ENV, arm.credential().get_token("https://management.azure.com/.default").token)
     monkeypatch.setenv(cloud.SUBSCRIPTION_ENV, SUB)
+    monkeypatch.setenv(cloud.PRICES_ENV, arm.endpoint)  # the Retail Prices API too: the stand-in's
     monkeypatch.setenv("KILN_HOME", str(tmp_path / "kiln"))
     yield tmp_path
     connected = cloud.connect()
@@ -659,8 +660,9 @@ def test_with_no_location_named_the_locations_open_to_the_subscription_are_plann
                               "--dry-run"], capture_output=True, text=True, timeout=120,
                              env={key: value for key, value in os.environ.items() if key != "AZURE_LOCATION"})
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    assert ("azure: no --location named: every location that offers Standard_NC40ads_H100_v5 to this account, 1 "
-            "(1 region(s), ") in planned.stdout, planned.stdout
+    assert ("azure: no --location named: every location that offers Standard_NC40ads_H100_v5 to this account, the "
+            "cheapest first, 1 (1 region(s), ") in planned.stdout, planned.stdout
+    assert "; prices: Azure's Retail Prices, pay-as-you-go)" in planned.stdout
     assert f"  left out: {LOCATION} Standard_NC40ads_H100_v5 (NotAvailableForSubscription)\n" in planned.stdout
     assert "then in resource group kiln-nl (westus2)" in planned.stdout
     assert f'"location": "{LOCATION}"' not in planned.stdout

@@ -161,6 +161,7 @@ def test_the_spot_price_is_the_linux_spot_meter_of_each_size():
                          0.19),
              retail_item("Standard_NC4as_T4_v3", "NC4as T4 v3 Low Priority", "Virtual Machines NCasT4 v3 Series",
                          0.1),
+             retail_item("Standard_NC4as_T4_v3", "NC4as T4 v3", "Virtual Machines NCasT4 v3 Series Windows", 0.4),
              retail_item("Standard_NC8as_T4_v3", "NC8as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 0.3),
              retail_item("Standard_NC8as_T4_v3", "NC8as T4 v3 Spot", "Virtual Machines NCasT4 v3 Series", 9.0,
                          unit="1/Month")]
@@ -168,6 +169,7 @@ def test_the_spot_price_is_the_linux_spot_meter_of_each_size():
     assert plan.lowest_prices([], spot=True) == {}
     # pay-as-you-go: the Linux meter that is neither Spot nor Low Priority
     assert plan.lowest_prices(items, spot=False) == {"Standard_NC4as_T4_v3": 0.526}
+    assert plan.lowest_prices_by_place(items, spot=False) == {("Standard_NC4as_T4_v3", "eastus"): 0.526}
 
 
 def test_the_price_filter_names_one_size_in_one_location_and_refuses_anything_else():
@@ -176,6 +178,10 @@ def test_the_price_filter_names_one_size_in_one_location_and_refuses_anything_el
         "and priceType eq 'Consumption'")
     with pytest.raises(UsageError, match="not a VM size and a location"):
         plan.price_filter("eastus", "Standard_X' or serviceName eq 'Storage")
+    with pytest.raises(UsageError, match="not a VM size and a location"):
+        plan.price_filter("east' or 'x", "Standard_NC4as_T4_v3")
+    assert plan.price_filter(None, "Standard_NC4as_T4_v3") == (  # every location's
+        "serviceName eq 'Virtual Machines' and armSkuName eq 'Standard_NC4as_T4_v3' and priceType eq 'Consumption'")
 
 
 @pytest.mark.parametrize(("size", "rdma"), [

@@ -419,8 +419,14 @@ def test_the_on_demand_price_of_a_type_is_its_price_lists_hourly_on_demand_term(
               product("p5.48xlarge", {"6YS6EN2CT7": ("Hrs", "0.0000000000")}),  # a reservation's used capacity
               product("g6.xlarge", {"6YS6EN2CT7": ("Hrs", "0.8048000000"), "X": ("Quantity", "0.1")})]
     assert plan.on_demand_prices(listed) == {"p5.48xlarge": 98.32, "g6.xlarge": 0.8048}
-    assert [f["Field"] for f in plan.price_list_filters("p5.48xlarge", "us-east-1")] == [
-        "instanceType", "regionCode", "operatingSystem", "tenancy", "preInstalledSw", "capacitystatus"]
+    assert plan.on_demand_price_table(listed) == {("p5.48xlarge", "us-east-1"): 98.32,
+                                                  ("g6.xlarge", "us-east-1"): 0.8048}
+    assert "regionCode" not in [f["Field"] for f in plan.price_list_filters("p5.48xlarge")]  # every region
+    assert {f["Field"]: f["Value"] for f in plan.price_list_filters("p5.48xlarge", "us-east-1")} == {
+        "instanceType": "p5.48xlarge", "regionCode": "us-east-1", "locationType": "AWS Region",
+        "operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA", "licenseModel": "No License required",
+        "capacitystatus": "Used", "marketoption": "OnDemand"}
+    assert {f["Type"] for f in plan.price_list_filters("p5.48xlarge", "us-east-1")} == {"TERM_MATCH"}
 
 
 def test_the_spot_price_of_a_type_is_the_newest_of_each_zone_and_the_lowest_of_those():

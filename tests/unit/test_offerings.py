@@ -5,6 +5,7 @@ an up with no place named tries."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from bootstrap.providers import catalog
@@ -89,6 +90,12 @@ def test_places_go_preferred_type_first_then_most_zones_then_by_name_and_the_set
     aws = record("aws", [offered.Offering("p5.48xlarge", "us-west-2", ("us-west-2a",)),
                          offered.Offering("p5.48xlarge", "us-east-1", ("us-east-1a", "us-east-1b"))])
     assert offered.places_of(aws, ["p5.48xlarge"]) == ["us-east-1", "us-west-2"]
+    # a price known puts the cheaper place first; a place without one goes after the priced ones
+    cheap = replace(aws, offerings=tuple(offered.priced(aws.offerings, {("P5.48xlarge", "us-west-2"): 55.04})))
+    assert offered.places_of(cheap, ["p5.48xlarge"]) == ["us-west-2", "us-east-1"]
+    assert offered.price_of(cheap, "us-west-2", "p5.48xlarge") == 55.04
+    assert offered.price_of(cheap, "us-east-1", "p5.48xlarge") is None
+    assert offered.price_of(cheap, "eu-west-1", "p5.48xlarge") is None
 
 
 def test_what_is_not_to_be_tried_and_why():
@@ -120,6 +127,10 @@ def test_a_kept_record_answers_for_its_account_and_types_for_a_day():
     assert not kept.answers("work", ["p4d.24xlarge"], NOW)
     assert not kept.answers("work", ["p5.48xlarge"], NOW - timedelta(hours=1))  # read in the future: a wrong clock
     assert offered.Record.from_json(kept.to_json()) == kept
+    priced = replace(kept, offerings=tuple(offered.priced(kept.offerings, {("p5.48xlarge", "us-east-2"): 98.32})),
+                     priced_from="a price list", unread=("eu-west-1 (denied)",))
+    assert offered.Record.from_json(priced.to_json()) == priced
+    assert offered.describe(priced).endswith("; prices: a price list; not read: eu-west-1 (denied)")
     assert offered.Record.from_json({"cloud": "aws"}) is None
     assert offered.Record.from_json({**kept.to_json(), "offerings": [None]}) is None
     assert not record("aws", [], read_at="yesterday").answers("", [], NOW)
@@ -131,5 +142,10 @@ def test_the_catalog_table_shows_where_each_type_is_offered_where_it_is_known():
     assert lines[0].endswith("where offered: EC2's offerings, read 2026-11-30 08:00 UTC")
     by_type = {line.split()[1]: line for line in lines[1:]}
     assert by_type["p5.48xlarge"].endswith("[1 region(s), 2 zone(s)]")
+    kept = {"aws": replace(kept["aws"], offerings=tuple(offered.priced(kept["aws"].offerings,
+                                                                        {("p5.48xlarge", "us-east-2"): 98.32})))}
+    by_type = {line.split()[1]: line for line in catalog.table("aws", kept)[1:]}
+    assert by_type["p5.48xlarge"].endswith("[1 region(s), 2 zone(s); from $98.32/h on demand (us-east-2)]")
+    assert offered.cheapest(kept["aws"], "g6.xlarge") is None
     assert by_type["p4d.24xlarge"].endswith("[offered nowhere to you]")
     assert "region(s)" not in "".join(catalog.table("aws"))

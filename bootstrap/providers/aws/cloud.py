@@ -330,15 +330,35 @@ def on_demand_prices(instance_types: Sequence[str], *, region: str | None = None
     region = region or default_region(profile)
     if not region:
         raise UsageError("no AWS region to price: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
-    pricing = client_of(session_of(profile), "pricing", PRICE_LIST_REGION)
-    found: dict[str, float] = {}
-    for kind in instance_types:
-        try:
+    table = known_prices(profile, tuple(instance_types))
+    if isinstance(table, str):
+        raise AwsError(table)
+    return {kind: usd for (kind, where), usd in table.items() if where == region}
+
+
+@functools.cache
+def known_prices(profile: str | None, instance_types: tuple[str, ...]) -> dict[tuple[str, str], float] | str:
+    """The price table of the types in every region (price_table), asked once per command (an up prices each
+    candidate's region from it), or why it could not be read."""
+    try:
+        return price_table(session_of(profile), instance_types)
+    except AwsError as error:
+        return str(error)
+
+
+def price_table(session, instance_types: Sequence[str]) -> dict[tuple[str, str], float]:
+    """Each (type, region)'s Linux on-demand price per hour in every region, from AWS's Price List (GetProducts
+    of AmazonEC2 by type, asked at its us-east-1 endpoint: no charge, the account's credentials)."""
+    found: dict[tuple[str, str], float] = {}
+    try:
+        pricing = client_of(session, "pricing", PRICE_LIST_REGION)
+        for kind in instance_types:
             pages = pricing.get_paginator("get_products").paginate(
-                ServiceCode="AmazonEC2", Filters=plan.price_list_filters(kind, region), FormatVersion="aws_v1")
-            found.update(plan.on_demand_prices(text for page in pages for text in page["PriceList"]))
-        except Exception as error:
-            raise AwsError(f"could not read the on-demand prices in {region}: {describe_error(error)}") from None
+                ServiceCode="AmazonEC2", Filters=plan.price_list_filters(kind), FormatVersion="aws_v1")
+            found.update(plan.on_demand_price_table(text for page in pages for text in page["PriceList"]))
+    except Exception as error:
+        raise AwsError(f"could not read the on-demand prices: {error_code(error) or describe_error(error)}") \
+            from None
     return found
 
 
@@ -375,9 +395,15 @@ def offerings(instance_types: Sequence[str], *, region: str | None = None, profi
         found = [row for rows in pool.map(offered_in, names) for row in rows]
     if skipped and len(skipped) == len(names):
         raise AwsError(f"could not read the instance types offered in any region: {skipped[0]}")
+    priced_from = "AWS's Price List, on demand"
+    try:
+        found = offered.priced(found, price_table(session, instance_types))
+    except AwsError as error:
+        skipped.append(f"the prices ({error})")
+        priced_from = ""
     return offered.Record("aws", "", (now or datetime.now(UTC)).isoformat(timespec="seconds"),
                           "EC2's DescribeInstanceTypeOfferings", tuple(instance_types), tuple(found),
-                          tuple(sorted(skipped)))
+                          tuple(sorted(skipped)), priced_from)
 
 
 def find_image(aws: Aws, request: plan.Request) -> str:

@@ -278,26 +278,38 @@ def lowest_spot_prices(history: Iterable[dict]) -> dict[str, float]:
     return lowest
 
 
-def price_list_filters(instance_type: str, region: str) -> list[dict]:
-    """The Price List's GetProducts filters for one type's Linux on-demand price in one region: shared tenancy, no
-    software preinstalled, capacity as used (not a reservation's)."""
-    terms = {"instanceType": instance_type, "regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared",
-             "preInstalledSw": "NA", "capacitystatus": "Used"}
-    return [{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in terms.items()]
+def price_list_filters(instance_type: str, region: str | None = None) -> list[dict]:
+    """The Price List's GetProducts filters for one type's Linux on-demand price in one region (None: in every
+    region; a region, not a Local Zone): shared tenancy, no software or licence of its own, capacity as used (not a
+    reservation's), bought on demand (not a Capacity Block)."""
+    terms = {"instanceType": instance_type, "regionCode": region, "locationType": "AWS Region",
+             "operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
+             "licenseModel": "No License required", "capacitystatus": "Used", "marketoption": "OnDemand"}
+    return [{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in terms.items() if value]
 
 
-def on_demand_prices(price_list: Iterable[str]) -> dict[str, float]:
-    """Each instance type's on-demand price per hour (USD) from GetProducts' PriceList (each product a JSON
-    document): its OnDemand terms' price dimensions by the hour; the lowest above 0 where a type has several."""
-    lowest: dict[str, float] = {}
+def on_demand_price_table(price_list: Iterable[str]) -> dict[tuple[str, str], float]:
+    """Each (instance type, region)'s on-demand price per hour (USD) from GetProducts' PriceList (each product a
+    JSON document): its OnDemand terms' price dimensions by the hour; the lowest above 0 where it has several."""
+    lowest: dict[tuple[str, str], float] = {}
     for text in price_list:
         product = json.loads(text)
-        kind = product.get("product", {}).get("attributes", {}).get("instanceType")
+        attributes = product.get("product", {}).get("attributes", {})
+        key = (attributes.get("instanceType"), attributes.get("regionCode"))
         for term in (product.get("terms", {}).get("OnDemand") or {}).values():
             for dimension in (term.get("priceDimensions") or {}).values():
                 usd = float(dimension.get("pricePerUnit", {}).get("USD") or 0)
-                if kind and usd > 0 and dimension.get("unit") == "Hrs":
-                    lowest[kind] = min(lowest.get(kind, usd), usd)
+                if all(key) and usd > 0 and dimension.get("unit") == "Hrs":
+                    lowest[key] = min(lowest.get(key, usd), usd)
+    return lowest
+
+
+def on_demand_prices(price_list: Iterable[str]) -> dict[str, float]:
+    """Each instance type's on-demand price per hour (USD) from GetProducts' PriceList of one region (the lowest
+    of its products' hourly on-demand terms above 0)."""
+    lowest: dict[str, float] = {}
+    for (kind, _), usd in on_demand_price_table(price_list).items():
+        lowest[kind] = min(lowest.get(kind, usd), usd)
     return lowest
 
 

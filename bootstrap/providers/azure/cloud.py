@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import ClassVar
 from urllib.parse import urlencode, urlparse
 
-from bootstrap.errors import UsageError
+from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 from bootstrap.providers import offerings as offered
 from bootstrap.providers import provision
@@ -311,22 +311,29 @@ def spot_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | N
                 ca_file: str | None = None) -> dict[str, float]:
     """Each size's Spot price per hour now in `location` (retail_prices); a size without a Linux Spot meter there
     is left out."""
-    return plan.lowest_prices(retail_prices(sizes, location, endpoint=endpoint, ca_file=ca_file), spot=True)
+    return plan.lowest_prices(retail_prices(sizes, priced_place(location), endpoint=endpoint, ca_file=ca_file),
+                              spot=True)
 
 
 def on_demand_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | None = None,
                      ca_file: str | None = None) -> dict[str, float]:
     """Each size's pay-as-you-go price per hour in `location` (retail_prices); a size without a Linux
     pay-as-you-go meter there is left out."""
-    return plan.lowest_prices(retail_prices(sizes, location, endpoint=endpoint, ca_file=ca_file), spot=False)
+    return plan.lowest_prices(retail_prices(sizes, priced_place(location), endpoint=endpoint, ca_file=ca_file),
+                              spot=False)
+
+
+def priced_place(location: str | None) -> str:
+    if not location:
+        raise UsageError(f"no location to price: give --location or set {plan.ENV['location'][0]}")
+    return location
 
 
 def retail_prices(sizes: Sequence[str], location: str | None, *, endpoint: str | None = None,
                   ca_file: str | None = None) -> list[dict]:
-    """The meters of each size in `location`, from Azure's Retail Prices API (no sign-in; every page of the
-    answer). `KILN_AZURE_PRICES` aims it elsewhere (the tests' stand-in, with KILN_AZURE_CA_FILE)."""
-    if not location:
-        raise UsageError(f"no location to price: give --location or set {plan.ENV['location'][0]}")
+    """The meters of each size in `location` (None: in every location), from Azure's Retail Prices API (no
+    sign-in; every page of the answer). `KILN_AZURE_PRICES` aims it elsewhere (the tests' stand-in, with
+    KILN_AZURE_CA_FILE)."""
     base = (endpoint or os.environ.get(PRICES_ENV) or plan.RETAIL_PRICES).rstrip("/")
     ca_file = ca_file or (os.environ.get(CA_FILE_ENV) if loopback(base) else None)
     context = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
@@ -343,9 +350,11 @@ def retail_prices(sizes: Sequence[str], location: str | None, *, endpoint: str |
                 with opener.open(url, timeout=CALL_TIMEOUT_S) as response:
                     page = json.loads(response.read())
             except urllib.error.HTTPError as error:
-                raise AzureError(f"Azure's retail prices of {size} in {location}: HTTP {error.code}") from None
+                raise AzureError(f"Azure's retail prices of {size}{f' in {location}' if location else ''}: HTTP "
+                                 f"{error.code}") from None
             except (OSError, ValueError) as error:
-                raise AzureError(f"Azure's retail prices of {size} in {location}: {error}") from None
+                raise AzureError(f"Azure's retail prices of {size}{f' in {location}' if location else ''}: {error}") \
+                    from None
             items += page.get("Items") or []
             url = page.get("NextPageLink")
     return items
@@ -663,9 +672,14 @@ def offerings(instance_types: Sequence[str], *, subscription: str | None = None,
     except Exception as error:
         raise AzureError(f"could not read the VM sizes of the subscription's locations: {describe_error(error)}") \
             from None
+    found, unread, priced_from = offered.azure_offerings(documents, instance_types), (), ""
+    try:
+        table = plan.lowest_prices_by_place(retail_prices(instance_types, None), spot=False)
+        found, priced_from = offered.priced(found, table), "Azure's Retail Prices, pay-as-you-go"
+    except KilnError as error:
+        unread = (f"the prices ({error})",)
     return offered.Record("azure", azure.subscription, (now or datetime.now(UTC)).isoformat(timespec="seconds"),
-                          "ARM's Resource SKUs", tuple(instance_types),
-                          tuple(offered.azure_offerings(documents, instance_types)))
+                          "ARM's Resource SKUs", tuple(instance_types), tuple(found), unread, priced_from)
 
 
 def allow_self_deallocation(azure: Azure, machine, wait_s: float = PRINCIPAL_WAIT_S,

@@ -376,28 +376,37 @@ RETAIL_PRICES = "https://prices.azure.com"
 RETAIL_PRICES_API = "2023-01-01-preview"
 
 
-def price_filter(location: str, size: str) -> str:
-    """The $filter that asks for one size's pay-as-you-go meters in one location (both checked first: they go into
-    the filter's quotes)."""
-    if not LOCATION.fullmatch(location) or not VM_SIZE.fullmatch(size):
+def price_filter(location: str | None, size: str) -> str:
+    """The $filter that asks for one size's pay-as-you-go meters in one location (None: in every location; both
+    checked first: they go into the filter's quotes)."""
+    if location is not None and not LOCATION.fullmatch(location) or not VM_SIZE.fullmatch(size):
         raise UsageError(f"no prices for {size!r} in {location!r}: not a VM size and a location")
-    return (f"serviceName eq 'Virtual Machines' and armRegionName eq '{location}' and armSkuName eq '{size}' "
-            "and priceType eq 'Consumption'")
+    where = f" and armRegionName eq '{location}'" if location else ""
+    return f"serviceName eq 'Virtual Machines'{where} and armSkuName eq '{size}' and priceType eq 'Consumption'"
 
 
 def lowest_prices(items: Iterable[Mapping], *, spot: bool) -> dict[str, float]:
-    """Each size's Linux price per hour from the Retail Prices API's items: its Spot meters (spot), else its
-    pay-as-you-go ones (neither Spot nor Low Priority); never Windows', priced by the hour in USD; the lowest where
-    a size has several."""
+    """Each size's Linux price per hour from the Retail Prices API's items of one location (lowest_prices_by_place);
+    the lowest where a size has several."""
     lowest: dict[str, float] = {}
+    for (size, _), usd in lowest_prices_by_place(items, spot=spot).items():
+        lowest[size] = min(lowest.get(size, usd), usd)
+    return lowest
+
+
+def lowest_prices_by_place(items: Iterable[Mapping], *, spot: bool) -> dict[tuple[str, str], float]:
+    """Each (size, location)'s Linux price per hour from the Retail Prices API's items: its Spot meters (spot),
+    else its pay-as-you-go ones (neither Spot nor Low Priority); never Windows', priced by the hour in USD; the
+    lowest where it has several."""
+    lowest: dict[tuple[str, str], float] = {}
     for item in items:
         sku = str(item.get("skuName", ""))
         kind = sku.endswith(" Spot") if spot else not sku.endswith((" Spot", " Low Priority"))
         if (kind and "Windows" not in str(item.get("productName", ""))
                 and item.get("unitOfMeasure") == "1 Hour" and item.get("currencyCode", "USD") == "USD"
                 and item.get("armSkuName") and isinstance(item.get("unitPrice"), int | float)):
-            size = item["armSkuName"]
-            lowest[size] = min(lowest.get(size, float("inf")), float(item["unitPrice"]))
+            key = (item["armSkuName"], str(item.get("armRegionName", "")).lower())
+            lowest[key] = min(lowest.get(key, float("inf")), float(item["unitPrice"]))
     return lowest
 
 
