@@ -125,9 +125,10 @@ def check_max_attempts(count: int) -> int:
 def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say: Callable[[str], None],
               max_attempts: int = MAX_ATTEMPTS) -> tuple[T, Candidate, list[Tried]]:
     """Try each candidate in turn until one comes up, `max_attempts` of them at most: (what `attempt` returned,
-    that candidate, what was tried before it). A candidate in a region where a quota was hit is skipped (not an
-    attempt); an error that is neither capacity nor quota, or an attempt that left something behind, is raised as
-    it is."""
+    that candidate, what was tried before it). A candidate in a region where a quota was hit is skipped, and one its
+    place refused before anything was made (Unavailable: a type not offered, no image there) costs no more than a
+    look: neither is an attempt; an error that is neither capacity nor quota, or an attempt that left something
+    behind, is raised as it is."""
     tried: list[Tried] = []
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
     untried = 0
@@ -139,7 +140,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
     for index, candidate in enumerate(order):
         if skipped(candidate):
             continue
-        if len(tried) >= max_attempts:
+        if sum(not one.refused for one in tried) >= max_attempts:
             untried = sum(1 for later in order[index:] if not skipped(later))
             say(f"up: {max_attempts} tried, the most a round tries (--max-attempts); {untried} not tried")
             break

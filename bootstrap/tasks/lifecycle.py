@@ -65,7 +65,8 @@ UP_HELP = {
     "retry_until_up": "where no candidate has capacity, try them all again, waiting 10 s, then twice as long each "
                       "time (at most 5 minutes), for up to MINUTES (default 0: once)",
     "max_attempts": "how many candidates a round tries before it gives up (or, with --retry-until-up, waits for "
-                    f"the next round); default {failover.MAX_ATTEMPTS}",
+                    "the next round; a place that refuses before anything is made is not a try); default "
+                    f"{failover.MAX_ATTEMPTS}",
     "docker": "local provider: give every node its own Docker engine and the cluster a registry (as a kiln "
               "image has Docker), for train --image",
 }

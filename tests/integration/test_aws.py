@@ -1361,3 +1361,35 @@ def test_with_no_region_named_by_price_orders_every_offering_region_by_its_on_de
                           key=lambda region: (-len(offered[region]), region))
     assert all("$" not in line for line in listed[3:])
     assert asked == [""]  # one GetProducts for the type, every region's price at once
+
+
+def test_with_no_region_named_the_cheapest_region_with_the_image_takes_the_cluster(env, ec2, image, server,
+                                                                                  monkeypatch):
+    """A real up with no region named: the regions go cheapest first (the Price List, from the hop); the two
+    cheaper ones have no kiln image (an AMI lives in the region it was baked in), so each is passed over before
+    anything is made there, not counted as a try, and the cluster comes up in us-east-1, where the image is."""
+    from testbed.ec2_faults import Ec2Faults
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with Ec2Faults(server) as hop:
+        hop.on_demand("us-west-2", "p5.48xlarge", 55.04)
+        hop.on_demand("ap-south-1", "p5.48xlarge", 70.0)
+        hop.on_demand("us-east-1", "p5.48xlarge", 98.32)
+        made = fab_through(hop, server, monkeypatch, env, "cluster.up", "--name", "cheap", "--gpus", "H100:8",
+                           "--ssh-cidr", CIDR, "--ssh-wait", "0", "--max-attempts", "1")
+        launched = [region for region, _ in hop.launches]
+    try:
+        assert made.returncode == 0, made.stdout + made.stderr
+        for region in ("us-west-2", "ap-south-1"):
+            assert (f"up: aws {region} p5.48xlarge on-demand: no available AMI tagged kiln:profile=gpu in {region}: "
+                    "bake one, or give --ami; nothing was made") in made.stdout, made.stdout
+        assert "up: trying aws us-east-1 p5.48xlarge on-demand (3 of " in made.stdout
+        assert launched == ["us-east-1"]  # RunInstances nowhere else
+        assert state.load_cluster("cheap").region == "us-east-1"
+        record = json.loads((env / "kiln" / "clusters" / "cheap" / "capacity.json").read_text())
+        assert [(t["place"], t["code"]) for t in record["tried"]] == [("us-west-2", "NoImageHere"),
+                                                                      ("ap-south-1", "NoImageHere")]
+    finally:
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # the fixtures' teardown looks there
+        aws.down("cheap", region="us-east-1")
+    assert leftovers(ec2) == []

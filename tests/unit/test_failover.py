@@ -293,6 +293,29 @@ def test_a_round_tries_max_attempts_candidates_and_says_how_many_it_left():
     assert "at most" not in failover.describe_order(candidates)[0]
 
 
+def test_a_place_that_refuses_before_anything_is_made_is_not_an_attempt():
+    """A candidate whose place refused the request itself (no image there, a type it does not offer) cost a look,
+    not a try: the cap counts the tries that made something."""
+    asked: list[str] = []
+
+    def attempt(candidate: Candidate) -> str:
+        asked.append(candidate.place)
+        if candidate.place in ("r1", "r2"):
+            raise failover.Unavailable(f"no available AMI tagged kiln:profile=gpu in {candidate.place}",
+                                       code="NoImageHere")
+        if candidate.place == "r3":
+            raise CloudError("no capacity", code="InsufficientInstanceCapacity")
+        return f"up in {candidate.place}"
+
+    said: list[str] = []
+    made, chosen, tried = failover.first_fit(order("aws", "r1", "r2", "r3", "r4"), attempt, said.append,
+                                             max_attempts=2)
+    assert (made, asked) == ("up in r4", ["r1", "r2", "r3", "r4"])
+    assert [(t.candidate.place, t.verdict, t.refused) for t in tried] == [
+        ("r1", "unavailable", True), ("r2", "unavailable", True), ("r3", "capacity", False)]
+    assert said[1] == "up: aws r1 t on-demand: no available AMI tagged kiln:profile=gpu in r1; nothing was made"
+
+
 def test_max_attempts_below_one_is_refused_before_anything_is_planned(tmp_path):
     for value, said in (("0", "--max-attempts 0: give how many candidates an up may try, a whole number of at "
                               "least 1"),

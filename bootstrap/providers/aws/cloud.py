@@ -425,7 +425,9 @@ def find_image(aws: Aws, request: plan.Request) -> str:
     newest = plan.newest_image(images)
     if newest is None:
         wanted = ", ".join(f"{k}={v}" for k, v in ((plan.TAG_PROFILE, request.image_profile), *request.image_tags))
-        raise UsageError(f"no available AMI tagged {wanted} in {aws.region}: bake one, or give --ami")
+        # a place without the image: the next candidate's turn, nothing made (an image is baked into one region)
+        raise Unavailable(f"no available AMI tagged {wanted} in {aws.region}: bake one, or give --ami",
+                          code="NoImageHere")
     return newest["ImageId"]
 
 

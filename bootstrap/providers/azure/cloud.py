@@ -51,7 +51,7 @@ from bootstrap.providers.common import (
     validate_name,
     validate_snapshot_ttl,
 )
-from bootstrap.providers.failover import CloudError
+from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys
 
@@ -218,8 +218,9 @@ def find_image(azure: Azure, request: plan.Request) -> str:
         raise AzureError(f"look for kiln's images: {describe_error(error)}") from None
     if not found:
         wanted = ", ".join(f"{k}={v}" for k, v in ((plan.TAG_PROFILE, request.image_profile), *request.image_tags))
-        raise UsageError(f"no image in {request.location} tagged {wanted} (make image PROVIDER=azure bakes one; "
-                         "or give --image-id)")
+        # a place without the image: the next candidate's turn, nothing made (a managed image is in one location)
+        raise Unavailable(f"no image in {request.location} tagged {wanted} (make image PROVIDER=azure bakes one; "
+                          "or give --image-id)", code="NoImageHere")
     return max(found, key=lambda image: (tags_of(image).get("kiln:built", ""), image.name)).id
 
 
