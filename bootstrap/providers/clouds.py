@@ -73,7 +73,7 @@ class Cloud(Protocol):
 
     def default_place(self, **connection: str | None) -> str | None: ...
 
-    def place_names(self, **connection: str | None) -> Sequence[str]: ...
+    def place_names(self, *, near: str | None = None, **connection: str | None) -> Sequence[str]: ...
 
     def account(self, **connection: str | None) -> str: ...
 
@@ -225,7 +225,7 @@ class CloudProvider:
         place = self.place.get(option)
         if not place:
             return
-        known = place_names(self.facts.kind, tuple(sorted(self.connection().items())))
+        known = place_names(self.facts.kind, tuple(sorted(self.connection().items())), place)
         if known is not None:
             check_place(place, known, option=option, listed=failover.PLACES_OPTION[self.facts.kind],
                         word=self.facts.place_word, any_case=self.facts.places_any_case)
@@ -263,11 +263,12 @@ class CloudProvider:
 
 
 @functools.cache
-def place_names(kind: str, connection: tuple[tuple[str, str | None], ...]) -> tuple[str, ...] | None:
-    """Every place the cloud has, asked once per command (an up checks each candidate's); None where it cannot be
-    asked."""
+def place_names(kind: str, connection: tuple[tuple[str, str | None], ...], near: str) -> tuple[str, ...] | None:
+    """The places the cloud has (every one, or where the cloud can tell cheaply that `near` is one, just it), asked
+    once per command and place; None where it cannot be asked."""
     try:
-        return tuple(importlib.import_module(f"{CLOUDS[kind].package}.cloud").place_names(**dict(connection)))
+        return tuple(importlib.import_module(f"{CLOUDS[kind].package}.cloud").place_names(**dict(connection),
+                                                                                         near=near))
     except (KilnError, ImportError):  # no credentials, or its SDK (an extra) is not installed
         return None
 

@@ -51,6 +51,11 @@ class NoCapacity(KilnError):
         self.refused_only, self.tried = refused_only, list(tried)
 
 
+class Refused(NoCapacity, UsageError):
+    """Every candidate's place refused the request itself before anything was made (no such type there, no image
+    there): bad input, as with one candidate; the message says each refusal once."""
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One way to make the cluster: on `cloud`, at `place` (AWS and Azure: a region; GCP: a zone; "" the provider's
@@ -130,6 +135,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
     look: neither is an attempt; an error that is neither capacity nor quota, or an attempt that left something
     behind, is raised as it is."""
     tried: list[Tried] = []
+    refusals: list[str] = []  # what each place that refused said
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
     untried = 0
 
@@ -153,6 +159,8 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
             if verdict == "stop" or error.left or len(order) == 1:
                 raise
             tried.append(Tried(candidate, verdict, error.code, isinstance(error, Unavailable)))
+            if isinstance(error, Unavailable):
+                refusals.append(str(error))
             if verdict == "quota":
                 meant = meanings.meaning(candidate.cloud, error.code, str(error))
                 over_quota.add((candidate.cloud, EVERY_REGION if meant.everywhere else candidate.region,
@@ -166,6 +174,9 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
             else:
                 say(f"up: {candidate.describe()}: no capacity ({error.code}); nothing of it is left")
     capped = f", {untried} not tried (--max-attempts {max_attempts})" if untried else ""
+    if tried and all(t.refused for t in tried) and not untried:
+        raise Refused("no candidate can be made: " + "; ".join(dict.fromkeys(refusals)), refused_only=True,
+                      tried=tried)
     raise NoCapacity(f"no candidate came up: tried {len(tried)}{capped}: "
                      + "; ".join(f"{t.candidate.describe()}: {t.verdict} ({t.code})" for t in tried),
                      refused_only=bool(tried) and all(t.refused for t in tried), tried=tried)

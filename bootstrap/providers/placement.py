@@ -129,6 +129,11 @@ def open_places(clouds: list[str], places: dict[str, list[str]], types: dict[str
             if chosen.default_place():
                 continue
             record = chosen.offerings(types[cloud])
+        except ImportError as error:  # its SDK, a kiln extra, not installed
+            lines.append(f"{cloud}: no --{option} given or configured, and its SDK is not installed ({error}: pip "
+                         f"install 'kiln[{cloud}]'): its own default {option} is tried")
+            unread.add(cloud)
+            continue
         except KilnError as error:
             lines.append(f"{cloud}: no --{option} given or configured, and where {cloud} offers "
                          f"{', '.join(types[cloud])} could not be read ({error}): its own default {option} is tried")

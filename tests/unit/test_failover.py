@@ -101,6 +101,19 @@ def test_a_round_refused_everywhere_before_anything_was_made_is_not_retried():
         failover.until_up(order("azure", "eastus", "westus2"), attempt, lambda line: None, 600, sleep=clock.sleep,
                           clock=lambda: clock.now)
     assert refused.value.refused_only and asked == ["eastus", "westus2"] and clock.slept == []
+    # bad input, as with one candidate (exit 2), each refusal said once
+    assert isinstance(refused.value, UsageError) and str(refused.value) == (
+        "no candidate can be made: --instance-type X: not offered in eastus; --instance-type X: not offered in "
+        "westus2")
+
+    def no_image(candidate: Candidate) -> str:
+        raise failover.Unavailable("no available AMI tagged kiln:profile=gpu in r1: bake one, or give --ami",
+                                   code="NoImageHere")
+
+    with pytest.raises(UsageError, match=r"^no candidate can be made: no available AMI tagged kiln:profile=gpu in "
+                                         r"r1: bake one, or give --ami$"):
+        failover.first_fit(failover.candidates(["aws"], {"aws": ["r1"]}, {"aws": ["p5en", "p5e"]}, False, False),
+                           no_image, lambda line: None)
 
 
 def test_a_type_one_place_lacks_moves_on_where_the_same_code_from_a_try_would_stop():

@@ -318,7 +318,7 @@ def default_place(*, region: str | None = None, profile: str | None = None) -> s
     return region or default_region(profile)
 
 
-def place_names(*, region: str | None = None, profile: str | None = None) -> Sequence[str]:
+def place_names(*, region: str | None = None, profile: str | None = None, near: str | None = None) -> Sequence[str]:
     """Every region AWS has, from the SDK's own endpoint data (no call: plan.sdk_regions)."""
     return plan.sdk_regions()
 
@@ -538,11 +538,11 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
     aws = aws or connect(region, profile)
     owner = caller(aws)
     check_instance_type(aws, request)
+    image = find_image(aws, request)  # a region without the type or the image refuses before any quota is asked
     check_vcpus(aws, request)
     network = efa_network(aws, request)
     if network:
         check_addresses(aws, request)
-    image = find_image(aws, request)
     taken = find_resources(aws, request.name)
     if taken:
         data = [r.id for r in taken if r.kind == "volume" and plan.TAG_DATA in r.tags]

@@ -653,10 +653,16 @@ def account(*, subscription: str | None = None) -> str:
     return connect(subscription).subscription
 
 
-def place_names(*, subscription: str | None = None, azure: Azure | None = None) -> Sequence[str]:
-    """Every location where Resource SKUs offers the subscription a VM size."""
+def place_names(*, subscription: str | None = None, near: str | None = None,
+                azure: Azure | None = None) -> Sequence[str]:
+    """Every location where Resource SKUs list a VM size for the subscription; where `near` is one, just it (asked
+    with a filter on it: the whole list, every location's sizes, is large)."""
     azure = azure or connect(subscription)
     try:
+        if near and plan.LOCATION.fullmatch(near) and any(
+                sku.resource_type == "virtualMachines"
+                for sku in azure.compute.resource_skus.list(filter=f"location eq '{near}'")):
+            return [near.lower()]
         return sorted({place.lower() for sku in azure.compute.resource_skus.list()
                        if sku.resource_type == "virtualMachines" for place in sku.locations or ()})
     except Exception as error:

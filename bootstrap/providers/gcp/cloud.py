@@ -531,7 +531,7 @@ def account(*, project: str | None = None) -> str:
     return connect(project).project
 
 
-def place_names(*, project: str | None = None, gce: Gce | None = None) -> Sequence[str]:
+def place_names(*, project: str | None = None, near: str | None = None, gce: Gce | None = None) -> Sequence[str]:
     """Every zone of Compute Engine the project sees (zones.list)."""
     gce = gce or connect(project)
     try:
