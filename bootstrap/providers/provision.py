@@ -341,6 +341,19 @@ def shrink(record: state.ClusterRecord, addresses: Sequence[str], remove: Callab
     return [instance.id for instance in gone]
 
 
+def shrink_by(record: state.ClusterRecord, addresses: Sequence[str], swap: Swap, *,
+              volumes: Sequence[str] = ()) -> list[str]:
+    """`shrink` with the cloud's part (`swap`: its delete, and how a failure is said): a failed delete is one
+    error of the cloud naming the nodes asked for (bad input, UsageError, as it is)."""
+    try:
+        return shrink(record, addresses, swap.remove, volumes=volumes)
+    except UsageError:
+        raise
+    except Exception as error:
+        raise swap.error(f"cluster {record.name}: could not remove {', '.join(addresses)}: {swap.describe(error)}",
+                         code=swap.error_code(error)) from None
+
+
 class CloudRecord:
     """What kiln keeps of a cluster it made on a cloud (`kind`.json): enough to replace a node as it was made, a
     frozen dataclass of each cloud's facts (its image, network, the request). The machines, their order and host

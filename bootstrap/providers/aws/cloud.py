@@ -677,14 +677,8 @@ def shrink(name: str, addresses: Sequence[str], *, region: str | None = None, pr
     """Terminate the cluster's instances at `addresses` (and release their Elastic IPs); the ids removed."""
     record, cloud = Record.of_cluster(name)
     aws = aws or connect(region or record.region, profile)
-    drop = swap(aws, name, cloud, RUNNING_TIMEOUT_S, terminated_timeout_s).remove
-    try:
-        return provision.shrink(record, addresses, drop, volumes=cloud.data_volumes)
-    except UsageError:
-        raise
-    except Exception as error:
-        raise AwsError(f"cluster {name}: could not remove {', '.join(addresses)}: {describe_error(error)}",
-                       code=error_code(error)) from None
+    return provision.shrink_by(record, addresses, swap(aws, name, cloud, RUNNING_TIMEOUT_S, terminated_timeout_s),
+                               volumes=cloud.data_volumes)
 
 
 def swap(aws: Aws, name: str, cloud: Record, running_timeout_s: float, terminated_timeout_s: float) -> Swap:

@@ -564,14 +564,7 @@ def shrink(name: str, addresses: Sequence[str], *, subscription: str | None = No
     """Delete the cluster's VMs at `addresses` (their interfaces and addresses with them); the names removed."""
     record, kept = Record.of_cluster(name)
     azure = azure or connect(subscription or kept.subscription)
-    try:
-        return provision.shrink(record, addresses, swap(azure, name, kept, 0, timeout_s).remove,
-                                volumes=kept.data_disks)
-    except UsageError:
-        raise
-    except Exception as error:
-        raise AzureError(f"cluster {name}: could not remove {', '.join(addresses)}: {describe_error(error)}",
-                         code=error_code(error)) from None
+    return provision.shrink_by(record, addresses, swap(azure, name, kept, 0, timeout_s), volumes=kept.data_disks)
 
 
 def swap(azure: Azure, name: str, kept: Record, index: int, timeout_s: float) -> Swap:

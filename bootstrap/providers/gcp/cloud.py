@@ -471,14 +471,7 @@ def shrink(name: str, addresses: Sequence[str], *, project: str | None = None, g
     """Delete the cluster's instances at `addresses`; the names removed."""
     record, kept = Record.of_cluster(name)
     gce = gce or connect(project or kept.project)
-    try:
-        return provision.shrink(record, addresses, swap(gce, name, kept, 0, timeout_s).remove,
-                                volumes=kept.data_disks)
-    except UsageError:
-        raise
-    except Exception as error:
-        raise GcpError(f"cluster {name}: could not remove {', '.join(addresses)}: {describe_error(error)}",
-                       code=error_code(error)) from None
+    return provision.shrink_by(record, addresses, swap(gce, name, kept, 0, timeout_s), volumes=kept.data_disks)
 
 
 def swap(gce: Gce, name: str, kept: Record, index: int, timeout_s: float) -> Swap:
