@@ -196,8 +196,14 @@ def test_kiln_submit_shards_an_input_list_as_an_array_job_each_item_handled_once
 
 
 STAMP = """\
-import socket, sys, time
+import os, pathlib, socket, sys, time
 print("began", socket.gethostname(), time.time(), flush=True)
+if len(sys.argv) > 2:  # a meeting place (the nodes share /tmp): wait, for a while, until every job has begun
+    meet, jobs = pathlib.Path(sys.argv[2]), int(sys.argv[3])
+    (meet / f"{socket.gethostname()}-{os.getpid()}").touch()
+    deadline = time.time() + 150
+    while len(list(meet.iterdir())) < jobs and time.time() < deadline:
+        time.sleep(0.2)
 time.sleep(float(sys.argv[1]))
 print("ended", socket.gethostname(), time.time(), flush=True)
 """
@@ -211,8 +217,12 @@ def test_two_jobs_run_side_by_side_and_two_that_need_every_node_one_after_the_ot
     project.mkdir()
     (project / "stamp.py").write_text(STAMP)
 
-    def submit(nodes: int) -> tuple[str, Path]:
-        done = subprocess.run([str(KILN), "submit", NAME, "--nodes", str(nodes), "--", "python", "stamp.py", "6"],
+    meet = tmp_path / "meet"
+    meet.mkdir()
+
+    def submit(nodes: int, *meeting: str) -> tuple[str, Path]:
+        done = subprocess.run([str(KILN), "submit", NAME, "--nodes", str(nodes), "--", "python", "stamp.py", "6",
+                               *meeting],
                               cwd=project, env=queue.env, capture_output=True, text=True, timeout=120,
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -229,8 +239,11 @@ def test_two_jobs_run_side_by_side_and_two_that_need_every_node_one_after_the_ot
     def ended(job: str) -> bool:
         return "JobState=COMPLETED" in queue.slurm("scontrol", "show", "job", "--oneliner", job)
 
-    side = [submit(1), submit(1)]
-    queue.wait("both one-node jobs done", lambda: all(ended(job) for job, _ in side), 240)
+    # The partition's nodes may be idle or powered down (or going down) from the last test, so one job can begin
+    # while the other's node is still being made: each waits for the other before its 6 s (run one after the
+    # other, the first would wait 150 s alone and end before the second began).
+    side = [submit(1, str(meet), "2"), submit(1, str(meet), "2")]
+    queue.wait("both one-node jobs done", lambda: all(ended(job) for job, _ in side), 400)
     (first, second) = (stamps(log) for _, log in side)
     assert first["began"][0][0] != second["began"][0][0], (first, second)  # a node each
     assert max(first["began"][0][1], second["began"][0][1]) < min(first["ended"][0][1], second["ended"][0][1]), \
