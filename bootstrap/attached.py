@@ -125,6 +125,7 @@ class Login:
     slurm: str = ""
     user: str = ""
     here: bool = False
+    node_dir: str = ""  # the site's nodes' Slurm folder is the site's own
 
     @property
     def host(self) -> Host:

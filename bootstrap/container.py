@@ -202,6 +202,75 @@ def differing_versions(found: Mapping[str, Mapping[str, str | None]]) -> str | N
     return "; ".join(problems) or None
 
 
+# ---------------------------------------------------------------- a Slurm job's tasks (kiln submit --image)
+
+JOB_LABEL = "kiln.slurm-job"  # a Slurm task's container, by its job (the queue's epilog removes what a kill left)
+# What a Slurm task's container is given of the task's environment, by name: kiln's contract, Slurm's own (a bare
+# jax.distributed.initialize() reads it; PMIx's), torchrun's agents' options (PET_*), the coordinators', the
+# collectives' interfaces, the project on PYTHONPATH, launch.EVERY_PROCESS
+TASK_ENV = ("KILN_*", "SLURM_*", "PMIX_*", "PET_*", "JAX_*", "TF_CONFIG", "NCCL_*", "GLOO_*", "PYTHONPATH",
+            *launch.EVERY_PROCESS)
+
+
+def docker_host_line(node_dir: str) -> str:
+    """Shell: talk to the node's own Docker engine, where its login sessions' is not the default socket (the queue's
+    join wrote it in the node's Slurm folder: slurm.join_script)."""
+    return (f"h=$(cat {shlex.quote(node_dir.rstrip('/') + '/docker-host')} 2>/dev/null || true); "
+            '[ -z "$h" ] || export DOCKER_HOST=$h')
+
+
+def pull_lines(reference: str, node_dir: str) -> list[str]:
+    """A batch script's lines that pull the image on every node of the job, once per node, and stop the job where a
+    node could not, or where the nodes' image ids differ (a tag moved between pulls): each node runs one image."""
+    image = shlex.quote(reference)
+    pull = (f"{docker_host_line(node_dir)}; docker pull -q {image} >/dev/null && "
+            f"echo \"$(hostname) $(docker image inspect --format '{{{{.Id}}}}' {image})\"")
+    return [
+        f"ids=$(srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(pull)}) || "
+        f"{{ echo kiln: {image} could not be pulled on every node of the job >&2; exit 1; }}",
+        "[ \"$(cut -d' ' -f2 <<<\"$ids\" | sort -u | wc -l)\" = 1 ] || "
+        f"{{ echo kiln: {image} is not the same image on every node: $ids >&2; exit 1; }}",
+        f"echo kiln: the job\\'s tasks run in {image}, \"$(head -n 1 <<<\"$ids\" | cut -d' ' -f2)\"",
+    ]
+
+
+def task_shell(reference: str, folder: str, node_dir: str) -> str:
+    """Shell (a Slurm task's, on its node, as the job's user): exec the task's program ("$@") in a container of the
+    image, with what run_argv gives a run's container: the node's network and IPC namespaces, an init that passes
+    signals (srun's go to the docker client, which hands them on), locked memory up to the node's limit, the job's
+    user (outputs are theirs) with a home of its own, every GPU where the node has any, its RDMA devices where it
+    has any, the job's folder at the same path, the node's users and hosts read-only; the task's environment by
+    name (TASK_ENV), in the task's folder. Labelled with the job: a task killed outright leaves its container to
+    the queue's epilog (slurm.EPILOG)."""
+    image, where = shlex.quote(reference), shlex.quote(folder.rstrip("/"))
+    return (f"{docker_host_line(node_dir)}; "
+            f"envs=(); for v in $(compgen -e); do case $v in {'|'.join(TASK_ENV)}) envs+=(-e \"$v\");; esac; done; "
+            "gpus=(); ! [ -e /dev/nvidiactl ] || gpus=(--gpus all); "
+            "rdma=(); ! [ -d /dev/infiniband ] || rdma=(--device /dev/infiniband); "
+            "lock=$(ulimit -H -l); [ \"$lock\" != unlimited ] || lock=-1; "
+            f"exec docker run --rm --init --name \"kiln-$SLURM_JOB_ID-$KILN_TASK\" --label {JOB_LABEL}=$SLURM_JOB_ID "
+            "--network host --ipc host --ulimit \"memlock=$lock:$lock\" --user \"$(id -u):$(id -g)\" "
+            "-e HOME=\"$HOME\" --tmpfs \"$HOME:uid=$(id -u),gid=$(id -g),mode=0700\" "
+            f"-v {where}:{where} -v /etc/passwd:/etc/passwd:ro -v /etc/group:/etc/group:ro -v /etc/hosts:/etc/hosts:ro "
+            f"-w \"$PWD\" \"${{gpus[@]}}\" \"${{rdma[@]}}\" \"${{envs[@]}}\" {image} \"$@\"")
+
+
+def epilog_text(node_dir: str) -> str:
+    """The queue's Epilog (root, on each node of a job once it has ended, requeued or cancelled): remove the job's
+    containers that a task killed outright left (its docker client gone, the container goes on), bounded, never
+    failing (a failed epilog drains the node)."""
+    return "\n".join([
+        "#!/bin/bash",
+        "# Slurm's Epilog on a kiln queue's node (bootstrap/container.py): removes the job's containers",
+        'export PATH="${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"',
+        "command -v docker >/dev/null 2>&1 || exit 0",
+        docker_host_line(node_dir),
+        f"ids=$(timeout 30 docker ps -aq --filter \"label={JOB_LABEL}=$SLURM_JOB_ID\" 2>/dev/null)",
+        "[ -z \"$ids\" ] || timeout 60 docker rm -f $ids >/dev/null 2>&1",
+        "exit 0",
+    ]) + "\n"
+
+
 # ---------------------------------------------------------------- I/O
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bootstrap import attached, launch, queue, slurm, state
+from bootstrap import attached, container, launch, queue, slurm, state
 from bootstrap.commands import SYNC_EXCLUDES
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.inputs import list_inputs
@@ -49,6 +49,7 @@ class Reach(Protocol):
     partitions: tuple[Partition, ...]  # the first is the default
     slurmd_timeout_s: int  # how long slurmctld waits on a silent node (the batch script's lost-node check)
     here: bool  # a job's folder is this machine's own
+    node_dir: str  # the nodes' Slurm folder, where kiln made it ("" on a login node's cluster)
     user: str  # who the jobs run as on a login node ("" here: whoever runs kiln)
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -78,6 +79,7 @@ class Here:
     python: str | None = None
     here: bool = True
     user: str = ""
+    node_dir: str = queue.NODE_DIR
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return queue.slurm_tool(self.name, *argv, timeout=timeout)
@@ -113,7 +115,8 @@ def reach(name: str) -> Reach:
     saved = queue.load(name)
     parts = tuple(Partition(shape.name, shape.max_nodes) for shape in saved.queue.shapes)
     record = state.load_cluster(name)
-    return Here(name, parts, saved.queue.power.slurmd_timeout_s, record.python if record else None)
+    return Here(name, parts, saved.queue.power.slurmd_timeout_s, record.python if record else None,
+                node_dir=saved.queue.node_dir)
 
 
 # ---------------------------------------------------------------- submit
@@ -135,12 +138,24 @@ class Submitted:
 
 def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: int, nproc_per_node: int = 1,
            partition: str | None = None, python: str | None = None, shards: int = 0,
-           shard_input: str | None = None, dry_run: bool = False) -> Submitted:
+           shard_input: str | None = None, image: str | None = None, dry_run: bool = False) -> Submitted:
     """Put the project in a fresh job folder and submit the program as a batch job of `nodes` nodes
     (slurm.batch_script); with `shards` (or `shard_input`: as many shards as the partition's nodes), an array job
     of that many one-node tasks, each given its shard (and its part of the inputs, as kiln run splits them).
-    `dry_run`: the job as it would be (no job number), with nothing written or sent."""
+    With `image`, each task runs in a container of it (pulled on each node first; the image's own Python, unless
+    `python` names another). `dry_run`: the job as it would be (no job number), with nothing written or sent."""
+    if image is not None:
+        container.check_reference(image)
+        if mode == "horovod":
+            raise UsageError("kiln submit --mode horovod --image: srun --mpi=pmix starts the ranks, and the image's "
+                             "MPI would have to reach each node's PMIx server from inside its container, which kiln "
+                             "does not do yet; kiln train --image runs Horovod in an image (horovodrun), and kiln "
+                             "submit --mode horovod runs it on the nodes' own MPI")
     where = reach(name)
+    if image is not None and not where.here:
+        raise UsageError(f"kiln submit {name} --image: a cluster reached through its login node runs containers "
+                         "through its site's own runtime (Apptainer, pyxis), not kiln's; --image runs on a queue "
+                         "kiln made")
     if mode not in slurm.JOB_MODES:
         raise UsageError(f"--mode {mode}: choose one of {', '.join(slurm.JOB_MODES)}")
     parts = {part.name: part for part in where.partitions}
@@ -158,7 +173,7 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
         raise UsageError("--shards and --shard-input run the program once on each of the array's one-node tasks "
                          "(--mode run, --nodes 1)")
     items = list_inputs(shard_input, project) if shard_input else None
-    python = python or where.python or sys.executable
+    python = python or ("python3" if image else where.python or sys.executable)
     program = launch.Program(tuple(argv))
     entry = launch.torchrun_entry(program, python) if mode == "torchrun" else launch.user_argv(argv, python)
     run_id = state.new_run_id()
@@ -168,7 +183,8 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
                          "cannot take; " + ("set KILN_RUNS to another folder" if where.here else
                                             f"kiln queue attach {name} --folder names another"))
     script = slurm.batch_script(slurm.Job(name, run_id, part.name, nodes, mode, tuple(entry), python, folder,
-                                          nproc_per_node, where.slurmd_timeout_s, shards, items is not None))
+                                          nproc_per_node, where.slurmd_timeout_s, shards, items is not None,
+                                          image or "", where.node_dir))
     if dry_run:
         return Submitted("", run_id, folder, shards, script)
     staged = state.run_folder(run_id)

@@ -148,9 +148,10 @@ def program_env() -> dict[str, str]:
 # ---------------------------------------------------------------- up and down
 
 
-def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int) -> list[str]:
-    """Make the cluster (every node a slot) and its controller; resume the nodes the partitions keep up. Any
-    failure removes what was made."""
+def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int,
+       docker: bool = False) -> list[str]:
+    """Make the cluster (every node a slot; with `docker`, each with its own Docker engine, as a cloud image's) and
+    its controller; resume the nodes the partitions keep up. Any failure removes what was made."""
     if provider.kind != "local":
         raise UsageError(f"kiln queue up --provider {provider.kind}: a queue runs on the local provider for now "
                          "(its controller on this machine); the clouds' controller machine comes next")
@@ -161,7 +162,7 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
     queue_dir = folder(name)
     draft = slurm.check_queue(plan_queue(name, shapes, "controller", "0.0.0.0", queue_dir, suspend_time_s))
     count = sum(shape.max_nodes for shape in draft.shapes)
-    made = provider.up(provider.request(name, count, {"start": 0}, None))
+    made = provider.up(provider.request(name, count, {"start": 0, **({"docker": True} if docker else {})}, None))
     try:
         host, address = provider.controller(name)
         queue = plan_queue(name, shapes, host, address, queue_dir, suspend_time_s)

@@ -24,7 +24,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bootstrap import launch, topology
+from bootstrap import container, launch, topology
 from bootstrap.errors import UsageError
 
 SHAPE_NAME = re.compile(r"[a-z][a-z0-9]{0,15}")  # a partition's name, and the middle of its nodes' names
@@ -188,6 +188,7 @@ def slurm_conf(queue: Queue) -> str:
         f"SlurmdSpoolDir={nodes}/%n/spool",
         f"SlurmdPidFile={nodes}/%n/slurmd.pid",
         f"SlurmdLogFile={nodes}/%n/slurmd.log",
+        f"Epilog={nodes}/epilog",  # a job's containers a kill left (kiln submit --image)
         "ProctrackType=proctrack/cgroup" if queue.cgroups else "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/cgroup,task/affinity" if queue.cgroups else "TaskPlugin=task/none",
         "SchedulerType=sched/backfill",
@@ -248,7 +249,8 @@ def mpi_conf(queue: Queue) -> str:
 def conf_files(queue: Queue) -> dict[str, str]:
     """The files of the queue's configuration, by name: the same on the controller and on every node (beside
     slurm.conf: Slurm reads the others from its folder)."""
-    return {"slurm.conf": slurm_conf(queue), "gres.conf": gres_conf(queue), "mpi.conf": mpi_conf(queue)}
+    return {"slurm.conf": slurm_conf(queue), "gres.conf": gres_conf(queue), "mpi.conf": mpi_conf(queue),
+            "epilog": container.epilog_text(queue.node_dir)}
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,9 @@ def join_script(queue: Queue, node: str) -> str:
         f"mkdir -p {shlex.quote(f'{folder}/{node}/spool')} {shlex.quote(f'{folder}/pmix')}",
         *(f"cat > {shlex.quote(f'{folder}/{file}')} <<'KILN_SLURM_CONF'\n{text}KILN_SLURM_CONF"
           for file, text in conf_files(queue).items()),
+        f"chmod 755 {shlex.quote(f'{folder}/epilog')}",
+        # where this node's Docker engine answers, as its login sessions have it (a job's --image tasks use it)
+        f"printf '%s\\n' \"${{DOCKER_HOST:-}}\" > {shlex.quote(f'{folder}/docker-host')}",
         shlex.join(["slurmd", "-N", node, "-b", "-f", conf]),
     ]
     return "\n".join(lines) + "\n"
@@ -358,6 +363,8 @@ class Job:
     slurmd_timeout_s: int = SLURMD_TIMEOUT_S  # the queue's (Power): how long lost_lines asks after a failure
     shards: int = 0  # an array job of this many tasks, each its shard (`run` on one node); 0: one job
     shard_inputs: bool = False  # each shard's items are in the job's folder, shard-INDEX.inputs
+    image: str = ""  # each task in a container of this image (kiln submit --image), pulled on each node first
+    node_dir: str = ""  # the nodes' Slurm folder (Queue.node_dir), where the join left the node's Docker engine
 
 
 def tf_config_lines() -> list[str]:
@@ -426,7 +433,8 @@ def batch_script(job: Job) -> str:
                 f'KILN_OUTPUT_DIR={shlex.quote(folder)}/output/{task}-{index} '
                 f'KILN_CHECKPOINT_DIR={shlex.quote(folder)}/checkpoints/{task}-{index} '
                 f'NCCL_SOCKET_IFNAME=$nic GLOO_SOCKET_IFNAME=$nic {torchrun}{jax}{tf_config}{shard}; '
-                'mkdir -p "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR"; exec "$@"')
+                'mkdir -p "$KILN_OUTPUT_DIR" "$KILN_CHECKPOINT_DIR"; '
+                + (container.task_shell(job.image, folder, job.node_dir) if job.image else 'exec "$@"'))
     if job.mode == "torchrun":
         program = (f"{shlex.quote(job.python)} -m torch.distributed.run --nnodes {job.nodes} "
                    f"--nproc-per-node {job.nproc_per_node} --rdzv-backend c10d "
@@ -452,6 +460,7 @@ def batch_script(job: Job) -> str:
         f"export KILN_COORDINATOR=$addr:$(({RENDEZVOUS_PORT} + SLURM_JOB_ID % 1000))",
         *(tf_config_lines() if job.mode == "tf-config" else []),
         *lost_lines(job),
+        *(container.pull_lines(job.image, job.node_dir) if job.image else []),
         # horovod: Horovod's MPI finds its rank and size through the node's PMIx server (Slurm's mpi/pmix)
         f"srun {'--mpi=pmix ' if job.mode == 'horovod' else ''}--kill-on-bad-exit=1 bash -c {shlex.quote(per_task)} "
         f"kiln {program} || lost $?",

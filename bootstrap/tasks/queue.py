@@ -25,6 +25,8 @@ QUEUE_HELP = {
     "cpus": "up: the CPUs Slurm gives each node (default 1)",
     "memory_mib": "up: the memory Slurm gives each node, MiB (default 1000)",
     "partition": "up: the partition's name (default cpu)",
+    "docker": "up: each node made with its own Docker engine (the local provider's; a cloud image has one), for "
+              "kiln submit --image",
     "idle_minutes": "up: remove a node after it has been idle this long (Slurm's SuspendTime; default 5)",
     "nodes": "resume, suspend, resume-fail: the Slurm nodes, as slurmctld hands them (kq-cpu-[0-1])",
     "job": "logs, cancel, fetch: the job's number (kiln submit prints it; kiln queue status lists them)",
@@ -41,7 +43,7 @@ QUEUE_HELP = {
 
 @cluster_task(name="queue", help=QUEUE_HELP)
 def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, memory_mib=1000, partition="cpu",
-           idle_minutes=5.0, nodes=None, job=None, follow=False, login=None, accept_new_host_keys=False,
+           idle_minutes=5.0, docker=False, nodes=None, job=None, follow=False, login=None, accept_new_host_keys=False,
            folder="kiln-jobs", python="python3"):
     """A Slurm queue on a cluster whose nodes kiln makes when jobs wait and removes when they are idle: up makes
     the cluster (no node yet) and its controller, down removes both (kiln down NAME does too), status shows the
@@ -57,7 +59,8 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
         seconds = round(float(idle_minutes) * 60)
         if seconds < 1:
             raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
-        print("\n".join(queue.up(name, providers.named(provider), [shape], suspend_time_s=seconds)))
+        print("\n".join(queue.up(name, providers.named(provider), [shape], suspend_time_s=seconds,
+                                  docker=bool(docker))))
     elif verb == "attach":
         if not login:
             raise UsageError(f"kiln queue attach {name}: give --login USER@HOST of the cluster's login node")
@@ -128,19 +131,22 @@ SUBMIT_HELP = {
               "run's processes",
     "shard_input": "a list file, a folder or s3://bucket/prefix: each shard gets its contiguous share in the file "
                    "KILN_SHARD_INPUTS (default --shards: the partition's nodes)",
+    "image": "run each task in a container of this image (REGISTRY/NAME:TAG or @sha256:...), pulled on each node "
+             "first (one image id on every node), with the node's network, GPUs and the job's folder; its own "
+             "Python runs the program unless --python names another",
     "dry_run": "print the job's batch script and where its folder would be; nothing is copied or submitted",
 }
 
 
 @cluster_task(help=SUBMIT_HELP)
 def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=False, python=None, shards=0,
-           shard_input=None, dry_run=False):
+           shard_input=None, image=None, dry_run=False):
     """Submit the program after -- to the cluster's queue as a batch job, from a copy of this folder: it waits
     for its nodes (the queue makes them) and runs with kiln's environment (KILN_OUTPUT_DIR, KILN_CHECKPOINT_DIR,
     KILN_NODE_RANK, ...)."""
     done = jobs.submit(name, Path.cwd(), user_command(c), mode=mode, nodes=int(nodes),
                         nproc_per_node=int(nproc_per_node), partition=partition, python=python,
-                        shards=int(shards), shard_input=shard_input, dry_run=bool(dry_run))
+                        shards=int(shards), shard_input=shard_input, image=image, dry_run=bool(dry_run))
     if dry_run:
         print(f"kiln submit {name} --dry-run: the job's folder would be {done.folder}; its batch script:\n"
               f"{done.script}", end="")

@@ -18,7 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KILN, ROOT, LocalCluster, can_make_namespaces, local_cluster_command, run_processes
+from conftest import (
+    KILN,
+    ROOT,
+    LocalCluster,
+    can_make_namespaces,
+    local_cluster_command,
+    needs_slurm,
+    run_processes,
+)
 
 from bootstrap import launch
 from bootstrap.cluster import Cluster
@@ -479,3 +487,97 @@ def test_a_rekeyed_node_stops_horovodrun_running_in_the_containers(cluster, proj
         assert run_processes("crekeyed") == []
         no_containers(cluster, ("node1",))
         group.remote.disconnect(hosts)
+
+
+QUEUE = "kcq"
+# A torchrun worker that says where it ran: its rank, the sum of an all-reduce across the job, its machine, its
+# Python, the image's manifest and its container's first process
+WHERE_DDP = """\
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+out = os.environ["KILN_OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
+manifest = json.load(open("/etc/kiln/manifest.json")) if os.path.exists("/etc/kiln/manifest.json") else {}
+json.dump({"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": total.item(),
+           "host": socket.gethostname(), "python": sys.executable, "target": manifest.get("target"),
+           "init": open("/proc/1/cmdline").read(), "task": os.environ["KILN_TASK"], "uid": os.getuid()},
+          open(os.path.join(out, f"rank-{dist.get_rank()}.json"), "w"))
+dist.destroy_process_group()
+"""
+
+
+@needs_slurm()
+def test_a_queue_job_runs_each_task_in_the_image_on_nodes_made_for_it(baked, tmp_path_factory, tmp_path):
+    """`kiln queue up --docker` (each node made with its own engine, as a cloud image has one), then `kiln submit
+    --image` of a torchrun job from zero nodes: the queue makes two nodes, each pulls the image once, and each
+    task runs in its node's container (the image's Python, its init first), the two meeting through the node's
+    network. A task killed outright (its docker client, as at the end of Slurm's KillWait) leaves its container,
+    which the queue's epilog removes once the job is cancelled."""
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    home = tmp_path_factory.mktemp("kiln-home")
+    env = {**os.environ, "KILN_HOME": str(home), "KILN_RUNS": str(tmp_path_factory.mktemp("runs"))}
+    ssh_config = Path("/run/kiln/local") / QUEUE / "ssh_config"
+
+    def kiln(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(KILN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    def on(node: str, command: str) -> str:
+        return subprocess.run(["ssh", "-F", str(ssh_config), node, command], capture_output=True, text=True,
+                              timeout=60).stdout
+
+    local_cluster_command("down", "--name", QUEUE)
+    try:
+        up = kiln("queue", "up", QUEUE, "--docker", "--max-nodes", "2", "--idle-minutes", "0.25")
+        assert up.returncode == 0, up.stdout + up.stderr
+        image = engines.push_to_cluster(QUEUE, baked["image"], copy_from=baked.get("pushed"))
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "where_ddp.py").write_text(WHERE_DDP)
+        done = kiln("submit", QUEUE, "--image", image, "--mode", "torchrun", "--nodes", "2", "--wait", "--",
+                    "python", "where_ddp.py", cwd=project, timeout=1200)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert f"the job's tasks run in {image}, sha256:" in done.stdout, done.stdout[-3000:]
+        folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+        results = [json.loads(path.read_text()) for path in sorted(folder.glob("output/torchrun-*/rank-*.json"))]
+        assert [r["rank"] for r in results] == [0, 1] and all(r["sum"] == 3.0 for r in results), results
+        assert {r["host"] for r in results} == {"node1", "node2"}, results
+        for seen in results:
+            assert seen["python"] == KILN_PYTHON and seen["target"] == "container", seen
+            assert "docker-init" in seen["init"] and seen["uid"] == 0, seen
+        deadline = time.monotonic() + 60  # removed as they ended (--rm)
+        while any(on(node, "docker ps -aq").split() for node in ("node1", "node2")):
+            assert time.monotonic() < deadline, "a task's container was left"
+            time.sleep(1)
+
+        sleeper = kiln("submit", QUEUE, "--image", image, "--", "python", "-c", "import time; time.sleep(900)",
+                       cwd=project)
+        assert sleeper.returncode == 0, sleeper.stdout + sleeper.stderr
+        job = sleeper.stdout.split()[1]
+        deadline = time.monotonic() + 600
+
+        def running() -> str:
+            return next((node for node in ("node1", "node2")
+                         if on(node, f"docker ps -q --filter label=kiln.slurm-job={job}").strip()), "")
+        while not running():
+            assert time.monotonic() < deadline, kiln("queue", "status", QUEUE).stdout
+            time.sleep(2)
+        node = running()
+        assert subprocess.run(["pkill", "-KILL", "-f", f"docker run --rm --init --name kiln-{job}-"],
+                              timeout=30).returncode == 0
+        time.sleep(2)
+        assert on(node, f"docker ps -q --filter label=kiln.slurm-job={job}").strip(), "the container went with it"
+        assert kiln("queue", "cancel", QUEUE, "--job", job).returncode == 0
+        deadline = time.monotonic() + 120
+        while on(node, f"docker ps -aq --filter label=kiln.slurm-job={job}").strip():
+            assert time.monotonic() < deadline, "the epilog left the killed task's container"
+            time.sleep(2)
+    finally:
+        kiln("down", QUEUE)
+        local_cluster_command("down", "--name", QUEUE)

@@ -244,6 +244,10 @@ def test_a_job_of_another_partition_status_and_cancel(site, tmp_path):
     refused = site.kiln("submit", NAME, "--partition", "small", "--nodes", "2", "--", "python", "who.py", cwd=code)
     assert refused.returncode == 2 and refused.stderr.strip() == (
         f"kiln: --nodes 2: partition small of queue {NAME} runs 1 to 1"), refused.stderr
+    refused = site.kiln("submit", NAME, "--image", "registry:5000/team/image:1", "--", "python", "who.py", cwd=code)
+    assert refused.returncode == 2 and refused.stderr.strip().startswith(
+        f"kiln: kiln submit {NAME} --image: a cluster reached through its login node runs containers through its "
+        "site's own runtime"), refused.stderr
 
 
 def test_a_login_node_whose_host_key_changed_is_refused(site, tmp_path):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from dataclasses import replace
 
 import pytest
 
-from bootstrap import topology
+from bootstrap import container, topology
 from bootstrap.errors import UsageError
 from bootstrap.slurm import (
     Job,
@@ -249,3 +250,92 @@ def test_a_job_has_ended_only_in_slurms_final_states_and_only_completed_is_0(sho
 ])
 def test_an_array_job_has_ended_once_every_task_has_with_the_first_failure(shown, status):
     assert job_exit(shown) == status
+
+
+IMAGE = "10.9.0.1:5000/kiln@sha256:" + "ab" * 32
+
+
+def fake_docker(folder, said: str) -> dict[str, str]:
+    """A `docker` first on PATH that writes its arguments, one a line, and the environment it was given into
+    `said` (a stand-in for the node's engine: the argv is what this test reads)."""
+    docker = folder / "docker"
+    docker.write_text(f"#!/bin/sh\n{{ printf '%s\\n' \"$@\"; echo DOCKER_HOST=$DOCKER_HOST; }} >> {said}\n")
+    docker.chmod(0o755)
+    return {"PATH": f"{folder}:/usr/bin:/bin", "HOME": "/home/ada"}
+
+
+def test_a_task_in_an_image_is_its_program_in_a_container_with_the_tasks_environment_and_the_jobs_folder(tmp_path):
+    """Run a torchrun job's task line under bash, srun's part stood in: `docker run` of the image on the node's
+    network and IPC, the job's folder at the same path, the task's environment passed by name (kiln's, Slurm's,
+    torchrun's agents'), labelled with the job, the node's engine as its join found it."""
+    nodes = tmp_path / "slurm"
+    nodes.mkdir()
+    (nodes / "docker-host").write_text("unix:///run/kiln-docker/n1.sock\n")
+    job = Job("kq", "r1", "cpu", 2, "torchrun", ("train.py",), "python3", "/runs/r1", image=IMAGE,
+              node_dir=str(nodes))
+    script = batch_script(job).splitlines()
+    exported, srun = next(line for line in script if line.startswith("export KILN_RUN_ID=")), script[-1]
+    said = tmp_path / "said"
+    env = {**fake_docker(tmp_path, str(said)), "SLURM_JOB_ID": "42", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+           "KILN_COORDINATOR": "10.9.0.2:29442", "UNRELATED": "x"}
+    shell = "\n".join(['srun() { while [[ $1 == --* ]]; do shift; done; "$@"; }', "lost() { exit $1; }", exported,
+                       srun.replace("mkdir -p", ": mkdir -p")])  # the job's folder is not on this machine
+    done = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=10, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    argv = said.read_text().splitlines()
+    assert argv[:3] == ["run", "--rm", "--init"] and argv[-1] == "DOCKER_HOST=unix:///run/kiln-docker/n1.sock"
+    at = argv.index(IMAGE)
+    assert argv[at + 1:-1] == ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.9.0.2:29442", "--rdzv-id", "42",
+                               "train.py"]
+    options = argv[:at]
+    pairs = set(zip(options, options[1:], strict=False))
+    for pair in [("--network", "host"), ("--ipc", "host"), ("--name", "kiln-42-torchrun-1"),
+                 ("--label", "kiln.slurm-job=42"), ("-v", "/runs/r1:/runs/r1"), ("-w", str(tmp_path)),
+                 ("-v", "/etc/hosts:/etc/hosts:ro"), ("-e", "HOME=/home/ada"),
+                 ("--user", f"{os.getuid()}:{os.getgid()}")]:
+        assert pair in pairs, pair
+    passed = {value for key, value in pairs if key == "-e"}
+    assert {"KILN_RUN_ID", "KILN_TASK", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "SLURM_JOB_ID", "PET_LOCAL_ADDR",
+            "PET_RDZV_CONF", "NCCL_SOCKET_IFNAME", "PYTHONPATH", "PYTHONUNBUFFERED"} <= passed, passed
+    assert "UNRELATED" not in passed and "PATH" not in passed  # the image's own PATH finds its Python
+    plain = batch_script(replace(job, image=""))
+    assert "docker" not in plain and plain.splitlines()[-1].count('exec "$@"') == 1
+
+
+@pytest.mark.parametrize(("answers", "code", "said"), [
+    ("echo 'kq-cpu-0 sha256:1'; echo 'kq-cpu-1 sha256:1'", 0, "tasks run in"),
+    ("echo 'kq-cpu-0 sha256:1'; echo 'kq-cpu-1 sha256:2'", 1, "is not the same image on every node"),
+    ("echo 'kq-cpu-0 sha256:1'; return 1", 1, "could not be pulled on every node"),
+])
+def test_an_images_job_pulls_it_once_a_node_and_stops_where_a_node_could_not_or_has_another(answers, code, said):
+    """The batch script's pull lines under bash, srun stood in by what the nodes would answer."""
+    job = Job("kq", "r1", "cpu", 2, "run", ("python3", "x.py"), "python3", "/runs/r1", image=IMAGE,
+              node_dir="/root/kiln/slurm")
+    lines = container.pull_lines(IMAGE, "/root/kiln/slurm")
+    script = batch_script(job)
+    assert "\n".join(lines) in script and script.index(lines[0]) < script.index("srun --kill-on-bad-exit=1 bash")
+    assert "docker pull -q " + IMAGE in lines[0] and "--ntasks-per-node=1" in lines[0]
+    shell = "\n".join([f"srun() {{ {answers}; }}", *lines, "echo reached"])
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=10)
+    assert done.returncode == code and said in done.stdout + done.stderr, (done.stdout, done.stderr)
+    assert ("reached" in done.stdout) == (code == 0)
+
+
+def test_each_node_runs_the_epilog_that_removes_the_containers_a_killed_job_left(tmp_path):
+    joined = queue(CPU, node_dir="/root/kiln/slurm", munge_socket=Munge("kq").socket)
+    assert settings(slurm_conf(joined))["Epilog"] == "/root/kiln/slurm/epilog"
+    script = join_script(joined, "kq-cpu-1")
+    epilog = container.epilog_text("/root/kiln/slurm")
+    assert f"cat > /root/kiln/slurm/epilog <<'KILN_SLURM_CONF'\n{epilog}KILN_SLURM_CONF" in script
+    assert "chmod 755 /root/kiln/slurm/epilog" in script
+    assert "printf '%s\\n' \"${DOCKER_HOST:-}\" > /root/kiln/slurm/docker-host" in script
+    assert script.index("/root/kiln/slurm/epilog") < script.index("slurmd -N")
+    said = tmp_path / "said"
+    answer = tmp_path / "docker"
+    answer.write_text(f"#!/bin/sh\necho \"$@\" >> {said}\n[ \"$1\" = ps ] && echo c1 && echo c2\nexit 0\n")
+    answer.chmod(0o755)
+    done = subprocess.run(["bash", "-c", epilog], env={"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_ID": "42"},
+                          capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert said.read_text().splitlines() == ["ps -aq --filter label=kiln.slurm-job=42", "rm -f c1 c2"]
