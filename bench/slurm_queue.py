@@ -82,7 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="kiln-bench-queue-"))
     env = {**os.environ, "KILN_HOME": str(home),
-           "SLURM_CONF": str(home / "clusters" / NAME / "queue" / "slurm.conf")}
+           "SLURM_CONF": f"/run/kiln/queues/{NAME}/slurm.conf"}  # bootstrap/queue.py SHARED_ROOT
     project = home / "project"
     project.mkdir()
     (project / "job.py").write_text(JOB)

@@ -126,6 +126,7 @@ class Login:
     user: str = ""
     here: bool = False
     node_dir: str = ""  # the site's nodes' Slurm folder is the site's own
+    docker: bool = False  # kiln runs no container there (a site has its own runtime)
 
     @property
     def host(self) -> Host:

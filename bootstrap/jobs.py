@@ -50,6 +50,7 @@ class Reach(Protocol):
     slurmd_timeout_s: int  # how long slurmctld waits on a silent node (the batch script's lost-node check)
     here: bool  # a job's folder is this machine's own
     node_dir: str  # the nodes' Slurm folder, where kiln made it ("" on a login node's cluster)
+    docker: bool  # kiln submit --image can run there: the nodes have a Docker engine of their own
     user: str  # who the jobs run as on a login node ("" here: whoever runs kiln)
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -80,6 +81,7 @@ class Here:
     here: bool = True
     user: str = ""
     node_dir: str = queue.NODE_DIR
+    docker: bool = True  # its nodes have a Docker engine of their own
 
     def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return queue.slurm_tool(self.name, *argv, timeout=timeout)
@@ -109,14 +111,12 @@ def reach(name: str) -> Reach:
     """How to reach the queue of cluster `name`: one kiln made, or one attached through its login node."""
     if attached.exists(name):
         return attached.load(name)
-    if not queue.exists(name):
+    shown = queue.public(name)  # the one this machine's users share: made by root here, or by this user
+    if shown is None:
         raise UsageError(f"cluster {name} has no queue (kiln queue up {name} makes one; kiln queue attach {name} "
                          "--login USER@HOST reaches a Slurm cluster you have)")
-    saved = queue.load(name)
-    parts = tuple(Partition(shape.name, shape.max_nodes) for shape in saved.queue.shapes)
-    record = state.load_cluster(name)
-    return Here(name, parts, saved.queue.power.slurmd_timeout_s, record.python if record else None,
-                node_dir=saved.queue.node_dir)
+    return Here(name, tuple(Partition(part, nodes) for part, nodes in shown.partitions), shown.slurmd_timeout_s,
+                shown.python, node_dir=shown.node_dir, docker=shown.docker)
 
 
 # ---------------------------------------------------------------- submit
@@ -156,6 +156,9 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
         raise UsageError(f"kiln submit {name} --image: a cluster reached through its login node runs containers "
                          "through its site's own runtime (Apptainer, pyxis), not kiln's; --image runs on a queue "
                          "kiln made")
+    if image is not None and not where.docker:
+        raise UsageError(f"kiln submit {name} --image: the queue's nodes have no Docker engine of their own (the "
+                         f"local provider's get one each with kiln queue up {name} --docker)")
     if mode not in slurm.JOB_MODES:
         raise UsageError(f"--mode {mode}: choose one of {', '.join(slurm.JOB_MODES)}")
     parts = {part.name: part for part in where.partitions}
@@ -284,7 +287,7 @@ def describe(name: str) -> str:
     jobs = where.tool("squeue", *(["--all"] if where.here else [f"--user={where.user}"]), "--format=%i %j %T %D %R")
     said = [shown.stdout if shown.returncode == 0 else f"sinfo: {shown.stderr.strip()}\n",
             jobs.stdout if jobs.returncode == 0 else f"squeue: {jobs.stderr.strip()}\n"]
-    if where.here:
+    if where.here and queue.exists(name):  # the user who made it: which machine each node is
         nodes = queue.load(name).nodes
         said.append("nodes up: " + (", ".join(f"{node} on {at['host']}" for node, at in sorted(nodes.items()))
                                     or "none"))

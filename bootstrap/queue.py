@@ -15,6 +15,11 @@ remove the nodes' machines (`shrink`). One of these verbs runs at a time per clu
 
 Where the controller runs: on the local provider, on this machine (slurmctld and munged as daemons; the nodes reach
 it at the cluster's bridge). The clouds' controller machine comes next.
+
+Who submits: the queue's configuration is this machine's, as a login node's /etc/slurm is (SHARED_ROOT/NAME:
+slurm.conf and what kiln submit needs to know, readable by every user, no secret in it), so any user of this
+machine submits with their own kiln (`kiln submit NAME`), their job running as them on the nodes, its folder theirs.
+Making and removing the queue, and its programs, are root's who made it (the key, the controller's state).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -40,8 +46,11 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
 PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
-NODE_DIR = "/root/kiln/slurm"  # a node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log
+# A node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log. Not under /root: a job's user runs its
+# batch script from slurmd's spool.
+NODE_DIR = "/var/lib/kiln-slurm"
 JOIN_TIMEOUT_S = 120
+SHARED_ROOT = Path("/run/kiln/queues")  # SHARED_ROOT/NAME: a queue's configuration, for every user of this machine
 LOCK_TIMEOUT_S = 900  # a resume of many nodes holds the lock while it makes and joins them
 TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged", "runuser")
 KEY_BYTES = 1024  # as mungekey makes one
@@ -73,6 +82,51 @@ def folder(name: str) -> Path:
 
 def exists(name: str) -> bool:
     return (folder(name) / "queue.json").is_file()
+
+
+def shared(name: str) -> Path:
+    return SHARED_ROOT / name
+
+
+@dataclass(frozen=True)
+class Public:
+    """What any user of this machine needs to submit to the queue (SHARED_ROOT/NAME/queue.json): its partitions (the
+    first the default) with their most nodes, slurmctld's SlurmdTimeout, the nodes' Slurm folder and Python."""
+
+    partitions: tuple[tuple[str, int], ...]
+    slurmd_timeout_s: int
+    node_dir: str
+    python: str | None = None
+    docker: bool = True  # its nodes have a Docker engine of their own (a cloud image's; kiln queue up --docker)
+
+
+def public(name: str) -> Public | None:
+    """The queue as this machine shows it to its users; None where it has none of that name."""
+    data = state.read_json(shared(name) / "queue.json")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Public(tuple((str(p), int(n)) for p, n in data["partitions"]), int(data["slurmd_timeout_s"]),
+                      str(data["node_dir"]), data.get("python"), bool(data.get("docker", True)))
+    except (KeyError, TypeError, ValueError) as error:
+        raise KilnError(f"{shared(name) / 'queue.json'} is not a kiln queue's ({error}); root's kiln down {name} "
+                        "removes the queue") from None
+
+
+def publish(name: str, queue: slurm.Queue, python: str | None, docker: bool) -> None:
+    """The queue's configuration (slurm.conf, gres.conf, mpi.conf, the epilog: one pure function of the queue) and its
+    public record, where every user of this machine reads them: no secret is in them (the MUNGE key stays in the
+    queue's folder, root's)."""
+    folder_ = shared(name)
+    folder_.mkdir(parents=True, exist_ok=True)
+    for made in (SHARED_ROOT, folder_):
+        made.chmod(0o755)
+    record = Public(tuple((shape.name, shape.max_nodes) for shape in queue.shapes), queue.power.slurmd_timeout_s,
+                    queue.node_dir, python, docker)
+    files = {**slurm.conf_files(queue), "queue.json": json.dumps(asdict(record), indent=1) + "\n"}
+    for file, text in files.items():
+        state.write_atomic(folder_ / file, text)
+        (folder_ / file).chmod(0o644)
 
 
 def load(name: str) -> Saved:
@@ -116,8 +170,9 @@ def locked(name: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
 
 
 def slurm_env(name: str) -> dict[str, str]:
-    """What Slurm's client tools (sbatch, srun, squeue, sinfo, scontrol) need to reach the cluster's queue."""
-    return {"SLURM_CONF": str(folder(name) / "slurm.conf")}
+    """What Slurm's client tools (sbatch, srun, squeue, sinfo, scontrol) need to reach the cluster's queue, for any
+    user of this machine."""
+    return {"SLURM_CONF": str(shared(name) / "slurm.conf")}
 
 
 def slurm_tool(name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -166,7 +221,7 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
     try:
         host, address = provider.controller(name)
         queue = plan_queue(name, shapes, host, address, queue_dir, suspend_time_s)
-        start_controller(name, queue)
+        start_controller(name, queue, docker=docker or provider.kind != "local")
         kept = [slurm.node_names(queue, shape)[index] for shape in queue.shapes for index in range(shape.min_nodes)]
         failed = [line for line in (resume(name, ",".join(kept), provider=provider) if kept else [])
                   if ": failed on " in line]
@@ -181,7 +236,8 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
                            for shape in queue.shapes)
     return [*made.lines, f"queue {name}: slurmctld on {host} ({address}:{queue.port}); partitions {partitions}; "
             f"an idle node is removed after {suspend_time_s} s",
-            f"  submit: SLURM_CONF={queue_dir / 'slurm.conf'} sbatch ... (eval \"$(kiln queue env {name})\")"]
+            f"  submit (any user of this machine): kiln submit {name} -- CMD, or SLURM_CONF="
+            f"{shared(name) / 'slurm.conf'} sbatch ... (eval \"$(kiln queue env {name})\")"]
 
 
 def plan_queue(name: str, shapes: Sequence[slurm.Shape], host: str, address: str, queue_dir: Path,
@@ -200,7 +256,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_controller(name: str, queue: slurm.Queue) -> None:
+def start_controller(name: str, queue: slurm.Queue, docker: bool = True) -> None:
     """The cluster's MUNGE key (made once), its configuration (slurm.conf, gres.conf, mpi.conf) and programs in its
     folder; munged and slurmctld started; returns once slurmctld answers."""
     queue_dir = folder(name)
@@ -212,8 +268,8 @@ def start_controller(name: str, queue: slurm.Queue) -> None:
         with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
             out.write(secrets.token_bytes(KEY_BYTES))
     save(name, Saved(queue))
-    for file, text in slurm.conf_files(queue).items():
-        state.write_atomic(queue_dir / file, text)
+    record = state.load_cluster(name)
+    publish(name, queue, record.python if record else None, docker)
     power = queue.power
     for verb, path in zip(PROGRAMS, (power.resume, power.suspend, power.resume_fail, power.lost), strict=True):
         Path(path).write_text(slurm.program_text(kiln_argv(), verb, name, str(queue_dir / f"{verb}.log"),
@@ -224,7 +280,7 @@ def start_controller(name: str, queue: slurm.Queue) -> None:
                              capture_output=True, timeout=60)
     if started.returncode:
         raise QueueError(f"queue {name}: munged did not start: {started.stderr.decode(errors='replace').strip()}")
-    daemon = subprocess.run(["slurmctld", "-f", str(queue_dir / "slurm.conf")], capture_output=True, text=True,
+    daemon = subprocess.run(["slurmctld", "-f", slurm_env(name)["SLURM_CONF"]], capture_output=True, text=True,
                             timeout=60, stdin=subprocess.DEVNULL)
     if daemon.returncode:
         raise QueueError(f"queue {name}: slurmctld did not start: {daemon.stderr.strip() or log_tail(queue)}")
@@ -264,6 +320,7 @@ def stop_controller(name: str, wait_s: float = 30) -> bool:
     for suffix in ("key", "socket", "socket.lock", "pid", "seed", "log"):
         Path(slurm.Munge(name).path(suffix)).unlink(missing_ok=True)
     shutil.rmtree(queue_dir, ignore_errors=True)
+    shutil.rmtree(shared(name), ignore_errors=True)
     return True
 
 
@@ -407,5 +464,6 @@ def mark_down(name: str, node: str, reason: str) -> None:
 
 
 def env_lines(name: str) -> str:
-    load(name)  # refused where the cluster has no queue
+    if public(name) is None:
+        raise UsageError(f"cluster {name} has no queue (kiln queue up {name} makes one)")
     return "".join(f"export {key}={value}\n" for key, value in slurm_env(name).items())

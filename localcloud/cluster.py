@@ -168,7 +168,7 @@ def write(path: Path, text: str, mode: int = 0o644) -> None:
 def make_mountpoints() -> None:
     """Where a node's private folders are mounted, on this machine (a node mounts over them)."""
     for mountpoint, mode in (("/root/.ssh", 0o700), ("/root/kiln", 0o755), ("/run/sshd", 0o755),
-                             ("/run/munge", 0o755)):
+                             ("/run/munge", 0o755), ("/var/lib/kiln-slurm", 0o755)):
         os.makedirs(mountpoint, mode=mode, exist_ok=True)  # never touches what is there
 
 
@@ -176,7 +176,7 @@ def boot_node(cluster: plan.Cluster, node: plan.Node, node_dir: Path, operator_p
               docker: bool = False) -> plan.NodeBoot:
     """Write a node's keys and files, configure its network, start its sshd detached."""
     make_mountpoints()  # a replacement or a slot booted later: /run is emptied by a reboot
-    for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755), ("munge", 0o755)):
+    for sub, mode in (("etc-ssh", 0o755), ("ssh", 0o700), ("kiln", 0o755), ("munge", 0o755), ("kiln-slurm", 0o755)):
         (node_dir / sub).mkdir(parents=True)
         (node_dir / sub).chmod(mode)
     etc = node_dir / "etc-ssh"

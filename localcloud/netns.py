@@ -21,9 +21,11 @@ NAME_RE = re.compile(r"[a-z][a-z0-9]{0,5}")
 MAX_NODES = 1000
 # (path in the node's state dir, mountpoint). /tmp stays shared: the project and its
 # virtual environment may live there (a CI clone), and nodes share this machine's Python. /run/munge is each
-# machine's own, as on a VM: a queue's munged (bootstrap/slurm.py Munge) keeps its key and socket there.
+# machine's own, as on a VM: a queue's munged (bootstrap/slurm.py Munge) keeps its key and socket there, and its
+# slurmd its configuration, spool and PMIx folders in /var/lib/kiln-slurm (bootstrap/queue.py NODE_DIR).
 NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("resolv.conf", "/etc/resolv.conf"),
-               ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"), ("munge", "/run/munge"))
+               ("ssh", "/root/.ssh"), ("kiln", "/root/kiln"), ("munge", "/run/munge"),
+               ("kiln-slurm", "/var/lib/kiln-slurm"))
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")

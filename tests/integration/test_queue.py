@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -30,8 +31,8 @@ FRAMEWORKS = ROOT / ".venv-frameworks" / "bin" / "python"  # PyTorch (make setup
 class Queue:
     def __init__(self, home: Path):
         self.home = home
-        self.env = {**os.environ, "KILN_HOME": str(home), "SLURM_CONF": str(home / "clusters" / NAME / "queue" /
-                                                                              "slurm.conf")}
+        # the queue's configuration is this machine's, for every user (bootstrap/queue.py SHARED_ROOT)
+        self.env = {**os.environ, "KILN_HOME": str(home), "SLURM_CONF": f"/run/kiln/queues/{NAME}/slurm.conf"}
 
     def kiln(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(KILN), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
@@ -254,6 +255,61 @@ def test_two_jobs_run_side_by_side_and_two_that_need_every_node_one_after_the_ot
     (first, second) = (stamps(log) for _, log in back)
     assert len(first["began"]) == len(second["began"]) == 2, (first, second)
     assert max(at for _, at in first["ended"]) <= min(at for _, at in second["began"]), (first, second)
+
+
+USER = "kilnq"  # a user of this machine who is not root
+WHO = """\
+import json, os, pwd, socket
+out = os.environ["KILN_OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
+json.dump({"user": pwd.getpwuid(os.getuid()).pw_name, "host": socket.gethostname(),
+           "rank": os.environ["KILN_NODE_RANK"]}, open(os.path.join(out, "who.json"), "w"))
+"""
+
+
+def test_a_user_who_is_not_root_submits_with_their_own_kiln_and_the_job_runs_as_them(queue):
+    """Another user of the machine, with their own kiln home and no SLURM_CONF set, finds the queue root made (its
+    configuration is the machine's) and submits to it: the job runs as them on both nodes, from a folder of theirs;
+    they see it in the queue and read its log; root sees it too."""
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True, timeout=60)
+    home = Path(pwd.getpwnam(USER).pw_dir)
+    shutil.rmtree(home / ".kiln", ignore_errors=True)
+    project = home / "project"
+    shutil.rmtree(project, ignore_errors=True)
+    project.mkdir()
+    (project / "who.py").write_text(WHO)
+    shutil.chown(project, USER, USER)
+    shutil.chown(project / "who.py", USER, USER)
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "USER": USER, "LANG": "C.UTF-8"}
+
+    def as_user(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                               str(KILN), *args], cwd=project, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    done = as_user("submit", NAME, "--nodes", "2", "--wait", "--", "python", "who.py", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    job, folder = done.stdout.split()[1], Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+    assert folder.is_relative_to(home / ".kiln" / "runs") and folder.stat().st_uid == pwd.getpwnam(USER).pw_uid
+    ran = [json.loads(path.read_text()) for path in sorted(folder.glob("output/node-*/who.json"))]
+    assert [(r["user"], r["rank"]) for r in ran] == [(USER, "0"), (USER, "1")], ran
+    assert len({r["host"] for r in ran}) == 2, ran  # a machine each
+    logs = as_user("queue", "logs", NAME, "--job", job)
+    assert logs.returncode == 0 and logs.stdout == (folder / f"slurm-{job}.out").read_text(), logs.stderr
+    shown = queue.slurm("scontrol", "show", "job", job)  # as root
+    assert f"UserId={USER}(" in shown and "JobState=COMPLETED" in shown, shown
+    status = as_user("queue", "status", NAME)
+    assert status.returncode == 0 and "PARTITION" in status.stdout and "nodes up" not in status.stdout, status.stdout
+    env_said = as_user("queue", "env", NAME)
+    assert env_said.stdout == f"export SLURM_CONF={queue.env['SLURM_CONF']}\n", env_said.stdout + env_said.stderr
+    assert not (home / ".kiln" / "clusters").exists()  # nothing of the queue in their home: it is root's
+    refused = as_user("submit", NAME, "--image", "registry:5000/team/image:1", "--", "python", "who.py")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"kiln: kiln submit {NAME} --image: the queue's nodes have no Docker engine of their own (the local "
+        f"provider's get one each with kiln queue up {NAME} --docker)"), refused.stderr
 
 
 def test_a_job_that_loses_a_node_goes_back_in_the_queue_and_resumes_from_its_checkpoints(queue, tmp_path):

@@ -83,6 +83,7 @@ def test_node_mounts_cover_the_private_paths_and_hide_the_state():
         "/run/kiln/local/kiln/node1/ssh /root/.ssh none bind 0 0",
         "/run/kiln/local/kiln/node1/kiln /root/kiln none bind 0 0",
         "/run/kiln/local/kiln/node1/munge /run/munge none bind 0 0",
+        "/run/kiln/local/kiln/node1/kiln-slurm /var/lib/kiln-slurm none bind 0 0",
         "kiln-hidden /run/kiln tmpfs size=64k,mode=755 0 0"]
 
 
