@@ -223,11 +223,13 @@ def pull_lines(reference: str, node_dir: str) -> list[str]:
     """A batch script's lines that pull the image on every node of the job, once per node, and stop the job where a
     node could not, or where the nodes' image ids differ (a tag moved between pulls): each node runs one image."""
     image = shlex.quote(reference)
-    pull = (f"{docker_host_line(node_dir)}; docker pull -q {image} >/dev/null && "
+    pull = (f"{docker_host_line(node_dir)}; "
+            "docker info >/dev/null 2>&1 || { echo \"kiln: docker does not answer to $(id -un) on $(hostname)\" >&2; "
+            f"exit 1; }}; docker pull -q {image} >/dev/null && "
             f"echo \"$(hostname) $(docker image inspect --format '{{{{.Id}}}}' {image})\"")
-    return [
+    return [  # a node lost meanwhile puts the job back in the queue, as in its main step (slurm.lost_lines)
         f"ids=$(srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {shlex.quote(pull)}) || "
-        f"{{ echo kiln: {image} could not be pulled on every node of the job >&2; exit 1; }}",
+        f"{{ echo kiln: {image} could not be pulled on every node of the job >&2; lost 1; }}",
         "[ \"$(cut -d' ' -f2 <<<\"$ids\" | sort -u | wc -l)\" = 1 ] || "
         f"{{ echo kiln: {image} is not the same image on every node: $ids >&2; exit 1; }}",
         f"echo kiln: the job\\'s tasks run in {image}, \"$(head -n 1 <<<\"$ids\" | cut -d' ' -f2)\"",
@@ -247,10 +249,13 @@ def task_shell(reference: str, folder: str, node_dir: str) -> str:
             f"envs=(); for v in $(compgen -e); do case $v in {'|'.join(TASK_ENV)}) envs+=(-e \"$v\");; esac; done; "
             "gpus=(); ! [ -e /dev/nvidiactl ] || gpus=(--gpus all); "
             "rdma=(); ! [ -d /dev/infiniband ] || rdma=(--device /dev/infiniband); "
-            "lock=$(ulimit -H -l); [ \"$lock\" != unlimited ] || lock=-1; "
-            f"exec docker run --rm --init --name \"kiln-$SLURM_JOB_ID-$KILN_TASK\" --label {JOB_LABEL}=$SLURM_JOB_ID "
+            # ulimit says KiB, docker takes bytes
+            "lock=$(ulimit -H -l); if [ \"$lock\" = unlimited ]; then lock=-1; else lock=$((lock * 1024)); fi; "
+            "home=${HOME:-/tmp/kiln-home}; name=\"kiln-$SLURM_JOB_ID-$KILN_TASK\"; "
+            "docker rm -f \"$name\" >/dev/null 2>&1 || true; "  # a requeued job's, where the epilog could not
+            f"exec docker run --rm --init --name \"$name\" --label {JOB_LABEL}=$SLURM_JOB_ID "
             "--network host --ipc host --ulimit \"memlock=$lock:$lock\" --user \"$(id -u):$(id -g)\" "
-            "-e HOME=\"$HOME\" --tmpfs \"$HOME:uid=$(id -u),gid=$(id -g),mode=0700\" "
+            "-e HOME=\"$home\" --tmpfs \"$home:uid=$(id -u),gid=$(id -g),mode=0700\" "
             f"-v {where}:{where} -v /etc/passwd:/etc/passwd:ro -v /etc/group:/etc/group:ro -v /etc/hosts:/etc/hosts:ro "
             f"-w \"$PWD\" \"${{gpus[@]}}\" \"${{rdma[@]}}\" \"${{envs[@]}}\" {image} \"$@\"")
 

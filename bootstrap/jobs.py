@@ -16,6 +16,7 @@ What a job is, its batch script, is one pure function for both (slurm.batch_scri
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -115,8 +116,10 @@ def reach(name: str) -> Reach:
     if shown is None:
         raise UsageError(f"cluster {name} has no queue (kiln queue up {name} makes one; kiln queue attach {name} "
                          "--login USER@HOST reaches a Slurm cluster you have)")
+    # the nodes share this machine's files: its Python, where this user may run it (root's may be under /root)
+    python = shown.python if shown.python and os.access(shown.python, os.X_OK) else None
     return Here(name, tuple(Partition(part, nodes) for part, nodes in shown.partitions), shown.slurmd_timeout_s,
-                shown.python, node_dir=shown.node_dir, docker=shown.docker)
+                python, node_dir=shown.node_dir, docker=shown.docker)
 
 
 # ---------------------------------------------------------------- submit

@@ -103,6 +103,9 @@ class Public:
 def public(name: str) -> Public | None:
     """The queue as this machine shows it to its users; None where it has none of that name."""
     data = state.read_json(shared(name) / "queue.json")
+    if not isinstance(data, dict) and exists(name):
+        raise UsageError(f"queue {name} has no configuration in {shared(name)} (this machine restarted, or an older "
+                         f"kiln made it): kiln down {name}, then kiln queue up {name} again")
     if not isinstance(data, dict):
         return None
     try:
@@ -119,14 +122,16 @@ def publish(name: str, queue: slurm.Queue, python: str | None, docker: bool) -> 
     queue's folder, root's)."""
     folder_ = shared(name)
     folder_.mkdir(parents=True, exist_ok=True)
-    for made in (SHARED_ROOT, folder_):
+    for made in (SHARED_ROOT.parent, SHARED_ROOT, folder_):  # whatever root's umask made them
         made.chmod(0o755)
     record = Public(tuple((shape.name, shape.max_nodes) for shape in queue.shapes), queue.power.slurmd_timeout_s,
                     queue.node_dir, python, docker)
     files = {**slurm.conf_files(queue), "queue.json": json.dumps(asdict(record), indent=1) + "\n"}
     for file, text in files.items():
-        state.write_atomic(folder_ / file, text)
-        (folder_ / file).chmod(0o644)
+        tmp = folder_ / f".{file}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        tmp.replace(folder_ / file)  # a reader sees the whole file, readable, or the one before
 
 
 def load(name: str) -> Saved:
@@ -312,6 +317,7 @@ def stop_controller(name: str, wait_s: float = 30) -> bool:
     Whether there was a queue."""
     queue_dir = folder(name)
     if not queue_dir.exists():
+        shutil.rmtree(shared(name), ignore_errors=True)  # what another kiln home's left
         return False
     stop_daemon(queue_dir / "ctl" / "slurmctld.pid", wait_s)  # it starts no resume or suspend from here on
     with contextlib.suppress(UsageError), locked(name):  # one running ends first: what it makes is removed after

@@ -297,6 +297,8 @@ def join_script(queue: Queue, node: str) -> str:
     conf = f"{folder}/slurm.conf"
     lines = [
         "set -e",
+        "umask 022",  # the folders and files a job's user reads (its script in the spool, slurm.conf): a hardened
+        # image's root may have 077
         # the machine's name and its Slurm name are its address on the cluster's network, not the loopback Debian
         # gives a hostname (JAX's and Gloo's processes advertise what their hostname names); /etc/hosts rewritten
         # in place (it may be a bind mount)

@@ -278,11 +278,14 @@ def test_a_task_in_an_image_is_its_program_in_a_container_with_the_tasks_environ
     said = tmp_path / "said"
     env = {**fake_docker(tmp_path, str(said)), "SLURM_JOB_ID": "42", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
            "KILN_COORDINATOR": "10.9.0.2:29442", "UNRELATED": "x"}
-    shell = "\n".join(['srun() { while [[ $1 == --* ]]; do shift; done; "$@"; }', "lost() { exit $1; }", exported,
+    shell = "\n".join(["ulimit -l 64",  # KiB: the node's limit on locked memory, which docker takes in bytes
+                       'srun() { while [[ $1 == --* ]]; do shift; done; "$@"; }', "lost() { exit $1; }", exported,
                        srun.replace("mkdir -p", ": mkdir -p")])  # the job's folder is not on this machine
     done = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=10, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    argv = said.read_text().splitlines()
+    removed, argv = said.read_text().splitlines()[:4], said.read_text().splitlines()[4:]
+    # a container of the same name left by the job's earlier run (requeued) goes first
+    assert removed == ["rm", "-f", "kiln-42-torchrun-1", "DOCKER_HOST=unix:///run/kiln-docker/n1.sock"]
     assert argv[:3] == ["run", "--rm", "--init"] and argv[-1] == "DOCKER_HOST=unix:///run/kiln-docker/n1.sock"
     at = argv.index(IMAGE)
     assert argv[at + 1:-1] == ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
@@ -293,7 +296,7 @@ def test_a_task_in_an_image_is_its_program_in_a_container_with_the_tasks_environ
     for pair in [("--network", "host"), ("--ipc", "host"), ("--name", "kiln-42-torchrun-1"),
                  ("--label", "kiln.slurm-job=42"), ("-v", "/runs/r1:/runs/r1"), ("-w", str(tmp_path)),
                  ("-v", "/etc/hosts:/etc/hosts:ro"), ("-e", "HOME=/home/ada"),
-                 ("--user", f"{os.getuid()}:{os.getgid()}")]:
+                 ("--user", f"{os.getuid()}:{os.getgid()}"), ("--ulimit", "memlock=65536:65536")]:
         assert pair in pairs, pair
     passed = {value for key, value in pairs if key == "-e"}
     assert {"KILN_RUN_ID", "KILN_TASK", "KILN_OUTPUT_DIR", "KILN_CHECKPOINT_DIR", "SLURM_JOB_ID", "PET_LOCAL_ADDR",
@@ -316,7 +319,7 @@ def test_an_images_job_pulls_it_once_a_node_and_stops_where_a_node_could_not_or_
     script = batch_script(job)
     assert "\n".join(lines) in script and script.index(lines[0]) < script.index("srun --kill-on-bad-exit=1 bash")
     assert "docker pull -q " + IMAGE in lines[0] and "--ntasks-per-node=1" in lines[0]
-    shell = "\n".join([f"srun() {{ {answers}; }}", *lines, "echo reached"])
+    shell = "\n".join([f"srun() {{ {answers}; }}", "lost() { exit $1; }", *lines, "echo reached"])
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=10)
     assert done.returncode == code and said in done.stdout + done.stderr, (done.stdout, done.stderr)
     assert ("reached" in done.stdout) == (code == 0)
