@@ -241,10 +241,11 @@ def task_shell(reference: str, folder: str, node_dir: str) -> str:
     image, with what run_argv gives a run's container: the node's network and IPC namespaces, an init that passes
     signals (srun's go to the docker client, which hands them on), locked memory up to the node's limit, the job's
     user (outputs are theirs) with a home of its own, every GPU where the node has any, its RDMA devices where it
-    has any, the job's folder at the same path, the node's users and hosts read-only; the task's environment by
-    name (TASK_ENV), in the task's folder. Labelled with the job: a task killed outright leaves its container to
-    the queue's epilog (slurm.EPILOG)."""
-    image, where = shlex.quote(reference), shlex.quote(folder.rstrip("/"))
+    has any, the job's folder and the node's Slurm folder at the same paths (PMIx's files: an MPI program that
+    srun --mpi=pmix started reaches the node's PMIx server from inside), the node's users and hosts read-only; the
+    task's environment by name (TASK_ENV), in the task's folder. Labelled with the job: a task killed outright
+    leaves its container to the queue's epilog (epilog_text)."""
+    image, where, slurm_dir = shlex.quote(reference), shlex.quote(folder.rstrip("/")), shlex.quote(node_dir)
     return (f"{docker_host_line(node_dir)}; "
             f"envs=(); for v in $(compgen -e); do case $v in {'|'.join(TASK_ENV)}) envs+=(-e \"$v\");; esac; done; "
             "gpus=(); ! [ -e /dev/nvidiactl ] || gpus=(--gpus all); "
@@ -256,7 +257,8 @@ def task_shell(reference: str, folder: str, node_dir: str) -> str:
             f"exec docker run --rm --init --name \"$name\" --label {JOB_LABEL}=$SLURM_JOB_ID "
             "--network host --ipc host --ulimit \"memlock=$lock:$lock\" --user \"$(id -u):$(id -g)\" "
             "-e HOME=\"$home\" --tmpfs \"$home:uid=$(id -u),gid=$(id -g),mode=0700\" "
-            f"-v {where}:{where} -v /etc/passwd:/etc/passwd:ro -v /etc/group:/etc/group:ro -v /etc/hosts:/etc/hosts:ro "
+            f"-v {where}:{where} -v {slurm_dir}:{slurm_dir} -v /etc/passwd:/etc/passwd:ro "
+            "-v /etc/group:/etc/group:ro -v /etc/hosts:/etc/hosts:ro "
             f"-w \"$PWD\" \"${{gpus[@]}}\" \"${{rdma[@]}}\" \"${{envs[@]}}\" {image} \"$@\"")
 
 

@@ -149,11 +149,6 @@ def submit(name: str, project: Path, argv: Sequence[str], *, mode: str, nodes: i
     `python` names another). `dry_run`: the job as it would be (no job number), with nothing written or sent."""
     if image is not None:
         container.check_reference(image)
-        if mode == "horovod":
-            raise UsageError("kiln submit --mode horovod --image: srun --mpi=pmix starts the ranks, and the image's "
-                             "MPI would have to reach each node's PMIx server from inside its container, which kiln "
-                             "does not do yet; kiln train --image runs Horovod in an image (horovodrun), and kiln "
-                             "submit --mode horovod runs it on the nodes' own MPI")
     where = reach(name)
     if image is not None and not where.here:
         raise UsageError(f"kiln submit {name} --image: a cluster reached through its login node runs containers "

@@ -515,8 +515,9 @@ def test_a_queue_job_runs_each_task_in_the_image_on_nodes_made_for_it(baked, tmp
     """`kiln queue up --docker` (each node made with its own engine, as a cloud image has one), then `kiln submit
     --image` of a torchrun job from zero nodes: the queue makes two nodes, each pulls the image once, and each
     task runs in its node's container (the image's Python, its init first), the two meeting through the node's
-    network. A task killed outright (its docker client, as at the end of Slurm's KillWait) leaves its container,
-    which the queue's epilog removes once the job is cancelled."""
+    network; then Horovod's Keras example, whose ranks reach their node's PMIx server from their containers. A
+    task killed outright (its docker client, as at the end of Slurm's KillWait) leaves its container, which the
+    queue's epilog removes once the job is cancelled."""
     reason = can_make_namespaces()
     if reason:
         pytest.skip(reason)
@@ -534,7 +535,7 @@ def test_a_queue_job_runs_each_task_in_the_image_on_nodes_made_for_it(baked, tmp
 
     local_cluster_command("down", "--name", QUEUE)
     try:
-        up = kiln("queue", "up", QUEUE, "--docker", "--max-nodes", "2", "--idle-minutes", "0.25")
+        up = kiln("queue", "up", QUEUE, "--docker", "--max-nodes", "2", "--idle-minutes", "0.5")
         assert up.returncode == 0, up.stdout + up.stderr
         image = engines.push_to_cluster(QUEUE, baked["image"], copy_from=baked.get("pushed"))
         project = tmp_path / "project"
@@ -551,6 +552,15 @@ def test_a_queue_job_runs_each_task_in_the_image_on_nodes_made_for_it(baked, tmp
         for seen in results:
             assert seen["python"] == KILN_PYTHON and seen["target"] == "container", seen
             assert "docker-init" in seen["init"] and seen["uid"] == 0, seen
+        # Horovod's Keras example, its ranks started by srun --mpi=pmix, each in its container (the nodes are up
+        # and have the image: the queue keeps an idle node 30 s)
+        shutil.copy(ROOT / "examples" / "horovod_keras.py", project)
+        done = kiln("submit", QUEUE, "--image", image, "--mode", "horovod", "--nodes", "2", "--wait", "--",
+                    "python", "horovod_keras.py", "--epochs", "1", cwd=project, timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        folder = Path(done.stdout.split("its folder ", 1)[1].split(",", 1)[0])
+        ranks = {path.parent.name: json.loads(path.read_text()) for path in folder.glob("output/*/*.json")}
+        assert sorted(ranks) == ["rank-0", "rank-1"] and {r["size"] for r in ranks.values()} == {2}, ranks
         deadline = time.monotonic() + 60  # removed as they ended (--rm)
         while any(on(node, "docker ps -aq").split() for node in ("node1", "node2")):
             assert time.monotonic() < deadline, "a task's container was left"

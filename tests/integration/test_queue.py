@@ -375,8 +375,6 @@ def test_bad_input_is_one_line_naming_it():
                         (("queue", "status", "nosuch"), "nosuch"),
                         (("queue", "logs", NAME), "--job"),
                         (("queue", "cancel", "nosuch", "--job", "7"), "nosuch"),
-                        (("submit", NAME, "--mode", "horovod", "--image", "r:5000/i:1", "--", "python", "h.py"),
-                         "--mode horovod --image"),
                         (("submit", NAME, "--image", "-i", "--", "python", "x.py"), "--image '-i'")):
         done = subprocess.run([str(KILN), *argv], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "KILN_HOME": "/nonexistent-kiln-home"}, stdin=subprocess.DEVNULL)

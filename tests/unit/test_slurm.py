@@ -295,7 +295,7 @@ def test_a_task_in_an_image_is_its_program_in_a_container_with_the_tasks_environ
     pairs = set(zip(options, options[1:], strict=False))
     for pair in [("--network", "host"), ("--ipc", "host"), ("--name", "kiln-42-torchrun-1"),
                  ("--label", "kiln.slurm-job=42"), ("-v", "/runs/r1:/runs/r1"), ("-w", str(tmp_path)),
-                 ("-v", "/etc/hosts:/etc/hosts:ro"), ("-e", "HOME=/home/ada"),
+                 ("-v", "/etc/hosts:/etc/hosts:ro"), ("-e", "HOME=/home/ada"), ("-v", f"{nodes}:{nodes}"),
                  ("--user", f"{os.getuid()}:{os.getgid()}"), ("--ulimit", "memlock=65536:65536")]:
         assert pair in pairs, pair
     passed = {value for key, value in pairs if key == "-e"}
