@@ -128,10 +128,7 @@ def publish(name: str, queue: slurm.Queue, python: str | None, docker: bool) -> 
                     queue.node_dir, python, docker)
     files = {**slurm.conf_files(queue), "queue.json": json.dumps(asdict(record), indent=1) + "\n"}
     for file, text in files.items():
-        tmp = folder_ / f".{file}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        tmp.chmod(0o644)
-        tmp.replace(folder_ / file)  # a reader sees the whole file, readable, or the one before
+        state.write_atomic(folder_ / file, text, mode=0o644)  # readable before it is in place
 
 
 def load(name: str) -> Saved:

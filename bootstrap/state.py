@@ -66,11 +66,15 @@ def write_json(path: Path, data: dict | list) -> None:
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """Write the file whole (a reader sees it all, or the one before); with `mode`, it has that mode before it is in
+    place (whatever the umask)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         tmp.write_text(text)
+        if mode is not None:
+            tmp.chmod(mode)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)

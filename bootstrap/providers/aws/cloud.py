@@ -325,8 +325,8 @@ def place_names(*, region: str | None = None, profile: str | None = None, near: 
 
 def on_demand_prices(instance_types: Sequence[str], *, region: str | None = None,
                      profile: str | None = None) -> dict[str, float]:
-    """Each type's on-demand price per hour in the region (plan.on_demand_prices), from AWS's Price List
-    (GetProducts of AmazonEC2, asked at its us-east-1 endpoint; no charge, the account's credentials)."""
+    """Each type's on-demand price per hour in the region, from the Price List's table of every region
+    (known_prices: read once per command)."""
     region = region or default_region(profile)
     if not region:
         raise UsageError("no AWS region to price: give --region or set AWS_REGION / AWS_DEFAULT_REGION")

@@ -341,6 +341,7 @@ def retail_prices(sizes: Sequence[str], location: str | None, *, endpoint: str |
     handlers = [urllib.request.HTTPSHandler(context=context)]
     opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback(base) else []), *handlers)
     items: list[dict] = []
+    where = f" in {location}" if location else ""
     for size in sizes:
         url: str | None = f"{base}/api/retail/prices?" + urlencode(
             {"api-version": plan.RETAIL_PRICES_API, "$filter": plan.price_filter(location, size)})
@@ -351,11 +352,9 @@ def retail_prices(sizes: Sequence[str], location: str | None, *, endpoint: str |
                 with opener.open(url, timeout=CALL_TIMEOUT_S) as response:
                     page = json.loads(response.read())
             except urllib.error.HTTPError as error:
-                raise AzureError(f"Azure's retail prices of {size}{f' in {location}' if location else ''}: HTTP "
-                                 f"{error.code}") from None
+                raise AzureError(f"Azure's retail prices of {size}{where}: HTTP {error.code}") from None
             except (OSError, ValueError) as error:
-                raise AzureError(f"Azure's retail prices of {size}{f' in {location}' if location else ''}: {error}") \
-                    from None
+                raise AzureError(f"Azure's retail prices of {size}{where}: {error}") from None
             items += page.get("Items") or []
             url = page.get("NextPageLink")
     return items
