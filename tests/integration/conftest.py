@@ -338,6 +338,18 @@ def module_seconds(reports) -> list[tuple[str, int, float, float]]:
                   key=lambda row: -row[2])
 
 
+def costliest_tests(reports, top: int = 15) -> list[tuple[float, float, str]]:
+    """The `top` tests that used the most CPU (CpuByModule; a module's fixtures count in the test that first
+    needed them): (CPU seconds, seconds, test id), the costliest first; none where CPU was not measured."""
+    cpu: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for report in reports:
+        cpu[report.nodeid] = cpu.get(report.nodeid, 0.0) + sum(
+            value for key, value in getattr(report, "user_properties", ()) if key == "cpu_s")
+        seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + getattr(report, "duration", 0.0)
+    return sorted(((used, seconds[test], test) for test, used in cpu.items() if used), reverse=True)[:top]
+
+
 def module_spans(reports) -> dict[str, tuple[str, float, float]]:
     """Each module's worker (pytest-xdist's gw0, gw1, ...; "-" without a pool) and when its first test began and
     its last ended (epoch seconds): where the pool's workers spent the run, and how long one waited for the other."""
@@ -369,6 +381,10 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:8.1f}s {count:3d} {cpu:7.0f}cpu {worker:>4} {span} {module}")
         if measured := sum(row[3] for row in rows):
             terminalreporter.write_line(f"CPU seconds of all the modules: {measured:.0f}")
+    if costliest := costliest_tests(reports):
+        terminalreporter.write_sep("=", "the tests that used the most CPU (seconds of CPU, seconds)")
+        for used, seconds, test in costliest:
+            terminalreporter.write_line(f"{used:7.0f}cpu {seconds:7.1f}s {test}")
 
 
 def pytest_sessionfinish(session):
