@@ -1,5 +1,5 @@
-"""usage: scripts/verify [--hosts URLS [--ssh-config F]] [--local] [--rootfs DIR] [--container REF] [--image DIR]
-                       [--matrix F] [-- PYTEST-ARGS...]
+"""usage: scripts/verify [--hosts URLS [--ssh-config F]] [--local] [--rootfs DIR] [--container REF]
+                       [--image DIR [--no-boot]] [--matrix F] [-- PYTEST-ARGS...]
 
 Run the testinfra suite (tests/infra) against:
   --hosts ssh://user@host,...   live nodes or images booted anywhere (testinfra's host URLs)
@@ -8,10 +8,13 @@ Run the testinfra suite (tests/infra) against:
   --rootfs DIR                  a captured image's root filesystem (chroot; /proc, /sys, /dev bound in for the run)
   --container REF               a container image (make image PROVIDER=docker): one container of it, checked
                                 through testinfra's docker backend (markers image, gpu, fabric), then removed
-  (neither)                     the newest local image in images/ (or --image DIR): boot it under qemu on a
-                                throwaway overlay, check it over SSH with its host key pinned, stop it; markers
-                                image, gpu and fabric only unless -m is given (cluster checks belong to meshed nodes
-                                that reach a time server; a lone VM here reaches neither)
+  (neither)                     the newest local image in images/ (or --image DIR): first what its disk holds,
+                                read from the disk here without booting it (DISK_MARKERS, natively: seconds), then
+                                what only its boot shows (BOOT_MARKERS) on the image booted under qemu on a
+                                throwaway overlay, over SSH with its host key pinned (TCG: every command is slow);
+                                --no-boot stops after the disk; a -m of your own runs on the booted image alone
+                                (cluster checks belong to meshed nodes that reach a time server; a lone VM here
+                                reaches neither)
 The versions expected are the version matrix's; --matrix F holds the hosts to it with a matrix file's entries
 (matrices/) in place, as `make image MATRIX=F` bakes; a local image baked so is held to the entries it records.
 PYTEST-ARGS go to pytest (e.g. -m image, --gpu=required). The exit code is pytest's.
@@ -37,6 +40,11 @@ from kiln.paths import PROJECT as ROOT
 from localcloud import vm
 
 IMAGES = Path(os.environ.get("KILN_IMAGES", ROOT / "images"))
+# A local image's checks in two parts: what its disk holds, read from the disk (a chroot here, as --rootfs), and
+# what only a boot of it shows (marker boot: its first boot's host keys and machine-id, what the bake left once it
+# booted, its data volume, its running engine; marker machine: its kernel and devices), on the image booted
+DISK_MARKERS = "(image or fabric) and not machine"
+BOOT_MARKERS = "boot or machine or gpu"
 
 
 def pytest_argv(*args: str) -> list[str]:
@@ -117,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rootfs", type=Path, help="a captured image's root filesystem")
     parser.add_argument("--container", help="a container image to check, e.g. kiln:cpu-FINGERPRINT")
     parser.add_argument("--image", type=Path, help="a local image folder (default: the newest in images/)")
+    parser.add_argument("--no-boot", action="store_true",
+                        help="a local image: check what its disk holds, without booting it")
     parser.add_argument("--matrix", type=Path, help="a matrix file whose entries replace the version matrix's")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -127,6 +137,8 @@ def verify(args: argparse.Namespace) -> int:
     extra = [a for a in args.pytest_args if a != "--"]
     if sum(map(bool, (args.hosts, args.local, args.rootfs, args.container))) > 1:
         raise UsageError("give one of --hosts, --local, --rootfs and --container")
+    if args.no_boot and (args.hosts or args.local or args.rootfs or args.container):
+        raise UsageError("--no-boot: a local image's (--image, or the newest in images/) alone")
     image = None
     if not (args.hosts or args.local or args.rootfs or args.container):
         image = args.image or newest_local_image()
@@ -143,14 +155,37 @@ def check(args: argparse.Namespace, extra: list[str], image: Path | None) -> int
     if args.rootfs:
         if not (args.rootfs / "etc").is_dir():
             raise UsageError(f"{args.rootfs} is not a root filesystem")
-        with bound(args.rootfs.resolve()):
-            return subprocess.run(pytest_argv(f"--hosts={args.rootfs.resolve()}", "--connection=chroot",
-                                              *extra)).returncode
-    if "-m" not in extra:
-        extra = ["-m", "image or gpu or fabric", *extra]
+        return on_rootfs(args.rootfs.resolve(), extra)
     if args.container:
         with container_of(args.container) as name:
-            return subprocess.run(pytest_argv(f"--hosts=docker://{name}", *extra)).returncode
+            return subprocess.run(pytest_argv(f"--hosts=docker://{name}",
+                                              *markers(extra, "image or gpu or fabric"))).returncode
+    assert image is not None
+    if "-m" in extra:
+        return on_booted(image, extra)
+    disk = image / json.loads((image / "image.json").read_text())["disk"]
+    print(f"verify: what {disk} holds, read from the disk", flush=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-verify-disk-", ignore_cleanup_errors=True) as state, \
+            vm.opened(disk, Path(state)) as root:
+        read = on_rootfs(root, ["-m", DISK_MARKERS, *extra])
+    if args.no_boot:
+        return read
+    print(f"verify: what a boot of {image.name} shows, on the image booted", flush=True)
+    booted = on_booted(image, ["-m", BOOT_MARKERS, *extra])
+    return read or booted
+
+
+def markers(extra: list[str], default: str) -> list[str]:
+    """The pytest arguments with `-m default` where they choose no markers themselves."""
+    return extra if "-m" in extra else ["-m", default, *extra]
+
+
+def on_rootfs(root: Path, extra: list[str]) -> int:
+    with bound(root):
+        return subprocess.run(pytest_argv(f"--hosts={root}", "--connection=chroot", *extra)).returncode
+
+
+def on_booted(image: Path, extra: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="kiln-verify-") as state, \
             vm.booted(image, Path(state), "kiln-verify") as ssh_config:
         return subprocess.run(pytest_argv("--hosts=ssh://kiln-vm", f"--ssh-config={ssh_config}", *extra)).returncode

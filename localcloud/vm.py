@@ -267,6 +267,55 @@ def booted(image: Path, state: Path, hostname: str, *, timeout: float = 900,
         proc.run([*vm, "stop", "--state", str(state)], timeout=180, check=False)
 
 
+def disk_format(disk: Path) -> str:
+    """qcow2 or raw, as qemu-img reads the disk's header."""
+    info = proc.run(["qemu-img", "info", "--output", "json", str(disk)], timeout=60)
+    return json.loads(info.stdout)["format"]
+
+
+@contextlib.contextmanager
+def opened(disk: Path, state: Path, timeout: float = 60) -> Iterator[Path]:
+    """A local image's root disk (qcow2 or raw, one ext4 filesystem, as the bake makes it) opened here as a root
+    filesystem, without booting it: the disk served raw by qemu-storage-daemon (a read-only FUSE export, where a
+    qcow2 needs no copy), mounted read-only from a loop device with its journal left as it is, and an overlay over
+    it whose changes go to `state` and are dropped. Yields the root; always unmounted and stopped; the disk is
+    never written."""
+    for tool in ("qemu-img", "qemu-storage-daemon", "mount", "umount"):
+        if not shutil.which(tool):
+            raise KilnError(f"opening {disk} needs {tool} (make setup installs qemu-system-x86 and qemu-utils)")
+    raw, lower, upper, work, root = (state / name for name in ("raw", "lower", "upper", "work", "root"))
+    for folder in (lower, upper, work, root):
+        folder.mkdir(parents=True, exist_ok=True)
+    raw.touch()
+    log = state / "storage-daemon.log"
+    with log.open("ab") as out:
+        daemon = subprocess.Popen(vmlib.storage_daemon_argv(disk.resolve(), disk_format(disk), raw),
+                                  stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    mounted: list[Path] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while raw.stat().st_size == 0:  # the export's file takes the empty one's place
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                said = log.read_text(errors="replace").strip().splitlines()
+                raise KilnError(f"qemu-storage-daemon did not serve {disk}: {said[-1] if said else 'no output'}")
+            time.sleep(0.1)
+        proc.run(["mount", "-o", "ro,noload,loop", str(raw), str(lower)], timeout=timeout)
+        mounted.append(lower)
+        proc.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}",
+                  str(root)], timeout=timeout)
+        mounted.append(root)
+        yield root
+    finally:
+        for target in reversed(mounted):
+            proc.run(["umount", str(target)], timeout=timeout, check=False)
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait(timeout=timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vm", description=__doc__.split("\n\n")[1])
     sub = parser.add_subparsers(dest="action", required=True)

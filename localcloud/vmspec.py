@@ -106,3 +106,12 @@ def ssh_config_text(state: Path, port: int) -> str:
         f"  ServerAliveInterval 15\n"
         f"  ServerAliveCountMax 4\n"
     )
+
+
+def storage_daemon_argv(disk: Path, form: str, raw: Path) -> list[str]:
+    """qemu-storage-daemon serving `disk` (of format `form`) read-only as the raw file `raw` (a FUSE export)."""
+    nodes = ["--blockdev", f"driver=file,filename={disk},node-name=file,read-only=on"]
+    if form != "raw":
+        nodes += ["--blockdev", f"driver={form},file=file,node-name=disk,read-only=on"]
+    return ["qemu-storage-daemon", *nodes, "--export",
+            f"type=fuse,id=disk,node-name={'file' if form == 'raw' else 'disk'},mountpoint={raw},writable=off"]

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from bake.matrix import read_matrix
+from bake.verify import BOOT_MARKERS
 
 from .conftest import ANSIBLE, SAID, playbook, recap, run
 
@@ -56,12 +57,28 @@ def test_an_unchanged_fingerprint_reuses_the_image(baked_image, images_dir):
     assert (baked_image / "image.json").stat().st_mtime == before
 
 
+def test_the_suite_passes_on_what_the_disk_holds(baked_image):
+    """`make verify`'s first part: the baked disk itself opened here (read-only, never booted), the suite's checks
+    of what an image holds run on it natively: versions, imports, Horovod's build, services enabled, nothing of
+    the bake left in a disk that never booted."""
+    result = run([sys.executable, "-m", "bake.verify", "--image", str(baked_image), "--no-boot", "--", "-rA"],
+                 timeout=900)
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
+    passed = {line.split()[1].split("[")[0] for line in result.stdout.splitlines() if line.startswith("PASSED ")}
+    for test in ("test_image.py::test_tensorflow_and_tf_keras_import", "test_image.py::test_horovodrun_starts",
+                 "test_image.py::test_nothing_is_left_from_the_bake", "test_image.py::test_machine_id_is_not_the_bakes",
+                 "test_slurm.py::test_the_image_has_no_munge_key"):
+        assert f"tests/infra/{test}" in passed, f"{test} did not pass on the disk: {sorted(passed)}"
+    assert not any("test_gpu.py" in test or "apparmor" in test for test in passed), sorted(passed)
+
+
 def test_the_suite_passes_on_the_booted_image(baked_vm):
-    """On the VM the next test provisions again (one boot under TCG, not two); it runs first, so the suite sees
-    the image as it booted. `make verify` boots its own VM the same way (localcloud.vm.booted)."""
+    """`make verify`'s second part, what only a boot shows, on the VM the next test provisions again (one boot
+    under TCG, not two); it runs first, so the suite sees the image as it booted. `make verify` boots its own VM
+    the same way (localcloud.vm.booted)."""
     ssh_config, _ = baked_vm
     result = run([sys.executable, "-m", "bake.verify", "--hosts", "ssh://kiln-vm", "--ssh-config", str(ssh_config),
-                  "--", "-m", "image or gpu or fabric", "-rfEs", "--durations=8"], timeout=1800)
+                  "--", "-m", BOOT_MARKERS, "-rfEs", "--durations=8"], timeout=1800)
     SAID.extend(slowest_lines("the suite on the booted VM", result.stdout))
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert " passed" in result.stdout

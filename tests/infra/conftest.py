@@ -40,7 +40,11 @@ def pytest_configure(config):
     for marker, text in (("image", "what the image carries: versions, imports, hygiene, services"),
                          ("gpu", "NVIDIA driver, CUDA, cuDNN, NCCL, containers and TensorFlow on the GPUs"),
                          ("cluster", "what a node needs to train with others: names, time, ports"),
-                         ("fabric", "the GPU fabric's stack (EFA, InfiniBand) and, where present, its devices")):
+                         ("fabric", "the GPU fabric's stack (EFA, InfiniBand) and, where present, its devices"),
+                         ("boot", "what a boot of the image does (its first boot's host keys and machine-id, what the "
+                                  "bake left once booted, its data volume, its running engine): also read from a "
+                                  "disk that never booted, as it should be then"),
+                         ("machine", "what the running machine's kernel and devices show: not a disk's to say")):
         config.addinivalue_line("markers", f"{marker}: {text}")
 
 

@@ -55,6 +55,7 @@ def test_the_infiniband_stack_is_in_place(host, fabric):
         assert host.file(f"/opt/microsoft/{name}").exists, f"/opt/microsoft/{name} is missing"
 
 
+@pytest.mark.machine
 def test_every_efa_device_answers_to_libfabric(host, devices):
     efa = [device["name"] for device in devices if device["driver"] == "efa"]
     if not efa:
@@ -66,6 +67,7 @@ def test_every_efa_device_answers_to_libfabric(host, devices):
                          f"{listing.stdout}{listing.stderr}")
 
 
+@pytest.mark.machine
 def test_every_infiniband_hca_is_up(host, devices):
     hcas = [device["name"] for device in devices if device["link_layer"] == "InfiniBand"]
     if not hcas:

@@ -142,6 +142,7 @@ def test_service_is_enabled(host, unit, machine_image):
     assert result.stdout.strip() == "enabled", f"{unit} is {result.stdout.strip() or result.stderr.strip()}"
 
 
+@pytest.mark.boot
 def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image):
     """Docker's cgroup driver is cgroupfs (with systemd's, a daemon-reload takes the GPUs from running containers:
     nvidia-container-toolkit#48), merged into daemon.json; on gpu images the nvidia runtime is registered there
@@ -155,6 +156,7 @@ def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image):
         assert running.stdout.strip() == "cgroupfs", f"the engine runs with {running.stdout.strip()}"
 
 
+@pytest.mark.machine
 def test_a_node_can_keep_run_containers_from_the_metadata_service(host, machine_image):
     """kiln keeps a run's container from the cloud's metadata service with iptables' cgroup match (node.py
     guard_metadata); docker.io brings iptables, and the kernel's match must load."""
@@ -164,6 +166,7 @@ def test_a_node_can_keep_run_containers_from_the_metadata_service(host, machine_
         assert "--cgroup" in listed.stdout, f"iptables has no cgroup match: {listed.stdout[-300:]}"
 
 
+@pytest.mark.machine
 def test_docker_can_confine_its_containers_where_the_kernel_has_apparmor(host, machine_image):
     """On a kernel with AppArmor on, dockerd starts no container without apparmor_parser to load its
     docker-default profile (found baking the local image: docker.io only recommends apparmor)."""
@@ -175,6 +178,7 @@ def test_docker_can_confine_its_containers_where_the_kernel_has_apparmor(host, m
         "profile could not be loaded`")
 
 
+@pytest.mark.boot
 def test_host_keys_are_made_at_first_boot(host, captured, machine_image):
     """A captured image has no host keys and a unit that makes them; a booted one has its own keys."""
     unit = host.file("/etc/systemd/system/kiln-ssh-hostkeys.service")
@@ -201,6 +205,7 @@ def test_a_data_volume_is_mounted_whenever_its_disk_appears(host, machine_image)
         assert host.exists(tool), f"{tool} is missing: the data volume cannot be found or formatted"
 
 
+@pytest.mark.boot
 def test_the_data_volume_is_mounted_where_its_settings_say(host):
     """On a node given a data volume (kiln up --volume; make image-test boots its VM with one), once boot is done
     the volume is mounted at the settings' path, with their label, owned by their user, and in fstab."""
@@ -245,6 +250,7 @@ def older_than(host, paths: list[str], when: int) -> list[str]:
     return [p for p in paths if int(host.run(f"stat -c %Y {p}").stdout.strip() or 0) < when]
 
 
+@pytest.mark.boot
 @pytest.mark.parametrize("what", sorted(LEFTOVERS))
 def test_nothing_is_left_from_the_bake(host, what, captured, bake_record, first_boot):
     found = [line for line in host.run(LEFTOVERS[what]).stdout.splitlines() if line.strip()]
@@ -268,6 +274,7 @@ def test_nothing_is_left_from_the_bake(host, what, captured, bake_record, first_
         assert not stale, f"{what} older than the first boot (left from the bake): {stale}"
 
 
+@pytest.mark.boot
 def test_machine_id_is_not_the_bakes(host, captured, bake_record):
     machine_id = host.file("/etc/machine-id")
     if captured:

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import UsageError
-from localcloud.vmspec import VmSpec, check_hostname, qemu_argv, seed_meta_data, seed_user_data, ssh_config_text
+from localcloud.vmspec import (
+    VmSpec,
+    check_hostname,
+    qemu_argv,
+    seed_meta_data,
+    seed_user_data,
+    ssh_config_text,
+    storage_daemon_argv,
+)
 
 
 def spec(**overrides) -> VmSpec:
@@ -64,3 +72,18 @@ def test_bad_hostnames_are_refused_as_usage_errors(name):
     with pytest.raises(UsageError, match="invalid hostname"):
         check_hostname(name)
     assert check_hostname("kiln-vm1") == "kiln-vm1"
+
+
+def test_a_qcow2_disk_is_served_raw_and_read_only_through_its_format_layer():
+    argv = storage_daemon_argv(Path("/i/kiln.qcow2"), "qcow2", Path("/s/raw"))
+    assert argv == ["qemu-storage-daemon",
+                    "--blockdev", "driver=file,filename=/i/kiln.qcow2,node-name=file,read-only=on",
+                    "--blockdev", "driver=qcow2,file=file,node-name=disk,read-only=on",
+                    "--export", "type=fuse,id=disk,node-name=disk,mountpoint=/s/raw,writable=off"]
+
+
+def test_a_raw_disk_is_exported_as_it_is():
+    argv = storage_daemon_argv(Path("/i/disk.raw"), "raw", Path("/s/raw"))
+    assert argv == ["qemu-storage-daemon",
+                    "--blockdev", "driver=file,filename=/i/disk.raw,node-name=file,read-only=on",
+                    "--export", "type=fuse,id=disk,node-name=file,mountpoint=/s/raw,writable=off"]
