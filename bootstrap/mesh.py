@@ -16,6 +16,8 @@ from bootstrap.hosts import Host
 from bootstrap.state import cluster_dir
 from kiln.hostkeys import known_hosts_lines, without_hosts
 
+# What the mesh reads of each node (nodes_from_facts, choose_address, apply_mesh): `kiln mesh` asks for these alone
+FACTS = ("hostname", "uid", "addresses", "ssh_connection", "host_keys")
 
 @dataclass(frozen=True)
 class Node:

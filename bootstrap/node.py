@@ -36,31 +36,32 @@ PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_PCI_VENDOR = "0x10de"
 
 
-def facts(ports, names, probe=None):
-    """What the launcher needs to know about this node, gathered in one go.
-    `probe` names another node to log in to over the mesh, to prove it works."""
+def facts(ports, names, probe=None, only=None):
+    """What the launcher needs to know about this node, gathered in one go (`only`: those facts alone, where a
+    command needs no more). `probe` names another node to log in to over the mesh, to prove it works."""
     hostname = socket.gethostname()
-    return {
-        "hostname": hostname,
-        "uid": os.getuid(),
-        "gid": os.getgid(),
-        "home": os.path.expanduser("~"),
-        "gpus": gpu_devices(),
-        "memlock": memlock_limit(),
-        "data_volume": data_volume(),
-        "python": sys.version.split()[0],
-        "executable": sys.executable,
-        "ssh_connection": os.environ.get("SSH_CONNECTION", ""),
-        "packages": packages(("tensorflow", "tf-keras", "horovod", "torch", "jax", "keras")),
-        "addresses": addresses(),
-        "host_keys": host_keys(),
-        "resolve": resolve_all([hostname, *names]),
-        "ports": {str(port): port_free(port) for port in ports},
-        "probe": mesh_probe(probe) if probe else None,
-        "rdma": rdma_devices(),
-        "nccl_topology": [path for path in NCCL_TOPOLOGY_FILES if os.path.isfile(path)],
-        "gpu_pci": gpu_pci_devices(),
+    gather = {
+        "hostname": lambda: hostname,
+        "uid": os.getuid,
+        "gid": os.getgid,
+        "home": lambda: os.path.expanduser("~"),
+        "gpus": gpu_devices,
+        "memlock": memlock_limit,
+        "data_volume": data_volume,
+        "python": lambda: sys.version.split()[0],
+        "executable": lambda: sys.executable,
+        "ssh_connection": lambda: os.environ.get("SSH_CONNECTION", ""),
+        "packages": lambda: packages(("tensorflow", "tf-keras", "horovod", "torch", "jax", "keras")),
+        "addresses": addresses,
+        "host_keys": host_keys,
+        "resolve": lambda: resolve_all([hostname, *names]),
+        "ports": lambda: {str(port): port_free(port) for port in ports},
+        "probe": lambda: mesh_probe(probe) if probe else None,
+        "rdma": rdma_devices,
+        "nccl_topology": lambda: [path for path in NCCL_TOPOLOGY_FILES if os.path.isfile(path)],
+        "gpu_pci": gpu_pci_devices,
     }
+    return {name: get() for name, get in gather.items() if not only or name in only}
 
 
 def rdma_devices(root=RDMA_DEVICES):
@@ -1082,7 +1083,8 @@ def answer(verb, args, stdin):
     if verb == "facts":
         ports = [int(p) for p in args[0].split(",") if p] if args else []
         names = [n for n in args[1].split(",") if n] if len(args) > 1 else []
-        return facts(ports, names, args[2] if len(args) > 2 and args[2] else None)
+        only = [n for n in args[3].split(",") if n] if len(args) > 3 else []
+        return facts(ports, names, args[2] if len(args) > 2 and args[2] else None, only)
     if verb == "mesh":
         payload = stdin()  # the agent's request carries it as is; a one-off call (sudo) reads JSON text
         if isinstance(payload, str):

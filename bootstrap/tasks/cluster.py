@@ -61,7 +61,7 @@ def mesh_(c, hostfile=None, cluster=None, slots=0, python=None, fanout=64, accep
         print("hosts: " + ", ".join(h.label for h in goal.hosts))
         return
     group = open_cluster(c, goal, fanout=fanout, accept_new_host_keys=accept_new_host_keys)
-    group.require_facts("mesh")
+    group.require_facts("mesh", only=mesh.FACTS)
     print_changes(group.apply_mesh(remember_python=True))
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap import mesh
 from bootstrap import node as node_side
+from bootstrap.hosts import Host
 from bootstrap.ssh import NODE_DIGEST, NODE_SCRIPT, NODE_SOURCE, agent_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,6 +332,31 @@ def test_one_nodes_facts_cost_no_more_than_their_budget():
     counted = json.loads(done.stdout)
     over = {event: (count, budget.get(event, 0)) for event, count in counted.items() if count > budget.get(event, 0)}
     assert not over, f"one node's facts cost more than their budget (counted, budget): {over}"
+
+
+def test_the_mesh_asks_a_node_for_what_it_reads_and_the_node_gathers_those_alone():
+    """`kiln mesh` asks each node for mesh.FACTS only (a round of 1000 nodes need not read their packages, GPUs and
+    devices): the node answers those, reading no site folder, PCI or RDMA device, and the mesh makes its nodes from
+    them as from every fact."""
+    gathered = node_side.facts([], [], None, list(mesh.FACTS))
+    assert set(gathered) == set(mesh.FACTS)
+    everything = node_side.facts([], [], None)
+    assert {key: everything[key] for key in mesh.FACTS} == gathered
+    host = Host("node1")
+    [few], [every] = mesh.nodes_from_facts({host: gathered}), mesh.nodes_from_facts({host: everything})
+    assert (few.name, few.address, few.iface) == (every.name, every.address, every.iface)
+    script = ("import collections, json, sys\n"
+              "from bootstrap import mesh, node\n"
+              "node.facts([], [], None)\n"
+              "counted = collections.Counter()\n"
+              "sys.addaudithook(lambda event, args: counted.update([str(args[0])])\n"
+              "                 if event == 'os.listdir' else None)\n"
+              "node.facts([], [], None, list(mesh.FACTS))\n"
+              "print(json.dumps(counted))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)
+    assert not {node_side.PCI_DEVICES, node_side.RDMA_DEVICES, *node_side.site_dirs()} & set(listed), listed
 
 
 def test_the_memlock_limit_is_the_kernels_hard_limit(tmp_path):
