@@ -113,7 +113,7 @@ image: validate $(if $(and $(MATRIX),$(filter local docker,$(PROVIDER))),matrix-
 	$(PY) -m bake.image $(PROVIDER) $(if $(PROFILE),--profile $(PROFILE)) $(foreach f,$(VARS),--var-file $(f)) \
 		$(if $(REGISTRY),--registry $(REGISTRY)) $(if $(MATRIX),--matrix $(MATRIX))
 
-verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, boots the local image, checks it, stops it
+verify: setup ## testinfra suite: HOSTS=ssh://user@host,...; without HOSTS, the newest local image: its disk read here (root), then it booted
 	$(PY) -m bake.verify $(if $(HOSTS),--hosts $(HOSTS)) $(if $(MATRIX),--matrix $(MATRIX))
 
 image-test: setup ## bake the local image for real (qemu, TCG; kept in the cache, baked again when its inputs change), boot it, run the suite and a container, re-run the playbook (slow)

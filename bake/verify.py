@@ -9,15 +9,17 @@ Run the testinfra suite (tests/infra) against:
   --container REF               a container image (make image PROVIDER=docker): one container of it, checked
                                 through testinfra's docker backend (markers image, gpu, fabric), then removed
   (neither)                     the newest local image in images/ (or --image DIR): first what its disk holds,
-                                read from the disk here without booting it (DISK_MARKERS, natively: seconds), then
-                                what only its boot shows (BOOT_MARKERS) on the image booted under qemu on a
-                                throwaway overlay, over SSH with its host key pinned (TCG: every command is slow);
-                                --no-boot stops after the disk; a -m of your own runs on the booted image alone
+                                read from the disk here without booting it (DISK_MARKERS, natively: seconds; as
+                                root), then what only its boot shows (BOOT_MARKERS) on the image booted under qemu
+                                on a throwaway overlay, over SSH with its host key pinned (TCG: every command is
+                                slow); not as root, every check on the image booted; --no-boot stops after the
+                                disk; a -m of your own runs in one place (the disk with --no-boot, else booted)
                                 (cluster checks belong to meshed nodes that reach a time server; a lone VM here
                                 reaches neither)
 The versions expected are the version matrix's; --matrix F holds the hosts to it with a matrix file's entries
 (matrices/) in place, as `make image MATRIX=F` bakes; a local image baked so is held to the entries it records.
-PYTEST-ARGS go to pytest (e.g. -m image, --gpu=required). The exit code is pytest's.
+PYTEST-ARGS go to pytest (e.g. -m image, --gpu=required). The exit code is pytest's (of a local image's two
+parts, the first that failed; 5, no test selected, only where neither part selected one).
 """
 
 from __future__ import annotations
@@ -161,23 +163,72 @@ def check(args: argparse.Namespace, extra: list[str], image: Path | None) -> int
             return subprocess.run(pytest_argv(f"--hosts=docker://{name}",
                                               *markers(extra, "image or gpu or fabric"))).returncode
     assert image is not None
-    if "-m" in extra:
-        return on_booted(image, extra)
-    disk = image / json.loads((image / "image.json").read_text())["disk"]
-    print(f"verify: what {disk} holds, read from the disk", flush=True)
-    with tempfile.TemporaryDirectory(prefix="kiln-verify-disk-", ignore_cleanup_errors=True) as state, \
-            vm.opened(disk, Path(state)) as root:
-        read = on_rootfs(root, ["-m", DISK_MARKERS, *extra])
-    if args.no_boot:
-        return read
-    print(f"verify: what a boot of {image.name} shows, on the image booted", flush=True)
-    booted = on_booted(image, ["-m", BOOT_MARKERS, *extra])
-    return read or booted
+    root = os.geteuid() == 0
+    if not root and not args.no_boot:
+        print("verify: not root, so the image's disk is not read here: every check runs on the image booted",
+              flush=True)
+    codes = []
+    for where, argv in parts(extra, no_boot=args.no_boot, root=root):
+        if where == "disk":
+            disk = image / json.loads((image / "image.json").read_text())["disk"]
+            print(f"verify: what {disk} holds, read from the disk", flush=True)
+            with tempfile.TemporaryDirectory(prefix="kiln-verify-disk-") as state, \
+                    vm.opened(disk, Path(state)) as root:
+                codes.append(on_rootfs(root, argv))
+        else:
+            print(f"verify: {image.name}, booted under qemu", flush=True)
+            codes.append(on_booted(image, argv))
+        if codes[-1] in STOPPING:
+            break
+    return combined(codes)
+
+
+# pytest's exit codes: 0 passed, 1 some failed, 2 interrupted, 3 internal error, 4 usage error, 5 none selected
+STOPPING = (2, 3, 4)
+
+
+def chosen_markers(extra: list[str]) -> str | None:
+    """The marker expression pytest arguments choose (-m EXPR, -mEXPR, --markexpr[=]EXPR; the last wins), or
+    None."""
+    chosen = None
+    for index, arg in enumerate(extra):
+        if arg in ("-m", "--markexpr") and index + 1 < len(extra):
+            chosen = extra[index + 1]
+        elif arg.startswith("--markexpr="):
+            chosen = arg.split("=", 1)[1]
+        elif arg.startswith("-m") and not arg.startswith("--") and len(arg) > 2:
+            chosen = arg[2:]
+    return chosen
 
 
 def markers(extra: list[str], default: str) -> list[str]:
     """The pytest arguments with `-m default` where they choose no markers themselves."""
-    return extra if "-m" in extra else ["-m", default, *extra]
+    return extra if chosen_markers(extra) is not None else ["-m", default, *extra]
+
+
+def parts(extra: list[str], *, no_boot: bool, root: bool) -> list[tuple[str, list[str]]]:
+    """Where a local image's checks run, in order: ("disk", pytest args) on its disk read here (root alone may
+    mount and chroot), ("booted", pytest args) on the image booted. A marker expression of the user's runs in
+    one place: on the disk with --no-boot, else booted; without root every check runs booted."""
+    chosen = chosen_markers(extra)
+    if not root:
+        if no_boot:
+            raise UsageError("--no-boot: reading the image's disk takes root (a loop mount and a chroot)")
+        return [("booted", markers(extra, "image or gpu or fabric"))]
+    if no_boot:
+        return [("disk", markers(extra, DISK_MARKERS))]
+    if chosen is not None:
+        return [("booted", extra)]
+    return [("disk", ["-m", DISK_MARKERS, *extra]), ("booted", ["-m", BOOT_MARKERS, *extra])]
+
+
+def combined(codes: list[int]) -> int:
+    """One exit code for the parts run: the first part's that failed; 5 (no test selected) only where no part
+    selected any (a -k that picks tests of one part leaves the other none)."""
+    failed = [code for code in codes if code not in (0, 5)]
+    if failed:
+        return failed[0]
+    return 0 if 0 in codes else 5
 
 
 def on_rootfs(root: Path, extra: list[str]) -> int:

@@ -61,6 +61,9 @@ def facts(ports, names, probe=None, only=None):
         "nccl_topology": lambda: [path for path in NCCL_TOPOLOGY_FILES if os.path.isfile(path)],
         "gpu_pci": gpu_pci_devices,
     }
+    unknown = [name for name in only or () if name not in gather]
+    if unknown:
+        raise ValueError(f"no fact named {', '.join(unknown)}")
     return {name: get() for name, get in gather.items() if not only or name in only}
 
 

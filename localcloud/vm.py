@@ -294,7 +294,7 @@ def opened(disk: Path, state: Path, timeout: float = 60) -> Iterator[Path]:
     mounted: list[Path] = []
     try:
         deadline = time.monotonic() + timeout
-        while raw.stat().st_size == 0:  # the export's file takes the empty one's place
+        while not served(raw):  # the export's file takes the empty one's place
             if daemon.poll() is not None or time.monotonic() > deadline:
                 said = log.read_text(errors="replace").strip().splitlines()
                 raise KilnError(f"qemu-storage-daemon did not serve {disk}: {said[-1] if said else 'no output'}")
@@ -306,14 +306,33 @@ def opened(disk: Path, state: Path, timeout: float = 60) -> Iterator[Path]:
         mounted.append(root)
         yield root
     finally:
-        for target in reversed(mounted):
-            proc.run(["umount", str(target)], timeout=timeout, check=False)
+        left = [target for target in reversed(mounted) if not unmounted(target, timeout)]
         daemon.terminate()
         try:
             daemon.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait(timeout=timeout)
+        if os.path.ismount(raw) and not unmounted(raw, timeout):
+            left.append(raw)
+        if left and sys.exc_info()[0] is None:  # the caller's folder is not to be removed through them
+            raise KilnError(f"could not unmount {', '.join(map(str, left))} (opened from {disk}): "
+                            f"see `findmnt {left[0]}`")
+
+
+def served(raw: Path) -> bool:
+    """Whether qemu-storage-daemon's export has taken the place of the empty file `raw`."""
+    try:
+        return raw.stat().st_size > 0
+    except OSError:  # the export is going (its daemon ended): not served
+        return False
+
+
+def unmounted(target: Path, timeout: float) -> bool:
+    """Unmount `target` (lazily where it is busy); whether it is no longer a mount point."""
+    if proc.run(["umount", str(target)], timeout=timeout, check=False).returncode != 0:
+        proc.run(["umount", "-l", str(target)], timeout=timeout, check=False)
+    return not os.path.ismount(target)
 
 
 def main(argv: list[str] | None = None) -> int:

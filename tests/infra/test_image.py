@@ -143,14 +143,17 @@ def test_service_is_enabled(host, unit, machine_image):
 
 
 @pytest.mark.boot
-def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image):
+def test_docker_keeps_gpus_in_running_containers(host, manifest, machine_image, captured):
     """Docker's cgroup driver is cgroupfs (with systemd's, a daemon-reload takes the GPUs from running containers:
     nvidia-container-toolkit#48), merged into daemon.json; on gpu images the nvidia runtime is registered there
-    too. A running engine says so itself."""
+    too. A running engine says so itself (a disk that never booted has none: the engine docker would reach from
+    it is another machine's)."""
     settings = json.loads(host.file("/etc/docker/daemon.json").content_string or "{}")
     assert "native.cgroupdriver=cgroupfs" in settings.get("exec-opts", []), f"daemon.json: {settings}"
     if manifest.get("profile") == "gpu":
         assert settings.get("runtimes", {}).get("nvidia", {}).get("path") == "nvidia-container-runtime", settings
+    if captured:
+        return
     running = host.run("docker info --format '{{.CgroupDriver}}'")
     if running.rc == 0:
         assert running.stdout.strip() == "cgroupfs", f"the engine runs with {running.stdout.strip()}"

@@ -381,3 +381,8 @@ def test_a_stop_of_the_run_is_not_one_of_its_processes_the_watcher_still_is():
     assert node_side.is_stopping(stopping) and not node_side.is_helper(stopping)
     assert node_side.is_helper(watching) and not node_side.is_stopping(watching)
     assert not node_side.is_stopping(training) and not node_side.is_helper(training)
+
+
+def test_a_fact_asked_for_by_a_name_the_node_does_not_know_is_an_error_not_a_silence():
+    with pytest.raises(ValueError, match="no fact named hostnme"):
+        node_side.facts([], [], None, ["hostname", "hostnme"])
