@@ -81,6 +81,18 @@ def skopeo_tls(reference: str, option: str) -> list[str]:
     return [f"--{option}=false"] if host in ("127.0.0.1", "localhost", "[::1]") else []
 
 
+def held(reference: str, digest: str, timeout: float = 60) -> str | None:
+    """The registry reference REGISTRY/REPOSITORY@DIGEST of `reference`'s repository where the registry holds the
+    manifest of that digest (content-addressed: the very image an earlier push made, whatever the registry was
+    called then), else None. None without skopeo, or where the registry does not answer."""
+    if not (digest.startswith("sha256:") and shutil.which("skopeo")):
+        return None
+    found = f"{reference.rsplit(':', 1)[0]}@{digest}"
+    done = proc.run(["skopeo", "inspect", "--raw", *skopeo_tls(found, "tls-verify"), f"docker://{found}"],
+                    timeout=timeout, check=False)
+    return found if done.returncode == 0 else None
+
+
 def push(image: str, reference: str, timeout: float = 1800) -> str:
     """Push `image` of this machine's engine as `reference` (REGISTRY/REPOSITORY:TAG); its repository digest
     (REGISTRY/REPOSITORY@sha256:...). skopeo reads the image from the engine and compresses its layers on every

@@ -153,8 +153,13 @@ def publish(record: dict, registry: str) -> None:
     if registry:
         remote = container.tag(record["profile"], record["fingerprint"], registry)
         container.tag_image(record["image_id"], remote)
-        record["pushed"] = container.push(remote, remote)
-        print(f"image: pushed {record['pushed']}")
+        earlier = record.get("pushed", "").partition("@")[2]  # a kept image's digest, pushed before
+        if there := container.held(remote, earlier):
+            record["pushed"] = there
+            print(f"image: {registry} holds it already: {there}")
+        else:
+            record["pushed"] = container.push(remote, remote)
+            print(f"image: pushed {record['pushed']}")
 
 
 TARGETS = {"aws": Cloud("aws"), "gcp": Cloud("gcp"), "azure": Cloud("azure"), "local": Local("local"),

@@ -78,3 +78,23 @@ def test_an_unchanged_fingerprint_reuses_the_container_image(container_bake, con
     assert "up to date" in result.stdout and str(folder) in result.stdout, result.stdout
     assert "packer build" not in result.stdout
     assert (folder / "image.json").stat().st_mtime == before
+
+
+def test_a_kept_image_the_registry_holds_under_another_name_is_not_pushed_again(container_bake, container_images,
+                                                                                 container_registry):
+    """A kept image asked for with a registry whose address differs from the one it was pushed to (a session's
+    registry on another port, a host's other name) is not compressed and pushed again where that registry already
+    holds its manifest: the record names it there, by the same digest."""
+    folder, record = container_bake
+    digest = record["pushed"].partition("@")[2]
+    other = container_registry.replace("127.0.0.1", "localhost")
+    try:
+        for registry in (other, container_registry):
+            result = run([sys.executable, "-m", "bake.image", "docker", "--registry", registry, "--matrix",
+                          str(CONTAINER_MATRIX)], timeout=600, env={"KILN_IMAGES": str(container_images)})
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert f"image: {registry} holds it already: {registry}/kiln@{digest}" in result.stdout, result.stdout
+            assert "image: pushed" not in result.stdout, result.stdout
+            assert json.loads((folder / "image.json").read_text())["pushed"] == f"{registry}/kiln@{digest}"
+    finally:
+        run(["docker", "rmi", f"{other}/kiln:cpu-{record['fingerprint']}"], timeout=120)
