@@ -103,6 +103,8 @@ class Here:
                 return handle.read()
         except FileNotFoundError:
             return None
+        except PermissionError:  # another user's job (kiln queue status --all lists them)
+            raise JobError(f"{path}: not yours to read (its job runs as another user)") from None
 
     def fetch(self, folder: str, into: Path) -> list[str]:
         return [f"{folder}: on this machine already"]
@@ -232,7 +234,9 @@ def wait_for(name: str, job: str, timeout_s: float = WAIT_S, every_s: float | No
 
 
 def cancel(name: str, job: str) -> None:
-    reach(name).tool("scancel", job)
+    done = reach(name).tool("scancel", job)
+    if done.returncode:
+        raise JobError(f"job {job} of queue {name}: scancel refused: {(done.stderr or done.stdout).strip()}")
 
 
 def shown_job(where: Reach, job: str) -> str:

@@ -44,6 +44,7 @@ from bootstrap import providers, slurm, state
 from bootstrap.commands import SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
+from kiln.shield import shielded
 
 PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
 # A node's Slurm files: slurm.conf, gres.conf, each daemon's spool and log. Not under /root: a job's user runs its
@@ -178,9 +179,13 @@ def slurm_env(name: str) -> dict[str, str]:
 
 
 def slurm_tool(name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """One of Slurm's client tools against the cluster's queue, bounded."""
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **slurm_env(name)},
-                          stdin=subprocess.DEVNULL)
+    """One of Slurm's client tools against the cluster's queue, bounded (past it, a QueueError naming the tool)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise QueueError(f"queue {name}: {argv[0]} got no answer in {timeout:g} s (is its slurmctld up? kiln queue "
+                         f"status {name})") from None
 
 
 def scontrol(name: str, *args: str, timeout: float = 30) -> str:
@@ -229,10 +234,12 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
                   if ": failed on " in line]
         if failed:  # the nodes a partition keeps up are part of what up promised
             raise QueueError(f"queue {name}: " + "; ".join(failed))
-    except BaseException:
-        with contextlib.suppress(Exception):
-            stop_controller(name)
-        provider.down(name)
+    except BaseException as error:
+        left = undo_up(name, provider)
+        if left:
+            said = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
+            raise QueueError(f"queue {name}: could not come up ({said}); undoing it left {'; '.join(left)}: "
+                             f"run kiln down {name}") from None
         raise
     partitions = ", ".join(f"{shape.name} ({shape.min_nodes} to {shape.max_nodes} node(s))"
                            for shape in queue.shapes)
@@ -240,6 +247,22 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
             f"an idle node is removed after {suspend_time_s} s",
             f"  submit (any user of this machine): kiln submit {name} -- CMD, or SLURM_CONF="
             f"{shared(name) / 'slurm.conf'} sbatch ... (eval \"$(kiln queue env {name})\")"]
+
+
+def undo_up(name: str, provider: providers.Provider) -> list[str]:
+    """Remove what a failed `up` made (the controller's daemons and files, the cluster's machines), a Ctrl-C told
+    that it goes on and a second one stopping it; what is left, as phrases."""
+    left = []
+    with shielded(f"undoing what queue up {name} made", f"leaves it for kiln down {name}"):
+        for what, step in ((f"its controller (slurmctld, munged, {folder(name)})", lambda: stop_controller(name)),
+                           (f"its cluster's machines ({provider.kind})", lambda: provider.down(name))):
+            try:
+                step()
+            except KeyboardInterrupt:
+                left.append(f"{what}: not undone (Ctrl-C)")
+            except Exception as error:  # noqa: BLE001 - each step's failure is named, the next still runs
+                left.append(f"{what}: {error}")
+    return left
 
 
 def plan_queue(name: str, shapes: Sequence[slurm.Shape], host: str, address: str, queue_dir: Path,
@@ -316,10 +339,11 @@ def stop_controller(name: str, wait_s: float = 30) -> bool:
     if not queue_dir.exists():
         shutil.rmtree(shared(name), ignore_errors=True)  # what another kiln home's left
         return False
-    stop_daemon(queue_dir / "ctl" / "slurmctld.pid", wait_s)  # it starts no resume or suspend from here on
+    # it starts no resume or suspend from here on
+    stop_daemon(queue_dir / "ctl" / "slurmctld.pid", "slurmctld", wait_s)
     with contextlib.suppress(UsageError), locked(name):  # one running ends first: what it makes is removed after
         (queue_dir / "queue.json").unlink()
-    stop_daemon(Path(slurm.Munge(name).path("pid")), wait_s)
+    stop_daemon(Path(slurm.Munge(name).path("pid")), "munged", wait_s)
     for suffix in ("key", "socket", "socket.lock", "pid", "seed", "log"):
         Path(slurm.Munge(name).path(suffix)).unlink(missing_ok=True)
     shutil.rmtree(queue_dir, ignore_errors=True)
@@ -327,10 +351,14 @@ def stop_controller(name: str, wait_s: float = 30) -> bool:
     return True
 
 
-def stop_daemon(pid_file: Path, wait_s: float) -> None:
-    """SIGTERM to the daemon of a pid file, then wait until it is gone (SIGKILL after `wait_s`)."""
+def stop_daemon(pid_file: Path, daemon: str, wait_s: float) -> None:
+    """SIGTERM to the `daemon` of a pid file, then wait until it is gone (SIGKILL after `wait_s`); only where the
+    process of that pid is that daemon: a file left by one that died, or from before the machine restarted, names
+    a pid another process may have now."""
     try:
         pid = int(pid_file.read_text().split()[0])
+        if Path(f"/proc/{pid}/comm").read_text().strip() != daemon:
+            return
         os.kill(pid, signal.SIGTERM)
     except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
         return
@@ -365,10 +393,13 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
             for node in wanted:
                 mark_down(name, node, f"kiln could not make it: {error}")
             raise
-        options = ssh_options(name, state.load_cluster(name))
         lines, joined = [], dict(saved.nodes)
-        unjoined = dict(zip(wanted, added, strict=True))
+        unjoined = dict(zip(wanted, added, strict=False))  # a provider's grow makes all it is asked for, or none
+        extra = [made.host for made in added[len(wanted):]]  # so none of these is ever the queue's
+        for node in wanted[len(added):]:
+            mark_down(name, node, "kiln made no machine for it")
         try:
+            options = ssh_options(name, state.load_cluster(name))
             for node, made in list(unjoined.items()):
                 try:
                     scontrol(name, "update", f"NodeName={node}", f"NodeAddr={made.address}",
@@ -384,9 +415,9 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
                     lines.append(f"{node}: {made.host.label} ({made.address})")
                 del unjoined[node]
         finally:  # interrupted (slurmctld's kill, an error of another kind): no machine the queue does not know
-            if unjoined:
+            if unjoined or extra:
                 with contextlib.suppress(Exception):
-                    chosen.shrink(name, [made.host for made in unjoined.values()])
+                    chosen.shrink(name, [*(made.host for made in unjoined.values()), *extra])
         return lines
 
 
@@ -416,7 +447,11 @@ def lost(name: str, nodes: str) -> list[str]:
         if not slurm.not_responding(shown):
             lines.append(f"{node}: down, but it answers: left as it is")
             continue
-        scontrol(name, "update", f"NodeName={node}", "State=POWER_DOWN_FORCE", "Reason=kiln: lost (no answer)")
+        try:
+            scontrol(name, "update", f"NodeName={node}", "State=POWER_DOWN_FORCE", "Reason=kiln: lost (no answer)")
+        except KilnError as error:  # the next node's still taken
+            lines.append(f"{node}: lost, not powered down: {error}")
+            continue
         lines.append(f"{node}: lost: powered down, its jobs back in the queue")
     return lines
 

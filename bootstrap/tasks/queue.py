@@ -10,6 +10,7 @@ from bootstrap.errors import KilnError, UsageError
 from bootstrap.session import ssh_options
 from bootstrap.tasks import cluster_task
 from bootstrap.tasks.cluster import user_command
+from kiln.shield import shielded
 
 VERBS = ("up", "attach", "down", "status", "env", "logs", "cancel", "fetch")
 # slurmctld's: not for people (kiln queue --help lists them)
@@ -106,6 +107,7 @@ def program(verb: str, name: str, nodes: str | None) -> None:
     if not nodes:
         raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST (slurmctld gives it)")
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGTERM, stopped)  # a program stopped (slurmctld or a user's kill) undoes what it made
     if verb == "resume":
         lines = queue.resume(name, nodes)
     elif verb == "lost":
@@ -113,6 +115,12 @@ def program(verb: str, name: str, nodes: str | None) -> None:
     else:
         lines = queue.suspend(name, nodes, why="suspended" if verb == "suspend" else "not up in time")
     print("\n".join(f"kiln queue {verb} {name}: {line}" for line in lines), flush=True)
+
+
+def stopped(signum, frame) -> None:
+    """SIGTERM as an exception: the program's finally blocks (a resume's removal of machines it made and did not
+    join) run before it ends."""
+    raise SystemExit(128 + signum)
 
 
 SUBMIT_HELP = {
@@ -159,7 +167,13 @@ def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=
     try:
         code = jobs.wait_for(name, done.job)
     except KeyboardInterrupt:
-        jobs.cancel(name, done.job)
+        with shielded(f"cancelling job {done.job}", f"leaves it in queue {name} (kiln queue cancel {name} --job "
+                                                    f"{done.job})"):
+            try:
+                jobs.cancel(name, done.job)
+            except KeyboardInterrupt:
+                raise KilnError(f"job {done.job} left in queue {name} (interrupted twice): kiln queue cancel {name} "
+                                f"--job {done.job}") from None
         raise KilnError(f"job {done.job} cancelled (interrupted); its log: {log}") from None
     print("".join(jobs.job_log(name, done.job)) or "(the job wrote no log)\n", end="")
     if code:
