@@ -35,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -252,16 +253,20 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
 def undo_up(name: str, provider: providers.Provider) -> list[str]:
     """Remove what a failed `up` made (the controller's daemons and files, the cluster's machines), a Ctrl-C told
     that it goes on and a second one stopping it; what is left, as phrases."""
-    left = []
+    steps = [(f"its controller (slurmctld, munged, {folder(name)})", lambda: stop_controller(name)),
+             (f"its cluster's machines ({provider.kind})", lambda: provider.down(name))]
+    left: list[str] = []
     with shielded(f"undoing what queue up {name} made", f"leaves it for kiln down {name}"):
-        for what, step in ((f"its controller (slurmctld, munged, {folder(name)})", lambda: stop_controller(name)),
-                           (f"its cluster's machines ({provider.kind})", lambda: provider.down(name))):
-            try:
-                step()
-            except KeyboardInterrupt:
-                left.append(f"{what}: not undone (Ctrl-C)")
-            except Exception as error:  # noqa: BLE001 - each step's failure is named, the next still runs
-                left.append(f"{what}: {error}")
+        done = 0
+        try:
+            for what, step in steps:
+                try:
+                    step()
+                except Exception as error:  # noqa: BLE001 - each step's failure is named, the next still runs
+                    left.append(f"{what}: {error}")
+                done += 1
+        except KeyboardInterrupt:  # the second Ctrl-C: this step and the rest are not undone
+            left += [f"{what}: not undone (Ctrl-C)" for what, _ in steps[done:]]
     return left
 
 
@@ -396,9 +401,9 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
         lines, joined = [], dict(saved.nodes)
         unjoined = dict(zip(wanted, added, strict=False))  # a provider's grow makes all it is asked for, or none
         extra = [made.host for made in added[len(wanted):]]  # so none of these is ever the queue's
-        for node in wanted[len(added):]:
-            mark_down(name, node, "kiln made no machine for it")
         try:
+            for node in wanted[len(added):]:
+                mark_down(name, node, "kiln made no machine for it")
             options = ssh_options(name, state.load_cluster(name))
             for node, made in list(unjoined.items()):
                 try:
@@ -414,11 +419,24 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
                     save(name, replace(saved, nodes=joined))  # known the moment it is: a suspend finds it
                     lines.append(f"{node}: {made.host.label} ({made.address})")
                 del unjoined[node]
-        finally:  # interrupted (slurmctld's kill, an error of another kind): no machine the queue does not know
+        finally:  # interrupted (a kill, an error of another kind): no machine the queue does not know
             if unjoined or extra:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception), terms_held_off():  # a second kill does not cut it short
                     chosen.shrink(name, [*(made.host for made in unjoined.values()), *extra])
         return lines
+
+
+@contextlib.contextmanager
+def terms_held_off() -> Iterator[None]:
+    """SIGTERM ignored for the block (in the main thread, where Python takes signals), then as it was."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def suspend(name: str, nodes: str, *, why: str = "suspended") -> list[str]:

@@ -158,7 +158,8 @@ def down(c, name, region=None, profile=None, snapshot=False, snapshot_ttl_days=c
     chosen = providers.placed(record, given) if placed else providers.named(provider, given)
     if snapshot and not chosen.volumes:
         raise UsageError(f"--snapshot: cluster {name} is {chosen.kind}; its nodes have no data volumes")
-    if common.NAME.fullmatch(name or "") and queue.stop_controller(name):  # a queue's, whatever its cluster file
+    # a queue of this kiln home's, whatever its cluster file says (another home's queue of the name is not this one)
+    if common.NAME.fullmatch(name or "") and queue.folder(name).exists() and queue.stop_controller(name):
         print(f"queue {name}: slurmctld and munged stopped")
     try:
         gone = chosen.down(name, snapshot_ttl_days=float(snapshot_ttl_days) if snapshot else None)

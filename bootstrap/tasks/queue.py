@@ -106,8 +106,11 @@ def program(verb: str, name: str, nodes: str | None) -> None:
     could not be stopped)."""
     if not nodes:
         raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST (slurmctld gives it)")
+    # A program stopped by a kill undoes what it made (slurmctld's own end of a program, SIGTERM to its group then
+    # SIGKILL 10 ms later, leaves no such time: its nodes are then powered down and suspended). Set before the
+    # signals are unblocked, so one already waiting meets it.
+    signal.signal(signal.SIGTERM, stopped)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    signal.signal(signal.SIGTERM, stopped)  # a program stopped (slurmctld or a user's kill) undoes what it made
     if verb == "resume":
         lines = queue.resume(name, nodes)
     elif verb == "lost":
@@ -171,9 +174,10 @@ def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=
                                                     f"{done.job})"):
             try:
                 jobs.cancel(name, done.job)
-            except KeyboardInterrupt:
-                raise KilnError(f"job {done.job} left in queue {name} (interrupted twice): kiln queue cancel {name} "
-                                f"--job {done.job}") from None
+            except (KeyboardInterrupt, KilnError) as error:
+                said = "interrupted twice" if isinstance(error, KeyboardInterrupt) else str(error)
+                raise KilnError(f"job {done.job} may still be in queue {name} ({said}): kiln queue cancel {name} "
+                                f"--job {done.job}; its log: {log}") from None
         raise KilnError(f"job {done.job} cancelled (interrupted); its log: {log}") from None
     print("".join(jobs.job_log(name, done.job)) or "(the job wrote no log)\n", end="")
     if code:

@@ -53,3 +53,30 @@ def test_a_missing_or_unreadable_pid_file_stops_nothing(tmp_path):
     queue.stop_daemon(tmp_path / "slurmctld.pid", "slurmctld", wait_s=1)
     (tmp_path / "munged.pid").write_text("not a pid\n")
     queue.stop_daemon(tmp_path / "munged.pid", "munged", wait_s=1)
+
+
+class Provider:
+    """What undo_up asks of a provider (its kind, its down), whose down ends as told."""
+
+    kind = "local"
+
+    def __init__(self, ends: BaseException | None):
+        self.ends, self.asked = ends, []
+
+    def down(self, name: str) -> None:
+        self.asked.append(name)
+        if self.ends:
+            raise self.ends
+
+
+def test_a_failed_up_is_undone_step_by_step_and_what_is_left_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    assert queue.undo_up("kqunt", done := Provider(None)) == [] and done.asked == ["kqunt"]
+    left = queue.undo_up("kqunt", Provider(RuntimeError("the cloud said no")))
+    assert left == ["its cluster's machines (local): the cloud said no"]
+
+
+def test_a_second_ctrl_c_during_the_undo_leaves_the_rest_named_as_not_undone(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    assert queue.undo_up("kqunt", Provider(KeyboardInterrupt())) == [
+        "its cluster's machines (local): not undone (Ctrl-C)"]
