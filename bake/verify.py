@@ -173,8 +173,8 @@ def check(args: argparse.Namespace, extra: list[str], image: Path | None) -> int
             disk = image / json.loads((image / "image.json").read_text())["disk"]
             print(f"verify: what {disk} holds, read from the disk", flush=True)
             with tempfile.TemporaryDirectory(prefix="kiln-verify-disk-") as state, \
-                    vm.opened(disk, Path(state)) as root:
-                codes.append(on_rootfs(root, argv))
+                    vm.opened(disk, Path(state)) as tree:
+                codes.append(on_rootfs(tree, argv))
         else:
             print(f"verify: {image.name}, booted under qemu", flush=True)
             codes.append(on_booted(image, argv))

@@ -233,12 +233,6 @@ def wait_for(name: str, job: str, timeout_s: float = WAIT_S, every_s: float | No
         time.sleep(every_s)
 
 
-def cancel(name: str, job: str) -> None:
-    done = reach(name).tool("scancel", job)
-    if done.returncode:
-        raise JobError(f"job {job} of queue {name}: scancel refused: {(done.stderr or done.stdout).strip()}")
-
-
 def shown_job(where: Reach, job: str) -> str:
     """`scontrol show job` of one of the queue's jobs; refused by name where slurmctld has no such job (it keeps an
     ended one's record for MinJobAge)."""

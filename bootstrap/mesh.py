@@ -19,6 +19,7 @@ from kiln.hostkeys import known_hosts_lines, without_hosts
 # What the mesh reads of each node (nodes_from_facts, choose_address, apply_mesh): `kiln mesh` asks for these alone
 FACTS = ("hostname", "uid", "addresses", "ssh_connection", "host_keys")
 
+
 @dataclass(frozen=True)
 class Node:
     """A host as the cluster sees it: its hostname, routable address and facts."""

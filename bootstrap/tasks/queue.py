@@ -173,7 +173,7 @@ def submit(c, name, mode="run", nodes=1, nproc_per_node=1, partition=None, wait=
         with shielded(f"cancelling job {done.job}", f"leaves it in queue {name} (kiln queue cancel {name} --job "
                                                     f"{done.job})"):
             try:
-                jobs.cancel(name, done.job)
+                jobs.cancel_job(name, done.job)
             except (KeyboardInterrupt, KilnError) as error:
                 said = "interrupted twice" if isinstance(error, KeyboardInterrupt) else str(error)
                 raise KilnError(f"job {done.job} may still be in queue {name} ({said}): kiln queue cancel {name} "
