@@ -3,8 +3,9 @@
 One table holds what each GPU model can do by its data sheet (memory bandwidth, dense matmul throughput in the
 precision the probe uses); a GPU passes when the probe measures at least a fixed share of that. The shares come
 from real runs: an H100 80GB HBM3 measured 2.99 TB/s (89 % of 3.35) and 789 bf16 TFLOP/s (80 % of 989), an H200
-4.3 TB/s (90 % of 4.8) and 788 TFLOP/s. A GPU under 75 % / 60 % is throttled, mis-seated (a narrower PCIe link
-does not show here, a slower clock does), shared with another job or faulty.
+4.3 TB/s (90 % of 4.8) and 788 TFLOP/s (kiln check --gpu there: 4.05-4.20 TB/s, 791-802 TFLOP/s). A GPU under
+75 % / 60 % is throttled, mis-seated (a narrower PCIe link does not show here, a slower clock does), shared with
+another job or faulty.
 """
 
 from __future__ import annotations
