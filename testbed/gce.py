@@ -61,6 +61,7 @@ from google.cloud import compute_v1
 from localcloud.guest import QuietServer, Served
 from testbed import end_operation, serve, settle, stand_in_parser, take_fault
 from testbed.gce_instances import InstanceHandlers
+from testbed.gce_prices import PriceHandlers
 from testbed.gce_resources import ResourceHandlers
 from testbed.gce_rules import (
     DONE,
@@ -88,7 +89,7 @@ from testbed.gce_types import Fault, Guest, Op, dump
 # ------------------------------------------------------------------------------------------------------ service
 
 
-class Gce(Served, InstanceHandlers, ResourceHandlers):
+class Gce(Served, InstanceHandlers, ResourceHandlers, PriceHandlers):
     """The service: state under one lock, a route table, one group of handlers per resource kind."""
 
     def __init__(self, project: str = "kiln-test", zones: Iterable[str] = ("us-central1-a", "us-central1-b"),
@@ -105,6 +106,7 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
         self.machine_types = {z: set(offered.get(z, MACHINE_TYPES)) & set(MACHINE_TYPES) for z in self.zones}
         self.calls: list[tuple[str, str]] = []
         self._resources: dict[str, object] = {}  # path projects/P/... -> message
+        self._skus: list[dict] = []  # the Billing Catalog's (price_sku)
         self._guests: dict[str, Guest] = {}  # instance path -> its guest
         self._ops: dict[str, Op] = {}  # operation path -> operation
         self._faults: list[Fault] = []
@@ -282,6 +284,7 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
             ("GET", p + "/regions/{region}/resourcePolicies/{policy}", "resourcePolicies.get", self._get_one),
             ("DELETE", p + "/regions/{region}/resourcePolicies/{policy}", "resourcePolicies.delete",
              self._policies_delete),
+            ("GET", "/v1/services/{service}/skus", "services.skus.list", self._skus_list),  # the Billing Catalog
         ]
         for scope, service in (("/zones/{zone}", "zoneOperations"), ("/regions/{region}", "regionOperations"),
                                ("/global", "globalOperations")):
@@ -332,7 +335,7 @@ class Gce(Served, InstanceHandlers, ResourceHandlers):
         return answer
 
     def _check_scope(self, method: str, params: dict[str, str]) -> None:
-        project = params["project"]
+        project = params.get("project", self.project)  # the Billing Catalog's calls name none
         image_projects = {path.split("/")[1] for path in self._resources if "/global/images/" in path}
         if project != self.project and not (method.startswith("images.") and project in image_projects):
             raise not_found(f"projects/{project}")

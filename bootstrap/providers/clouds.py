@@ -298,8 +298,11 @@ PROVIDERS = CLOUDS = {
         # a project's list holds every zone's
         where=("project", "zone"), scope="project", connects=("project",),
         place_word="a GCP zone",
-        # its prices are in the Cloud Billing Catalog API, which needs an API key kiln does not ask for
-        prices="", on_demand_from="", priced_by=(),
+        prices="GCP's Cloud Billing Catalog (the Spot SKUs of the series' vCPU and memory and of the GPUs in the "
+               "zone's region)",
+        on_demand_from="GCP's Cloud Billing Catalog (the SKUs of the series' vCPU and memory and of the GPUs in "
+                       "the zone's region)",
+        priced_by=("project", "zone"),
         machine="instance", volume="data disk", keys_from="the instances' guest attributes and serial ports",
         keys_shown="they show", found_by="labelled kiln-cluster={name}",
         env=gcp_plan.ENV),

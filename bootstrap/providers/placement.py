@@ -141,7 +141,7 @@ def open_places(clouds: list[str], places: dict[str, list[str]], types: dict[str
             continue
         found[cloud], records[cloud] = offered.places_of(record, types[cloud]), record
         regions, zones = offered.summary(record, types[cloud])
-        order = ", the cheapest first" if record.priced_from else ""
+        order = ", the cheapest first" if any(o.price is not None for o in record.offerings) else ""
         lines.append(f"{cloud}: no --{option} named: every {option} that offers {', '.join(types[cloud])} to this "
                      f"account{order}, {len(found[cloud])} ({regions} region(s), {zones} zone(s); "
                      f"{offered.describe(record)})")

@@ -547,3 +547,39 @@ def test_a_zone_gce_does_not_have_is_refused_by_name_before_anything_is_made(env
     assert refused.stderr.endswith("), as --zone or --zones named it\n") and refused.stderr.count("\n") == 1
     assert not [method for method, _ in gce.calls[calls:] if not method.endswith((".list", ".get"))]
     assert leftovers(gce, "mz") == []
+
+
+def test_with_no_zone_named_the_zones_are_tried_cheapest_first_by_the_billing_catalogs_prices(env, gce):
+    """--gpus L4:1 with no zone: each zone that offers g2-standard-4 priced from the Cloud Billing Catalog (its
+    vCPUs, memory and GPU at its region's SKUs, as Google adds them up), the cheaper region's zone planned first
+    with its price and where that came from; with zones named, --spot --by-price orders them by their Spot SKUs."""
+    gce.offer("us-central1-b", ["e2-standard-4"])
+    americas = ["us-central1", "us-east1"]
+    gce.price_sku("G2 Instance Core running in Americas", americas, 0.024988)
+    gce.price_sku("G2 Instance Ram running in Americas", americas, 0.002927)
+    gce.price_sku("Nvidia L4 GPU running in Americas", ["us-central1"], 0.5599)
+    gce.price_sku("Nvidia L4 GPU running in Virginia", ["us-east1"], 0.40)
+    gce.price_sku("Nvidia L4 GPU attached to DWS Defined Duration VMs running in Americas", americas, 0.20)
+    try:
+        planned = kiln(env, "up", "np", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--dry-run")
+    finally:
+        gce.offer("us-central1-b", None)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert ("gcp: no --zone named: every zone that offers g2-standard-4 to this account, the cheapest first, 2 "
+            "(2 region(s), 2 zone(s); GCE's machineTypes.aggregatedList, read ") in planned.stdout, planned.stdout
+    assert "; prices: GCP's Cloud Billing Catalog, on demand)" in planned.stdout, planned.stdout
+    # 4 vCPUs, 16 GiB and an L4 (the DWS SKU is no on-demand price): 0.546784 in us-east1, 0.706684 in us-central1
+    assert (f"  1. gcp {OTHER_REGION_ZONE} g2-standard-4 on-demand ($0.546784/h)\n"
+            f"  2. gcp {ZONE} g2-standard-4 on-demand ($0.706684/h)\n") in planned.stdout, planned.stdout
+    assert ("services.skus.list", "/v1/services/6F81-5844-456A/skus") in gce.calls
+
+    # zones named, --spot --by-price: each zone's Spot SKUs ("Spot Preemptible ...") price its candidate
+    gce.price_sku("Spot Preemptible G2 Instance Core running in Americas", americas, 0.01)
+    gce.price_sku("Spot Preemptible G2 Instance Ram running in Americas", americas, 0.001)
+    gce.price_sku("Spot Preemptible Nvidia L4 GPU running in Americas", ["us-central1"], 0.20)
+    gce.price_sku("Spot Preemptible Nvidia L4 GPU running in Virginia", ["us-east1"], 0.30)
+    spot = kiln(env, "up", "np", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--zones",
+                f"{OTHER_REGION_ZONE},{ZONE}", "--spot", "--by-price", "--dry-run")
+    assert spot.returncode == 0, spot.stdout + spot.stderr
+    assert (f"  1. gcp {ZONE} g2-standard-4 spot ($0.256/h now)\n"
+            f"  2. gcp {OTHER_REGION_ZONE} g2-standard-4 spot ($0.356/h now)\n") in spot.stdout, spot.stdout

@@ -430,3 +430,25 @@ def test_a_kept_disk_is_attached_to_a_new_instance_and_relabelled_with_the_curre
     assert dict(disks.get(project=PROJECT, zone=ZONE, disk="data").labels) == {"kiln-cluster": "a", "kiln-set": "s1"}
     with pytest.raises(PreconditionFailed):
         disks.set_labels_unary(project=PROJECT, zone=ZONE, resource="data", zone_set_labels_request_resource=relabel)
+
+
+def test_the_billing_catalog_lists_skus_in_pages_and_currencies_and_refuses_what_the_api_refuses(gce):
+    """services.skus.list through Google's own Cloud Billing client (REST): every page followed by its token, the
+    prices in the currency asked (times its conversion rate), 404 for a service it does not know."""
+    from google.cloud import billing_v1
+
+    for index in range(3):
+        gce.price_sku(f"N{index + 1} Instance Core running in Americas", [REGION], 0.03 + index / 100)
+    catalog = billing_v1.CloudCatalogClient(credentials=AnonymousCredentials(), transport="rest",
+                                            client_options={"api_endpoint": gce.endpoint})
+    listed = list(catalog.list_skus(request={"parent": "services/6F81-5844-456A", "page_size": 2}))
+    assert [sku.description for sku in listed] == [f"N{i} Instance Core running in Americas" for i in (1, 2, 3)]
+    assert [call for call in gce.calls if call[0] == "services.skus.list"] == \
+        [("services.skus.list", "/v1/services/6F81-5844-456A/skus")] * 2
+    rate = listed[1].pricing_info[0].pricing_expression.tiered_rates[0].unit_price
+    assert (rate.currency_code, rate.units, rate.nanos) == ("USD", 0, 40_000_000)
+    [euro] = [sku for sku in catalog.list_skus(request={"parent": "services/6F81-5844-456A", "currency_code": "EUR"})
+              if sku.description.startswith("N1 ")]
+    assert euro.pricing_info[0].pricing_expression.tiered_rates[0].unit_price.nanos == round(0.03 * 0.92 * 1e9)
+    with pytest.raises(NotFound):
+        list(catalog.list_skus(request={"parent": "services/0000-0000-0000"}))

@@ -39,16 +39,18 @@ from bootstrap.providers.common import (
     validate_snapshot_ttl,
 )
 from bootstrap.providers.failover import CloudError, Unavailable
-from bootstrap.providers.gcp import plan
+from bootstrap.providers.gcp import plan, prices
 from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys
 
 ENDPOINT_ENV = "KILN_GCE_ENDPOINT"
 PROJECT_ENVS = plan.ENV["project"]
-SCOPES = ("https://www.googleapis.com/auth/compute",)
+SCOPES = ("https://www.googleapis.com/auth/compute",
+          "https://www.googleapis.com/auth/cloud-billing.readonly")  # the Cloud Billing Catalog: prices
 OPERATION_TIMEOUT_S = 600
 CALL_TIMEOUT_S = 60  # every API call's; an operations `wait` (which the API holds up to 2 minutes) gets 150
 WAIT_CALL_TIMEOUT_S = 150
+CATALOG_PAGE = 5000  # SKUs a page of the Cloud Billing Catalog (its most)
 HOST_KEYS_POLL_S = 5
 CLIENTS = {"instances": "InstancesClient", "disks": "DisksClient", "snapshots": "SnapshotsClient",
            "images": "ImagesClient", "firewalls": "FirewallsClient", "policies": "ResourcePoliciesClient",
@@ -547,9 +549,68 @@ def offerings(instance_types: Sequence[str], *, project: str | None = None, gce:
                     "machineTypes", [])
         except Exception as error:
             raise GcpError(f"could not read the zones that offer {kind}: {describe_error(error)}") from None
+    found, unread, priced_from = offered.gcp_offerings(items), (), ""
+    try:
+        table = prices.zone_prices(found, prices.shapes(items), prices.rates(catalog_skus(gce)))
+        found, priced_from = offered.priced(found, table), "GCP's Cloud Billing Catalog, on demand"
+    except GcpError as error:
+        unread = (f"the prices ({error})",)
     return offered.Record("gcp", gce.project, (now or datetime.now(UTC)).isoformat(timespec="seconds"),
-                          "GCE's machineTypes.aggregatedList", tuple(instance_types),
-                          tuple(offered.gcp_offerings(items)))
+                          "GCE's machineTypes.aggregatedList", tuple(instance_types), tuple(found), unread,
+                          priced_from)
+
+
+def spot_prices(instance_types: Sequence[str], *, project: str | None = None, zone: str | None = None,
+                gce: Gce | None = None) -> dict[str, float]:
+    """Each type's Spot price an hour in the zone's region (zone_prices, its Spot SKUs); {} without a zone."""
+    return zone_prices(instance_types, project=project, zone=zone, gce=gce, spot=True)
+
+
+def on_demand_prices(instance_types: Sequence[str], *, project: str | None = None, zone: str | None = None,
+                     gce: Gce | None = None) -> dict[str, float]:
+    """Each type's on-demand price an hour in the zone's region (zone_prices); {} without a zone."""
+    return zone_prices(instance_types, project=project, zone=zone, gce=gce, spot=False)
+
+
+def zone_prices(instance_types: Sequence[str], *, project: str | None, zone: str | None, gce: Gce | None,
+                spot: bool) -> dict[str, float]:
+    """Each type the zone has, priced from the Cloud Billing Catalog at its region's rates (its vCPUs, memory and
+    GPUs as machineTypes.get gives them); a type the zone lacks, or whose rates are not all there, is left out."""
+    if not zone:
+        return {}
+    gce = gce or connect(project)
+    shapes = {}
+    for kind in instance_types:
+        try:
+            found = as_dict(gce.machine_types.get(project=gce.project, zone=zone, machine_type=kind))
+        except Exception as error:
+            if not_found(error):  # the zone has no such type
+                continue
+            raise GcpError(f"could not read {kind} in {zone}: {describe_error(error)}") from None
+        shapes.update(prices.shapes({f"zones/{zone}": {"machineTypes": [found]}}))
+    if not shapes:
+        return {}
+    rated = prices.rates(catalog_skus(gce))
+    found = {kind: prices.machine_price(kind, shape, plan.region_of(zone), rated, spot=spot)
+             for kind, shape in shapes.items()}
+    return {kind: price for kind, price in found.items() if price is not None}
+
+
+def catalog_skus(gce: Gce) -> list[dict]:
+    """Compute Engine's SKUs in the Cloud Billing Catalog (services.skus.list, in USD, every page), as the API's
+    JSON: what prices.rates reads. Google's own Cloud Billing client, by REST at the same endpoint as the rest."""
+    from google.cloud import billing_v1
+
+    options = {"api_endpoint": gce.endpoint} if gce.endpoint else None
+    client = Timed(billing_v1.CloudCatalogClient(credentials=gce.credentials, transport="rest",
+                                                 client_options=options))
+    try:
+        pages = client.list_skus(request={"parent": prices.COMPUTE_SERVICE, "currency_code": prices.CURRENCY,
+                                          "page_size": CATALOG_PAGE})
+        return [json.loads(billing_v1.Sku.to_json(sku)) for sku in pages]
+    except Exception as error:
+        raise GcpError(f"could not read Compute Engine's prices from the Cloud Billing Catalog: "
+                       f"{describe_error(error)}") from None
 
 
 def down(name: str, *, project: str | None = None, gce: Gce | None = None,
