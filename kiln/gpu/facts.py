@@ -30,6 +30,9 @@ _WHEELS_CODE = (
     "print(json.dumps({d.metadata['Name'].lower(): d.version for d in m.distributions()\n"
     "                  if (d.metadata['Name'] or '').lower().startswith(wanted)}))\n"
 )
+GPU_ABSENT_RC = 3
+_GPU_HERE = (f"{{ [ -e /dev/nvidiactl ] || grep -qsx {NVIDIA_VENDOR} /sys/bus/pci/devices/*/vendor || "
+             f"{{ echo 'no NVIDIA device on this host'; exit {GPU_ABSENT_RC}; }}; }}")
 _NCCL_CODE = (
     "import ctypes\n"
     "lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); lib.ncclGetVersion(ctypes.byref(v)); v = v.value\n"
@@ -39,7 +42,10 @@ _NCCL_CODE = (
 
 
 def gather_command(python: str = "python3", timeout: int = 60) -> str:
-    """One POSIX shell command printing every section as `### kiln-gpu NAME`, its output, `### kiln-gpu-rc N`."""
+    """One POSIX shell command printing every section as `### kiln-gpu NAME`, its output, `### kiln-gpu-rc N`. The
+    two that start the host's Python (its wheels, NCCL's version) run only where an NVIDIA device is (a driver's
+    control node or an NVIDIA device on the PCI bus): elsewhere they say so and end with GPU_ABSENT_RC (a CPU
+    node's Python, under TCG a booted image's, took 20 s to list its wheels for nothing)."""
     sections = {
         "smi": f"timeout {timeout} nvidia-smi -q -x",
         "pci": 'for d in /sys/bus/pci/devices/*; do [ -r "$d/class" ] && '
@@ -49,8 +55,8 @@ def gather_command(python: str = "python3", timeout: int = 60) -> str:
                       "printf '%s\\n' \"$log\" | grep -E 'NVRM: Xid' | tail -n 50; true",
         "debs": "dpkg-query -W -f '${Package} ${Version}\\n' | grep -E '^(libnccl|libcudnn|cuda-|nvidia-)'; true",
         "cuda_toolkit": "cat /usr/local/cuda/version.json 2>/dev/null || /usr/local/cuda/bin/nvcc --version",
-        "wheels": f"timeout {timeout} {shlex.quote(python)} -c {shlex.quote(_WHEELS_CODE)}",
-        "nccl_library": f"timeout {timeout} {shlex.quote(python)} -c {shlex.quote(_NCCL_CODE)}",
+        "wheels": f"{_GPU_HERE} && timeout {timeout} {shlex.quote(python)} -c {shlex.quote(_WHEELS_CODE)}",
+        "nccl_library": f"{_GPU_HERE} && timeout {timeout} {shlex.quote(python)} -c {shlex.quote(_NCCL_CODE)}",
     }
     return "; ".join(f"echo '{MARK} {name}'; ( {command} ) 2>&1; echo \"{MARK}-rc $?\""
                      for name, command in sections.items())

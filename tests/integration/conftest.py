@@ -338,7 +338,7 @@ def module_seconds(reports) -> list[tuple[str, int, float, float]]:
                   key=lambda row: -row[2])
 
 
-def costliest_tests(reports, top: int = 15) -> list[tuple[float, float, str]]:
+def costliest_tests(reports, top: int = 30) -> list[tuple[float, float, str]]:
     """The `top` tests that used the most CPU (CpuByModule; a module's fixtures count in the test that first
     needed them): (CPU seconds, seconds, test id), the costliest first; none where CPU was not measured."""
     cpu: dict[str, float] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -78,6 +79,13 @@ def test_the_gathering_command_runs_on_this_host():
     else:
         assert found["gpus"] and len(found["gpus"]) == len(found["pci_gpus"]), found
         assert found["driver"]["version"] == found["driver"]["module"]["version"]
+    sections = facts.split_sections(result.stdout)
+    if not os.path.exists("/dev/nvidiactl") and not found["pci_gpus"]:  # no Python started for nothing
+        assert {name: sections[name].rc for name in ("wheels", "nccl_library")} == \
+            {"wheels": facts.GPU_ABSENT_RC, "nccl_library": facts.GPU_ABSENT_RC}, sections
+        assert found["packages"]["wheels"] == {} and found["nccl"]["version"] is None
+    else:
+        assert sections["wheels"].rc == 0, sections["wheels"]
 
 
 def faulty(old: str, new: str, count: int = 1) -> dict:
