@@ -38,13 +38,16 @@ SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
 # the order found. make test runs the local bake's tests (tests/image, about 1000 s with the image kept, 2500 s and
 # more baking it) in the same pool, first: one worker boots and provisions the VM while the other runs clusters.
 # test_queue early: most of its minutes are Slurm's timers, a worker waiting while the others use both cores
+# A worker is handed its next module while its last two tests run (xdist's loadscope), so a long module must not be
+# next when the container modules' worker asks (its last two tests take minutes): test_nvidia_roles, once after
+# test_aws and test_trainer_resume, went to that worker and ran last, 35 s past the others.
 LONGEST_FIRST = ("image/test_bake_local.py", "image/test_local_vm.py", "integration/test_bake_docker.py",
                  "integration/test_queue.py",
                  "integration/test_containers.py", "integration/test_managed.py", "integration/test_launcher.py",
-                 "integration/test_aws.py", "integration/test_trainer_resume.py", "integration/test_nvidia_roles.py",
-                 "integration/test_user_programs.py", "integration/test_image_rootfs.py",
-                 "integration/test_watchdog.py", "integration/test_trainer_local.py",
-                 "integration/test_frameworks.py")
+                 "integration/test_nvidia_roles.py", "integration/test_user_programs.py",
+                 "integration/test_trainer_resume.py", "integration/test_aws.py", "integration/test_image_rootfs.py",
+                 "integration/test_gcp.py", "integration/test_watchdog.py", "integration/test_local_docker.py",
+                 "integration/test_trainer_local.py", "integration/test_frameworks.py")
 
 
 # With KILN_TEST_SHUFFLE=SEED (make suites gives its SHUFFLE_SEED), each module's tests run in an order drawn from
