@@ -573,13 +573,18 @@ def test_with_no_zone_named_the_zones_are_tried_cheapest_first_by_the_billing_ca
             f"  2. gcp {ZONE} g2-standard-4 on-demand ($0.706684/h)\n") in planned.stdout, planned.stdout
     assert ("services.skus.list", "/v1/services/6F81-5844-456A/skus") in gce.calls
 
-    # zones named, --spot --by-price: each zone's Spot SKUs ("Spot Preemptible ...") price its candidate
-    gce.price_sku("Spot Preemptible G2 Instance Core running in Americas", americas, 0.01)
-    gce.price_sku("Spot Preemptible G2 Instance Ram running in Americas", americas, 0.001)
-    gce.price_sku("Spot Preemptible Nvidia L4 GPU running in Americas", ["us-central1"], 0.20)
-    gce.price_sku("Spot Preemptible Nvidia L4 GPU running in Virginia", ["us-east1"], 0.30)
+    # zones named, --spot --by-price: each zone's Spot SKUs price its candidate, the Catalog read once for both
+    spot_skus = {"Spot Preemptible G2 Instance Core running in Americas": (americas, 0.01),
+                 "Spot Preemptible G2 Instance Ram running in Americas": (americas, 0.001),
+                 "Nvidia L4 GPU attached to Spot Preemptible VMs running in Americas": (["us-central1"], 0.20),
+                 "Nvidia L4 GPU attached to Spot Preemptible VMs running in Virginia": (["us-east1"], 0.30)}
+    for description, (regions, usd) in spot_skus.items():
+        gce.price_sku(description, regions, usd, usage_type="Preemptible")
+    calls = len(gce.calls)
     spot = kiln(env, "up", "np", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--zones",
                 f"{OTHER_REGION_ZONE},{ZONE}", "--spot", "--by-price", "--dry-run")
     assert spot.returncode == 0, spot.stdout + spot.stderr
+    assert [c for c in gce.calls[calls:] if c[0] == "services.skus.list"] == \
+        [("services.skus.list", "/v1/services/6F81-5844-456A/skus")]
     assert (f"  1. gcp {ZONE} g2-standard-4 spot ($0.256/h now)\n"
             f"  2. gcp {OTHER_REGION_ZONE} g2-standard-4 spot ($0.356/h now)\n") in spot.stdout, spot.stdout

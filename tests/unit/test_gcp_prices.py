@@ -72,21 +72,46 @@ def test_a_machine_type_takes_the_rates_of_its_series_and_its_own_gpus():
 
 def test_only_on_demand_and_spot_rates_are_read():
     """Commitments, reservations, Calendar Mode, DWS and premiums are listed beside the rates (some under the same
-    usage type) and are never one; Spot's SKUs are spot whatever their usage type; a SKU in another unit is left
-    out."""
+    usage type) and are never one; Spot's SKUs are spot whatever their usage type (a GPU's says "attached to Spot
+    Preemptible VMs", a vCPU's begins "Spot Preemptible "); a SKU in another unit is left out."""
     rated = prices.rates([
         sku("Nvidia H100 80GB Plus GPU running in Americas", 10.344276),
         sku("Reserved Nvidia H100 80GB Mega GPU in Americas in Calendar Mode", 4.841121),
         sku("Nvidia H100 Mega 80GB GPU attached to DWS Defined Duration VMs running in Americas", 4.423936),
         sku("Commitment v1: A3Plus Core in Americas for 1 Year", 0.01, usage_type="Commit1Yr"),
+        sku("Nvidia Tesla A100 GPU running in Americas", 1.0, usage_type="Commit1Yr"),
         sku("Committed Use Discount Premium for E2 Custom Instance Core running in Americas", 0.001),
-        sku("Spot Preemptible Nvidia H100 80GB Plus GPU running in Americas", 3.2),
+        sku("Nvidia H100 80GB Mega GPU attached to Spot Preemptible VMs running in Tokyo", 3.2, ["asia-northeast1"],
+            usage_type="Preemptible"),
+        sku("Nvidia L4 GPU attached to Spot Preemptible VMs running in Virginia", 0.2, ["us-east4"]),
+        sku("Spot Preemptible A2 Instance Ram running in Americas", 0.0013, unit="GiBy.h", usage_type="Preemptible"),
         sku("Preemptible Nvidia Tesla T4 GPU running in Americas", 0.11, usage_type="Preemptible"),
         sku("A3Plus Instance Ram running in Americas", 0.002344, unit="GiBy.mo"),
     ])
     assert rated == {("gpu", "80gb h100 mega", False, "us-central1"): pytest.approx(10.344276),
-                     ("gpu", "80gb h100 mega", True, "us-central1"): pytest.approx(3.2),
+                     ("gpu", "80gb h100 mega", True, "asia-northeast1"): pytest.approx(3.2),
+                     ("gpu", "l4", True, "us-east4"): pytest.approx(0.2),
+                     ("ram", "a2", True, "us-central1"): pytest.approx(0.0013),
                      ("gpu", "t4", True, "us-central1"): pytest.approx(0.11)}
+
+
+def test_newer_gpus_without_nvidia_in_their_name_and_rates_that_disagree():
+    """The H200's SKU has no "Nvidia" (a3-ultragpu-8g, series A3Ultra); where two SKUs give one rate differently
+    ("Plus" and "Mega" both name the H100 Mega), neither is taken."""
+    rated = prices.rates([
+        sku("H200 141GB GPU running in Americas", 10.5),
+        sku("A3Ultra Instance Core running in Americas", 0.03),
+        sku("A3Ultra Instance Ram running in Americas", 0.003, unit="GiBy.h"),
+        sku("Nvidia H100 80GB Plus GPU running in Americas", 10.344276),
+        sku("Nvidia H100 80GB Mega GPU running in Americas", 11.0),
+        sku("Nvidia Tesla T4 GPU running in Americas", 0.35),
+        sku("Nvidia Tesla T4 GPU running in Americas", 0.35),  # the same rate twice is that rate
+    ])
+    ultra = prices.Shape(224, 2952.0, (("nvidia-h200-141gb", 8),))
+    assert prices.machine_price("a3-ultragpu-8g", ultra, "us-central1", rated) == \
+        round(224 * 0.03 + 2952 * 0.003 + 8 * 10.5, 6)
+    assert ("gpu", "80gb h100 mega", False, "us-central1") not in rated
+    assert rated[("gpu", "t4", False, "us-central1")] == pytest.approx(0.35)
 
 
 def test_zone_offerings_are_priced_by_their_region():

@@ -551,7 +551,7 @@ def offerings(instance_types: Sequence[str], *, project: str | None = None, gce:
             raise GcpError(f"could not read the zones that offer {kind}: {describe_error(error)}") from None
     found, unread, priced_from = offered.gcp_offerings(items), (), ""
     try:
-        table = prices.zone_prices(found, prices.shapes(items), prices.rates(catalog_skus(gce)))
+        table = prices.zone_prices(found, prices.shapes(items), catalog_rates(gce))
         found, priced_from = offered.priced(found, table), "GCP's Cloud Billing Catalog, on demand"
     except GcpError as error:
         unread = (f"the prices ({error})",)
@@ -590,16 +590,32 @@ def zone_prices(instance_types: Sequence[str], *, project: str | None, zone: str
         shapes.update(prices.shapes({f"zones/{zone}": {"machineTypes": [found]}}))
     if not shapes:
         return {}
-    rated = prices.rates(catalog_skus(gce))
+    rated = catalog_rates(gce)
     found = {kind: prices.machine_price(kind, shape, plan.region_of(zone), rated, spot=spot)
              for kind, shape in shapes.items()}
     return {kind: price for kind, price in found.items() if price is not None}
 
 
+_RATES: dict[tuple[str | None, str], dict] = {}  # the Catalog's rates, read once a command (by endpoint, project)
+
+
+def catalog_rates(gce: Gce) -> dict[tuple[str, str, bool, str], float]:
+    """The Catalog's hourly rates (prices.rates), read once per command however many zones ask: every page of
+    Compute Engine's SKUs is tens of thousands of them."""
+    key = (gce.endpoint, gce.project)
+    if key not in _RATES:
+        _RATES[key] = prices.rates(catalog_skus(gce))
+    return _RATES[key]
+
+
 def catalog_skus(gce: Gce) -> list[dict]:
     """Compute Engine's SKUs in the Cloud Billing Catalog (services.skus.list, in USD, every page), as the API's
     JSON: what prices.rates reads. Google's own Cloud Billing client, by REST at the same endpoint as the rest."""
-    from google.cloud import billing_v1
+    try:
+        from google.cloud import billing_v1
+    except ImportError:
+        raise GcpError("could not read Compute Engine's prices: google-cloud-billing is not installed (make setup)") \
+            from None
 
     options = {"api_endpoint": gce.endpoint} if gce.endpoint else None
     client = Timed(billing_v1.CloudCatalogClient(credentials=gce.credentials, transport="rest",

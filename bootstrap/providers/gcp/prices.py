@@ -7,15 +7,18 @@ Core ..."), and one per GPU model ("Nvidia Tesla A100 GPU running in Americas", 
 with the regions it applies to (`serviceRegions`) and its price (`pricingInfo[0].pricingExpression.tieredRates`, a
 `unitPrice` of units and nanos in `currencyCode`, per `usageUnit`: h for a vCPU or GPU, GiBy.h for memory). A
 machine's price is its vCPUs, GiB and GPUs (as machineTypes.aggregatedList gives them) at those rates, as Google's
-price pages add them up. Spot's SKUs are the same with "Spot Preemptible " (formerly "Preemptible ") before the
-description, whatever `usageType` says.
+price pages add them up. Spot's vCPU and memory SKUs are the same with "Spot Preemptible " (formerly
+"Preemptible ") before the description, its GPUs' say "GPU attached to Spot Preemptible VMs running in"; either
+is Spot's whatever `usageType` says, and so is a usage type Preemptible. Newer GPUs' SKUs drop "Nvidia" ("H200
+141GB GPU running in Americas").
 
-Only those forms are rates: a commitment, a reservation, Calendar Mode, DWS or a premium SKU (which the Catalog
-lists beside them, some under the same usage type) is not an on-demand price and is never read as one; nor is a
-price in another currency than USD (the Catalog answers in the currency asked, and a key's account may have
-another). Two series and one GPU are named otherwise in the Catalog than in the machine type: a3-megagpu's are
-A3Plus and "Nvidia H100 80GB Plus", a3-ultragpu's A3Ultra. A machine type whose rates are not all found has no
-price (never a part of one).
+Only those forms are rates, of usage type OnDemand or Preemptible: a commitment, a reservation, Calendar Mode, DWS
+or a premium SKU (which the Catalog lists beside them, some under the same usage type) is never read as one; nor is
+a price in another currency than USD (the Catalog answers in the currency asked, and a key's account may have
+another), nor a rate two SKUs give differently. Two series and one GPU are named otherwise in the Catalog than in
+the machine type: a3-megagpu's are A3Plus and "H100 80GB Plus" (or "Mega"), a3-ultragpu's A3Ultra. A machine type
+whose rates are not all found has no price (never a part of one): a4-highgpu's B200 is sold by the "1 gpu slice",
+with no vCPU or memory SKU, and has none.
 """
 
 from __future__ import annotations
@@ -24,15 +27,21 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from bootstrap.providers.gcp.plan import region_of
+
 COMPUTE_SERVICE = "services/6F81-5844-456A"  # Compute Engine, in the Cloud Billing Catalog
 CURRENCY = "USD"
 # A machine type's series in the Catalog, where it is not the type's first word: `a3-megagpu-8g` is A3Plus
 SERIES_OF = {"a3-megagpu": "a3plus", "a3-ultragpu": "a3ultra"}
-GPU_WORD_SAME_AS = {"plus": "mega"}  # the Catalog's "H100 80GB Plus" is the accelerator nvidia-h100-mega-80gb
+GPU_WORD_SAME_AS = {"plus": "mega"}  # the Catalog's "H100 80GB Plus" (or "Mega") is nvidia-h100-mega-80gb
 _SPOT = re.compile(r"^(?:Spot Preemptible |Preemptible )")
 _MACHINE = re.compile(r"^(?P<series>[A-Za-z0-9]+)(?: AMD| Arm| Predefined)? Instance (?P<what>Core|Ram) running in "
-                      r"[^,]+$")
-_GPU = re.compile(r"^Nvidia (?P<model>[A-Za-z0-9 ]+?) GPU running in [^,]+$")
+                      r"[A-Za-z .-]+$")
+# "Nvidia Tesla A100 GPU running in Americas", "H200 141GB GPU running in Americas" (newer ones without Nvidia);
+# Spot's: "Nvidia L4 GPU attached to Spot Preemptible VMs running in Americas"
+_GPU = re.compile(r"^(?:Nvidia )?(?P<model>[A-Za-z0-9 ]+?) GPU (?P<spot>attached to Spot Preemptible VMs )?"
+                  r"running in [A-Za-z .-]+$")
+USAGE_TYPES = ("OnDemand", "Preemptible")  # a commitment's (Commit1Yr, ...) is no rate, whatever it says
 UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h"}
 
 
@@ -86,17 +95,20 @@ def unit_price(sku: Mapping) -> float | None:
 
 def rates(skus: Iterable[Mapping]) -> dict[tuple[str, str, bool, str], float]:
     """The Catalog's SKUs as hourly rates: (what: core, ram or gpu; the series, or the GPU's words joined; spot;
-    region) -> USD for one vCPU, GiB or GPU. SKUs of any other form, unit or currency are left out."""
-    found = {}
+    region) -> USD for one vCPU, GiB or GPU. SKUs of any other form, usage type, unit or currency are left out, and
+    so is a rate two SKUs give differently (which one is meant cannot be told: no price rather than a guess)."""
+    found: dict[tuple[str, str, bool, str], float | None] = {}
     for sku in skus:
-        text = sku.get("description", "")
-        spot = bool(_SPOT.match(text)) or sku.get("category", {}).get("usageType") == "Preemptible"
+        text, usage = sku.get("description", ""), sku.get("category", {}).get("usageType")
+        if usage not in USAGE_TYPES:
+            continue
+        spot = bool(_SPOT.match(text)) or usage == "Preemptible"
         text = _SPOT.sub("", text)
         machine, gpu = _MACHINE.match(text), _GPU.match(text)
         if machine:
             what, name = machine["what"].lower(), machine["series"].lower()
         elif gpu:
-            what, name = "gpu", " ".join(sorted(gpu_words(gpu["model"])))
+            what, name, spot = "gpu", " ".join(sorted(gpu_words(gpu["model"]))), spot or bool(gpu["spot"])
         else:
             continue
         price = unit_price(sku)
@@ -107,8 +119,9 @@ def rates(skus: Iterable[Mapping]) -> dict[tuple[str, str, bool, str], float]:
         if price is None or unit != UNITS[what]:
             continue
         for region in sku.get("serviceRegions") or ():
-            found[(what, name, spot, region)] = price
-    return found
+            key = (what, name, spot, region)
+            found[key] = price if found.get(key, price) == price else None
+    return {key: price for key, price in found.items() if price is not None}
 
 
 def machine_price(machine_type: str, shape: Shape, region: str, rated: Mapping[tuple[str, str, bool, str], float],
@@ -134,8 +147,7 @@ def zone_prices(offerings: Iterable, machines: Mapping[str, Shape],
     found = {}
     for offering in offerings:
         shape = machines.get(offering.instance_type)
-        price = machine_price(offering.instance_type, shape, offering.place.rsplit("-", 1)[0], rated) \
-            if shape else None
+        price = machine_price(offering.instance_type, shape, region_of(offering.place), rated) if shape else None
         if price is not None:
             found[(offering.instance_type, offering.place)] = price
     return found
