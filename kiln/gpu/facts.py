@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass
 
 MARK = "### kiln-gpu"
 NVIDIA_VENDOR = "0x10de"
+GPU_ABSENT_RC = 3  # a section that needs an NVIDIA device, on a host without one (gather_command)
+_GPU_HERE = (f"{{ [ -e /dev/nvidiactl ] || grep -qsx {NVIDIA_VENDOR} /sys/bus/pci/devices/*/vendor || "
+             f"{{ echo 'no NVIDIA device on this host'; exit {GPU_ABSENT_RC}; }}; }}")
 # PCI classes of a GPU: 0x0300 VGA controller, 0x0302 3D controller (the data-centre parts).
 GPU_CLASSES = ("0x0300", "0x0302")
 SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
@@ -30,9 +33,6 @@ _WHEELS_CODE = (
     "print(json.dumps({d.metadata['Name'].lower(): d.version for d in m.distributions()\n"
     "                  if (d.metadata['Name'] or '').lower().startswith(wanted)}))\n"
 )
-GPU_ABSENT_RC = 3
-_GPU_HERE = (f"{{ [ -e /dev/nvidiactl ] || grep -qsx {NVIDIA_VENDOR} /sys/bus/pci/devices/*/vendor || "
-             f"{{ echo 'no NVIDIA device on this host'; exit {GPU_ABSENT_RC}; }}; }}")
 _NCCL_CODE = (
     "import ctypes\n"
     "lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); lib.ncclGetVersion(ctypes.byref(v)); v = v.value\n"

@@ -562,18 +562,18 @@ def offerings(instance_types: Sequence[str], *, project: str | None = None, gce:
 
 def spot_prices(instance_types: Sequence[str], *, project: str | None = None, zone: str | None = None,
                 gce: Gce | None = None) -> dict[str, float]:
-    """Each type's Spot price an hour in the zone's region (zone_prices, its Spot SKUs); {} without a zone."""
-    return zone_prices(instance_types, project=project, zone=zone, gce=gce, spot=True)
+    """Each type's Spot price an hour in the zone's region (priced_in_zone, its Spot SKUs); {} without a zone."""
+    return priced_in_zone(instance_types, project=project, zone=zone, gce=gce, spot=True)
 
 
 def on_demand_prices(instance_types: Sequence[str], *, project: str | None = None, zone: str | None = None,
                      gce: Gce | None = None) -> dict[str, float]:
-    """Each type's on-demand price an hour in the zone's region (zone_prices); {} without a zone."""
-    return zone_prices(instance_types, project=project, zone=zone, gce=gce, spot=False)
+    """Each type's on-demand price an hour in the zone's region (priced_in_zone); {} without a zone."""
+    return priced_in_zone(instance_types, project=project, zone=zone, gce=gce, spot=False)
 
 
-def zone_prices(instance_types: Sequence[str], *, project: str | None, zone: str | None, gce: Gce | None,
-                spot: bool) -> dict[str, float]:
+def priced_in_zone(instance_types: Sequence[str], *, project: str | None, zone: str | None, gce: Gce | None,
+                   spot: bool) -> dict[str, float]:
     """Each type the zone has, priced from the Cloud Billing Catalog at its region's rates (its vCPUs, memory and
     GPUs as machineTypes.get gives them); a type the zone lacks, or whose rates are not all there, is left out."""
     if not zone:

@@ -79,16 +79,16 @@ def series_of(machine_type: str) -> str:
     return SERIES_OF.get(family, machine_type.split("-")[0])
 
 
-def unit_price(sku: Mapping) -> float | None:
-    """A SKU's price for one unit from its first tier (the one starting at 0), in USD; None where it has none or
-    gives another currency."""
+def unit_price(sku: Mapping, unit: str | None = None) -> float | None:
+    """A SKU's price for one unit from its first tier (the one starting at 0), in USD; None where it has none, gives
+    another currency, or (with `unit`) is priced by another unit."""
     try:
         expression = sku["pricingInfo"][0]["pricingExpression"]
         tiers = [t for t in expression.get("tieredRates") or () if float(t.get("startUsageAmount") or 0) == 0]
         price = tiers[0]["unitPrice"]
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    if price.get("currencyCode", CURRENCY) != CURRENCY:
+    if price.get("currencyCode", CURRENCY) != CURRENCY or unit not in (None, expression.get("usageUnit")):
         return None
     return int(price.get("units") or 0) + int(price.get("nanos") or 0) / 1e9
 
@@ -111,12 +111,8 @@ def rates(skus: Iterable[Mapping]) -> dict[tuple[str, str, bool, str], float]:
             what, name, spot = "gpu", " ".join(sorted(gpu_words(gpu["model"]))), spot or bool(gpu["spot"])
         else:
             continue
-        price = unit_price(sku)
-        try:
-            unit = sku["pricingInfo"][0]["pricingExpression"].get("usageUnit")
-        except (KeyError, IndexError, TypeError):
-            unit = None
-        if price is None or unit != UNITS[what]:
+        price = unit_price(sku, UNITS[what])
+        if price is None:
             continue
         for region in sku.get("serviceRegions") or ():
             key = (what, name, spot, region)
