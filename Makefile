@@ -28,7 +28,7 @@ WORKERS ?= 0
 # takes longer.
 POOL ?= 4
 
-.PHONY: help setup matrix-env demo test test-fast lint docs unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
+.PHONY: help setup matrix-env demo test test-fast checks lint docs unit integration validate image verify image-test suites image-test-gpu matrix-check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -46,12 +46,20 @@ matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an ima
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) -m bootstrap.demo --nodes $(NODES)
 
-# validate (mostly one process at a time: packer, ansible-lint) runs beside unit (two workers): on 2 cores each
-# leaves the other room.
-test: setup ## everything CI runs: lint and docs, validate beside unit, suites (.ci/run prints how long each stage took)
+# The suites (the clusters, the bake) wait as well as compute: on 2 cores they leave about 15% of the cores idle,
+# most of it in their first minutes (timers, handshakes, nodes starting). The checks (validate beside unit: two
+# minutes of CPU) run beside them, niced, in that idle, and their output is printed whole when each ends; where one
+# fails, make test fails once the suites end.
+test: setup ## everything CI runs: lint and docs, then the suites with validate and unit beside them (.ci/run prints how long each stage took)
 	@$(MAKE) --no-print-directory lint docs
-	@$(MAKE) --no-print-directory -j2 --output-sync=target validate unit UNIT_ARGS="$(VALIDATE_TESTS:%=--ignore=%)"
-	@$(MAKE) --no-print-directory suites
+	@$(MAKE) --no-print-directory -j2 suites checks
+
+# validate (mostly one process at a time: packer, ansible-lint) beside unit (two workers), at the priority of work
+# that fills idle cores (nice 10): two jobs of their own, not slots of make test's jobserver (its flags kept,
+# its -j and jobserver left out).
+checks: setup
+	@MAKEFLAGS='$(filter-out -j% --jobserver-auth=% --jobserver-fds=%,$(MAKEFLAGS))' nice -n 10 \
+		$(MAKE) --no-print-directory -j2 --output-sync=target validate unit UNIT_ARGS="$(VALIDATE_TESTS:%=--ignore=%)"
 
 test-fast: setup ## the inner loop (a few minutes): lint, docs, unit, and the integration modules marked quick; says what it left out
 	$(VENV)/bin/ruff check .
