@@ -46,8 +46,8 @@ matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an ima
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) -m bootstrap.demo --nodes $(NODES)
 
-# The suites (the clusters, the bake) wait as well as compute: on 2 cores they leave about 15% of the cores idle,
-# most of it in their first minutes (timers, handshakes, nodes starting). The checks (validate beside unit: two
+# The suites (the clusters, the bake) wait as well as compute: on 2 cores, even with four workers, they left 15% of
+# the cores idle (2652 CPU-s in 1550 s), most of it in their first minutes (timers, handshakes, nodes starting). The checks (validate beside unit: two
 # minutes of CPU) run beside them, niced, in that idle, and their output is printed whole when each ends; where one
 # fails, make test fails once the suites end.
 test: setup ## everything CI runs: lint and docs, then the suites with validate and unit beside them (.ci/run prints how long each stage took)
