@@ -122,6 +122,8 @@ def bake(args) -> Path:
         print(f"image: up to date, fingerprint {fingerprint} unchanged: {output}")
         return output
 
+    if is_modern(version):  # the plugins the templates require (make validate installs them too: no order needed)
+        proc.run(["packer", "init", str(ROOT / "packer" / "plugins")], timeout=600)
     started = time.monotonic()
     work = output.with_name(f".{output.name}.tmp")
     shutil.rmtree(work, ignore_errors=True)
