@@ -134,9 +134,10 @@ image-test: setup ## bake the local image for real (qemu, TCG; kept in the cache
 # another (the header names it), KILN_TEST_SHUFFLE= runs the written order.
 SHUFFLE_SEED ?= e77751ccbe4c
 
-suites: setup ## make integration and make image-test in one pool of POOL workers, the longest module first, shuffled, and the Slurm queue's module beside them (make test)
+suites: setup ## make integration and make image-test in one pool of POOL workers, the longest module first, shuffled (make test)
 	$(stage_begin)
-	KILN_TEST_SHUFFLE=$${KILN_TEST_SHUFFLE-$(SHUFFLE_SEED)} scripts/suites $(PY) $(POOL)
+	KILN_TEST_SHUFFLE=$${KILN_TEST_SHUFFLE-$(SHUFFLE_SEED)} $(PY) -m pytest -q -m "integration or image_bake" \
+		-n $(POOL) --durations=20 tests/image/test_bake_local.py tests/image/test_local_vm.py tests/integration
 	$(stage_end)
 
 image-test-gpu: setup ## image-test, then the gpu profile twice on the baked VM against the stand-in repositories (slower)

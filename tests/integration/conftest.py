@@ -37,8 +37,7 @@ SHARED_SESSION = {"tests/integration/test_containers.py": "container-bake",
 # The longest modules first (their time in a whole run, most first), so the workers end together; then the rest in
 # the order found. make test runs the local bake's tests (tests/image, about 1000 s with the image kept, 2500 s and
 # more baking it) in the same pool, first: one worker boots and provisions the VM while the other runs clusters.
-# test_queue early (make integration): most of its minutes are Slurm's timers, a worker waiting while the others
-# use both cores; make suites runs it beside the pool instead, in a pytest of its own (scripts/suites).
+# test_queue early: most of its minutes are Slurm's timers, a worker waiting while the others use both cores
 # A worker is handed its next module while its last two tests run (xdist's loadscope), so a long module must not be
 # next when the container modules' worker asks (its last two tests take minutes): test_nvidia_roles, once after
 # test_aws and test_trainer_resume, went to that worker and ran last, 35 s past the others.
