@@ -46,10 +46,9 @@ matrix-env: setup ## with MATRIX=FILE: .venv-NAME, the Python environment an ima
 demo: setup ## local 3-node cluster: mesh, horovod and tf-config training, result table
 	$(PY) -m bootstrap.demo --nodes $(NODES)
 
-# The suites (the clusters, the bake) wait as well as compute: on 2 cores, even with four workers, they left 15% of
-# the cores idle (2652 CPU-s in 1550 s), most of it in their first minutes (timers, handshakes, nodes starting). The checks (validate beside unit: two
-# minutes of CPU) run beside them, niced, in that idle, and their output is printed whole when each ends; where one
-# fails, make test fails once the suites end.
+# The checks (validate beside unit: about 85 CPU-s) run beside the suites, niced, and their output is printed whole
+# when each ends; where one fails, make test fails once the suites end. The suites keep 2 cores 95-100% busy from
+# their first minute to their last (.ci/run's table), so this saves what the checks' own minute used to add.
 test: setup ## everything CI runs: lint and docs, then the suites with validate and unit beside them (.ci/run prints how long each stage took)
 	@$(MAKE) --no-print-directory lint docs
 	@$(MAKE) --no-print-directory -j2 suites checks
