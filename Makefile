@@ -53,9 +53,9 @@ test: setup ## everything CI runs: lint and docs, then the suites with validate 
 	@$(MAKE) --no-print-directory lint docs
 	@$(MAKE) --no-print-directory -j2 suites checks
 
-# validate (mostly one process at a time: packer, ansible-lint) beside unit (two workers), at the priority of work
-# that fills idle cores (nice 10): two jobs of their own, not slots of make test's jobserver (its flags kept,
-# its -j and jobserver left out).
+# validate (mostly one process at a time: packer, ansible-lint) beside unit (two workers), at a lower priority
+# (nice 10: the suites' processes, some of them timed, go first): two jobs of their own, not slots of make test's
+# jobserver (its flags kept, its -j and jobserver left out).
 checks: setup
 	@MAKEFLAGS='$(filter-out -j% --jobserver-auth=% --jobserver-fds=%,$(MAKEFLAGS))' nice -n 10 \
 		$(MAKE) --no-print-directory -j2 --output-sync=target validate unit UNIT_ARGS="$(VALIDATE_TESTS:%=--ignore=%)"
