@@ -3,8 +3,8 @@
 
 Not matplotlib: where it is installed, Keras imports matplotlib.pyplot whenever TensorFlow is imported (its
 plot_image_gallery), 0.55 CPU-s and 0.7 s more for every TensorFlow process on the machine (2.35 against 2.9 CPU-s
-here), and a local cluster's nodes run the operator's Python. Pillow is one TensorBoard needs anyway, and Keras's
-import of it costs 15 ms."""
+here), and a local cluster's nodes run the operator's Python. Pillow is one of kiln's own dependencies (TensorBoard
+needs it too), and Keras's import of it costs 15 ms."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+
+SIZE = (700, 400)  # pixels
+MARGINS = (72, 40, 20, 48)  # left, top, right, bottom: room for the tick labels, the title and the axis label
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")  # one per process, in turn (the tab10 palette)
+CHARTS = (("loss", "loss", "loss.png"), ("examples_per_sec", "examples/s", "throughput.png"))
+LEGEND_ROWS = 8  # processes named in the legend; past that, a last row says how many more there are
 
 
 def read_metrics(folder: Path) -> dict[str, list[dict]]:
@@ -30,14 +37,6 @@ def read_metrics(folder: Path) -> dict[str, list[dict]]:
         if rows:
             series[f"{task} ({path.parent.name})"] = rows
     return series
-
-
-SIZE = (700, 400)  # pixels
-MARGINS = (72, 40, 20, 48)  # left, top, right, bottom: room for the tick labels, the title and the axis label
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")  # one per process, in turn (the tab10 palette)
-CHARTS = (("loss", "loss", "loss.png"), ("examples_per_sec", "examples/s", "throughput.png"))
-LEGEND_ROWS = 8  # processes named in the legend; past that, a last row says how many more there are
 
 
 def ticks(low: float, high: float, most: int = 6, least_step: float = 0.0) -> list[float]:
