@@ -273,7 +273,7 @@ def test_a_frozen_process_stops_the_run_naming_its_host(cluster, mode, task):
 @pytest.mark.parametrize(("mode", "task"), [("tf-config", "worker-1"), ("horovod", "rank-1")])
 def test_a_killed_run_restarts_from_its_last_checkpoint(cluster, mode, task):
     run_id = f"restart-{mode}"
-    epochs, every = 12, 5
+    epochs, every = 6, 5  # the kill lands at step 10 with some 120 steps to go (test_managed's EPOCHS)
     options = ["--mode", mode, "--max-restarts", "1", "--args",
                f"--epochs {epochs} --log-every 1 --checkpoint-every {every}"]
     code, out, err = train_and_signal(cluster, run_id, options, task, min_step=2 * every)
