@@ -88,7 +88,7 @@ def _split_address_port(text: str, item: str, prefix: str) -> tuple[str, int | N
 def _parse_port(port_text: str | None, item: str, prefix: str) -> int | None:
     if port_text is None:
         return None
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
         raise HostListError(f"{prefix}{item!r}: port {port_text!r} is not a number from 1 to 65535")
     return int(port_text)
 

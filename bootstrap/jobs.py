@@ -236,7 +236,7 @@ def wait_for(name: str, job: str, timeout_s: float = WAIT_S, every_s: float | No
 def shown_job(where: Reach, job: str) -> str:
     """`scontrol show job` of one of the queue's jobs; refused by name where slurmctld has no such job (it keeps an
     ended one's record for MinJobAge)."""
-    if not job.isdigit():
+    if not (job.isascii() and job.isdigit()):
         raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
     shown = where.tool("scontrol", "show", "job", "--oneliner", job)
     if shown.returncode:
@@ -294,7 +294,7 @@ def fetch(name: str, job: str) -> list[str]:
     """Bring a job's folder (outputs, checkpoints, model, logs; not its code) into its run's folder here: the job
     kiln submitted from this machine, by its number."""
     where = reach(name)
-    if not job.isdigit():
+    if not (job.isascii() and job.isdigit()):
         raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
     for path in sorted(state.runs_root().glob("*/job.json"), reverse=True):  # newest first: a name used again
         try:

@@ -99,7 +99,7 @@ def parse_gpus(text: str) -> tuple[str, int]:
     if model.lower() not in names:
         raise UsageError(f"--gpus {text}: no cloud kiln knows offers {model or 'an unnamed GPU'}; the GPUs: "
                          f"{', '.join(gpu_names())}")
-    if count_text and not (count_text.isdigit() and int(count_text) > 0):
+    if count_text and not (count_text.isascii() and count_text.isdigit() and int(count_text) > 0):
         raise UsageError(f"--gpus {text}: the count after ':' must be a whole number above 0, e.g. H100:8")
     return names[model.lower()], int(count_text or 1)
 

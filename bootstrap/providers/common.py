@@ -115,6 +115,17 @@ def positive_number(text, flag: str, most: float, unreadable: str) -> float:
     return value
 
 
+def validate_max_price(text) -> float:
+    """--max-price as USD per hour: a finite number above 0 (nan and inf read as floats, and are no price)."""
+    try:
+        price = float(text)
+    except (TypeError, ValueError):
+        price = 0.0
+    if not 0 < price < float("inf"):
+        raise UsageError(f"--max-price {text!r} is not a positive price in USD per hour")
+    return price
+
+
 def validate_ttl(ttl_hours) -> float:
     """--ttl-hours: more than 0 and at most MAX_TTL_HOURS."""
     return positive_number(ttl_hours, "ttl-hours", MAX_TTL_HOURS, " is not a number")

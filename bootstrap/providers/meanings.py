@@ -31,6 +31,7 @@ AZURE_SKU = "https://learn.microsoft.com/azure/azure-resource-manager/troublesho
 AZURE_QUOTA = "https://learn.microsoft.com/azure/azure-resource-manager/troubleshooting/error-resource-quota"
 AZURE_THROTTLING = "https://learn.microsoft.com/azure/azure-resource-manager/management/request-limits-and-throttling"
 AZURE_ERRORS = "https://learn.microsoft.com/azure/azure-resource-manager/troubleshooting/common-deployment-errors"
+AZURE_SPOT = "https://learn.microsoft.com/azure/virtual-machines/error-codes-spot"
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ TABLES: dict[str, tuple[Row, ...]] = {
                       "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"),
         # "The requested size for resource '...' is currently not available in location 'eastus' ..."
         Row("SkuNotAvailable", "capacity", AZURE_SKU),
+        # the Spot price here is above --max-price, as EC2's SpotMaxPriceTooLow: another region's may not be
+        Row("SpotPriceGreaterThanProvidedMaxPrice", "capacity", AZURE_SPOT),
         Row("QuotaExceeded", "quota", AZURE_QUOTA, words=r"exceeding approved (\S+) (?:cores )?quota"),
         Row("QuotaExceeded", "quota", AZURE_QUOTA),
         # Azure's code for a core quota ("Operation could not be completed as it results in exceeding approved

@@ -43,7 +43,7 @@ def parse_number(option: str, text: str, number: type = float) -> int | float:
         value = number(text)
     except ValueError:
         raise ParseError(f"{option} wants {what}, not {text!r}") from None
-    if value < 0 or value != value:  # negative, or NaN
+    if value < 0 or value != value or value == float("inf"):  # negative, NaN, or no number at all
         raise ParseError(f"{option} wants {what} of 0 or more, not {text!r}")
     return value
 

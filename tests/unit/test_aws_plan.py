@@ -38,6 +38,8 @@ def test_valid_request_is_normalised():
     ({"ami": "ubuntu"}, "--ami 'ubuntu' is not an AMI id like ami-0123456789abcdef0"),
     ({"max_price": "1"}, "--max-price applies to spot instances only: add --spot"),
     ({"spot": True, "max_price": "-1"}, "--max-price '-1' is not a positive price in USD per hour"),
+    ({"spot": True, "max_price": "nan"}, "--max-price 'nan' is not a positive price in USD per hour"),
+    ({"spot": True, "max_price": "inf"}, "--max-price 'inf' is not a positive price in USD per hour"),
     ({"ttl_hours": 0}, "--ttl-hours 0: give more than 0 and at most 336"),
     ({"ssh_cidr": None}, "give --ssh-cidr with the address you connect from (e.g. 203.0.113.7/32); "
                          "kiln never opens SSH to 0.0.0.0/0"),

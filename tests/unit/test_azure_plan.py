@@ -37,6 +37,7 @@ def test_a_request_takes_a_current_gpu_size_by_default():
     ({"image_id": "kiln-gpu"}, "--image-id 'kiln-gpu': give a managed image's id"),
     ({"max_price": 1}, "--max-price applies to Spot VMs only"),
     ({"spot": True, "max_price": "free"}, "--max-price 'free' is not a positive price"),
+    ({"spot": True, "max_price": "nan"}, "--max-price 'nan' is not a positive price"),
     ({"user": "root"}, "--user 'root' is not a login name Azure takes"),
     ({"ssh_cidr": "0.0.0.0/0"}, "too broad"),
     ({"count": 0}, "--count 0"),

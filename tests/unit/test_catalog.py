@@ -62,6 +62,7 @@ def test_gpus_find_the_types_that_carry_exactly_them(text, cloud, types):
     ("H100:0", "aws", "the count after ':' must be a whole number above 0"),
     ("H100:-1", "aws", "the count after ':' must be a whole number above 0"),
     ("H100:eight", "aws", "the count after ':' must be a whole number above 0"),
+    ("H100:\u00b2", "aws", "the count after ':' must be a whole number above 0"),  # a digit to str.isdigit, not to int
 ])
 def test_gpus_no_type_carries_are_refused_naming_what_the_clouds_offer(text, cloud, said):
     with pytest.raises(UsageError) as refused:

@@ -162,6 +162,9 @@ def test_each_compute_engine_operation_error_reads_as_its_row_says(code, message
     ("SkuNotAvailable", "The requested size for resource '/subscriptions/s/resourceGroups/g/providers/"
      "Microsoft.Compute/virtualMachines/v' is currently not available in location 'eastus' zones '' for "
      "subscription 's'.", "capacity"),
+    ("SpotPriceGreaterThanProvidedMaxPrice", "Unable to perform operation 'Create VM' since the provided maximum "
+     "price '2 USD' is lower than the current spot price '3.2 USD' for Azure Spot VM size "
+     "'Standard_ND96isr_H100_v5'.", "capacity"),
     ("QuotaExceeded", AZURE_CORE_QUOTA, "quota standardNDSH100v5Family"),
     ("QuotaExceeded", "Quota exceeded.", "quota QuotaExceeded"),
     ("OperationNotAllowed", AZURE_CORE_QUOTA, "quota standardNDSH100v5Family"),

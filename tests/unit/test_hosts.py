@@ -31,6 +31,7 @@ def test_host_list_forms(text, expected):
         ("h1:0", "host list item 1: 'h1:0': port '0' is not a number from 1 to 65535"),
         ("h1:70000", "host list item 1: 'h1:70000': port '70000' is not a number from 1 to 65535"),
         ("h1:ssh", "host list item 1: 'h1:ssh': port 'ssh' is not a number from 1 to 65535"),
+        ("h1:\u00b2", "host list item 1: 'h1:\u00b2': port '\u00b2' is not a number from 1 to 65535"),
         ("h1:", "host list item 1: 'h1:': empty port after ':'"),
         ("fe80::1", "host list item 1: 'fe80::1': write IPv6 addresses in brackets, e.g. [fe80::1]:22"),
         ("[fe80::1", "host list item 1: '[fe80::1': missing ']' after IPv6 address"),

@@ -107,3 +107,11 @@ def test_options_that_do_not_go_together_are_refused_before_anything_starts(tmp_
             (["train", "--mode", "tf-config", "--no-chief", "--", "python", "x.py"], "--no-chief goes with --ps")):
         done = kiln("-H", "n1,n2", *argv[:1], "--dry-run", *argv[1:], cwd=tmp_path, home=tmp_path)
         assert done.returncode == 2 and message in done.stderr, (argv, done.stderr)
+
+
+def test_a_number_that_is_no_number_is_refused_before_anything_starts(tmp_path):
+    """`inf` reads as a float but is no count of minutes: one line naming it, exit 2, no queue made."""
+    done = kiln("queue", "up", "kq", "--idle-minutes", "inf", cwd=tmp_path, home=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--idle-minutes wants a number of 0 or more, not 'inf'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "queues").exists() and not list(tmp_path.glob("**/queue.json"))

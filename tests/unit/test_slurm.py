@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import replace
@@ -57,6 +58,14 @@ def test_hostlist_is_slurms_compact_form_and_expand_reads_it_back(indexes, writt
 def test_expand_reads_what_slurmctld_hands_the_resume_program():
     assert expand("kq-gpu-[0-1,5],kq-cpu-1") == ["kq-gpu-0", "kq-gpu-1", "kq-gpu-5", "kq-cpu-1"]
     assert expand("n[08-10]") == ["n08", "n09", "n10"]
+
+
+@pytest.mark.parametrize("bad", ["kq-cpu-[]", "kq-cpu-[1-x]", "kq-cpu-[3-1]", "kq-cpu-[1,,2]", "kq-cpu-[-2]"])
+def test_expand_refuses_a_hostlist_it_cannot_read_naming_it(bad):
+    """A range written backwards would stand for no node at all, and the others are no numbers: both are bad input
+    (`kiln queue resume NAME --nodes ...`), named, never an empty list or a traceback."""
+    with pytest.raises(UsageError, match=re.escape(f"hostlist {bad!r}: ")):
+        expand(bad)
 
 
 def test_each_partition_is_its_nodes_in_the_cloud_state_with_their_gpus():

@@ -59,7 +59,8 @@ def test_float_options_parse_as_numbers_and_refuse_words():
                           (["--timeout", "abc"], "--timeout wants a whole number, not 'abc'"),
                           (["--max-restarts", "1.5"], "--max-restarts wants a whole number, not '1.5'"),
                           (["--timeout", "-5"], "--timeout wants a whole number of 0 or more, not '-5'"),
-                          (["--stall-minimum", "nan"], "--stall-minimum wants a number of 0 or more, not 'nan'")):
+                          (["--stall-minimum", "nan"], "--stall-minimum wants a number of 0 or more, not 'nan'"),
+                          (["--stall-minimum", "inf"], "--stall-minimum wants a number of 0 or more, not 'inf'")):
         with pytest.raises(ParseError, match=re.escape(message)):
             Parser(contexts=[contexts()["cluster.train"]]).parse_argv(["cluster.train", *argv])
 

@@ -49,6 +49,7 @@ from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as th
     summarize,
     validate_cidr,
     validate_count,
+    validate_max_price,
     validate_name,
     validate_snapshot_ttl,
     validate_ssh_wait,
@@ -142,11 +143,7 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     if max_price is not None:
         if not spot:
             raise UsageError("--max-price applies to spot instances only: add --spot")
-        try:
-            if float(max_price) <= 0:
-                raise ValueError
-        except (TypeError, ValueError):
-            raise UsageError(f"--max-price {max_price!r} is not a positive price in USD per hour") from None
+        validate_max_price(max_price)
         max_price = str(max_price)
     validate_user(user)
     ttl_hours = validate_ttl(ttl_hours)

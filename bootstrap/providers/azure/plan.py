@@ -41,6 +41,7 @@ from bootstrap.providers.common import (
     parse_image_tags,
     validate_cidr,
     validate_count,
+    validate_max_price,
     validate_name,
     validate_ttl,
     validate_volume,
@@ -122,12 +123,7 @@ def validate_request(name: str, count, vm_size: str | None, *, location: str | N
     if max_price is not None:
         if not spot:
             raise UsageError("--max-price applies to Spot VMs only: add --spot")
-        try:
-            max_price = float(max_price)
-            if max_price <= 0:
-                raise ValueError
-        except (TypeError, ValueError):
-            raise UsageError(f"--max-price {max_price!r} is not a positive price in USD per hour") from None
+        max_price = validate_max_price(max_price)
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or "") or user in ("root", "admin", "administrator"):
         raise UsageError(f"--user {user!r} is not a login name Azure takes")
     ttl_hours = validate_ttl(ttl_hours)
