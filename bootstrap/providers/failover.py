@@ -202,7 +202,8 @@ def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say:
              max_attempts: int = MAX_ATTEMPTS) -> tuple[T, Candidate, list[Tried]]:
     """first_fit (`max_attempts` tries a round), round after round while no candidate has capacity, waiting longer
     each time (RETRY_FIRST_WAIT_S doubled up to RETRY_LONGEST_WAIT_S), until `deadline_s` from now; then the last
-    round's error."""
+    round's error. A candidate its place does not offer (an unavailable verdict, or refused before anything was
+    made) is left out of the later rounds: waiting does not make a zone offer a type."""
     end = clock() + deadline_s
     wait, round_ = RETRY_FIRST_WAIT_S, 0
     earlier: list[Tried] = []  # the rounds before this one's tries, each with its round
@@ -218,6 +219,10 @@ def until_up(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say:
             tries = error.tried if isinstance(error, NoCapacity) else [  # one candidate's error comes as it is
                 Tried(order[0], verdict_of(order[0].cloud, error), error.code, isinstance(error, Unavailable))]
             earlier += [replace(one, round=round_) for one in tries]
+            offered_nowhere = {one.candidate for one in tries if one.verdict == "unavailable" or one.refused}
+            order = [candidate for candidate in order if candidate not in offered_nowhere]
+            if not order:
+                raise
             pause = min(wait, left)
             say(f"up: round {round_}: no capacity ({getattr(error, 'code', '') or 'any candidate'}); trying again "
                 f"in {pause:.0f}s (--retry-until-up: {left:.0f}s left)")

@@ -351,6 +351,21 @@ def capacity_error(operation: str):
     return ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no capacity"}}, operation)
 
 
+def test_a_look_before_anything_is_made_that_aws_refuses_is_its_error_not_a_traceback(env, ec2, image):
+    """An organisation's policy that denies the region its images (the caller's identity still answers): AWS's own
+    error, its code for the failover's verdict, and nothing made."""
+    from botocore.exceptions import ClientError
+
+    connected = aws.connect()
+    denied = ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform "
+                                    "this operation."}}, "DescribeImages")
+    connected.ec2 = FailOn(connected.ec2, "describe_images", denied)
+    with pytest.raises(aws.AwsError, match="^cluster.up denied: UnauthorizedOperation: You are not") as raised:
+        up("denied", 1, "g4dn.xlarge", ssh_cidr=CIDR, connected=connected, ssh_wait_s=0)
+    assert raised.value.code == "UnauthorizedOperation" and "nothing was created" in str(raised.value)
+    assert leftovers(ec2) == []
+
+
 @pytest.mark.parametrize(("api", "nth", "step", "instance_type"), [
     ("import_key_pair", 1, "import the key pair", "g4dn.xlarge"),
     ("create_security_group", 1, "create the security group", "g4dn.xlarge"),

@@ -287,6 +287,26 @@ def test_retry_until_up_stops_at_its_deadline_and_never_retries_what_is_not_capa
     assert asked == ["r1"]  # no --retry-until-up: once
 
 
+def test_retry_until_up_leaves_out_of_later_rounds_what_a_place_does_not_offer():
+    """A zone that does not offer the type (GCE's UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE) is tried in the first
+    round only; the zone that had no capacity is tried again, and taken once it has some."""
+    clock, tries = Clock(), []
+
+    def attempt(candidate: Candidate) -> str:
+        tries.append(candidate.place)
+        if candidate.place == "z-a":
+            raise CloudError("...", code="UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE")
+        if tries.count("z-b") < 3:
+            raise CloudError("...", code="ZONE_RESOURCE_POOL_EXHAUSTED")
+        return f"up in {candidate.place}"
+
+    made, _, tried = failover.until_up(order("gcp", "z-a", "z-b"), attempt, lambda line: None, 600,
+                                       sleep=clock.sleep, clock=lambda: clock.now)
+    assert made == "up in z-b" and tries == ["z-a", "z-b", "z-b", "z-b"]
+    assert [(one.candidate.place, one.verdict, one.round) for one in tried] == [
+        ("z-a", "unavailable", 1), ("z-b", "capacity", 1), ("z-b", "capacity", 2)]
+
+
 def test_a_round_tries_max_attempts_candidates_and_says_how_many_it_left():
     """--max-attempts caps the tries of a round; a candidate skipped for a quota is not a try."""
     attempt, asked = fails({"r1": "InsufficientInstanceCapacity", "r2": "VcpuLimitExceeded",

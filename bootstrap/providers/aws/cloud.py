@@ -534,16 +534,24 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
 
     With volume_gib, each node gets an encrypted data volume of its own, restored from the cluster's newest
     complete set of snapshots where there is one (`down --snapshot` makes them), else empty."""
+    import botocore.exceptions
+
     ssh_wait_s = plan.validate_ssh_wait(ssh_wait_s)
     aws = aws or connect(region, profile)
     owner = caller(aws)
     check_instance_type(aws, request)
-    image = find_image(aws, request)  # a region without the type or the image refuses before any quota is asked
-    check_vcpus(aws, request)
-    network = efa_network(aws, request)
-    if network:
-        check_addresses(aws, request)
-    taken = find_resources(aws, request.name)
+    try:  # what AWS answers these looks with (a policy denying the region, throttling) is its error, as any call's
+        image = find_image(aws, request)  # a region without the type or the image refuses before any quota is asked
+        check_vcpus(aws, request)
+        network = efa_network(aws, request)
+        if network:
+            check_addresses(aws, request)
+        taken = find_resources(aws, request.name)
+    except botocore.exceptions.BotoCoreError as error:
+        raise AwsError(f"cluster.up {request.name}: {describe_error(error)}; nothing was created") from None
+    except botocore.exceptions.ClientError as error:
+        raise AwsError(f"cluster.up {request.name}: {describe_error(error)}; nothing was created",
+                       code=error_code(error)) from None
     if taken:
         data = [r.id for r in taken if r.kind == "volume" and plan.TAG_DATA in r.tags]
         raise UsageError(f"cluster name {request.name!r} is taken: {len(taken)} resource(s) tagged "
