@@ -257,10 +257,12 @@ def cancel_job(name: str, job: str) -> str:
 
 def job_log(name: str, job: str, follow: bool = False, every_s: float = 1.0) -> Iterator[str]:
     """The job's log (its sbatch --output; an array job's, each task's in turn) as it is: what is there, or with
-    `follow`, what is written until the job has ended."""
+    `follow`, what is written until the job has ended. A follow whose asks slurmctld stops answering (the queue
+    taken down, the login node gone) ends after MISSED_CALLS of them in a row, naming why."""
     where = reach(name)
     shown = shown_job(where, job)
     offsets: dict[str, int] = {}
+    missed = 0
     while True:
         ended = slurm.job_exit(shown) is not None
         for line in shown.splitlines():
@@ -272,7 +274,19 @@ def job_log(name: str, job: str, follow: bool = False, every_s: float = 1.0) -> 
         if not follow or ended:
             return
         time.sleep(every_s)
-        shown = where.tool("scontrol", "show", "job", "--oneliner", job).stdout or shown
+        try:
+            again = where.tool("scontrol", "show", "job", "--oneliner", job)
+        except KilnError as error:
+            again, why = None, str(error)
+        if again is not None and again.returncode == 0 and again.stdout:
+            shown, missed = again.stdout, 0
+            continue
+        if again is not None:
+            why = (again.stderr or again.stdout).strip() or f"scontrol exited {again.returncode}"
+        missed += 1
+        if missed > MISSED_CALLS:
+            raise JobError(f"job {job} of queue {name}: slurmctld answers no more about it ({why}); its log so "
+                           "far is above")
 
 
 def describe(name: str) -> str:

@@ -180,7 +180,12 @@ def slurm_env(name: str) -> dict[str, str]:
 
 
 def slurm_tool(name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """One of Slurm's client tools against the cluster's queue, bounded (past it, a QueueError naming the tool)."""
+    """One of Slurm's client tools against the cluster's queue, bounded (past it, a QueueError naming the tool). A
+    queue whose slurm.conf is gone (taken down) is said at once: Slurm's tools without one look for the controller
+    in DNS, and wait out their timeout where no DNS answers."""
+    conf = Path(slurm_env(name)["SLURM_CONF"])
+    if not conf.is_file():
+        raise QueueError(f"queue {name} is gone: no {conf} (kiln queue up {name} makes a queue)")
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
@@ -394,14 +399,18 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
         chosen = provider or placed(name)
         try:
             added = chosen.grow(name, len(wanted))
-        except KilnError as error:
+        except (KilnError, OSError, subprocess.TimeoutExpired) as error:
             for node in wanted:
                 mark_down(name, node, f"kiln could not make it: {error}")
             raise
-        lines, joined = [], dict(saved.nodes)
+        lines, record = [], dict(saved.nodes)
         unjoined = dict(zip(wanted, added, strict=False))  # a provider's grow makes all it is asked for, or none
         extra = [made.host for made in added[len(wanted):]]  # so none of these is ever the queue's
+        # Every machine made is on record before a join can take long, so that one this program leaves behind
+        # (slurmctld kills it outright 10 ms after its SIGTERM) is removed by its node's resume-fail or suspend.
+        record.update({node: {"host": made.host.label, "address": made.address} for node, made in unjoined.items()})
         try:
+            save(name, replace(saved, nodes=record))
             for node in wanted[len(added):]:
                 mark_down(name, node, "kiln made no machine for it")
             options = ssh_options(name, state.load_cluster(name))
@@ -414,15 +423,22 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
                     mark_down(name, node, f"kiln could not join {made.host.label}: {error}")
                     lines.append(f"{node}: failed on {made.host.label} ({made.address}): {error}")
                     chosen.shrink(name, [made.host])
+                    del record[node]
+                    save(name, replace(saved, nodes=record))
                 else:
-                    joined[node] = {"host": made.host.label, "address": made.address}
-                    save(name, replace(saved, nodes=joined))  # known the moment it is: a suspend finds it
                     lines.append(f"{node}: {made.host.label} ({made.address})")
                 del unjoined[node]
         finally:  # interrupted (a kill, an error of another kind): no machine the queue does not know
             if unjoined or extra:
-                with contextlib.suppress(Exception), terms_held_off():  # a second kill does not cut it short
-                    chosen.shrink(name, [*(made.host for made in unjoined.values()), *extra])
+                with terms_held_off():  # a second kill does not cut it short
+                    with contextlib.suppress(Exception):
+                        chosen.shrink(name, [*(made.host for made in unjoined.values()), *extra])
+                    for node in unjoined:  # down now, not powering up with its jobs until ResumeTimeout
+                        with contextlib.suppress(Exception):
+                            mark_down(name, node, "kiln's resume ended before it joined the node's machine")
+                        record.pop(node, None)
+                    with contextlib.suppress(Exception):
+                        save(name, replace(saved, nodes=record))
         return lines
 
 

@@ -24,7 +24,7 @@ pytest.importorskip("azure.mgmt.compute")
 
 from bootstrap import node, state  # noqa: E402
 from bootstrap.errors import UsageError  # noqa: E402
-from bootstrap.providers import common  # noqa: E402
+from bootstrap.providers import common, failover  # noqa: E402
 from bootstrap.providers.azure import cloud, plan  # noqa: E402
 from bootstrap.ssh import NODE_SCRIPT  # noqa: E402
 from localcloud.imds import Imds  # noqa: E402
@@ -495,6 +495,7 @@ def test_a_size_the_location_does_not_offer_or_open_or_run_as_spot_is_refused_be
         with pytest.raises(UsageError) as refused:
             cloud.up(request("sized", 1, **changes), ssh_wait_s=0)
         assert str(refused.value) == said
+        assert isinstance(refused.value, failover.Unavailable)  # among candidates: the next one's turn
     arm.fail("resourceSkus.list", code="AuthorizationFailed", status=403)
     with pytest.raises(cloud.AzureError, match="^cluster.up sized: could not look up the VM sizes of eastus: "
                                                "AuthorizationFailed: .*; nothing was created$"):

@@ -359,8 +359,21 @@ def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(que
 
 
 def test_down_leaves_no_daemon_key_or_namespace(queue):
+    """... and a `kiln queue logs --follow` of a job still waiting then ends, naming why, rather than ask forever."""
     pids = Path(queue.home / "clusters" / NAME / "queue" / "ctl" / "slurmctld.pid").read_text().split()[0]
-    down = queue.kiln("down", NAME)
+    held = queue.slurm("sbatch", "--parsable", "--hold", "--output=/dev/null", "--wrap=true").strip()
+    with subprocess.Popen([str(KILN), "queue", "logs", NAME, "--job", held, "--follow"], cwd=ROOT, env=queue.env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          stdin=subprocess.DEVNULL) as follow:
+        try:
+            time.sleep(2)
+            assert follow.poll() is None, follow.communicate()  # following a job that waits
+            down = queue.kiln("down", NAME)
+            _, err = follow.communicate(timeout=120)
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+    assert follow.returncode == 1 and "slurmctld answers no more about it" in err and "Traceback" not in err, err
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"queue {NAME}: slurmctld and munged stopped" in down.stdout
     assert not Path(f"/proc/{pids}").exists()

@@ -287,6 +287,22 @@ def test_retry_until_up_stops_at_its_deadline_and_never_retries_what_is_not_capa
     assert asked == ["r1"]  # no --retry-until-up: once
 
 
+def test_a_size_that_cannot_run_as_spot_leaves_the_on_demand_fallback_its_turn():
+    """Azure's size facts say no Spot (azure.plan refuses it before anything is made): with --on-demand-fallback
+    the on-demand candidate of the same size comes up, as with no spot capacity."""
+    spot, on_demand = Candidate("azure", "eastus", "Standard_B2s", True), Candidate("azure", "eastus", "Standard_B2s",
+                                                                                     False)
+
+    def attempt(candidate: Candidate) -> str:
+        if candidate.spot:
+            raise failover.Unavailable("--spot: Standard_B2s cannot run as a Spot VM", code="SpotNotSupported")
+        return "up on demand"
+
+    made, chosen, tried = failover.first_fit([spot, on_demand], attempt, lambda line: None)
+    assert (made, chosen) == ("up on demand", on_demand) and [(t.verdict, t.refused) for t in tried] == [
+        ("unavailable", True)]
+
+
 def test_retry_until_up_leaves_out_of_later_rounds_what_a_place_does_not_offer():
     """A zone that does not offer the type (GCE's UNSUPPORTED_OPERATION_ZONE_NOT_AVAILABLE) is tried in the first
     round only; the zone that had no capacity is tried again, and taken once it has some."""

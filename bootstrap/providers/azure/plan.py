@@ -272,8 +272,8 @@ def check_size(request: Request, sizes: Mapping[str, SizeFacts]) -> SizeFacts:
                           code="SkuNotAvailable")
     if not facts.premium_io:
         raise UsageError(f"--instance-type {facts.name}: takes no Premium SSD disks, which kiln's are")
-    if request.spot and not facts.spot:
-        raise UsageError(f"--spot: {facts.name} cannot run as a Spot VM")
+    if request.spot and not facts.spot:  # with --on-demand-fallback, the on-demand candidates' turn
+        raise Unavailable(f"--spot: {facts.name} cannot run as a Spot VM", code="SpotNotSupported")
     return facts
 
 

@@ -231,9 +231,9 @@ def find_image(gce: Gce, request: plan.Request) -> str:
                                                                                 "filter": query}))
     except Exception as error:
         raise GcpError(f"look for kiln's images ({query}): {describe_error(error)}") from None
-    if found is None:
-        raise UsageError(f"no image in project {gce.project} with {query} (make image PROVIDER=gcp bakes one; or "
-                         "give --source-image)")
+    if found is None:  # bad input with GCP alone; with other clouds among the candidates, their turn
+        raise Unavailable(f"no image in project {gce.project} with {query} (make image PROVIDER=gcp bakes one; or "
+                          "give --source-image)", code="NoImageHere")
     return found["selfLink"]
 
 
