@@ -233,11 +233,16 @@ def wait_for(name: str, job: str, timeout_s: float = WAIT_S, every_s: float | No
         time.sleep(every_s)
 
 
+def check_job_number(job: str) -> None:
+    """--job: a job's number (digits 0-9 alone: str.isdigit also takes '²', which no int reads)."""
+    if not (job.isascii() and job.isdigit()):
+        raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
+
+
 def shown_job(where: Reach, job: str) -> str:
     """`scontrol show job` of one of the queue's jobs; refused by name where slurmctld has no such job (it keeps an
     ended one's record for MinJobAge)."""
-    if not (job.isascii() and job.isdigit()):
-        raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
+    check_job_number(job)
     shown = where.tool("scontrol", "show", "job", "--oneliner", job)
     if shown.returncode:
         raise UsageError(f"--job {job}: queue {where.name} has no such job ({(shown.stderr or shown.stdout).strip()})")
@@ -278,11 +283,11 @@ def job_log(name: str, job: str, follow: bool = False, every_s: float = 1.0) -> 
             again = where.tool("scontrol", "show", "job", "--oneliner", job)
         except KilnError as error:
             again, why = None, str(error)
+        else:
+            why = (again.stderr or again.stdout).strip() or f"scontrol exited {again.returncode}"
         if again is not None and again.returncode == 0 and again.stdout:
             shown, missed = again.stdout, 0
             continue
-        if again is not None:
-            why = (again.stderr or again.stdout).strip() or f"scontrol exited {again.returncode}"
         missed += 1
         if missed > MISSED_CALLS:
             raise JobError(f"job {job} of queue {name}: slurmctld answers no more about it ({why}); its log so "
@@ -308,8 +313,7 @@ def fetch(name: str, job: str) -> list[str]:
     """Bring a job's folder (outputs, checkpoints, model, logs; not its code) into its run's folder here: the job
     kiln submitted from this machine, by its number."""
     where = reach(name)
-    if not (job.isascii() and job.isdigit()):
-        raise UsageError(f"--job {job}: give a job's number, as kiln submit printed it")
+    check_job_number(job)
     for path in sorted(state.runs_root().glob("*/job.json"), reverse=True):  # newest first: a name used again
         try:
             record = json.loads(path.read_text())

@@ -183,12 +183,12 @@ def slurm_tool(name: str, *argv: str, timeout: float = 30) -> subprocess.Complet
     """One of Slurm's client tools against the cluster's queue, bounded (past it, a QueueError naming the tool). A
     queue whose slurm.conf is gone (taken down) is said at once: Slurm's tools without one look for the controller
     in DNS, and wait out their timeout where no DNS answers."""
-    conf = Path(slurm_env(name)["SLURM_CONF"])
-    if not conf.is_file():
-        raise QueueError(f"queue {name} is gone: no {conf} (kiln queue up {name} makes a queue)")
+    env = slurm_env(name)
+    if not Path(env["SLURM_CONF"]).is_file():
+        raise QueueError(f"queue {name} is gone: no {env['SLURM_CONF']} (kiln queue up {name} makes a queue)")
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **slurm_env(name)}, stdin=subprocess.DEVNULL)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env},
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise QueueError(f"queue {name}: {argv[0]} got no answer in {timeout:g} s (is its slurmctld up? kiln queue "
                          f"status {name})") from None

@@ -160,12 +160,12 @@ def expand(text: str) -> list[str]:
             names.append(prefix)
             continue
         for item in ranges.rstrip("]").split(","):
-            low, _, high = item.partition("-")
-            if not re.fullmatch(r"[0-9]+", low) or not re.fullmatch(r"[0-9]+", high or low) \
-                    or int(high or low) < int(low):
+            match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", item)
+            low, high = (match.group(1), match.group(2) or match.group(1)) if match else ("", "")
+            if not match or int(high) < int(low):
                 raise UsageError(f"hostlist {text!r}: {item!r} in {part!r} is not an index or a range LOW-HIGH")
             width = len(low) if low.startswith("0") else 0
-            names += [f"{prefix}{index:0{width}d}" for index in range(int(low), int(high or low) + 1)]
+            names += [f"{prefix}{index:0{width}d}" for index in range(int(low), int(high) + 1)]
     return names
 
 

@@ -9,6 +9,7 @@ lifecycle (up, down, list, sweep, launch, gpus: AWS, GCP, Azure, or a local clus
 from __future__ import annotations
 
 import functools
+import math
 
 from fabric import task
 from invoke import Collection, Task
@@ -43,7 +44,7 @@ def parse_number(option: str, text: str, number: type = float) -> int | float:
         value = number(text)
     except ValueError:
         raise ParseError(f"{option} wants {what}, not {text!r}") from None
-    if value < 0 or value != value or value == float("inf"):  # negative, NaN, or no number at all
+    if value < 0 or not math.isfinite(value):  # negative, NaN or infinity
         raise ParseError(f"{option} wants {what} of 0 or more, not {text!r}")
     return value
 
