@@ -293,8 +293,8 @@ PROVIDERS = CLOUDS = {
         # a Spot VM learns it is being preempted about 30 s ahead; autostop's power-off stops the VM (its GPUs and
         # CPUs stop billing, its disks bill until kiln down: GCE has no terminate-on-shutdown for standard VMs)
         shutdown="system", notice=Notice("gce", "the metadata server's instance/preempted"),
-        up_options=frozenset({"instance_type", "spot", "source_image", "image_profile", "image_tags", "ssh_cidr",
-                              "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"}),
+        up_options=frozenset({"instance_type", "spot", "max_price", "source_image", "image_profile", "image_tags",
+                              "ssh_cidr", "user", "ttl_hours", "ssh_wait", "volume", "project", "zone"}),
         # a project's list holds every zone's
         where=("project", "zone"), scope="project", connects=("project",),
         place_word="a GCP zone",

@@ -590,3 +590,19 @@ def test_with_no_zone_named_the_zones_are_tried_cheapest_first_by_the_billing_ca
         [("services.skus.list", "/v1/services/6F81-5844-456A/skus")]
     assert (f"  1. gcp {ZONE} g2-standard-4 spot ($0.256/h now)\n"
             f"  2. gcp {OTHER_REGION_ZONE} g2-standard-4 spot ($0.356/h now)\n") in spot.stdout, spot.stdout
+
+    # --max-price holds on GCE, which takes no bid: a zone whose region's Spot price is above it is refused before
+    # anything is made there, and the next zone is taken; with that zone alone, it is the reason, exit 2
+    held = kiln(env, "up", "mp", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--zones",
+                f"{OTHER_REGION_ZONE},{ZONE}", "--spot", "--max-price", "0.3", "--ssh-wait", "0")
+    assert held.returncode == 0, held.stdout + held.stderr
+    assert (f"up: gcp {OTHER_REGION_ZONE} g2-standard-4 spot: --max-price 0.3: the Spot price of g2-standard-4 in "
+            "us-east1 is 0.356 USD an hour; nothing was made") in held.stdout, held.stdout
+    assert [i.zone.rsplit("/", 1)[-1] for i in instances_of(gce, "mp")] == [ZONE]
+    assert kiln(env, "down", "mp").returncode == 0 and leftovers(gce, "mp", snapshots=False) == []
+    calls = len(gce.calls)
+    over = kiln(env, "up", "mp", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--zone",
+                OTHER_REGION_ZONE, "--spot", "--max-price", "0.3", "--ssh-wait", "0")
+    assert over.returncode == 2 and over.stderr == ("kiln: --max-price 0.3: the Spot price of g2-standard-4 in "
+                                                    "us-east1 is 0.356 USD an hour\n"), over.stderr
+    assert not [method for method, _ in gce.calls[calls:] if not method.endswith((".list", ".get"))]

@@ -444,7 +444,7 @@ def test_up_dry_run_gives_each_candidate_the_options_it_takes(tmp_path):
 
 @pytest.mark.parametrize("provider, said", [("aws", "--max-price applies to spot instances only: add --spot"),
                                             ("azure", "--max-price applies to Spot VMs only: add --spot"),
-                                            ("gcp", "--max-price: not options of --provider gcp")])
+                                            ("gcp", "--max-price applies to Spot VMs only: add --spot")])
 def test_a_max_price_without_spot_is_refused_not_dropped(tmp_path, provider, said):
     """Only an on-demand fallback try drops --max-price; without --spot each provider still refuses it."""
     place = {"aws": (), "azure": ("--location", "eastus"), "gcp": ("--zone", "us-central1-a")}[provider]

@@ -40,10 +40,22 @@ def test_a_request_takes_the_current_gpu_default_and_labels_as_the_bake_writes_t
     ({"name": "Big"}, "cluster name 'Big'"),
     ({"ttl_hours": 0}, "--ttl-hours 0: give more than 0"),
     ({"volume_gb": "lots"}, "--volume 'lots'"),
+    ({"max_price": 1}, "--max-price applies to Spot VMs only: add --spot"),
+    ({"spot": True, "max_price": "inf"}, "--max-price 'inf' is not a positive price"),
 ])
 def test_bad_input_is_one_line_naming_it(changes, said):
     with pytest.raises(UsageError, match=said.replace("(", r"\(").replace(")", r"\)")):
         request(**changes)
+
+
+def test_a_max_price_is_held_by_a_look_before_anything_is_made_as_the_dry_run_says():
+    made = request(spot=True, max_price="2.5")
+    assert made.max_price == 2.5
+    lines = plan.dry_run(made, key="/k", place={"project": "p"}, now=NOW)
+    assert lines[0] == ("cluster c1: first the Spot price of g2-standard-4 in us-central1 from the Cloud Billing "
+                        "Catalog: above --max-price 2.5 USD an hour (or not read), nothing is made (GCE takes no bid)")
+    assert not plan.dry_run(request(spot=True), key="/k", place={"project": "p"}, now=NOW)[0].startswith(
+        "cluster c1: first the Spot price")
 
 
 def test_labels_carry_the_cluster_owner_and_expiry_as_label_values():

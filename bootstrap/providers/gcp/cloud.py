@@ -250,6 +250,26 @@ def check_machine_type(gce: Gce, request: plan.Request) -> None:
         # no right to ask (compute.machineTypes.get), throttled: the insert says it all the same, only later
 
 
+def check_spot_price(gce: Gce, request: plan.Request) -> None:
+    """With --max-price, refuse before anything is made a zone whose region's Spot price of the machine type is
+    above it, or cannot be read: GCE takes no bid, so this look is what holds the price (Unavailable: the next
+    candidate's turn; with one, the reason to the user)."""
+    if not request.max_price:
+        return
+    where = f"{request.machine_type} in {request.region}"
+    try:
+        price = spot_prices([request.machine_type], zone=request.zone, gce=gce).get(request.machine_type)
+    except GcpError as error:
+        raise Unavailable(f"--max-price {request.max_price:g}: the Spot price of {where} could not be read ({error}), "
+                          "so the price cannot be held there", code="SpotPriceUnknown") from None
+    if price is None:
+        raise Unavailable(f"--max-price {request.max_price:g}: the Cloud Billing Catalog has no Spot price of {where}, "
+                          "so the price cannot be held there", code="SpotPriceUnknown")
+    if price > request.max_price:
+        raise Unavailable(f"--max-price {request.max_price:g}: the Spot price of {where} is {price:.4g} USD an hour",
+                          code="SpotPriceAboveMax")
+
+
 def scope_name(scope: str) -> str:
     """`zones/us-central1-a` (an aggregated list's key) or a zone's URL: us-central1-a."""
     return scope.rsplit("/", 1)[-1]
@@ -363,6 +383,7 @@ def up(request: plan.Request, *, project: str | None = None, python: str = "pyth
     all: each step's undo is registered before the step, and finds what it removes by the cluster's labels."""
     gce = gce or connect(project)
     check_machine_type(gce, request)
+    check_spot_price(gce, request)
     image = find_image(gce, request)
     try:
         taken = find_resources(gce, request.name)

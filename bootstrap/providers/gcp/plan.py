@@ -37,6 +37,7 @@ from bootstrap.providers.common import (  # noqa: F401  (expired_clusters, summa
     summarize,
     validate_cidr,
     validate_count,
+    validate_max_price,
     validate_name,
     validate_ttl,
     validate_user,
@@ -86,6 +87,9 @@ class Request(CloudRequest):
     source_image: str | None = None
     image_labels: tuple[tuple[str, str], ...] = ()
     volume_gb: int | None = None
+    # with spot: the most its machines may cost an hour. GCE takes no bid, so kiln reads the Spot price of the type
+    # in the zone's region before making anything and refuses the zone where it is higher (or cannot be read)
+    max_price: float | None = None
 
     @property
     def region(self) -> str:
@@ -112,7 +116,7 @@ def label_value(text: str) -> str:
 
 def validate_request(name: str, count, machine_type: str | None, *, zone: str | None, ssh_cidr: str | None,
                      source_image: str | None = None, image_profile: str = "gpu", image_tags: str | None = None,
-                     spot: bool = False, user: str = "ubuntu", ttl_hours=24.0, volume_gb=None,
+                     spot: bool = False, max_price=None, user: str = "ubuntu", ttl_hours=24.0, volume_gb=None,
                      idle_minutes: float | None = None) -> Request:
     """Check everything that can be checked without GCE; raise one UsageError line naming the bad input."""
     validate_name(name)
@@ -125,12 +129,16 @@ def validate_request(name: str, count, machine_type: str | None, *, zone: str | 
                          "(or .../images/family/FAMILY)")
     if source_image is None and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,62}", image_profile or ""):
         raise UsageError(f"--image-profile {image_profile!r}: use lowercase letters, digits, '-' and '_'")
+    if max_price is not None:
+        if not spot:
+            raise UsageError("--max-price applies to Spot VMs only: add --spot")
+        max_price = validate_max_price(max_price)
     validate_user(user)
     ttl_hours = validate_ttl(ttl_hours)
     labels = tuple((label_value(key), label_value(value)) for key, value in parse_image_tags(image_tags))
     return Request(name=name, count=count, zone=zone, machine_type=machine_type, ssh_cidr=validate_cidr(ssh_cidr),
                    source_image=source_image, image_profile=image_profile, image_labels=labels, spot=bool(spot),
-                   user=user, ttl_hours=ttl_hours, volume_gb=validate_volume(volume_gb),
+                   max_price=max_price, user=user, ttl_hours=ttl_hours, volume_gb=validate_volume(volume_gb),
                    idle_minutes=validate_idle_minutes(idle_minutes) or None)
 
 
@@ -375,7 +383,8 @@ def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: flo
     return validate_request(
         name, count, options.get("instance_type"), zone=place.get("zone"), ssh_cidr=options.get("ssh_cidr"),
         source_image=options.get("source_image"), image_profile=options.get("image_profile") or "gpu",
-        image_tags=options.get("image_tags"), spot=bool(options.get("spot")), user=options.get("user") or "ubuntu",
+        image_tags=options.get("image_tags"), spot=bool(options.get("spot")), max_price=options.get("max_price"),
+        user=options.get("user") or "ubuntu",
         ttl_hours=options.get("ttl_hours", 24.0), volume_gb=options.get("volume"), idle_minutes=idle_minutes)
 
 
@@ -387,6 +396,10 @@ def dry_run(request: Request, *, key: str, place: Mapping[str, str | None], now:
     image = request.source_image or IMAGE_PLACEHOLDER.format(profile=request.image_profile, more=more)
     lines = [f"cluster {request.name}: key {key} (made if missing), then these Compute Engine calls in project "
              f"{project}; any failure undoes them"]
+    if request.max_price:
+        lines.insert(0, f"cluster {request.name}: first the Spot price of {request.machine_type} in {request.region} "
+                        f"from the Cloud Billing Catalog: above --max-price {request.max_price:g} USD an hour (or not "
+                        "read), nothing is made (GCE takes no bid)")
     lines += [f"firewalls.insert {json.dumps(body)}" for body in firewall_bodies(request, labels)]
     if takes_compact_placement(request):
         lines.append(f"resourcePolicies.insert {json.dumps(policy_body(request, labels))}")
