@@ -82,6 +82,7 @@ class Tried:
     verdict: str  # capacity, quota, unavailable
     code: str  # the cloud's error code
     refused: bool = False  # refused before anything was made (Unavailable)
+    looked: bool = False  # kiln's own look refused it (a quota's numbers), before the cloud was asked to make it
     round: int = 1  # --retry-until-up's round it was tried in
 
 
@@ -131,9 +132,9 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
               max_attempts: int = MAX_ATTEMPTS) -> tuple[T, Candidate, list[Tried]]:
     """Try each candidate in turn until one comes up, `max_attempts` of them at most: (what `attempt` returned,
     that candidate, what was tried before it). A candidate in a region where a quota was hit is skipped, and one its
-    place refused before anything was made (Unavailable: a type not offered, no image there) costs no more than a
-    look: neither is an attempt; an error that is neither capacity nor quota, or an attempt that left something
-    behind, is raised as it is."""
+    place refused before anything was made (Unavailable: a type not offered, no image there) or kiln's own look at a
+    quota refused (its numbers in the error's detail) costs no more than a look: none of these is an attempt; an
+    error that is neither capacity nor quota, or an attempt that left something behind, is raised as it is."""
     tried: list[Tried] = []
     refusals: list[str] = []  # what each place that refused said
     over_quota: set[tuple[str, str, bool]] = set()  # spot and on-demand machines have quotas of their own
@@ -146,7 +147,7 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
     for index, candidate in enumerate(order):
         if skipped(candidate):
             continue
-        if sum(not one.refused for one in tried) >= max_attempts:
+        if sum(not (one.refused or one.looked) for one in tried) >= max_attempts:
             untried = sum(1 for later in order[index:] if not skipped(later))
             say(f"up: {max_attempts} tried, the most a round tries (--max-attempts); {untried} not tried")
             break
@@ -158,7 +159,8 @@ def first_fit(order: Sequence[Candidate], attempt: Callable[[Candidate], T], say
             verdict = verdict_of(candidate.cloud, error)
             if verdict == "stop" or error.left or len(order) == 1:
                 raise
-            tried.append(Tried(candidate, verdict, error.code, isinstance(error, Unavailable)))
+            tried.append(Tried(candidate, verdict, error.code, isinstance(error, Unavailable),
+                               looked=bool(getattr(error, "detail", ""))))
             if isinstance(error, Unavailable):
                 refusals.append(str(error))
             if verdict == "quota":

@@ -365,6 +365,29 @@ def test_a_place_that_refuses_before_anything_is_made_is_not_an_attempt():
     assert said[1] == "up: aws r1 t on-demand: no available AMI tagged kiln:profile=gpu in r1; nothing was made"
 
 
+def test_a_quota_kiln_read_before_asking_the_cloud_is_a_look_not_an_attempt():
+    """A region whose quota kiln's own look found too small (its numbers in the error's detail: AWS's vCPU and
+    Elastic IP checks) is skipped as any quota is, but not counted against --max-attempts; a quota the cloud itself
+    answered (the launch refused) is an attempt."""
+    asked: list[str] = []
+
+    def attempt(candidate: Candidate) -> str:
+        asked.append(candidate.place)
+        if candidate.place in ("r1", "r2"):
+            raise CloudError("cluster.up x: 8 vCPUs short", code="VcpuLimitExceeded", detail="8 vCPUs short")
+        if candidate.place == "r3":
+            raise CloudError("the launch said no", code="VcpuLimitExceeded")
+        return f"up in {candidate.place}"
+
+    made, chosen, tried = failover.first_fit(order("aws", "r1", "r2", "r3", "r4"), attempt, lambda line: None,
+                                             max_attempts=2)
+    assert (made, asked) == ("up in r4", ["r1", "r2", "r3", "r4"])
+    assert [(t.candidate.place, t.verdict, t.looked) for t in tried] == [
+        ("r1", "quota", True), ("r2", "quota", True), ("r3", "quota", False)]
+    with pytest.raises(NoCapacity, match=r"tried 3, 1 not tried \(--max-attempts 1\)"):
+        failover.first_fit(order("aws", "r1", "r2", "r3", "r4"), attempt, lambda line: None, max_attempts=1)
+
+
 def test_max_attempts_below_one_is_refused_before_anything_is_planned(tmp_path):
     for value, said in (("0", "--max-attempts 0: give how many candidates an up may try, a whole number of at "
                               "least 1"),
