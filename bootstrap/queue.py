@@ -44,7 +44,7 @@ from pathlib import Path
 from bootstrap import providers, slurm, state
 from bootstrap.commands import SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
-from bootstrap.hosts import Host
+from bootstrap.hosts import Host, parse_host
 from kiln.shield import shielded
 
 PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
@@ -57,9 +57,9 @@ LOCK_TIMEOUT_S = 900  # a resume of many nodes holds the lock while it makes and
 TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged", "runuser")
 KEY_BYTES = 1024  # as mungekey makes one
 # A local node boots and goes in seconds (a cloud's: slurm.RESUME_TIMEOUT_S, SUSPEND_TIMEOUT_S); a node removed is
-# resumed again only once its SuspendTimeout has passed.
+# resumed again only once its SuspendTimeout has passed (one asked for again before its suspend ran joins again).
 LOCAL_RESUME_TIMEOUT_S = 300
-LOCAL_SUSPEND_TIMEOUT_S = 20
+LOCAL_SUSPEND_TIMEOUT_S = 10
 # A local node's slurmd answers at once, or its machine is gone (a cloud's: slurm.SLURMD_TIMEOUT_S, REQUEUE_DELAY_S)
 LOCAL_SLURMD_TIMEOUT_S = 30
 LOCAL_REQUEUE_DELAY_S = 20
@@ -386,53 +386,62 @@ def stop_daemon(pid_file: Path, daemon: str, wait_s: float) -> None:
 
 def resume(name: str, nodes: str, *, provider: providers.Provider | None = None) -> list[str]:
     """Make a machine for each Slurm node of the hostlist `nodes` and join it to the queue; a node that fails is
-    marked down with the reason and its machine removed. A line per node."""
+    marked down with the reason and its machine removed. A node whose machine kiln still holds (slurmctld powered it
+    down and asks for it again before its suspend came: that suspend waited on this lock) joins again on that
+    machine, its slurmd started anew: slurmctld waits for a boot newer than its ask. A line per node."""
     with locked(name):
         saved = load(name)
-        wanted = [node for node in slurm.expand(nodes) if node not in saved.nodes]
+        wanted = slurm.expand(nodes)
         known = {n for shape in saved.queue.shapes for n in slurm.node_names(saved.queue, shape)}
         strange = [node for node in wanted if node not in known]
         if strange:
             raise UsageError(f"queue {name} has no node {', '.join(strange)}")
         if not wanted:
             return []
+        fresh = [node for node in wanted if node not in saved.nodes]
         chosen = provider or placed(name)
-        try:
-            added = chosen.grow(name, len(wanted))
-        except (KilnError, OSError, subprocess.TimeoutExpired) as error:
-            for node in wanted:
-                mark_down(name, node, f"kiln could not make it: {error}")
-            raise
+        added: list[providers.Added] = []
+        if fresh:
+            try:
+                added = chosen.grow(name, len(fresh))
+            except (KilnError, OSError, subprocess.TimeoutExpired) as error:
+                for node in fresh:
+                    mark_down(name, node, f"kiln could not make it: {error}")
+                if len(fresh) == len(wanted):
+                    raise
+                added, fresh = [], []  # the nodes kiln holds still join again
         lines, record = [], dict(saved.nodes)
-        unjoined = dict(zip(wanted, added, strict=False))  # a provider's grow makes all it is asked for, or none
-        extra = [made.host for made in added[len(wanted):]]  # so none of these is ever the queue's
+        again = {node: (parse_host(saved.nodes[node]["host"]), saved.nodes[node]["address"]) for node in wanted
+                 if node in saved.nodes}
+        made = {node: (one.host, one.address) for node, one in zip(fresh, added, strict=False)}
+        unjoined = {**again, **made}  # a provider's grow makes all it is asked for, or none
+        extra = [one.host for one in added[len(fresh):]]  # so none of these is ever the queue's
         # Every machine made is on record before a join can take long, so that one this program leaves behind
         # (slurmctld kills it outright 10 ms after its SIGTERM) is removed by its node's resume-fail or suspend.
-        record.update({node: {"host": made.host.label, "address": made.address} for node, made in unjoined.items()})
+        record.update({node: {"host": host.label, "address": address} for node, (host, address) in made.items()})
         try:
             save(name, replace(saved, nodes=record))
-            for node in wanted[len(added):]:
+            for node in fresh[len(added):]:
                 mark_down(name, node, "kiln made no machine for it")
             options = ssh_options(name, state.load_cluster(name))
-            for node, made in list(unjoined.items()):
+            for node, (host, address) in list(unjoined.items()):
                 try:
-                    scontrol(name, "update", f"NodeName={node}", f"NodeAddr={made.address}",
-                             f"NodeHostname={made.host.label}")
-                    join(name, saved.queue, node, made.host, options)
+                    scontrol(name, "update", f"NodeName={node}", f"NodeAddr={address}", f"NodeHostname={host.label}")
+                    join(name, saved.queue, node, host, options)
                 except (KilnError, OSError, subprocess.TimeoutExpired) as error:
-                    mark_down(name, node, f"kiln could not join {made.host.label}: {error}")
-                    lines.append(f"{node}: failed on {made.host.label} ({made.address}): {error}")
-                    chosen.shrink(name, [made.host])
+                    mark_down(name, node, f"kiln could not join {host.label}: {error}")
+                    lines.append(f"{node}: failed on {host.label} ({address}): {error}")
+                    chosen.shrink(name, [host])
                     del record[node]
                     save(name, replace(saved, nodes=record))
                 else:
-                    lines.append(f"{node}: {made.host.label} ({made.address})")
+                    lines.append(f"{node}: {host.label} ({address})" + (", joined again" if node in again else ""))
                 del unjoined[node]
         finally:  # interrupted (a kill, an error of another kind): no machine the queue does not know
             if unjoined or extra:
                 with terms_held_off():  # a second kill does not cut it short
                     with contextlib.suppress(Exception):
-                        chosen.shrink(name, [*(made.host for made in unjoined.values()), *extra])
+                        chosen.shrink(name, [*(host for host, _ in unjoined.values()), *extra])
                     for node in unjoined:  # down now, not powering up with its jobs until ResumeTimeout
                         with contextlib.suppress(Exception):
                             mark_down(name, node, "kiln's resume ended before it joined the node's machine")
@@ -462,7 +471,7 @@ def suspend(name: str, nodes: str, *, why: str = "suspended") -> list[str]:
         saved = load(name)
         gone = [node for node in slurm.expand(nodes) if node in saved.nodes and not powered_up(name, node, why)]
         if gone:
-            placed(name).shrink(name, [Host(saved.nodes[node]["host"]) for node in gone])
+            placed(name).shrink(name, [parse_host(saved.nodes[node]["host"]) for node in gone])
         save(name, replace(saved, nodes={k: v for k, v in saved.nodes.items() if k not in gone}))
         return [f"{node}: {why}, {saved.nodes[node]['host']} removed" for node in gone]
 
@@ -477,6 +486,9 @@ def lost(name: str, nodes: str) -> list[str]:
             shown = scontrol(name, "show", "node", "--oneliner", node)
         except (KilnError, subprocess.TimeoutExpired) as error:
             lines.append(f"{node}: not read: {error}")
+            continue
+        if slurm.down_by_kiln(shown):  # powered down now, the reason why it is down would go, and a resume come
+            lines.append(f"{node}: kiln marked it down (it could not be made or joined): left as it is")
             continue
         if not slurm.not_responding(shown):
             lines.append(f"{node}: down, but it answers: left as it is")

@@ -293,9 +293,9 @@ class Munge:
 def join_script(queue: Queue, node: str) -> str:
     """What a fresh machine runs (as root, over the cluster's pinned SSH) to become Slurm node `node` of the queue:
     the cluster's MUNGE key from stdin (base64) and its munged, the queue's configuration as the controller's,
-    then slurmd under that node name. `slurmd -b`: the daemon's start counts as the node's boot (a local node
-    shares the machine's boot time, older than the resume, and slurmctld would wait for a boot until
-    ResumeTimeout)."""
+    then slurmd under that node name (one already running there for it stopped first: a machine joins again).
+    `slurmd -b`: the daemon's start counts as the node's boot (a local node shares the machine's boot time, older
+    than the resume, and slurmctld would wait for a boot until ResumeTimeout)."""
     folder = queue.node_dir.rstrip("/")
     conf = f"{folder}/slurm.conf"
     lines = [
@@ -313,6 +313,12 @@ def join_script(queue: Queue, node: str) -> str:
         *(f"cat > {shlex.quote(f'{folder}/{file}')} <<'KILN_SLURM_CONF'\n{text}KILN_SLURM_CONF"
           for file, text in conf_files(queue).items()),
         f"chmod 755 {shlex.quote(f'{folder}/epilog')}",
+        # a slurmd of this node already running (the machine joins again: slurmctld asked for the node while kiln
+        # still held its machine) is stopped first, so that the new one's start is the boot slurmctld waits for
+        f"old=$(cat {shlex.quote(f'{folder}/{node}/slurmd.pid')} 2>/dev/null || true)",
+        'if [ -n "$old" ] && [ "$(cat /proc/$old/comm 2>/dev/null)" = slurmd ]; then kill "$old"; '
+        'for _ in $(seq 50); do [ -d "/proc/$old" ] || break; sleep 0.2; done; '
+        '[ "$(cat /proc/$old/comm 2>/dev/null)" != slurmd ] || kill -9 "$old"; fi',
         # where this node's Docker engine answers, as its login sessions have it (a job's --image tasks use it)
         f"printf '%s\\n' \"${{DOCKER_HOST:-}}\" > {shlex.quote(f'{folder}/docker-host')}",
         shlex.join(["slurmd", "-N", node, "-b", "-f", conf]),
@@ -476,13 +482,17 @@ def batch_script(job: Job) -> str:
 # The states a job ends in; every other (pending, configuring, running, requeued, completing) is still going.
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                    "OUT_OF_MEMORY"})
-# The states slurmctld passes through on its way to run a job that may be requeued (Requeue=1) once more
-REQUEUED_FROM = frozenset({"NODE_FAIL", "PREEMPTED"})
 
 
 def not_responding(shown: str) -> bool:
     """Whether `scontrol show node --oneliner` shows a node slurmctld no longer hears from (DOWN*, ALLOCATED*)."""
     return "NOT_RESPONDING" in job_fields(shown).get("State", "").split("+")
+
+
+def down_by_kiln(shown: str) -> bool:
+    """Whether `scontrol show node --oneliner` shows a node kiln's own programs marked down (it could not be made or
+    joined, or it was lost): every reason they give begins with "kiln"."""
+    return job_fields(shown).get("Reason", "").startswith("kiln")
 
 
 def job_fields(shown: str) -> dict[str, str]:
@@ -493,9 +503,10 @@ def job_fields(shown: str) -> dict[str, str]:
 def job_exit(shown: str) -> int | None:
     """A job's exit status as `scontrol show job --oneliner` shows it (an array job: a line per task, or per tasks
     still pending), or None while it has not ended: 0 only for a job COMPLETED with status 0; one that ended
-    otherwise (cancelled, failed on a node, timed out) is never 0. A job that may be requeued has not ended on a
-    node's failure: slurmctld runs it again. An array job has ended when every task has, with its first task's
-    failure."""
+    otherwise (cancelled, failed on a node, timed out) is never 0. A job slurmctld requeues (a node lost, Requeue=1)
+    shows PENDING (or REQUEUED) again, never NODE_FAIL or PREEMPTED: slurmctld sets those and then PENDING in one
+    step under its job lock, so either as shown is the job's end, Requeue=1 or not. An array job has ended when
+    every task has, with its first task's failure."""
     codes = [record_exit(line) for line in shown.splitlines() if "JobState=" in line]
     if not codes or None in codes:
         return None
@@ -507,7 +518,5 @@ def record_exit(shown: str) -> int | None:
     fields = job_fields(shown)
     if fields.get("JobState") not in ENDED:
         return None
-    if fields["JobState"] in REQUEUED_FROM and fields.get("Requeue") == "1":
-        return None  # it goes back in the queue
     code = int(fields.get("ExitCode", "0:0").split(":")[0] or 0)
     return code if fields["JobState"] == "COMPLETED" else code or 1

@@ -6,6 +6,7 @@ marked down with the provider's reason; `kiln down` leaves no daemon, key or nam
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -85,7 +86,7 @@ def test_the_queue_starts_with_no_node_up(queue):
     assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 1024
 
 
-def test_a_job_brings_its_nodes_up_runs_on_both_and_they_go_once_idle(queue, tmp_path):
+def test_a_job_brings_its_nodes_up_and_runs_on_both(queue, tmp_path):
     out = tmp_path / "job.out"
     job = queue.slurm("sbatch", "--parsable", "--nodes=2", f"--output={out}",
                       "--wrap=srun sh -c 'echo $SLURMD_NODENAME $(hostname) $(hostname -I)'").strip()
@@ -97,6 +98,35 @@ def test_a_job_brings_its_nodes_up_runs_on_both_and_they_go_once_idle(queue, tmp
     resumed = (queue.home / "clusters" / NAME / "queue" / "resume.log").read_text()
     assert f"{NAME}-cpu-0: node1" in resumed and f"{NAME}-cpu-1: node2" in resumed, resumed
 
+
+def test_a_node_asked_for_again_before_its_suspend_came_joins_again_on_the_machine_kiln_holds(queue):
+    """A long resume holds the queue's lock (here the test holds it) while slurmctld powers a node down and, a job
+    asking for that node once SuspendTimeout has passed, asks for it again: the suspend and the resume both wait.
+    The resume joins the machine kiln still holds again (its slurmd started anew), so the node comes up at once
+    rather than wait ResumeTimeout (300 s here) for a boot that never comes, and the suspend leaves it be."""
+    node = f"{NAME}-cpu-0"
+
+    def state() -> str:
+        return queue.slurm("sinfo", "--all", "--noheader", "--format=%t", f"--nodes={node}").strip()
+
+    with open(queue.home / "clusters" / NAME / "queue" / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a resume of other nodes would, while it makes and joins them
+        try:
+            queue.slurm("scontrol", "update", f"NodeName={node}", "State=POWER_DOWN_FORCE")  # as if idle long
+            job = queue.slurm("sbatch", "--parsable", f"--nodelist={node}", "--output=/dev/null",
+                              "--wrap=true").strip()
+            queue.wait("slurmctld asking for the node again", lambda: state().endswith("#"), 120)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    queue.wait("the node up again", lambda: state() in ("idle", "alloc", "mix", "comp"), 120)
+    queue.wait("the job run", lambda: not queue.slurm("squeue", "--noheader", "--jobs", job).strip(), 120)
+    assert "JobState=COMPLETED" in queue.slurm("scontrol", "show", "job", job)
+    resumed = (queue.home / "clusters" / NAME / "queue" / "resume.log").read_text()
+    assert re.search(rf": {node}: node1 \([0-9.]+\), joined again$", resumed, re.MULTILINE), resumed
+
+
+def test_idle_nodes_go_and_the_queue_is_back_to_zero(queue):
+    """Idle past SuspendTime, kiln's SuspendProgram removes both machines (the one that joined again too)."""
     log = queue.home / "clusters" / NAME / "queue" / "suspend.log"  # written once the suspend program has ended
 
     def removed() -> bool:
@@ -350,6 +380,13 @@ def test_a_node_that_cannot_be_made_is_marked_down_with_the_providers_reason(que
             return "no capacity" in shown
         queue.wait("a node marked down with the reason", down_with_reason, 120)
         assert queue.namespaces() == []
+        lost = queue.home / "clusters" / NAME / "queue" / "lost.log"  # slurmctld's trigger on a node going down
+
+        def left_down() -> bool:
+            return "kiln marked it down (it could not be made or joined): left as it is" in (
+                lost.read_text() if lost.is_file() else "")
+        queue.wait("kiln's lost program leaving the node kiln marked down", left_down, 90)
+        assert down_with_reason()  # not powered down by force, its reason gone
         status = queue.kiln("queue", "status", NAME)
         assert f"{job} wrap PENDING 1" in status.stdout, status.stdout  # it waits for a node
     finally:

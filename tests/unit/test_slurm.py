@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from bootstrap import container, topology
+from bootstrap import container, slurm, topology
 from bootstrap.errors import UsageError
 from bootstrap.slurm import (
     Job,
@@ -143,6 +143,9 @@ def test_a_node_joins_with_the_key_from_stdin_and_the_controllers_configuration(
     lines = script.splitlines()
     assert lines[0] == "set -e" and lines[-1] == "slurmd -N kq-cpu-1 -b -f /root/kiln/slurm/slurm.conf"
     assert script.index("munged --socket") < script.index("slurmd -N")
+    # a machine that joins again: its node's slurmd (by the node's pid file, if it is slurmd) stopped before the new one
+    assert script.index("old=$(cat /root/kiln/slurm/kq-cpu-1/slurmd.pid") < script.index('kill "$old"') < \
+        script.index("slurmd -N")
 
 
 def test_slurmctlds_programs_are_kiln_with_its_settings_and_none_of_slurmctlds_descriptors():
@@ -243,7 +246,10 @@ def test_a_tf_config_job_gives_each_nodes_worker_the_tf_config_the_launcher_woul
     ("JobId=7 JobState=FAILED ExitCode=3:0", 3),
     ("JobId=7 JobState=CANCELLED ExitCode=0:15", 1),  # never 0 unless it completed
     ("JobId=7 JobState=NODE_FAIL Requeue=0 ExitCode=0:0", 1),
-    ("JobId=7 JobState=NODE_FAIL Requeue=1 Restarts=0 ExitCode=0:0", None),  # kiln submit's: it runs again
+    # slurmctld shows a job it requeues PENDING at once: a NODE_FAIL or PREEMPTED it shows has ended, Requeue=1 or
+    # not (requeued too often, or not a batch job)
+    ("JobId=7 JobState=NODE_FAIL Requeue=1 Restarts=5 ExitCode=0:0", 1),
+    ("JobId=7 JobState=PREEMPTED Requeue=1 ExitCode=0:15", 1),
 ])
 def test_a_job_has_ended_only_in_slurms_final_states_and_only_completed_is_0(shown, status):
     assert job_exit(shown) == status
@@ -351,3 +357,22 @@ def test_each_node_runs_the_epilog_that_removes_the_containers_a_killed_job_left
                           capture_output=True, text=True, timeout=10)
     assert done.returncode == 0, done.stderr
     assert said.read_text().splitlines() == ["ps -aq --filter label=kiln.slurm-job=42", "rm -f c1 c2"]
+
+
+NODE = ("NodeName=kqt-cpu-0 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=1 NodeAddr=kqt-cpu-0 "
+        "NodeHostName=kqt-cpu-0 RealMemory=1 State={state} ThreadsPerCore=1 Partitions=cpu {reason}")
+
+
+@pytest.mark.parametrize(("state", "reason", "silent", "kilns"), [
+    ("DOWN+CLOUD+NOT_RESPONDING", "Reason=Not responding [slurm@2026-12-01T01:40:00]", True, False),  # lost
+    ("DOWN+CLOUD+POWERED_DOWN+NOT_RESPONDING",
+     "Reason=kiln could not make it: cluster kqt: no capacity [root@2026-12-01T01:40:00]", True, True),
+    ("DOWN+CLOUD", "Reason=kiln's resume ended before it joined the node's machine [root@2026-12-01T01:40:00]",
+     False, True),
+    ("IDLE+CLOUD", "", False, False),
+])
+def test_a_node_kiln_marked_down_itself_is_told_from_one_that_was_lost(state, reason, silent, kilns):
+    """kiln's lost program powers down by force a node slurmctld no longer hears from, but not one kiln's resume
+    marked down (its reason would go, and a resume follow at once)."""
+    shown = NODE.format(state=state, reason=reason)
+    assert (slurm.not_responding(shown), slurm.down_by_kiln(shown)) == (silent, kilns)
