@@ -388,7 +388,8 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
     """Make a machine for each Slurm node of the hostlist `nodes` and join it to the queue; a node that fails is
     marked down with the reason and its machine removed. A node whose machine kiln still holds (slurmctld powered it
     down and asks for it again before its suspend came: that suspend waited on this lock) joins again on that
-    machine, its slurmd started anew: slurmctld waits for a boot newer than its ask. A line per node."""
+    machine, its slurmd started anew (slurmctld waits for a boot newer than its ask); where that machine does not
+    join (lost meanwhile), it is removed and a new one made. A line per node."""
     with locked(name):
         saved = load(name)
         wanted = slurm.expand(nodes)
@@ -398,57 +399,97 @@ def resume(name: str, nodes: str, *, provider: providers.Provider | None = None)
             raise UsageError(f"queue {name} has no node {', '.join(strange)}")
         if not wanted:
             return []
-        fresh = [node for node in wanted if node not in saved.nodes]
         chosen = provider or placed(name)
-        added: list[providers.Added] = []
-        if fresh:
+        options = ssh_options(name, state.load_cluster(name))
+        held = [node for node in wanted if node in saved.nodes]
+        lines = rejoin(name, saved, held, chosen, options) if held else []
+        saved = load(name)  # without the machines that did not join again
+        fresh = [node for node in wanted if node not in saved.nodes]
+        return lines + (make_and_join(name, saved, fresh, chosen, options) if fresh else [])
+
+
+def rejoin(name: str, saved: Saved, held: Sequence[str], chosen: providers.Provider,
+           options: SshOptions) -> list[str]:
+    """Join each of `held` (nodes whose machines kiln holds) again on its machine; one that does not is removed
+    and taken out of the queue's record (resume makes it anew). Interrupted, those not yet joined are removed and
+    marked down, as a new machine would be."""
+    lines, record = [], dict(saved.nodes)
+    unjoined = {node: parse_host(saved.nodes[node]["host"]) for node in held}
+    try:
+        for node, host in list(unjoined.items()):
             try:
-                added = chosen.grow(name, len(fresh))
+                join(name, saved.queue, node, host, options)
             except (KilnError, OSError, subprocess.TimeoutExpired) as error:
-                for node in fresh:
-                    mark_down(name, node, f"kiln could not make it: {error}")
-                if len(fresh) == len(wanted):
-                    raise
-                added, fresh = [], []  # the nodes kiln holds still join again
-        lines, record = [], dict(saved.nodes)
-        again = {node: (parse_host(saved.nodes[node]["host"]), saved.nodes[node]["address"]) for node in wanted
-                 if node in saved.nodes}
-        made = {node: (one.host, one.address) for node, one in zip(fresh, added, strict=False)}
-        unjoined = {**again, **made}  # a provider's grow makes all it is asked for, or none
-        extra = [one.host for one in added[len(fresh):]]  # so none of these is ever the queue's
-        # Every machine made is on record before a join can take long, so that one this program leaves behind
-        # (slurmctld kills it outright 10 ms after its SIGTERM) is removed by its node's resume-fail or suspend.
-        record.update({node: {"host": host.label, "address": address} for node, (host, address) in made.items()})
-        try:
-            save(name, replace(saved, nodes=record))
-            for node in fresh[len(added):]:
-                mark_down(name, node, "kiln made no machine for it")
-            options = ssh_options(name, state.load_cluster(name))
-            for node, (host, address) in list(unjoined.items()):
-                try:
-                    scontrol(name, "update", f"NodeName={node}", f"NodeAddr={address}", f"NodeHostname={host.label}")
-                    join(name, saved.queue, node, host, options)
-                except (KilnError, OSError, subprocess.TimeoutExpired) as error:
-                    mark_down(name, node, f"kiln could not join {host.label}: {error}")
-                    lines.append(f"{node}: failed on {host.label} ({address}): {error}")
+                lines.append(f"{node}: {host.label} did not join again ({error}): it is removed, a new machine made")
+                with contextlib.suppress(Exception):  # gone already, or not the cluster's any more
                     chosen.shrink(name, [host])
-                    del record[node]
-                    save(name, replace(saved, nodes=record))
-                else:
-                    lines.append(f"{node}: {host.label} ({address})" + (", joined again" if node in again else ""))
-                del unjoined[node]
-        finally:  # interrupted (a kill, an error of another kind): no machine the queue does not know
-            if unjoined or extra:
-                with terms_held_off():  # a second kill does not cut it short
-                    with contextlib.suppress(Exception):
-                        chosen.shrink(name, [*(host for host, _ in unjoined.values()), *extra])
-                    for node in unjoined:  # down now, not powering up with its jobs until ResumeTimeout
-                        with contextlib.suppress(Exception):
-                            mark_down(name, node, "kiln's resume ended before it joined the node's machine")
-                        record.pop(node, None)
-                    with contextlib.suppress(Exception):
-                        save(name, replace(saved, nodes=record))
-        return lines
+                del record[node]
+                save(name, replace(saved, nodes=record))
+            else:
+                lines.append(f"{node}: {host.label} ({saved.nodes[node]['address']}), joined again")
+            del unjoined[node]
+    finally:
+        if unjoined:
+            forget_unjoined(name, saved, record, unjoined, chosen, [])
+    return lines
+
+
+def make_and_join(name: str, saved: Saved, fresh: Sequence[str], chosen: providers.Provider,
+                  options: SshOptions) -> list[str]:
+    """Make a machine for each of `fresh` and join it; a node that cannot be made or joined is marked down with the
+    reason, and its machine removed."""
+    try:
+        added = chosen.grow(name, len(fresh))
+    except (KilnError, OSError, subprocess.TimeoutExpired) as error:
+        for node in fresh:
+            mark_down(name, node, f"kiln could not make it: {error}")
+        raise
+    lines, record = [], dict(saved.nodes)
+    unjoined = {node: made.host for node, made in zip(fresh, added, strict=False)}  # grow makes all, or none
+    addresses = {node: made.address for node, made in zip(fresh, added, strict=False)}
+    extra = [made.host for made in added[len(fresh):]]  # so none of these is ever the queue's
+    # Every machine made is on record before a join can take long, so that one this program leaves behind
+    # (slurmctld kills it outright 10 ms after its SIGTERM) is removed by its node's resume-fail or suspend.
+    record.update({node: {"host": host.label, "address": addresses[node]} for node, host in unjoined.items()})
+    try:
+        save(name, replace(saved, nodes=record))
+        for node in fresh[len(added):]:
+            mark_down(name, node, "kiln made no machine for it")
+        for node, host in list(unjoined.items()):
+            address = addresses[node]
+            try:
+                scontrol(name, "update", f"NodeName={node}", f"NodeAddr={address}", f"NodeHostname={host.label}")
+                join(name, saved.queue, node, host, options)
+            except (KilnError, OSError, subprocess.TimeoutExpired) as error:
+                mark_down(name, node, f"kiln could not join {host.label}: {error}")
+                lines.append(f"{node}: failed on {host.label} ({address}): {error}")
+                with contextlib.suppress(Exception):  # one machine that will not go does not stop the others
+                    chosen.shrink(name, [host])
+                del record[node]
+                save(name, replace(saved, nodes=record))
+            else:
+                lines.append(f"{node}: {host.label} ({address})")
+            del unjoined[node]
+    finally:  # interrupted (a kill, an error of another kind): no machine the queue does not know
+        if unjoined or extra:
+            forget_unjoined(name, saved, record, unjoined, chosen, extra)
+    return lines
+
+
+def forget_unjoined(name: str, saved: Saved, record: dict, unjoined: dict[str, Host], chosen: providers.Provider,
+                    extra: Sequence[Host]) -> None:
+    """A resume that ends before it joined `unjoined` (and made `extra`, never the queue's): their machines removed,
+    the nodes marked down (not powering up with their jobs until ResumeTimeout) and out of the queue's record; a
+    second kill does not cut it short."""
+    with terms_held_off():
+        with contextlib.suppress(Exception):
+            chosen.shrink(name, [*unjoined.values(), *extra])
+        for node in unjoined:
+            with contextlib.suppress(Exception):
+                mark_down(name, node, "kiln's resume ended before it joined the node's machine")
+            record.pop(node, None)
+        with contextlib.suppress(Exception):
+            save(name, replace(saved, nodes=record))
 
 
 @contextlib.contextmanager

@@ -314,11 +314,14 @@ def join_script(queue: Queue, node: str) -> str:
           for file, text in conf_files(queue).items()),
         f"chmod 755 {shlex.quote(f'{folder}/epilog')}",
         # a slurmd of this node already running (the machine joins again: slurmctld asked for the node while kiln
-        # still held its machine) is stopped first, so that the new one's start is the boot slurmctld waits for
+        # still held its machine) is stopped first, so that the new one's start is the boot slurmctld waits for;
+        # only a process whose command line is this node's slurmd (a pid file may outlive its process)
         f"old=$(cat {shlex.quote(f'{folder}/{node}/slurmd.pid')} 2>/dev/null || true)",
-        'if [ -n "$old" ] && [ "$(cat /proc/$old/comm 2>/dev/null)" = slurmd ]; then kill "$old"; '
-        'for _ in $(seq 50); do [ -d "/proc/$old" ] || break; sleep 0.2; done; '
-        '[ "$(cat /proc/$old/comm 2>/dev/null)" != slurmd ] || kill -9 "$old"; fi',
+        f"ours() {{ [ -n \"$old\" ] && tr '\\0' ' ' 2>/dev/null < /proc/$old/cmdline | "
+        f"grep -qF -- {shlex.quote(f'slurmd -N {node} ')}; }}",
+        'if ours; then kill "$old" 2>/dev/null || true; '
+        'for _ in $(seq 50); do ours || break; sleep 0.2; done; '
+        '! ours || kill -9 "$old" 2>/dev/null || true; fi',
         # where this node's Docker engine answers, as its login sessions have it (a job's --image tasks use it)
         f"printf '%s\\n' \"${{DOCKER_HOST:-}}\" > {shlex.quote(f'{folder}/docker-host')}",
         shlex.join(["slurmd", "-N", node, "-b", "-f", conf]),

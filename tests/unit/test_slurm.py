@@ -6,7 +6,9 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
+import threading
 from dataclasses import replace
 
 import pytest
@@ -142,10 +144,10 @@ def test_a_node_joins_with_the_key_from_stdin_and_the_controllers_configuration(
     assert slurm_conf(joined) in script and gres_conf(joined) in script  # the controller's, as they are
     lines = script.splitlines()
     assert lines[0] == "set -e" and lines[-1] == "slurmd -N kq-cpu-1 -b -f /root/kiln/slurm/slurm.conf"
-    assert script.index("munged --socket") < script.index("slurmd -N")
+    assert script.index("munged --socket") < script.rindex("slurmd -N")
     # a machine that joins again: its node's slurmd (by the node's pid file, if it is slurmd) stopped before the new one
     assert script.index("old=$(cat /root/kiln/slurm/kq-cpu-1/slurmd.pid") < script.index('kill "$old"') < \
-        script.index("slurmd -N")
+        script.rindex("slurmd -N")
 
 
 def test_slurmctlds_programs_are_kiln_with_its_settings_and_none_of_slurmctlds_descriptors():
@@ -376,3 +378,34 @@ def test_a_node_kiln_marked_down_itself_is_told_from_one_that_was_lost(state, re
     marked down (its reason would go, and a resume follow at once)."""
     shown = NODE.format(state=state, reason=reason)
     assert (slurm.not_responding(shown), slurm.down_by_kiln(shown)) == (silent, kilns)
+
+
+def test_a_machine_that_joins_again_stops_its_nodes_slurmd_and_no_other(tmp_path):
+    """The join script's first lines stop a slurmd of this node already running (the machine joins again), found by
+    its pid file but only where that process is this node's slurmd: a pid file may outlive its process, and a local
+    node's processes share the machine's pid numbers (another node's slurmd, kq-cpu-10, is left running)."""
+    lines = join_script(queue(CPU, node_dir=str(tmp_path)), "kq-cpu-1").splitlines()
+    begin = next(index for index, line in enumerate(lines) if line.startswith("old="))
+    stop = "set -e\n" + "\n".join(lines[begin:begin + 3]) + "\necho stopped\n"
+    (tmp_path / "kq-cpu-1").mkdir()
+    pid_file = tmp_path / "kq-cpu-1" / "slurmd.pid"
+
+    def slurmd(node: str) -> subprocess.Popen:  # a process whose command line is that node's slurmd's
+        return subprocess.Popen(["perl", "-e", f'$0 = "slurmd -N {node} -b -f /x"; sleep 300'])
+
+    ours, other = slurmd("kq-cpu-1"), slurmd("kq-cpu-10")
+    try:
+        threading.Event().wait(0.5)  # perl has set its name
+        for pid in (other.pid, 999999999, ""):  # another node's slurmd, a pid gone, an empty file: nothing stopped
+            pid_file.write_text(f"{pid}\n")
+            done = subprocess.run(["sh", "-c", stop], capture_output=True, text=True, timeout=30)
+            assert (done.returncode, done.stdout, done.stderr) == (0, "stopped\n", ""), pid
+        assert other.poll() is None and ours.poll() is None
+        pid_file.write_text(f"{ours.pid}\n")
+        done = subprocess.run(["sh", "-c", stop], capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
+        assert ours.wait(timeout=15) == -signal.SIGTERM and other.poll() is None
+    finally:
+        for process in (ours, other):
+            process.kill()
+            process.wait()
