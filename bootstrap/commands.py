@@ -26,6 +26,8 @@ class SshOptions:
     user_known_hosts: tuple[str, ...] = ()
     connect_timeout: int = 10
     control_path: str | None = None
+    # how long a shared connection outlives its last session, in seconds; 0: it ends with its first session, a
+    # master that does not fork (a node's agent: bootstrap.ssh.Agent)
     control_persist: int = 60
 
 
@@ -50,7 +52,7 @@ def ssh_option_args(options: SshOptions, *, forwards: bool = False) -> list[str]
         args += ["-o", "StrictHostKeyChecking=yes"]
     if options.control_path:
         args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={options.control_path}"]
-        args += ["-o", f"ControlPersist={options.control_persist}"]
+        args += ["-o", f"ControlPersist={options.control_persist or 'no'}"]
     return args
 
 

@@ -3,12 +3,16 @@
 Every call goes through the system `ssh` with ControlMaster: the first call to a
 node makes the one authenticated connection, later calls (ssh and rsync, in this
 process and in the next `fab` within ControlPersist) ride on it. That keeps
-OpenSSH's default key exchange and the user's ssh_config semantics.
+OpenSSH's default key exchange and the user's ssh_config semantics. The first call
+is most often the node's agent, whose ssh is the master itself (it does not fork to
+the background, nor run its own session as a client of it: 3 s of CPU at 1000 nodes);
+the agent's input, held ControlPersist seconds past kiln's exit, keeps it for the next.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -159,6 +163,13 @@ def readable(descriptor: int, seconds: float) -> bool:
     return bool(poller.poll(max(0.0, seconds) * 1000))
 
 
+def writable(descriptor: int, seconds: float) -> bool:
+    """Whether `descriptor` takes more within `seconds` (or its reader is gone): poll(2), as readable."""
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return bool(poller.poll(max(0.0, seconds) * 1000))
+
+
 def default_control_dir() -> str:
     """A private folder for connection sockets (short path: sockets are limited to ~100 bytes)."""
     path = Path(tempfile.gettempdir()) / f"kiln-ssh-{os.getuid()}"
@@ -179,8 +190,13 @@ class Agent:
         command = agent_command(python, self.LIFETIME)
         # in a session of its own: a Ctrl-C at the terminal reaches kiln alone, which decides (an undo or a stop
         # under kiln.shield goes on over these connections); the agent ends when kiln closes its input
-        self.process = subprocess.Popen(commands.ssh_argv(host, command, options), stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        # its ssh is the node's shared connection where none is open yet: a master that does not persist (nor fork),
+        # which the others ride on, kept past kiln's exit for the next command by its input held (close_agents)
+        self.linger = options.control_persist
+        self.process = subprocess.Popen(commands.ssh_argv(host, command, replace(options, control_persist=0)),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+        os.set_blocking(self.process.stdin.fileno(), False)  # written by _write, by the call's deadline
         self.buffer = b""
         self.source = NODE_SOURCE  # written ahead of the first request (the agent reads it first)
         # One request at a time, each answer read by its asker: a call another thread makes meanwhile (a Ctrl-C
@@ -197,14 +213,14 @@ class Agent:
         with self.lock:
             if self.spoiled:
                 raise HostFailure("the node agent was left with an answer nobody read (an interrupted call)")
+            deadline = time.monotonic() + timeout
             try:
-                self.process.stdin.write(self.source + request)
+                self._write(self.source + request, deadline, timeout)
                 self.source = b""
-                self.process.stdin.flush()
             except (BrokenPipeError, OSError):
                 raise self.failure() from None
             try:
-                line = self._readline(time.monotonic() + timeout, timeout)
+                line = self._readline(deadline, timeout)
             except BaseException as error:
                 if not isinstance(error, HostFailure):  # a Ctrl-C while waiting: this agent's answers are off
                     self.spoiled = True
@@ -219,6 +235,22 @@ class Agent:
         if not ok:
             raise HostFailure(reply.get("error", "the node agent failed"))
         return result
+
+    def _write(self, data: bytes, deadline: float, timeout: float) -> None:
+        """The request on the agent's input, by the call's deadline: an agent that has gone while other sessions
+        ride on its ssh (the node's shared connection, which stays for them) reads no more, and a request larger
+        than the pipe would wait on it for ever."""
+        descriptor, view = self.process.stdin.fileno(), memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0 or not writable(descriptor, left):
+                self.spoiled = True  # part of a request may have gone: no later call may take its answer
+                self.close()
+                raise HostFailure(f"the node agent took no request within {timeout:g}s")
+            try:
+                view = view[os.write(descriptor, view):]
+            except BlockingIOError:
+                continue
 
     def _readline(self, deadline: float, timeout: float) -> bytes:
         descriptor = self.process.stdout.fileno()
@@ -236,12 +268,13 @@ class Agent:
         return line
 
     def failure(self) -> HostFailure:
-        """Why the agent is gone: ssh's reason, or the missing Python."""
+        """Why the agent is gone: ssh's reason, or the missing Python (an ssh still carrying other sessions is
+        left to them: close)."""
         try:
             code = self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
+            self.close(wait=0)
+            return HostFailure("the node agent is gone (its connection carries other sessions)")
         stderr = self.process.stderr.read().decode(errors="replace")
         if code == 127 and self.python in stderr:
             return HostFailure(f"no {self.python} on the node: name the nodes' Python with --python PATH")
@@ -256,12 +289,12 @@ class Agent:
                 pass
 
     def close(self, wait: float = 5) -> None:
+        """End of requests, and `wait` seconds for the agent's ssh to end. One that does not is left to end by
+        itself, never killed: it is most often its node's shared connection, which other sessions may ride on (this
+        command's, another's), and it ends with the last of them."""
         self.close_input()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 _AGENTS: dict[tuple, Agent] = {}
@@ -280,29 +313,33 @@ def workers(fanout: int) -> ThreadPoolExecutor:
 
 @atexit.register
 def close_agents() -> None:
-    """End every node agent: each ends at the end of its input, and its ssh with it. Nothing waits for them: the
-    operator's command is done, and an ssh whose session is over leaves by itself."""
+    """End every node agent: each ends at the end of its input, and its ssh with it, ControlPersist seconds after
+    this process (its ssh is the node's shared connection, for the next command meanwhile). Nothing waits for them:
+    the operator's command is done, and an ssh whose session is over leaves by itself."""
     with _AGENTS_LOCK:
         agents = list(_AGENTS.values())
         _AGENTS.clear()
     with timeline.step("exit", len(agents)):
         hold_until_exit([agent.process.stdin.fileno() for agent in agents
-                         if agent.process.stdin and not agent.process.stdin.closed])
+                         if agent.process.stdin and not agent.process.stdin.closed],
+                        max((agent.linger for agent in agents), default=0))
         for agent in agents:
             agent.close_input()
 
 
-def hold_until_exit(descriptors: Sequence[int]) -> None:
-    """Hand `descriptors` (the agents' inputs) to a helper that keeps them open until this process has exited.
-    Each agent ends when the last copy of its input closes; closed here, one after another, each close would wake
-    that agent's ssh, which takes the core from this process, so the command would wait on every agent's end (0.9 s
-    of 1000 nodes' on a 2-core machine); the helper's copies close together when it exits, which it does when
-    this process is gone (its input ends). Without the helper (none could start), they close here as before."""
+def hold_until_exit(descriptors: Sequence[int], linger_s: int = 0) -> None:
+    """Hand `descriptors` (the agents' inputs) to a helper that keeps them open until this process has exited, and
+    `linger_s` seconds more. Each agent ends when the last copy of its input closes; closed here, one after another,
+    each close would wake that agent's ssh, which takes the core from this process, so the command would wait on
+    every agent's end (0.9 s of 1000 nodes' on a 2-core machine); the helper's copies close together when it
+    exits, which it does when this process is gone (its input ends) and the linger has passed. Without the helper
+    (none could start), they close here as before."""
     if not descriptors:
         return
     gone, alive = os.pipe()  # `alive` is never written: its end (this process's) ends the helper's read
+    wait = f"read _; exec sleep {int(linger_s)}" if linger_s > 0 else "read _"
     try:
-        subprocess.Popen(["sh", "-c", "read _"], stdin=gone, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        subprocess.Popen(["sh", "-c", wait], stdin=gone, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          pass_fds=descriptors, start_new_session=True)
     except OSError:
         os.close(alive)

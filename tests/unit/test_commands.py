@@ -37,6 +37,13 @@ def test_ssh_argv_checks_host_keys_and_shares_one_connection():
     ]
 
 
+def test_a_master_that_does_not_persist_is_asked_for_as_no_never_as_0():
+    """ControlPersist=0 is OpenSSH's "for ever": a connection that ends with its first session is `no`."""
+    options = SshOptions(control_path="/tmp/kiln-ssh-0/%C", control_persist=0)
+    assert ssh_argv(Host("node1"), "true", options)[-6:-3] == ["ControlPath=/tmp/kiln-ssh-0/%C", "-o",
+                                                             "ControlPersist=no"]
+
+
 def test_trust_on_first_use_records_into_the_cluster_file_first():
     options = SshOptions(accept_new_into="/c/first", user_known_hosts=("/root/.ssh/known_hosts",))
     assert ssh_argv(Host("fe80::1"), "true", options) == [

@@ -81,6 +81,28 @@ def test_the_agents_inputs_end_when_the_operator_has_exited_not_one_by_one_befor
     assert ended.read_text() == "ended\n"  # the operator gone, the helper went, and the input ended
 
 
+def test_the_agents_inputs_are_held_past_the_operators_exit_for_the_linger_asked(tmp_path):
+    """Each agent's ssh is its node's shared connection: its input, held ControlPersist seconds past the operator's
+    exit, keeps that connection for the next command meanwhile; then it ends."""
+    ended = tmp_path / "ended"
+    script = (
+        "import subprocess\n"
+        "from bootstrap import ssh\n"
+        f"agent = subprocess.Popen(['sh', '-c', 'read _; echo ended > {ended}'], stdin=subprocess.PIPE,\n"
+        "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"  # run() waits on no agent
+        "ssh.hold_until_exit([agent.stdin.fileno()], 4)\n"
+        "agent.stdin.close()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    threading.Event().wait(1)
+    assert not ended.exists()  # the operator gone a second ago: its input still held
+    for _ in range(300):
+        if ended.exists():
+            break
+        threading.Event().wait(0.1)
+    assert ended.read_text() == "ended\n"
+
+
 def test_the_names_in_a_hosts_file_are_read_past_comments_and_aliases(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost\n# 10.0.0.9 commented\n10.0.0.2 node2 node2.cluster  # kiln\n\n"
