@@ -336,7 +336,10 @@ def test_the_cli_makes_lists_sweeps_and_removes_a_gcp_cluster(env, gce):
     swept = kiln(env, "sweep", "--provider", "gcp", "--dry-run")
     assert (swept.returncode, swept.stdout.strip()) == (0, "nothing has expired")
     bad = kiln(env, "up", "cli2", "--provider", "gcp", "--zone", ZONE, "--ssh-cidr", CIDR, "--max-price", "1")
-    assert bad.returncode == 2 and bad.stderr.startswith("kiln: --max-price: not options of --provider gcp")
+    assert bad.returncode == 2 and bad.stderr == "kiln: --max-price applies to Spot VMs only: add --spot\n"
+    foreign = kiln(env, "up", "cli2", "--provider", "gcp", "--zone", ZONE, "--ssh-cidr", CIDR, "--ami",
+                   "ami-0123456789abcdef0")
+    assert foreign.returncode == 2 and foreign.stderr.startswith("kiln: --ami: not options of --provider gcp")
     down = kiln(env, "down", "cli", "--snapshot")
     assert down.returncode == 0, down.stderr
     assert "node 1's data disk kept as snapshot kiln-cli-data-1-" in down.stdout
@@ -599,6 +602,15 @@ def test_with_no_zone_named_the_zones_are_tried_cheapest_first_by_the_billing_ca
     assert (f"up: gcp {OTHER_REGION_ZONE} g2-standard-4 spot: --max-price 0.3: the Spot price of g2-standard-4 in "
             "us-east1 is 0.356 USD an hour; nothing was made") in held.stdout, held.stdout
     assert [i.zone.rsplit("/", 1)[-1] for i in instances_of(gce, "mp")] == [ZONE]
+    # every instance the cluster gets later is held to it too: a Catalog whose Spot rate of the GPU is now two
+    # prices (no price kiln can hold to) refuses a node more, nothing made
+    gce.price_sku("Nvidia L4 GPU attached to Spot Preemptible VMs running in Americas", ["us-central1"], 0.9,
+                  usage_type="Preemptible")
+    cloud._RATES.clear()  # read once a command: this process has read it before
+    with pytest.raises(failover.Unavailable, match="the Cloud Billing Catalog has no Spot price of g2-standard-4 in "
+                                          "us-central1, so the price cannot be held there"):
+        cloud.grow("mp", 1, ssh_wait_s=0)
+    assert len(instances_of(gce, "mp")) == 1
     assert kiln(env, "down", "mp").returncode == 0 and leftovers(gce, "mp", snapshots=False) == []
     calls = len(gce.calls)
     over = kiln(env, "up", "mp", "--provider", "gcp", "--gpus", "L4:1", "--ssh-cidr", CIDR, "--zone",

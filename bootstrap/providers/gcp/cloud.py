@@ -252,8 +252,9 @@ def check_machine_type(gce: Gce, request: plan.Request) -> None:
 
 def check_spot_price(gce: Gce, request: plan.Request) -> None:
     """With --max-price, refuse before anything is made a zone whose region's Spot price of the machine type is
-    above it, or cannot be read: GCE takes no bid, so this look is what holds the price (Unavailable: the next
-    candidate's turn; with one, the reason to the user)."""
+    above it, or cannot be read: GCE takes no bid, so this look is what holds the price, at `up` and at every
+    instance the cluster gets later (a replacement, a queue's node; the record keeps --max-price). Unavailable:
+    the next candidate's turn; with one, the reason to the user."""
     if not request.max_price:
         return
     where = f"{request.machine_type} in {request.region}"
@@ -475,6 +476,7 @@ def replace(name: str, address: str, *, project: str | None = None, gce: Gce | N
     record, kept = Record.of_cluster(name)
     _, index = provision.node_at(record, address)
     gce = gce or connect(project or kept.project)
+    check_spot_price(gce, kept.planned())  # --max-price holds for every instance the cluster gets
     return provision.replace(record, address, kept.data_disks, swap(gce, name, kept, index, timeout_s),
                              ssh_wait_s=ssh_wait_s)
 
@@ -485,6 +487,7 @@ def grow(name: str, count: int, *, project: str | None = None, gce: Gce | None =
     or none)."""
     record, kept = Record.of_cluster(name)
     gce = gce or connect(project or kept.project)
+    check_spot_price(gce, kept.planned())  # --max-price holds for every instance the cluster gets
     return provision.grow(record, count, lambda index: swap(gce, name, kept, index, timeout_s),
                           volumes=kept.data_disks, ssh_wait_s=ssh_wait_s)
 
