@@ -421,10 +421,7 @@ def rejoin(name: str, saved: Saved, held: Sequence[str], chosen: providers.Provi
                 join(name, saved.queue, node, host, options)
             except (KilnError, OSError, subprocess.TimeoutExpired) as error:
                 lines.append(f"{node}: {host.label} did not join again ({error}): it is removed, a new machine made")
-                with contextlib.suppress(Exception):  # gone already, or not the cluster's any more
-                    chosen.shrink(name, [host])
-                del record[node]
-                save(name, replace(saved, nodes=record))
+                drop(name, saved, record, node, host, chosen)
             else:
                 lines.append(f"{node}: {host.label} ({saved.nodes[node]['address']}), joined again")
             del unjoined[node]
@@ -463,10 +460,7 @@ def make_and_join(name: str, saved: Saved, fresh: Sequence[str], chosen: provide
             except (KilnError, OSError, subprocess.TimeoutExpired) as error:
                 mark_down(name, node, f"kiln could not join {host.label}: {error}")
                 lines.append(f"{node}: failed on {host.label} ({address}): {error}")
-                with contextlib.suppress(Exception):  # one machine that will not go does not stop the others
-                    chosen.shrink(name, [host])
-                del record[node]
-                save(name, replace(saved, nodes=record))
+                drop(name, saved, record, node, host, chosen)
             else:
                 lines.append(f"{node}: {host.label} ({address})")
             del unjoined[node]
@@ -474,6 +468,15 @@ def make_and_join(name: str, saved: Saved, fresh: Sequence[str], chosen: provide
         if unjoined or extra:
             forget_unjoined(name, saved, record, unjoined, chosen, extra)
     return lines
+
+
+def drop(name: str, saved: Saved, record: dict, node: str, host: Host, chosen: providers.Provider) -> None:
+    """A node's machine that did not join: removed (best effort: gone already, or not the cluster's any more, it
+    does not stop the other joins) and out of the queue's record."""
+    with contextlib.suppress(Exception):
+        chosen.shrink(name, [host])
+    del record[node]
+    save(name, replace(saved, nodes=record))
 
 
 def forget_unjoined(name: str, saved: Saved, record: dict, unjoined: dict[str, Host], chosen: providers.Provider,

@@ -155,19 +155,22 @@ def describe_failure(code: int, stderr: str) -> str:
     return f"exit {code}: {last}" if code != 255 else f"ssh failed: {last}"
 
 
-def readable(descriptor: int, seconds: float) -> bool:
-    """Whether `descriptor` has something to read (or hit its end) within `seconds`: poll(2), which takes any
-    descriptor number (select(2) takes none above 1023, which a few hundred nodes' connections pass)."""
+def polled(descriptor: int, events: int, seconds: float) -> bool:
+    """Whether `descriptor` is ready for `events` within `seconds`: poll(2), which takes any descriptor number
+    (select(2) takes none above 1023, which a few hundred nodes' connections pass)."""
     poller = select.poll()
-    poller.register(descriptor, select.POLLIN | select.POLLPRI)
+    poller.register(descriptor, events)
     return bool(poller.poll(max(0.0, seconds) * 1000))
+
+
+def readable(descriptor: int, seconds: float) -> bool:
+    """Whether `descriptor` has something to read (or hit its end) within `seconds`."""
+    return polled(descriptor, select.POLLIN | select.POLLPRI, seconds)
 
 
 def writable(descriptor: int, seconds: float) -> bool:
-    """Whether `descriptor` takes more within `seconds` (or its reader is gone): poll(2), as readable."""
-    poller = select.poll()
-    poller.register(descriptor, select.POLLOUT)
-    return bool(poller.poll(max(0.0, seconds) * 1000))
+    """Whether `descriptor` takes more within `seconds` (or its reader is gone)."""
+    return polled(descriptor, select.POLLOUT, seconds)
 
 
 def default_control_dir() -> str:
