@@ -33,7 +33,7 @@ from bootstrap.errors import KilnError, UsageError  # noqa: E402
 from bootstrap.providers import provision  # noqa: E402
 from bootstrap.providers.aws import cloud as aws  # noqa: E402
 from bootstrap.providers.aws import efa as efa_plan  # noqa: E402
-from bootstrap.providers.aws import plan  # noqa: E402
+from bootstrap.providers.aws import identity, plan  # noqa: E402
 from bootstrap.recovery import Recovery  # noqa: E402
 from kiln import sshwait as reach  # noqa: E402
 
@@ -1336,6 +1336,116 @@ def test_a_queue_grows_the_cluster_by_instances_launched_as_its_own_and_shrinks_
     assert not any(host.address in state.read_known_hosts("q") for _, host, _ in grown)
     aws.down("q")
     assert leftovers(ec2) == []
+
+
+def identities_left(iam) -> list[str]:
+    """Every role and instance profile under kiln's IAM path, looked up independently of kiln's own code."""
+    return [*(f"iam-role {r['RoleName']}" for r in iam.list_roles(PathPrefix=identity.PATH_ROOT)["Roles"]),
+            *(f"instance-profile {p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]
+              if p["Path"].startswith(identity.PATH_ROOT))]
+
+
+def launch_fits(document: dict, params: dict, cluster: str) -> list[str]:
+    """Where a RunInstances request falls outside the controller's policy: its image, security group, key pair and
+    placement group not the ones the policy names, or a resource type the policy conditions on its tag not tagged
+    with the cluster at launch."""
+    statements = {s["Sid"]: s for s in document["Statement"]}
+    parts = statements["LaunchFromTheClustersOwnParts"]["Resource"]
+    groups = params.get("SecurityGroupIds") or [g for i in params.get("NetworkInterfaces", []) for g in i["Groups"]]
+    wrong = [f"image {params['ImageId']}" for _ in [0] if not any(r.endswith(f"image/{params['ImageId']}")
+                                                                    for r in parts)]
+    wrong += [f"group {g}" for g in groups if not any(r.endswith(f"security-group/{g}") for r in parts)]
+    wrong += [f"{kind} {name}" for kind, name in (("key-pair", params["KeyName"]),
+                                                   ("placement-group", params["Placement"]["GroupName"]))
+              if not any(r.endswith(f"{kind}/{name}") for r in parts)]
+    tagged = {spec["ResourceType"] for spec in params.get("TagSpecifications", [])
+              if plan.tags_of(spec).get(plan.TAG_CLUSTER) == cluster}
+    conditioned = {r.rsplit(":", 1)[1].split("/")[0] for r in statements["LaunchOnlyWhatCarriesTheClustersTag"][
+        "Resource"]}
+    return wrong + [f"{kind} not tagged at launch" for kind in sorted(conditioned - tagged)]
+
+
+@pytest.mark.parametrize("instance_type", ["g5.xlarge", "p4d.24xlarge"])
+def test_a_queue_controllers_identity_allows_what_a_grow_and_shrink_ask_and_kiln_down_removes_it(
+        env, ec2, image, instance_type):
+    """The IAM role and instance profile a queue's controller machine holds (aws.make_controller_identity): under
+    kiln's path, tagged with the cluster, the role in the profile, ec2.amazonaws.com alone may assume it; every EC2
+    action a grow and a shrink then call is one its policy allows (an EFA type's Elastic IPs too), and each launch
+    uses the parts the policy names and tags at launch what it conditions on the cluster's tag. kiln list counts
+    them with the cluster, kiln down removes them."""
+    connected = aws.connect()
+    connected.ec2 = KeyedConsoles(connected.ec2)
+    up("qc", 1, instance_type, ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
+    own = aws.make_controller_identity("qc", aws=connected)
+    iam = connected.iam
+    assert own == "kiln-qc-us-east-1-controller"
+    role = iam.get_role(RoleName=own)["Role"]
+    assert role["Path"] == "/kiln/us-east-1/" and plan.tags_of(role)[plan.TAG_CLUSTER] == "qc"
+    trust = role["AssumeRolePolicyDocument"]
+    assert (json.loads(trust) if isinstance(trust, str) else trust) == identity.TRUST
+    held = iam.get_instance_profile(InstanceProfileName=own)["InstanceProfile"]
+    assert [r["RoleName"] for r in held["Roles"]] == [own] and held["Path"] == role["Path"]
+    document = iam.get_role_policy(RoleName=own, PolicyName=identity.POLICY_NAME)["PolicyDocument"]
+    document = json.loads(document) if isinstance(document, str) else document
+    assert document == identity.policy("qc", region="us-east-1", account=identity.account_of(aws.caller(connected)),
+                                       ami=image, group_id=aws.Record.of_cluster("qc")[1].security_group,
+                                       efa=instance_type.startswith("p4d"))
+
+    called: list[tuple[str, dict]] = []
+    connected.ec2.meta.events.register("before-parameter-build.ec2", lambda params, model, **_: called.append(
+        (model.name, dict(params))))
+    grown = aws.grow("qc", 1, aws=connected, ssh_wait_s=0)
+    aws.shrink("qc", [host.address for _, host, _ in grown], aws=connected)
+    asked = {f"ec2:{name}" for name, _ in called}
+    assert "ec2:RunInstances" in asked and "ec2:TerminateInstances" in asked
+    assert ("ec2:AllocateAddress" in asked) == instance_type.startswith("p4d")
+    assert asked <= identity.actions(document), asked - identity.actions(document)
+    launches = [params for name, params in called if name == "RunInstances"]
+    assert [launch_fits(document, params, "qc") for params in launches] == [[]]
+    for name, params in called:
+        if name == "AllocateAddress":
+            assert [plan.tags_of(spec)[plan.TAG_CLUSTER] for spec in params["TagSpecifications"]] == ["qc"]
+
+    listed = fab(env, "cluster.list")
+    assert listed.returncode == 0 and "qc: 1 instance(s), " in listed.stdout, listed.stdout + listed.stderr
+    gone = fab(env, "cluster.down", "qc")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert f"iam-role {own}" in gone.stdout and f"instance-profile {own}" in gone.stdout, gone.stdout
+    assert identities_left(iam) == [] and leftovers(ec2) == []
+
+
+@pytest.mark.parametrize(("api", "step"), [
+    ("create_role", "create the role"), ("put_role_policy", "give the role its policy"),
+    ("create_instance_profile", "create the instance profile"),
+    ("add_role_to_instance_profile", "put the role in the instance profile")])
+def test_a_controller_identity_that_cannot_be_made_leaves_none_of_it(env, ec2, image, api, step):
+    from botocore.exceptions import ClientError
+
+    connected = aws.connect()
+    up("qi", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
+    refused = ClientError({"Error": {"Code": "LimitExceeded", "Message": "Cannot exceed quota"}}, api)
+    connected.iam = FailOn(connected.iam, api, refused)
+    with pytest.raises(aws.AwsError) as raised:
+        aws.make_controller_identity("qi", aws=connected)
+    assert str(raised.value) == (f"cluster qi: could not {step} of its queue controller: LimitExceeded: Cannot "
+                                 "exceed quota; nothing of it is left") and raised.value.code == "LimitExceeded"
+    assert identities_left(connected.iam.client) == []
+    assert len(instances_of(ec2, "qi")) == 1  # the cluster itself is left as it was
+    aws.down("qi")
+    assert leftovers(ec2) == []
+
+
+def test_credentials_that_may_not_read_iam_still_list_and_remove_a_cluster(env, ec2, image):
+    """Most clusters have no controller identity; a caller IAM refuses (AccessDenied) sees none and goes on."""
+    from botocore.exceptions import ClientError
+
+    connected = aws.connect()
+    up("qd", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "not authorized to perform: iam:GetRole"}},
+                         "GetRole")
+    connected.iam = FailOn(FailOn(connected.iam, "get_role", denied), "get_paginator", denied)
+    assert [s.name for s in aws.list_clusters(aws=connected)] == ["qd"]
+    assert aws.down("qd", aws=connected) and leftovers(ec2) == []
 
 
 def test_with_no_region_named_by_price_orders_every_offering_region_by_its_on_demand_price(env, ec2, server,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import secrets
 from collections.abc import Callable, Sequence
@@ -25,11 +26,12 @@ from bootstrap.hosts import Host
 from bootstrap.providers import meanings, provision
 from bootstrap.providers import offerings as offered
 from bootstrap.providers.aws import efa as efa_plan
-from bootstrap.providers.aws import plan
+from bootstrap.providers.aws import identity, plan
 from bootstrap.providers.common import Rollback, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys as console_host_keys_of
+from kiln.shield import shielded
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
 RUNNING_TIMEOUT_S = 600
@@ -85,6 +87,7 @@ class Aws:
     sts: object
     region: str
     quotas: object = None  # Service Quotas (the vCPU quotas read before a launch), where connect made one
+    iam: object = None  # IAM (a queue controller's identity), where connect made one
 
 
 @functools.cache
@@ -132,9 +135,9 @@ def connect(region: str | None = None, profile: str | None = None) -> Aws:
     region = region or configured_region(session)
     if not region:
         raise UsageError("no AWS region: give --region or set AWS_REGION / AWS_DEFAULT_REGION")
-    ec2, sts, quotas = (client_of(session, service, region) for service in ("ec2", "sts", "service-quotas"))
+    ec2, sts, quotas, iam = (client_of(session, service, region) for service in ("ec2", "sts", "service-quotas", "iam"))
     ec2.meta.events.register("needs-retry.ec2.RunInstances", launch_retried)
-    return Aws(ec2, sts, region, quotas)
+    return Aws(ec2, sts, region, quotas, iam)
 
 
 def client_of(session, service: str, region: str):
@@ -454,7 +457,108 @@ def find_resources(aws: Aws, name: str | None = None) -> list[plan.Resource]:
               for g in aws.ec2.describe_placement_groups(Filters=tagged)["PlacementGroups"]]
     found += [plan.Resource("elastic-ip", a["AllocationId"], plan.tags_of(a))
               for a in aws.ec2.describe_addresses(Filters=tagged)["Addresses"] if a.get("AllocationId")]
-    return found
+    return found + find_identities(aws, name)
+
+
+def find_identities(aws: Aws, name: str | None = None) -> list[plan.Resource]:
+    """The IAM role and instance profile of a queue controller of the region (of the cluster `name`, if given),
+    found by their path (identity.path_of) and the cluster's tag. Credentials that may not read IAM see none: a
+    cluster without a queue on a cloud has none."""
+    import botocore.exceptions
+
+    if aws.iam is None:
+        return []
+    path = identity.path_of(aws.region)
+    try:
+        if name is not None:
+            own = identity.name_of(name, aws.region)
+            roles = named_entity(lambda: aws.iam.get_role(RoleName=own)["Role"])
+            profiles = named_entity(lambda: aws.iam.get_instance_profile(InstanceProfileName=own)["InstanceProfile"])
+        else:
+            roles = [{**role, "Tags": aws.iam.list_role_tags(RoleName=role["RoleName"])["Tags"]}
+                     for page in aws.iam.get_paginator("list_roles").paginate(PathPrefix=path)
+                     for role in page["Roles"] if role["Path"] == path]
+            profiles = [entity for page in aws.iam.get_paginator("list_instance_profiles").paginate(PathPrefix=path)
+                        for listed in page["InstanceProfiles"] if listed["Path"] == path
+                        for entity in named_entity(lambda listed=listed: aws.iam.get_instance_profile(
+                            InstanceProfileName=listed["InstanceProfileName"])["InstanceProfile"])]
+    except botocore.exceptions.ClientError as error:
+        if error_code(error) in ("AccessDenied", "AccessDeniedException"):
+            return []
+        raise
+    found = [plan.Resource("instance-profile", p["InstanceProfileName"], plan.tags_of(p)) for p in profiles
+             if p["Path"] == path]
+    found += [plan.Resource("iam-role", r["RoleName"], plan.tags_of(r)) for r in roles if r["Path"] == path]
+    return [r for r in found if r.cluster and (name is None or r.cluster == name)]
+
+
+def named_entity(get: Callable[[], dict]) -> list[dict]:
+    """An IAM entity asked for by name: [it], or [] where IAM has none of that name."""
+    import botocore.exceptions
+
+    try:
+        return [get()]
+    except botocore.exceptions.ClientError as error:
+        if error_code(error) != "NoSuchEntity":
+            raise
+        return []
+
+
+def make_controller_identity(name: str, *, region: str | None = None, profile: str | None = None,
+                             aws: Aws | None = None) -> str:
+    """Make the IAM role, with its policy (identity.policy), and the instance profile a queue's controller
+    machine holds to grow and shrink the cluster `name`, tagged as the cluster is; the profile's name. All of it or
+    nothing: a step that fails (or a Ctrl-C) removes what was made before it."""
+    _, cloud = Record.of_cluster(name)
+    aws = aws or connect(region or cloud.region, profile)
+    own, path = identity.name_of(name, aws.region), identity.path_of(aws.region)
+    document = identity.policy(name, region=aws.region, account=identity.account_of(caller(aws)), ami=cloud.ami,
+                               group_id=cloud.security_group, efa=cloud.network() is not None)
+    tags = plan.tag_list(cloud.tags)
+    rollback = Rollback()
+    step = "create the role"
+    try:
+        rollback.push("delete the role", lambda: remove_role(aws, own))
+        aws.iam.create_role(RoleName=own, Path=path, AssumeRolePolicyDocument=json.dumps(identity.TRUST), Tags=tags,
+                            Description=f"kiln: the queue controller of cluster {name} in {aws.region}")
+        step = "give the role its policy"
+        aws.iam.put_role_policy(RoleName=own, PolicyName=identity.POLICY_NAME,
+                                PolicyDocument=identity.as_text(document))
+        step = "create the instance profile"
+        rollback.push("delete the instance profile", lambda: remove_instance_profile(aws, own))
+        aws.iam.create_instance_profile(InstanceProfileName=own, Path=path, Tags=tags)
+        step = "put the role in the instance profile"
+        aws.iam.add_role_to_instance_profile(InstanceProfileName=own, RoleName=own)
+    except (Exception, KeyboardInterrupt) as error:
+        with shielded(f"removing what was made of cluster {name}'s controller identity",
+                      f"leaves it for kiln down {name}"):
+            failures = rollback.run(describe_error, stoppable=True)
+        left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else \
+            "; nothing of it is left"
+        raise AwsError(f"cluster {name}: could not {step} of its queue controller: {describe_error(error)}{left}",
+                       code=error_code(error)) from None
+    return own
+
+
+def remove_instance_profile(aws: Aws, profile_name: str) -> None:
+    """Take its roles out of an instance profile, then delete it; one already gone is fine."""
+    for found in named_entity(lambda: aws.iam.get_instance_profile(InstanceProfileName=profile_name)[
+            "InstanceProfile"]):
+        for role in found.get("Roles", []):
+            aws.iam.remove_role_from_instance_profile(InstanceProfileName=profile_name, RoleName=role["RoleName"])
+        aws.iam.delete_instance_profile(InstanceProfileName=profile_name)
+
+
+def remove_role(aws: Aws, role_name: str) -> None:
+    """Delete a role, after its inline policies and the instance profiles it is in let go of it; one already
+    gone is fine."""
+    if not named_entity(lambda: aws.iam.get_role(RoleName=role_name)["Role"]):
+        return
+    for held in aws.iam.list_instance_profiles_for_role(RoleName=role_name)["InstanceProfiles"]:
+        aws.iam.remove_role_from_instance_profile(InstanceProfileName=held["InstanceProfileName"], RoleName=role_name)
+    for policy_name in aws.iam.list_role_policies(RoleName=role_name)["PolicyNames"]:
+        aws.iam.delete_role_policy(RoleName=role_name, PolicyName=policy_name)
+    aws.iam.delete_role(RoleName=role_name)
 
 
 def find_snapshots(aws: Aws, name: str | None = None) -> list[plan.Snapshot]:
@@ -482,7 +586,9 @@ def delete(aws: Aws, resource: plan.Resource) -> None:
              "security-group": lambda: aws.ec2.delete_security_group(GroupId=resource.id),
              "key-pair": lambda: aws.ec2.delete_key_pair(KeyName=resource.id),
              "placement-group": lambda: aws.ec2.delete_placement_group(GroupName=resource.id),
-             "elastic-ip": lambda: release_address(aws, resource.id)}
+             "elastic-ip": lambda: release_address(aws, resource.id),
+             "instance-profile": lambda: remove_instance_profile(aws, resource.id),
+             "iam-role": lambda: remove_role(aws, resource.id)}
     try:
         calls[resource.kind]()
     except botocore.exceptions.ClientError as error:

@@ -346,8 +346,10 @@ class Resource:
 
 
 # The order `down` removes things in: instances first (they hold the rest), then what they used.
-# An Elastic IP is released once its instance is gone (an associated one cannot be).
-TEARDOWN_ORDER = ("instance", "elastic-ip", "volume", "security-group", "key-pair", "placement-group")
+# An Elastic IP is released once its instance is gone (an associated one cannot be); a queue controller's instance
+# profile before its role (a role in a profile cannot be deleted).
+TEARDOWN_ORDER = ("instance", "elastic-ip", "volume", "security-group", "key-pair", "placement-group",
+                  "instance-profile", "iam-role")
 
 
 def teardown_order(resources: Sequence[Resource]) -> list[Resource]:
