@@ -12,6 +12,7 @@ SSH_BANNERS = ("SSH-2.0-", "SSH-1.99-")
 SSH_ATTEMPT_TIMEOUT_S = 5
 SSH_RETRY_S = 2
 SSH_FANOUT = 64
+SSH_PORT = 22  # an endpoint without a port (a cloud's machine: Host.port None) is probed there
 
 
 def ssh_banner(data: bytes) -> str | None:
@@ -47,10 +48,10 @@ def wait_for_ssh(endpoints: Sequence[tuple[str, int]], timeout_s: float, *,
                  fanout: int = SSH_FANOUT, alive: Callable[[tuple[str, int]], bool] | None = None,
                  answered: Callable[[str], None] | None = None) -> list[str]:
     """Probe every endpoint in parallel (at most `fanout` at once) until its SSH banner comes or timeout_s has
-    passed; the endpoints ("address:port") that never answered, in the order given. Every endpoint gets at least
-    one attempt, so the wait is bounded by timeout_s plus one attempt per `fanout` endpoints. `alive(endpoint)`,
-    asked before each attempt, gives up on an endpoint early (its server process is gone); `answered("address:port")`
-    is called as each answers."""
+    passed (an endpoint's port None: SSH_PORT); the endpoints ("address:port", as given) that never answered, in
+    the order given. Every endpoint gets at least one attempt, so the wait is bounded by timeout_s plus one attempt
+    per `fanout` endpoints. `alive(endpoint)`, asked before each attempt, gives up on an endpoint early (its server
+    process is gone); `answered("address:port")` is called as each answers."""
     deadline = time.monotonic() + timeout_s
     stop = threading.Event()  # set when the caller gives up (Ctrl-C), so no worker outlives the call by much
 
@@ -59,7 +60,7 @@ def wait_for_ssh(endpoints: Sequence[tuple[str, int]], timeout_s: float, *,
             if alive is not None and not alive(endpoint):
                 return False
             left = deadline - time.monotonic()
-            if probe_ssh(*endpoint, max(0.05, min(attempt_timeout_s, left))):
+            if probe_ssh(endpoint[0], endpoint[1] or SSH_PORT, max(0.05, min(attempt_timeout_s, left))):
                 if answered is not None:
                     answered(f"{endpoint[0]}:{endpoint[1]}")
                 return True

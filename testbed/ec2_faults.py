@@ -7,7 +7,8 @@ endpoint, as nothing is made by EC2. It also answers DescribeSpotPriceHistory in
 (`price()`), as EC2's Query API does (moto gives every type one price), so that prices can order candidates, and
 Service Quotas' GetServiceQuota for an EC2 quota a test set in a region (`quota()`), as that JSON API does (moto
 serves VPC quotas alone), and the Price List's GetProducts from the on-demand prices a test set (`on_demand()`;
-moto has no Price List); everything else, Service Quotas' other calls included, goes on to the endpoint.
+moto has no Price List); everything else, Service Quotas' other calls included, goes on to the endpoint. With `machines`
+(testbed.ec2_machines), the instances launched in its region are real machines.
 
     with Ec2Faults(moto_endpoint) as hop:
         hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity")
@@ -27,9 +28,13 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from localcloud.guest import Served
+
+if TYPE_CHECKING:
+    from testbed.ec2_machines import Machines
 
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/[a-z0-9-]+/aws4_request")
 # EC2's messages for the errors tests ask for most (from its error code reference); others get a generic one.
@@ -54,11 +59,13 @@ class Fault:
     instance_type: str | None
     spot: bool | None  # only spot requests (True), only on-demand ones (False), or both
     message: str | None
+    times: int | None = None  # how many more requests it answers (None: until clear())
 
 
 class Ec2Faults(Served):
-    def __init__(self, upstream: str, host: str = "127.0.0.1"):
+    def __init__(self, upstream: str, host: str = "127.0.0.1", machines: Machines | None = None):
         parts = urlsplit(upstream)
+        self.machines = machines
         self.upstream = (parts.hostname, parts.port)
         self.faults: list[Fault] = []
         self.refused: list[tuple[str, str, str]] = []  # (action, region, code) of each request answered here
@@ -73,11 +80,11 @@ class Ec2Faults(Served):
         self.serve(server)
 
     def fail(self, action: str, region: str, code: str, *, instance_type: str | None = None,
-             spot: bool | None = None, message: str | None = None) -> None:
+             spot: bool | None = None, message: str | None = None, times: int | None = None) -> None:
         """Answer every `action` signed for `region` (of `instance_type`, and only for spot or on-demand machines,
-        where given) with EC2's error `code` until clear()."""
+        where given) with EC2's error `code` until clear(), or the first `times` of them."""
         with self._lock:
-            self.faults.append(Fault(action, region, code, instance_type, spot, message))
+            self.faults.append(Fault(action, region, code, instance_type, spot, message, times))
 
     def price(self, region: str, instance_type: str, usd: float, zone: str | None = None,
               at: datetime | None = None) -> None:
@@ -181,6 +188,10 @@ class Ec2Faults(Served):
                 if (fault.action, fault.region) == (action, region) and \
                         fault.instance_type in (None, instance_type) and fault.spot in (None, spot):
                     self.refused.append((action, region, fault.code))
+                    if fault.times is not None:
+                        fault.times -= 1
+                        if fault.times <= 0:
+                            self.faults.remove(fault)
                     return fault
         return None
 
@@ -212,6 +223,18 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             if action == "RunInstances":
                 with hop._lock:
                     hop.launches.append((region, (fields.get("ClientToken") or [""])[0]))
+            machines = hop.machines
+            if machines and action == "ImportKeyPair":
+                machines.imported(region, fields)
+            if machines and action == "RunInstances" and machines.short(region, fields):
+                kind = (fields.get("InstanceType") or ["the"])[0]
+                self._answer(500, {"Content-Type": "text/xml"}, error_document(
+                    "InsufficientInstanceCapacity", MESSAGES["InsufficientInstanceCapacity"].format(type=kind)))
+                return
+            console = machines.console(region, fields) if machines and action == "GetConsoleOutput" else None
+            if console is not None:
+                self._answer(200, {"Content-Type": "text/xml;charset=UTF-8"}, console)
+                return
             if self.headers.get("X-Amz-Target") == "ServiceQuotasV20190624.GetServiceQuota":
                 quota = hop.service_quota(region, body)
                 if quota is not None:
@@ -239,9 +262,16 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "host")}
                 connection.request(self.command, self.path, body=body, headers=headers)
                 answer = connection.getresponse()
+                payload = answer.read()
+                if machines and answer.status == 200:
+                    if action == "RunInstances":
+                        machines.launched(region, fields, payload)
+                    elif action == "TerminateInstances":
+                        machines.terminated(region, fields)
+                    payload = machines.rewritten(payload)
                 self._answer(answer.status, {k: v for k, v in answer.getheaders()
                                              if k.lower() not in ("connection", "transfer-encoding", "content-length")},
-                             answer.read())
+                             payload)
             finally:
                 connection.close()
 
