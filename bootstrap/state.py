@@ -137,6 +137,9 @@ class ClusterRecord:
     # Where the cluster is, as the options that place it (("region", "us-west-2"),): written once, by the up that
     # made it, and read by every later verb (providers.placed), whatever the command line's defaults say.
     place: tuple[tuple[str, str], ...] = ()
+    # A queue's controller machine on a cloud (slurmctld and kiln's programs): an instance of the cluster that is
+    # none of its nodes (not in hosts), its host keys pinned beside theirs
+    controller: Instance | None = None
 
     @property
     def where(self) -> dict[str, str]:
@@ -162,7 +165,8 @@ def load_cluster(name: str) -> ClusterRecord | None:
             instances=tuple(Instance(**i) for i in data.get("instances", [])),
             provider=data.get("provider", "aws" if data.get("instances") else None),
             idle_minutes=data.get("idle_minutes"), node_type=data.get("node_type"),
-            place=tuple(sorted(data["place"].items())) if "place" in data else legacy_place(data))
+            place=tuple(sorted(data["place"].items())) if "place" in data else legacy_place(data),
+            controller=Instance(**data["controller"]) if data.get("controller") else None)
     except (KeyError, TypeError, AttributeError) as error:
         raise KilnError(f"{path} is not a kiln cluster file ({error}); remove it and set the cluster up again") \
             from None

@@ -1338,6 +1338,87 @@ def test_a_queue_grows_the_cluster_by_instances_launched_as_its_own_and_shrinks_
     assert leftovers(ec2) == []
 
 
+@pytest.fixture
+def machines(server):
+    """The hop in front of moto whose us-east-1 instances are real machines (testbed.ec2_machines): the three
+    slots of a local cluster, booted as instances launch and taken away as they terminate."""
+    from localcloud import cluster as local
+    from testbed.ec2_faults import Ec2Faults
+    from testbed.ec2_machines import Machines
+
+    local.preflight()
+    local.make_cluster("awsm", 3, start=0)
+    made = Machines("awsm", "us-east-1")
+    try:
+        with Ec2Faults(server, machines=made) as hop:
+            yield hop
+    finally:
+        made.close()
+        local.teardown("awsm")
+
+
+def test_an_aws_cluster_of_machines_is_reached_over_the_host_keys_its_consoles_show(env, machines, ec2, image,
+                                                                                    monkeypatch):
+    """kiln up on AWS where each instance is a machine (testbed.ec2_machines): kiln waits until SSH answers on each,
+    pins the host keys its console shows, and kiln run reaches every node over them; kiln down terminates the
+    instances and their machines go. A launch larger than the capacity left is EC2's capacity error, nothing
+    made."""
+    from localcloud import cluster as local
+
+    monkeypatch.setenv(aws.ENDPOINT_ENV, machines.endpoint)
+    made = fab(env, "cluster.up", "--name", "real", "--count", "2", "--instance-type", "g5.xlarge", "--user", "root",
+               "--ssh-cidr", CIDR)
+    assert made.returncode == 0, made.stdout + made.stderr
+    record = state.load_cluster("real")
+    booted = {machine.node.ip: machine for machine in machines.machines.running.values()}
+    assert sorted(host.address for host in record.hosts) == sorted(booted) and len(booted) == 2
+    assert [instance.host_keys for instance in record.instances] == ["console", "console"]
+    pins = state.read_known_hosts("real")
+    for address, machine in booted.items():
+        pinned = {" ".join(line.split()[1:3]) for line in pins.splitlines() if address in line.split()[0].split(",")}
+        assert pinned == set(machine.keys), address
+
+    ran = subprocess.run([str(REPO / ".venv" / "bin" / "kiln"), "run", "--cluster", "real", "--run-id", "where",
+                          "--", "hostname"], cwd=env, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "KILN_HOME": str(env / "kiln")})
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    names = {machine.node.name for machine in booted.values()}
+    assert all(name in ran.stdout for name in names), ran.stdout  # each node's hostname, as its facts said it
+
+    more = fab(env, "cluster.up", "--name", "more", "--count", "2", "--instance-type", "g5.xlarge", "--user", "root",
+               "--ssh-cidr", CIDR)
+    assert more.returncode != 0 and "InsufficientInstanceCapacity" in more.stderr, more.stdout + more.stderr
+    assert instances_of(ec2, "more") == []
+
+    # the queue's controller machine: its profile is one EC2 does not see at once (IAM's new profiles reach EC2
+    # seconds later: RunInstances is asked again)
+    machines.fail("RunInstances", "us-east-1", "InvalidParameterValue", times=1, message=(
+        "Value (kiln-real-us-east-1-controller) for parameter iamInstanceProfile.name is invalid. Invalid IAM "
+        "Instance Profile name"))
+    connected = aws.connect()
+    host, keys = aws.make_controller("real", aws=connected, profile_poll_s=0.2)
+    record = state.load_cluster("real")
+    [controller] = [i for i in instances_of(ec2, "real") if plan.tags_of(i).get(plan.TAG_ROLE) == "controller"]
+    assert record.controller == state.Instance(controller["InstanceId"], host.address, "console")
+    assert host.address not in {h.address for h in record.hosts} and controller["InstanceType"] == "m7i.large"
+    assert controller["IamInstanceProfile"]["Arn"].endswith("/kiln/us-east-1/kiln-real-us-east-1-controller")
+    assert sorted(keys) == sorted(machines.machines.running[controller["InstanceId"]].keys)
+    assert machines.refused == [("RunInstances", "us-east-1", "InvalidParameterValue")]  # asked once more
+    reached = subprocess.run(["ssh", "-i", str(state.cluster_dir("real") / "id_ed25519"), "-o", "IdentitiesOnly=yes",
+                              "-o", f"UserKnownHostsFile={state.known_hosts_path('real')}", "-o",
+                              "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{host.address}",
+                              "hostname"], capture_output=True, text=True, timeout=60)
+    assert reached.returncode == 0 and reached.stdout.strip() == \
+        machines.machines.running[controller["InstanceId"]].node.name, reached.stderr
+
+    gone = fab(env, "cluster.down", "real")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert "iam-role kiln-real-us-east-1-controller" in gone.stdout, gone.stdout
+    assert machines.machines.ended[0] == [controller["InstanceId"]]  # first: it launches nothing once it is gone
+    assert machines.machines.running == {} and leftovers(ec2) == [] and identities_left(connected.iam) == []
+    assert not any(local.node_is_up("awsm", machine.node) for machine in booted.values())
+
+
 def identities_left(iam) -> list[str]:
     """Every role and instance profile under kiln's IAM path, looked up independently of kiln's own code."""
     return [*(f"iam-role {r['RoleName']}" for r in iam.list_roles(PathPrefix=identity.PATH_ROOT)["Roles"]),
@@ -1432,6 +1513,29 @@ def test_a_controller_identity_that_cannot_be_made_leaves_none_of_it(env, ec2, i
     assert identities_left(connected.iam.client) == []
     assert len(instances_of(ec2, "qi")) == 1  # the cluster itself is left as it was
     aws.down("qi")
+    assert leftovers(ec2) == []
+
+
+def test_a_controller_that_cannot_be_made_leaves_neither_its_machine_nor_its_identity(env, ec2, image, server,
+                                                                                      monkeypatch):
+    from testbed.ec2_faults import Ec2Faults
+
+    up("qm", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0)
+    with Ec2Faults(server) as hop, monkeypatch.context() as patched:
+        patched.setenv(aws.ENDPOINT_ENV, hop.endpoint)
+        hop.fail("RunInstances", "us-east-1", "InsufficientInstanceCapacity", instance_type="m7i.large")
+        with pytest.raises(aws.AwsError) as raised:
+            aws.make_controller("qm", ssh_wait_s=0)
+        assert str(raised.value).startswith("cluster qm: could not make its queue controller: could not run the "
+                                            "instance: InsufficientInstanceCapacity: ")
+        assert str(raised.value).endswith("; nothing of it is left")
+        assert identities_left(aws.connect().iam) == [] and len(instances_of(ec2, "qm")) == 1
+        hop.clear()
+        with pytest.raises(aws.AwsError, match="shows no host keys on its console"):
+            aws.make_controller("qm", ssh_wait_s=0)  # moto's console shows none
+        assert identities_left(aws.connect().iam) == [] and len(instances_of(ec2, "qm")) == 1
+        assert state.load_cluster("qm").controller is None
+    aws.down("qm")
     assert leftovers(ec2) == []
 
 

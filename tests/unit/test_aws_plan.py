@@ -310,3 +310,29 @@ def test_a_launch_over_the_quota_is_named_with_its_numbers_and_one_that_fits_is_
         "2 p5.48xlarge need 384 vCPUs of the quota 'Running On-Demand P instances' (L-417A185B), which is 192 here "
         "with 0 in use: ask Service Quotas for more")
     assert plan.vcpus_short(quota, 384.0, 1, 384, 2, "p5.48xlarge") is not None
+
+
+def test_a_queue_controller_is_one_on_demand_instance_holding_the_queues_profile_outside_the_placement_group():
+    asked = request(count=4, spot=True, max_price="2.5", volume_gib=50, idle_minutes=30)
+    tags = {plan.TAG_CLUSTER: "exp1", "Name": "kiln-exp1"}
+    params = plan.controller_request(asked, ami="ami-0123456789abcdef0", group_id="sg-1", tags=tags,
+                                     profile_name="kiln-exp1-us-east-1-controller", client_token="t")
+    assert params["MinCount"] == params["MaxCount"] == 1 and params["InstanceType"] == plan.CONTROLLER_TYPE
+    assert params["IamInstanceProfile"] == {"Name": "kiln-exp1-us-east-1-controller"}
+    assert "Placement" not in params and "InstanceMarketOptions" not in params and "UserData" not in params
+    assert "InstanceInitiatedShutdownBehavior" not in params
+    assert params["MetadataOptions"] == {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                         "HttpPutResponseHopLimit": 1}
+    assert params["SecurityGroupIds"] == ["sg-1"] and params["KeyName"] == "kiln-demo"
+    assert params["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+    for spec in params["TagSpecifications"]:
+        assert plan.tags_of(spec) == {**tags, plan.TAG_ROLE: plan.CONTROLLER}
+    assert plan.controller_request(asked, ami="ami-0123456789abcdef0", group_id="sg-1", tags=tags,
+                                   profile_name="p", instance_type="c7i.xlarge")["InstanceType"] == "c7i.xlarge"
+
+
+def test_a_profile_ec2_cannot_see_yet_is_told_from_other_refusals():
+    assert plan.profile_not_seen_yet("InvalidParameterValue", "Value (kiln-q-us-east-1-controller) for parameter "
+                                     "iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name")
+    assert not plan.profile_not_seen_yet("InvalidParameterValue", "Invalid value 'x' for instanceType")
+    assert not plan.profile_not_seen_yet("UnauthorizedOperation", "iam instance profile: not authorized")

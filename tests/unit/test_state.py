@@ -27,6 +27,14 @@ def test_a_cluster_record_round_trips_with_its_hosts_parsed():
     saved = json.loads((state.cluster_dir("exp1") / "cluster.json").read_text())
     assert saved["hosts"][0] == {"address": "10.0.0.5", "port": 2222, "user": "ubuntu", "slots": 4}
     assert state.load_cluster("other") is None
+    assert saved["controller"] is None
+
+
+def test_a_queue_controller_round_trips_apart_from_the_nodes():
+    record = state.ClusterRecord("exp1", (Host("10.0.0.5"),), "python3", instances=(
+        state.Instance("i-1", "10.0.0.5", "console"),), controller=state.Instance("i-2", "10.0.0.9", "console"))
+    state.save_cluster(record)
+    assert state.load_cluster("exp1") == record and state.load_cluster("exp1").controller.address == "10.0.0.9"
 
 
 def test_a_clusters_place_round_trips_and_an_older_aws_file_is_placed_by_its_region():

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -27,11 +28,13 @@ from bootstrap.providers import meanings, provision
 from bootstrap.providers import offerings as offered
 from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import identity, plan
-from bootstrap.providers.common import Rollback, poll_host_keys
+from bootstrap.providers.common import Rollback, no_answer_error, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys as console_host_keys_of
+from kiln.hostkeys import known_hosts_lines
 from kiln.shield import shielded
+from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
 RUNNING_TIMEOUT_S = 600
@@ -41,6 +44,8 @@ SSH_WAIT_S = plan.SSH_WAIT_S
 CONSOLE_POLL_S = 10
 SNAPSHOT_TIMEOUT_S = 3600
 SNAPSHOT_POLL_S = 15
+PROFILE_WAIT_S = 90  # a new instance profile reaches EC2 within seconds; RunInstances is asked again until then
+PROFILE_POLL_S = 5
 ANY_REGION = "us-east-1"  # where the list of regions is asked when none is configured
 OFFERING_READERS = 8  # regions asked at once where each type is offered
 PRICE_LIST_REGION = "us-east-1"  # where the Price List API answers (it has two others: eu-central-1, ap-south-1)
@@ -540,6 +545,77 @@ def make_controller_identity(name: str, *, region: str | None = None, profile: s
     return own
 
 
+def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, region: str | None = None,
+                    profile: str | None = None, aws: Aws | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
+                    ssh_wait_s: float = SSH_WAIT_S, profile_wait_s: float = PROFILE_WAIT_S,
+                    profile_poll_s: float = PROFILE_POLL_S) -> tuple[Host, list[str]]:
+    """Make the queue controller machine of the cluster `name`: its identity (make_controller_identity), then one
+    instance holding it (plan.controller_request) that must run, answer SSH and show its host keys on its console
+    (kiln never trusts a new machine on first contact); the cluster file records it as the controller and its
+    keys are pinned beside the nodes'. All of it or nothing: a step that fails (or a Ctrl-C) removes what was made
+    before it. (its host, its host keys)"""
+    import botocore.exceptions
+
+    record, cloud = Record.of_cluster(name)
+    if record.controller:
+        raise UsageError(f"cluster {name} has a controller already ({record.controller.id} at "
+                         f"{record.controller.address})")
+    aws = aws or connect(region or cloud.region, profile)
+    request = cloud.planned()
+    rollback = Rollback()
+    step = "make its identity"
+    try:
+        rollback.push("remove its identity", lambda: remove(aws, find_identities(aws, name)))
+        profile_name = make_controller_identity(name, aws=aws)
+        step = "run the instance"
+        params = plan.controller_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags,
+                                         profile_name=profile_name, instance_type=instance_type,
+                                         client_token=plan.client_token(name, secrets.token_hex(8)))
+        rollback.push("terminate the instance", lambda: remove(aws, controllers(find_resources(aws, name))))
+        deadline = time.monotonic() + profile_wait_s
+        while True:
+            try:
+                instance_id = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
+                break
+            except botocore.exceptions.ClientError as error:
+                seen = error.response.get("Error", {})
+                if not plan.profile_not_seen_yet(seen.get("Code", ""), seen.get("Message", "")) or \
+                        time.monotonic() >= deadline:
+                    raise
+                time.sleep(profile_poll_s)
+        step = "wait until it runs"
+        wait(aws, "instance_running", [instance_id], running_timeout_s)
+        [host] = plan.hosts_from_instances(described_instances(aws, [instance_id]), request.user)
+        step = "wait until SSH answers"
+        started = time.monotonic()
+        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
+            raise AwsError(no_answer_error([f"{instance_id} ({host.address})"], ssh_wait_s))
+        step = "read its host keys from the console"
+        keys = console_host_keys(aws, [instance_id], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(
+            instance_id)
+        if not keys:
+            raise AwsError(f"{instance_id} shows no host keys on its console: kiln does not trust a new machine on "
+                           "first contact")
+    except (Exception, KeyboardInterrupt) as error:
+        with shielded(f"removing what was made of cluster {name}'s queue controller",
+                      f"leaves it for kiln down {name}"):
+            failures = rollback.run(describe_error, stoppable=True)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
+        left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else \
+            "; nothing of it is left"
+        raise AwsError(f"cluster {name}: could not make its queue controller: could not {step}: {said}{left}",
+                       code=error_code(error)) from None
+    state.save_cluster(changed(record, controller=state.Instance(instance_id, host.address, "console")))
+    state.write_known_hosts(name, state.read_known_hosts(name) + "".join(
+        known_hosts_lines([host.address], keys, host.port)))
+    return host, keys
+
+
+def controllers(resources: Sequence[plan.Resource]) -> list[plan.Resource]:
+    """The queue controller machines among a cluster's resources (by their kiln:role tag)."""
+    return [r for r in resources if r.kind == "instance" and r.tags.get(plan.TAG_ROLE) == plan.CONTROLLER]
+
+
 def remove_instance_profile(aws: Aws, profile_name: str) -> None:
     """Take its roles out of an instance profile, then delete it; one already gone is fine."""
     for found in named_entity(lambda: aws.iam.get_instance_profile(InstanceProfileName=profile_name)[
@@ -866,7 +942,12 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
     aws = aws or connect(region, profile)
     caller(aws)
     try:
-        removed = remove(aws, find_resources(aws, name), timeout_s)
+        found = find_resources(aws, name)
+        removed = []
+        if controllers(found):  # first: a controller's resume launches nothing more once it is gone
+            removed = remove(aws, controllers(found), timeout_s)
+            found = find_resources(aws, name)  # and what it launched before it went
+        removed += remove(aws, found, timeout_s)
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
     provision.forget_local(name, "aws", found=bool(removed), looked=f"region {aws.region}")

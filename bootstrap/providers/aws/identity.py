@@ -7,8 +7,9 @@ waiters' and the Elastic IPs' lookups, GetConsoleOutput for the new instances' h
 for an EFA type the Elastic IP of each instance. So the policy lets it launch only instances, volumes and network
 interfaces that carry the cluster's tag as they are made (aws:RequestTag, as AWS's documentation shows for
 tag-on-create), with the cluster's own image, group, key pair and placement group, tag nothing after launch, and
-terminate or read the console of instances carrying the cluster's tag alone (ec2:ResourceTag). Describe calls
-take no resource, as AWS has it. The nodes get no identity.
+terminate or read the console of instances carrying the cluster's tag alone (ec2:ResourceTag), never the
+controller itself (an explicit Deny on its kiln:role tag). Describe calls take no resource, as AWS has it. The
+nodes get no identity.
 
 The role and the profile share a name made of the cluster's and its region's (IAM names are global to the
 account, kiln's cluster names are one per region), under the path /kiln/REGION/, where `down` and `list` look.
@@ -80,6 +81,9 @@ def policy(cluster: str, *, region: str, account: str, ami: str, group_id: str, 
          "Action": ["ec2:TerminateInstances", "ec2:GetConsoleOutput"], "Resource": f"{own}:instance/*",
          "Condition": resource_tag},
         {"Sid": "Look", "Effect": "Allow", "Action": list(ACTION_LOOKS), "Resource": "*"},
+        {"Sid": "NeverEndTheControllerItself", "Effect": "Deny", "Action": "ec2:TerminateInstances",
+         "Resource": f"{own}:instance/*",
+         "Condition": {"StringEquals": {f"ec2:ResourceTag/{plan.TAG_ROLE}": plan.CONTROLLER}}},
     ]
     if efa:
         statements += [

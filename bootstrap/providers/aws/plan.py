@@ -5,6 +5,7 @@ Everything here is pure and unit-tested for exact output; bootstrap.providers.aw
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import json
@@ -67,6 +68,8 @@ TAG_SNAPSHOT_SET = "kiln:snapshot-set"  # the snapshots of one `down --snapshot`
 # The `up` that made a resource (its random part): that up's undo removes what it made alone, never what another
 # up of the same name (one that won a race for the name) made.
 TAG_ATTEMPT = "kiln:attempt"
+TAG_ROLE = "kiln:role"  # "controller" on a queue's controller machine; a node has none
+CONTROLLER = "controller"
 
 INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 # `kiln up`'s default: the first of the catalog's EC2 GPU types (kiln up --gpus picks from them all; Blackwell needs
@@ -75,6 +78,11 @@ DEFAULT_INSTANCE_TYPE = catalog.default_type("aws")
 AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 PROFILE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 IMDS_HOP_LIMIT = 2
+# A queue's controller: slurmctld and kiln's programs, no GPU (2 vCPUs and 8 GiB: slurmctld's own guidance is a few
+# GB for thousands of nodes); no container on it reaches its metadata service (hop limit 1), whose credentials are
+# the queue's cloud identity.
+CONTROLLER_TYPE = "m7i.large"
+CONTROLLER_IMDS_HOP_LIMIT = 1
 ROOT_DEVICE = "/dev/sda1"
 ROOT_VOLUME_GIB = 100
 # The data volume is attached at this device (common.py: how the node finds and mounts it).
@@ -220,6 +228,29 @@ def run_instances_request(request: Request, *, ami: str, group_id: str, tags: di
             spot["MaxPrice"] = request.max_price
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
     return params
+
+
+def controller_request(request: Request, *, ami: str, group_id: str, tags: dict[str, str], profile_name: str,
+                       client_token: str | None = None, instance_type: str = CONTROLLER_TYPE) -> dict:
+    """RunInstances of a queue's controller machine: one on-demand instance of `instance_type` from the cluster's
+    image, in its security group (the nodes reach slurmctld there) with its key pair, holding the instance profile
+    `profile_name` (the queue's identity), tagged as the cluster is and as its controller; outside the nodes'
+    placement group (another type, whose capacity there would count against theirs); no data volume, no idle
+    shutdown."""
+    one = dataclasses.replace(request, count=1, instance_type=instance_type, spot=False, max_price=None,
+                              volume_gib=None, idle_minutes=None)
+    params = run_instances_request(one, ami=ami, group_id=group_id, tags={**tags, TAG_ROLE: CONTROLLER},
+                                   client_token=client_token)
+    del params["Placement"]
+    params["IamInstanceProfile"] = {"Name": profile_name}
+    params["MetadataOptions"] = {**params["MetadataOptions"], "HttpPutResponseHopLimit": CONTROLLER_IMDS_HOP_LIMIT}
+    return params
+
+
+def profile_not_seen_yet(code: str, message: str) -> bool:
+    """Whether RunInstances refused an instance profile EC2 cannot see yet: IAM's new profiles reach EC2 some
+    seconds after they are made (InvalidParameterValue, "Invalid IAM Instance Profile name")."""
+    return code == "InvalidParameterValue" and "iam instance profile" in message.lower()
 
 
 def client_token(name: str, attempt: str) -> str:
