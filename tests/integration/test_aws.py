@@ -1396,7 +1396,7 @@ def test_an_aws_cluster_of_machines_is_reached_over_the_host_keys_its_consoles_s
         "Value (kiln-real-us-east-1-controller) for parameter iamInstanceProfile.name is invalid. Invalid IAM "
         "Instance Profile name"))
     connected = aws.connect()
-    host, keys = aws.make_controller("real", aws=connected, profile_poll_s=0.2)
+    host, keys = aws.make_controller("real", aws=connected, identity_poll_s=0.2)
     record = state.load_cluster("real")
     [controller] = [i for i in instances_of(ec2, "real") if plan.tags_of(i).get(plan.TAG_ROLE) == "controller"]
     assert record.controller == state.Instance(controller["InstanceId"], host.address, "console")
@@ -1436,19 +1436,25 @@ def launch_fits(document: dict, params: dict, cluster: str) -> list[str]:
     wrong = [f"image {params['ImageId']}" for _ in [0] if not any(r.endswith(f"image/{params['ImageId']}")
                                                                     for r in parts)]
     wrong += [f"group {g}" for g in groups if not any(r.endswith(f"security-group/{g}") for r in parts)]
+    wrong += [f"type {params['InstanceType']}" for _ in [0] if statements["LaunchOnlyTheClustersNodes"]["Condition"][
+        "StringEquals"]["ec2:InstanceType"] != params["InstanceType"]]
+    wrong += ["spot request" for _ in [0] if "InstanceMarketOptions" in params and not any(
+        ":spot-instances-request/" in r for r in parts)]
     wrong += [f"{kind} {name}" for kind, name in (("key-pair", params["KeyName"]),
                                                    ("placement-group", params["Placement"]["GroupName"]))
               if not any(r.endswith(f"{kind}/{name}") for r in parts)]
     tagged = {spec["ResourceType"] for spec in params.get("TagSpecifications", [])
               if plan.tags_of(spec).get(plan.TAG_CLUSTER) == cluster}
-    conditioned = {r.rsplit(":", 1)[1].split("/")[0] for r in statements["LaunchOnlyWhatCarriesTheClustersTag"][
-        "Resource"]}
+    conditioned = {r.rsplit(":", 1)[1].split("/")[0] for sid in ("LaunchOnlyWhatCarriesTheClustersTag",
+                                                                 "LaunchOnlyTheClustersNodes")
+                   for r in [statements[sid]["Resource"]] for r in ([r] if isinstance(r, str) else r)}
     return wrong + [f"{kind} not tagged at launch" for kind in sorted(conditioned - tagged)]
 
 
-@pytest.mark.parametrize("instance_type", ["g5.xlarge", "p4d.24xlarge"])
+@pytest.mark.parametrize(("instance_type", "spot"), [("g5.xlarge", False), ("p4d.24xlarge", False),
+                                                     ("g5.xlarge", True)])
 def test_a_queue_controllers_identity_allows_what_a_grow_and_shrink_ask_and_kiln_down_removes_it(
-        env, ec2, image, instance_type):
+        env, ec2, image, instance_type, spot):
     """The IAM role and instance profile a queue's controller machine holds (aws.make_controller_identity): under
     kiln's path, tagged with the cluster, the role in the profile, ec2.amazonaws.com alone may assume it; every EC2
     action a grow and a shrink then call is one its policy allows (an EFA type's Elastic IPs too), and each launch
@@ -1456,7 +1462,7 @@ def test_a_queue_controllers_identity_allows_what_a_grow_and_shrink_ask_and_kiln
     them with the cluster, kiln down removes them."""
     connected = aws.connect()
     connected.ec2 = KeyedConsoles(connected.ec2)
-    up("qc", 1, instance_type, ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
+    up("qc", 1, instance_type, ssh_cidr=CIDR, ssh_wait_s=0, connected=connected, spot=spot)
     own = aws.make_controller_identity("qc", aws=connected)
     iam = connected.iam
     assert own == "kiln-qc-us-east-1-controller"
@@ -1470,7 +1476,7 @@ def test_a_queue_controllers_identity_allows_what_a_grow_and_shrink_ask_and_kiln
     document = json.loads(document) if isinstance(document, str) else document
     assert document == identity.policy("qc", region="us-east-1", account=identity.account_of(aws.caller(connected)),
                                        ami=image, group_id=aws.Record.of_cluster("qc")[1].security_group,
-                                       efa=instance_type.startswith("p4d"))
+                                       efa=instance_type.startswith("p4d"), instance_type=instance_type, spot=spot)
 
     called: list[tuple[str, dict]] = []
     connected.ec2.meta.events.register("before-parameter-build.ec2", lambda params, model, **_: called.append(
@@ -1483,6 +1489,8 @@ def test_a_queue_controllers_identity_allows_what_a_grow_and_shrink_ask_and_kiln
     assert asked <= identity.actions(document), asked - identity.actions(document)
     launches = [params for name, params in called if name == "RunInstances"]
     assert [launch_fits(document, params, "qc") for params in launches] == [[]]
+    [launch] = launches
+    assert launch["InstanceType"] == instance_type and ("InstanceMarketOptions" in launch) == spot
     for name, params in called:
         if name == "AllocateAddress":
             assert [plan.tags_of(spec)[plan.TAG_CLUSTER] for spec in params["TagSpecifications"]] == ["qc"]
@@ -1535,6 +1543,12 @@ def test_a_controller_that_cannot_be_made_leaves_neither_its_machine_nor_its_ide
             aws.make_controller("qm", ssh_wait_s=0)  # moto's console shows none
         assert identities_left(aws.connect().iam) == [] and len(instances_of(ec2, "qm")) == 1
         assert state.load_cluster("qm").controller is None
+        # an identity that is there already (an earlier controller's) is refused and left as it is
+        own = aws.make_controller_identity("qm")
+        with pytest.raises(UsageError, match=f"^cluster qm: could not create the role of its queue controller: {own} "
+                                             "exists already"):
+            aws.make_controller("qm", ssh_wait_s=0)
+        assert identities_left(aws.connect().iam) == [f"iam-role {own}", f"instance-profile {own}"]
     aws.down("qm")
     assert leftovers(ec2) == []
 
@@ -1547,7 +1561,14 @@ def test_credentials_that_may_not_read_iam_still_list_and_remove_a_cluster(env, 
     up("qd", 1, "g5.xlarge", ssh_cidr=CIDR, ssh_wait_s=0, connected=connected)
     denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "not authorized to perform: iam:GetRole"}},
                          "GetRole")
-    connected.iam = FailOn(FailOn(connected.iam, "get_role", denied), "get_paginator", denied)
+
+    class Denying:  # every IAM call, as IAM answers a caller without its rights
+        def __getattr__(self, attribute):
+            def refuse(*_, **__):
+                raise denied
+            return refuse
+
+    connected.iam = Denying()
     assert [s.name for s in aws.list_clusters(aws=connected)] == ["qd"]
     assert aws.down("qd", aws=connected) and leftovers(ec2) == []
 

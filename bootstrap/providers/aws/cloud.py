@@ -44,8 +44,8 @@ SSH_WAIT_S = plan.SSH_WAIT_S
 CONSOLE_POLL_S = 10
 SNAPSHOT_TIMEOUT_S = 3600
 SNAPSHOT_POLL_S = 15
-PROFILE_WAIT_S = 90  # a new instance profile reaches EC2 within seconds; RunInstances is asked again until then
-PROFILE_POLL_S = 5
+IDENTITY_WAIT_S = 90  # a new instance profile reaches EC2 within seconds; RunInstances is asked again until then
+IDENTITY_POLL_S = 5
 ANY_REGION = "us-east-1"  # where the list of regions is asked when none is configured
 OFFERING_READERS = 8  # regions asked at once where each type is offered
 PRICE_LIST_REGION = "us-east-1"  # where the Price List API answers (it has two others: eu-central-1, ap-south-1)
@@ -439,8 +439,10 @@ def find_image(aws: Aws, request: plan.Request) -> str:
     return newest["ImageId"]
 
 
-def find_resources(aws: Aws, name: str | None = None) -> list[plan.Resource]:
-    """Every kiln-tagged resource (of the cluster `name`, if given), found by tags alone."""
+def find_resources(aws: Aws, name: str | None = None, *, identities: bool = True) -> list[plan.Resource]:
+    """Every kiln-tagged resource (of the cluster `name`, if given), found by tags alone; with `identities`, a queue
+    controller's IAM role and instance profile too (find_identities: what `up` makes is in EC2 alone, so its looks
+    ask EC2 alone)."""
     if name is None:
         tagged = [{"Name": "tag-key", "Values": [plan.TAG_CLUSTER]}]
     else:
@@ -462,7 +464,7 @@ def find_resources(aws: Aws, name: str | None = None) -> list[plan.Resource]:
               for g in aws.ec2.describe_placement_groups(Filters=tagged)["PlacementGroups"]]
     found += [plan.Resource("elastic-ip", a["AllocationId"], plan.tags_of(a))
               for a in aws.ec2.describe_addresses(Filters=tagged)["Addresses"] if a.get("AllocationId")]
-    return found + find_identities(aws, name)
+    return found + (find_identities(aws, name) if identities else [])
 
 
 def find_identities(aws: Aws, name: str | None = None) -> list[plan.Resource]:
@@ -517,21 +519,23 @@ def make_controller_identity(name: str, *, region: str | None = None, profile: s
     _, cloud = Record.of_cluster(name)
     aws = aws or connect(region or cloud.region, profile)
     own, path = identity.name_of(name, aws.region), identity.path_of(aws.region)
+    request = cloud.planned()
     document = identity.policy(name, region=aws.region, account=identity.account_of(caller(aws)), ami=cloud.ami,
-                               group_id=cloud.security_group, efa=cloud.network() is not None)
+                               group_id=cloud.security_group, efa=cloud.network() is not None,
+                               instance_type=request.instance_type, spot=request.spot)
     tags = plan.tag_list(cloud.tags)
     rollback = Rollback()
     step = "create the role"
     try:
-        rollback.push("delete the role", lambda: remove_role(aws, own))
         aws.iam.create_role(RoleName=own, Path=path, AssumeRolePolicyDocument=json.dumps(identity.TRUST), Tags=tags,
                             Description=f"kiln: the queue controller of cluster {name} in {aws.region}")
+        rollback.push("delete the role", lambda: remove_role(aws, own))  # this call's own: one that was there stays
         step = "give the role its policy"
         aws.iam.put_role_policy(RoleName=own, PolicyName=identity.POLICY_NAME,
                                 PolicyDocument=identity.as_text(document))
         step = "create the instance profile"
-        rollback.push("delete the instance profile", lambda: remove_instance_profile(aws, own))
         aws.iam.create_instance_profile(InstanceProfileName=own, Path=path, Tags=tags)
+        rollback.push("delete the instance profile", lambda: remove_instance_profile(aws, own))
         step = "put the role in the instance profile"
         aws.iam.add_role_to_instance_profile(InstanceProfileName=own, RoleName=own)
     except (Exception, KeyboardInterrupt) as error:
@@ -540,6 +544,10 @@ def make_controller_identity(name: str, *, region: str | None = None, profile: s
             failures = rollback.run(describe_error, stoppable=True)
         left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else \
             "; nothing of it is left"
+        if error_code(error) == "EntityAlreadyExists":  # an earlier controller's: left as it is
+            raise UsageError(f"cluster {name}: could not {step} of its queue controller: {own} exists already "
+                             f"(an earlier controller's: kiln down {name} removes it)"
+                             + (f"; left: {'; '.join(failures)}" if failures else "")) from None
         raise AwsError(f"cluster {name}: could not {step} of its queue controller: {describe_error(error)}{left}",
                        code=error_code(error)) from None
     return own
@@ -547,8 +555,8 @@ def make_controller_identity(name: str, *, region: str | None = None, profile: s
 
 def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, region: str | None = None,
                     profile: str | None = None, aws: Aws | None = None, running_timeout_s: float = RUNNING_TIMEOUT_S,
-                    ssh_wait_s: float = SSH_WAIT_S, profile_wait_s: float = PROFILE_WAIT_S,
-                    profile_poll_s: float = PROFILE_POLL_S) -> tuple[Host, list[str]]:
+                    ssh_wait_s: float = SSH_WAIT_S, identity_wait_s: float = IDENTITY_WAIT_S,
+                    identity_poll_s: float = IDENTITY_POLL_S) -> tuple[Host, list[str]]:
     """Make the queue controller machine of the cluster `name`: its identity (make_controller_identity), then one
     instance holding it (plan.controller_request) that must run, answer SSH and show its host keys on its console
     (kiln never trusts a new machine on first contact); the cluster file records it as the controller and its
@@ -562,17 +570,20 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
                          f"{record.controller.address})")
     aws = aws or connect(region or cloud.region, profile)
     request = cloud.planned()
+    attempt = secrets.token_hex(8)  # this call's own: the undo removes what it made alone
     rollback = Rollback()
     step = "make its identity"
     try:
+        instance_profile = make_controller_identity(name, aws=aws)
         rollback.push("remove its identity", lambda: remove(aws, find_identities(aws, name)))
-        profile_name = make_controller_identity(name, aws=aws)
         step = "run the instance"
-        params = plan.controller_request(request, ami=cloud.ami, group_id=cloud.security_group, tags=cloud.tags,
-                                         profile_name=profile_name, instance_type=instance_type,
-                                         client_token=plan.client_token(name, secrets.token_hex(8)))
-        rollback.push("terminate the instance", lambda: remove(aws, controllers(find_resources(aws, name))))
-        deadline = time.monotonic() + profile_wait_s
+        params = plan.controller_request(request, ami=cloud.ami, group_id=cloud.security_group,
+                                         tags={**cloud.tags, plan.TAG_ATTEMPT: attempt}, profile_name=instance_profile,
+                                         instance_type=instance_type, client_token=plan.client_token(name, attempt))
+        rollback.push("terminate the instance", lambda: remove(aws, [
+            r for r in controllers(find_resources(aws, name, identities=False))
+            if r.tags.get(plan.TAG_ATTEMPT) == attempt]))
+        deadline = time.monotonic() + identity_wait_s
         while True:
             try:
                 instance_id = aws.ec2.run_instances(**params)["Instances"][0]["InstanceId"]
@@ -582,7 +593,7 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
                 if not plan.profile_not_seen_yet(seen.get("Code", ""), seen.get("Message", "")) or \
                         time.monotonic() >= deadline:
                     raise
-                time.sleep(profile_poll_s)
+                time.sleep(identity_poll_s)
         step = "wait until it runs"
         wait(aws, "instance_running", [instance_id], running_timeout_s)
         [host] = plan.hosts_from_instances(described_instances(aws, [instance_id]), request.user)
@@ -600,15 +611,24 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
         with shielded(f"removing what was made of cluster {name}'s queue controller",
                       f"leaves it for kiln down {name}"):
             failures = rollback.run(describe_error, stoppable=True)
+        if isinstance(error, UsageError) and not failures:
+            raise
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
         left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else \
             "; nothing of it is left"
         raise AwsError(f"cluster {name}: could not make its queue controller: could not {step}: {said}{left}",
                        code=error_code(error)) from None
-    state.save_cluster(changed(record, controller=state.Instance(instance_id, host.address, "console")))
     state.write_known_hosts(name, state.read_known_hosts(name) + "".join(
-        known_hosts_lines([host.address], keys, host.port)))
+        known_hosts_lines([host.address], keys, host.port)))  # pinned before the record names it
+    state.save_cluster(changed(state.load_cluster(name) or record,
+                               controller=state.Instance(instance_id, host.address, "console")))
     return host, keys
+
+
+def end_controllers(aws: Aws, name: str, timeout_s: float) -> list[str]:
+    """Terminate the cluster's queue controllers and wait until they are gone, before `down` looks for the rest: a
+    resume they run launches nothing more once they are, and what one launched before is tagged, found then."""
+    return remove(aws, controllers(find_resources(aws, name, identities=False)), timeout_s)
 
 
 def controllers(resources: Sequence[plan.Resource]) -> list[plan.Resource]:
@@ -728,7 +748,7 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
         network = efa_network(aws, request)
         if network:
             check_addresses(aws, request)
-        taken = find_resources(aws, request.name)
+        taken = find_resources(aws, request.name, identities=False)
     except botocore.exceptions.BotoCoreError as error:
         raise AwsError(f"cluster.up {request.name}: {describe_error(error)}; nothing was created") from None
     except botocore.exceptions.ClientError as error:
@@ -755,7 +775,7 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
 
     def mine(kind: str) -> list[plan.Resource]:
         """What this up made of a kind (its tags name this attempt): the undo removes that alone."""
-        return [r for r in find_resources(aws, request.name) if r.kind == kind
+        return [r for r in find_resources(aws, request.name, identities=False) if r.kind == kind
                 and r.tags.get(plan.TAG_ATTEMPT) == attempt]
 
     def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
@@ -942,12 +962,8 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
     aws = aws or connect(region, profile)
     caller(aws)
     try:
-        found = find_resources(aws, name)
-        removed = []
-        if controllers(found):  # first: a controller's resume launches nothing more once it is gone
-            removed = remove(aws, controllers(found), timeout_s)
-            found = find_resources(aws, name)  # and what it launched before it went
-        removed += remove(aws, found, timeout_s)
+        removed = end_controllers(aws, name, timeout_s)
+        removed += remove(aws, find_resources(aws, name), timeout_s)
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
     provision.forget_local(name, "aws", found=bool(removed), looked=f"region {aws.region}")
@@ -969,9 +985,10 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
     snapshots: list[plan.Snapshot] = []
     kept: list[tuple[str, str, str]] = []
     try:
+        removed = end_controllers(aws, name, timeout_s)
         resources = find_resources(aws, name)
         instances = [r for r in resources if r.kind == "instance"]
-        removed = remove(aws, instances, timeout_s)
+        removed += remove(aws, instances, timeout_s)
         started: dict[str, plan.Resource] = {}
         for volume in sorted((r for r in resources if r.kind == "volume" and plan.TAG_DATA in r.tags),
                              key=lambda r: (r.tags[plan.TAG_DATA], r.id)):

@@ -59,22 +59,28 @@ def account_of(arn: str) -> str:
     return parts[4]
 
 
-def policy(cluster: str, *, region: str, account: str, ami: str, group_id: str, efa: bool) -> dict:
-    """The controller's policy for the cluster `cluster` in `region` of `account`, launched from `ami` into the
-    security group `group_id` (its key pair and placement group by kiln's name for them); with `efa`, the Elastic
-    IP statements too."""
+def policy(cluster: str, *, region: str, account: str, ami: str, group_id: str, efa: bool, instance_type: str,
+           spot: bool = False) -> dict:
+    """The controller's policy for the cluster `cluster` in `region` of `account`: instances of `instance_type`
+    alone, launched from `ami` into the security group `group_id` (its key pair and placement group by kiln's name
+    for them); with `spot`, as Spot requests (AWS's Spot tagging guide has RunInstances name the request too); with
+    `efa`, the Elastic IP statements too."""
     arn = f"arn:{partition_of(region)}:ec2:{region}"
     own = f"{arn}:{account}"
     tagged_at_launch = [f"{own}:instance/*", f"{own}:volume/*", f"{own}:network-interface/*"]
+    spot_requests = [f"{own}:spot-instances-request/*"] if spot else []
     named = plan.resource_name(cluster)
     request_tag = {"StringEquals": {f"aws:RequestTag/{plan.TAG_CLUSTER}": cluster}}
     resource_tag = {"StringEquals": {f"ec2:ResourceTag/{plan.TAG_CLUSTER}": cluster}}
     statements = [
         {"Sid": "LaunchOnlyWhatCarriesTheClustersTag", "Effect": "Allow", "Action": "ec2:RunInstances",
-         "Resource": tagged_at_launch, "Condition": request_tag},
+         "Resource": tagged_at_launch[1:], "Condition": request_tag},
+        {"Sid": "LaunchOnlyTheClustersNodes", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": tagged_at_launch[0],
+         "Condition": {"StringEquals": {**request_tag["StringEquals"], "ec2:InstanceType": instance_type}}},
         {"Sid": "LaunchFromTheClustersOwnParts", "Effect": "Allow", "Action": "ec2:RunInstances",
          "Resource": [f"{arn}::image/{ami}", f"{own}:security-group/{group_id}", f"{own}:key-pair/{named}",
-                      f"{own}:placement-group/{named}", f"{own}:subnet/*"]},
+                      f"{own}:placement-group/{named}", f"{own}:subnet/*", *spot_requests]},
         {"Sid": "TagOnlyAtLaunch", "Effect": "Allow", "Action": ACTION_TAG_AT_LAUNCH,
          "Resource": tagged_at_launch, "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
         {"Sid": "EndAndReadTheClustersInstancesOnly", "Effect": "Allow",
@@ -93,6 +99,8 @@ def policy(cluster: str, *, region: str, account: str, ami: str, group_id: str, 
              "Resource": f"{own}:elastic-ip/*", "Condition": {"StringEquals": {"ec2:CreateAction": "AllocateAddress"}}},
             {"Sid": "MoveOnlyTheClustersAddresses", "Effect": "Allow", "Action": list(ACTIONS_ADDRESS_MOVE),
              "Resource": [f"{own}:elastic-ip/*", f"{own}:network-interface/*"], "Condition": resource_tag},
+            {"Sid": "AssociateOnlyWithTheClustersInstances", "Effect": "Allow", "Action": "ec2:AssociateAddress",
+             "Resource": f"{own}:instance/*", "Condition": resource_tag},
             {"Sid": "ReleaseOnlyTheClustersAddresses", "Effect": "Allow", "Action": "ec2:ReleaseAddress",
              "Resource": f"{own}:elastic-ip/*", "Condition": resource_tag},
         ]
