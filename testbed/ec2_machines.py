@@ -48,9 +48,10 @@ class Machines:
         self._lock = threading.Lock()
 
     def free(self) -> list[netns.Node]:
-        planned = netns.cluster_from_nodes(self.cluster, local.load_nodes(self.cluster)).nodes
+        entries = local.load_nodes(self.cluster)
         taken = {machine.node.name for machine in self.running.values()}
-        return [node for node in planned if node.name not in taken and not local.node_is_up(self.cluster, node)]
+        return [node for node, entry in zip(netns.cluster_from_nodes(self.cluster, entries).nodes, entries, strict=True)
+                if node.name not in taken and not entry.get("up", True)]
 
     def imported(self, region: str, fields: dict[str, list[str]]) -> None:
         """Keep the public key of an ImportKeyPair that came (a cloud-init puts it on the machines launched with it)."""

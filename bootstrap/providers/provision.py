@@ -209,6 +209,21 @@ class Swap:
     error_code: Callable[[BaseException], str] = lambda error: ""  # the cloud's code for a failed call (Verbs')
 
 
+def answered_keys(made: Sequence[tuple[str, Host]], host_keys: Callable[[Sequence[str], float], dict[str, list[str]]],
+                  error: type[CloudError], progress: Progress, keys_step: str,
+                  ssh_wait_s: float) -> dict[str, list[str]]:
+    """Wait until SSH answers on every machine just made, (id, host) (no wait where ssh_wait_s is 0; `error`, the
+    cloud's, naming them all where one stays silent), then read the host keys each shows within what is left of
+    the wait: each one's, by id (a machine that shows none is missing: its caller refuses to trust it).
+    `progress.step` says each step."""
+    started = time.monotonic()
+    progress.step = "wait until SSH answers"
+    if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port) for _, host in made], ssh_wait_s):
+        raise error(no_answer_error([f"{made_id} ({host.address})" for made_id, host in made], ssh_wait_s))
+    progress.step = keys_step
+    return host_keys([made_id for made_id, _ in made], max(0.0, ssh_wait_s - (time.monotonic() - started)))
+
+
 def node_at(record: state.ClusterRecord, address: str) -> tuple[state.Instance, int]:
     """The node of the cluster at `address`, and its index; refused by address where there is none."""
     old = next((i for i in record.instances if i.address == address), None)
@@ -230,12 +245,8 @@ def replace(record: state.ClusterRecord, address: str, volumes: Sequence[str], s
     replacing = Progress(swap.first_step)
     try:
         new_id, host = swap.make(replacing)
-        started = time.monotonic()
-        replacing.step = "wait until SSH answers"
-        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
-            raise swap.error(no_answer_error([f"{new_id} ({host.address})"], ssh_wait_s))
-        replacing.step = swap.keys_step
-        keys = swap.host_keys([new_id], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(new_id)
+        keys = answered_keys([(new_id, host)], swap.host_keys, swap.error, replacing, swap.keys_step,
+                             ssh_wait_s).get(new_id)
         if not keys:
             raise swap.error(f"{new_id} shows no host keys ({swap.keys_where}): kiln does not trust a replacement on "
                              "first contact")
@@ -296,12 +307,8 @@ def grow(record: state.ClusterRecord, count: int, swap_at: Callable[[int], Swap]
             swap = swap if index == first else swap_at(index)
             growing = Progress(swap.first_step)
             made.append((*swap.make(growing), swap))
-        started = time.monotonic()
-        growing.step = "wait until SSH answers"
-        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port) for _, host, _ in made], ssh_wait_s):
-            raise swap.error(no_answer_error([f"{new_id} ({host.address})" for new_id, host, _ in made], ssh_wait_s))
-        growing.step = "read the host keys they show"
-        keys = swap.host_keys([new_id for new_id, _, _ in made], max(0.0, ssh_wait_s - (time.monotonic() - started)))
+        keys = answered_keys([(new_id, host) for new_id, host, _ in made], swap.host_keys, swap.error, growing,
+                             "read the host keys they show", ssh_wait_s)
         blind = [new_id for new_id, _, _ in made if not keys.get(new_id)]
         if blind:
             raise swap.error(f"{', '.join(blind)} show(s) no host keys ({swap.keys_where}): kiln does not trust a "

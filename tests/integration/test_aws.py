@@ -1433,16 +1433,14 @@ def launch_fits(document: dict, params: dict, cluster: str) -> list[str]:
     statements = {s["Sid"]: s for s in document["Statement"]}
     parts = statements["LaunchFromTheClustersOwnParts"]["Resource"]
     groups = params.get("SecurityGroupIds") or [g for i in params.get("NetworkInterfaces", []) for g in i["Groups"]]
-    wrong = [f"image {params['ImageId']}" for _ in [0] if not any(r.endswith(f"image/{params['ImageId']}")
-                                                                    for r in parts)]
-    wrong += [f"group {g}" for g in groups if not any(r.endswith(f"security-group/{g}") for r in parts)]
-    wrong += [f"type {params['InstanceType']}" for _ in [0] if statements["LaunchOnlyTheClustersNodes"]["Condition"][
-        "StringEquals"]["ec2:InstanceType"] != params["InstanceType"]]
-    wrong += ["spot request" for _ in [0] if "InstanceMarketOptions" in params and not any(
-        ":spot-instances-request/" in r for r in parts)]
-    wrong += [f"{kind} {name}" for kind, name in (("key-pair", params["KeyName"]),
-                                                   ("placement-group", params["Placement"]["GroupName"]))
-              if not any(r.endswith(f"{kind}/{name}") for r in parts)]
+    named = [("image", params["ImageId"]), *(("security-group", g) for g in groups),
+             ("key-pair", params["KeyName"]), ("placement-group", params["Placement"]["GroupName"])]
+    wrong = [f"{kind} {name}" for kind, name in named if not any(r.endswith(f"{kind}/{name}") for r in parts)]
+    if statements["LaunchOnlyTheClustersNodes"]["Condition"]["StringEquals"]["ec2:InstanceType"] != \
+            params["InstanceType"]:
+        wrong.append(f"type {params['InstanceType']}")
+    if "InstanceMarketOptions" in params and not any(":spot-instances-request/" in r for r in parts):
+        wrong.append("spot request")
     tagged = {spec["ResourceType"] for spec in params.get("TagSpecifications", [])
               if plan.tags_of(spec).get(plan.TAG_CLUSTER) == cluster}
     conditioned = {r.rsplit(":", 1)[1].split("/")[0] for sid in ("LaunchOnlyWhatCarriesTheClustersTag",

@@ -28,13 +28,12 @@ from bootstrap.providers import meanings, provision
 from bootstrap.providers import offerings as offered
 from bootstrap.providers.aws import efa as efa_plan
 from bootstrap.providers.aws import identity, plan
-from bootstrap.providers.common import Rollback, no_answer_error, poll_host_keys
+from bootstrap.providers.common import Rollback, poll_host_keys
 from bootstrap.providers.failover import CloudError, Unavailable
 from bootstrap.providers.provision import CloudRecord, Nodes, Progress, Swap, Verbs
 from kiln.hostkeys import console_host_keys as console_host_keys_of
 from kiln.hostkeys import known_hosts_lines
 from kiln.shield import shielded
-from kiln.sshwait import wait_for_ssh
 
 ENDPOINT_ENV = "KILN_AWS_ENDPOINT_URL"
 RUNNING_TIMEOUT_S = 600
@@ -542,14 +541,12 @@ def make_controller_identity(name: str, *, region: str | None = None, profile: s
         with shielded(f"removing what was made of cluster {name}'s controller identity",
                       f"leaves it for kiln down {name}"):
             failures = rollback.run(describe_error, stoppable=True)
-        left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else \
-            "; nothing of it is left"
+        left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else ""
         if error_code(error) == "EntityAlreadyExists":  # an earlier controller's: left as it is
             raise UsageError(f"cluster {name}: could not {step} of its queue controller: {own} exists already "
-                             f"(an earlier controller's: kiln down {name} removes it)"
-                             + (f"; left: {'; '.join(failures)}" if failures else "")) from None
-        raise AwsError(f"cluster {name}: could not {step} of its queue controller: {describe_error(error)}{left}",
-                       code=error_code(error)) from None
+                             f"(an earlier controller's: kiln down {name} removes it){left}") from None
+        raise AwsError(f"cluster {name}: could not {step} of its queue controller: {describe_error(error)}"
+                       f"{left or '; nothing of it is left'}", code=error_code(error)) from None
     return own
 
 
@@ -572,11 +569,11 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
     request = cloud.planned()
     attempt = secrets.token_hex(8)  # this call's own: the undo removes what it made alone
     rollback = Rollback()
-    step = "make its identity"
+    making = Progress("make its identity")
     try:
         instance_profile = make_controller_identity(name, aws=aws)
         rollback.push("remove its identity", lambda: remove(aws, find_identities(aws, name)))
-        step = "run the instance"
+        making.step = "run the instance"
         params = plan.controller_request(request, ami=cloud.ami, group_id=cloud.security_group,
                                          tags={**cloud.tags, plan.TAG_ATTEMPT: attempt}, profile_name=instance_profile,
                                          instance_type=instance_type, client_token=plan.client_token(name, attempt))
@@ -594,16 +591,11 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
                         time.monotonic() >= deadline:
                     raise
                 time.sleep(identity_poll_s)
-        step = "wait until it runs"
+        making.step = "wait until it runs"
         wait(aws, "instance_running", [instance_id], running_timeout_s)
         [host] = plan.hosts_from_instances(described_instances(aws, [instance_id]), request.user)
-        step = "wait until SSH answers"
-        started = time.monotonic()
-        if ssh_wait_s > 0 and wait_for_ssh([(host.address, host.port)], ssh_wait_s):
-            raise AwsError(no_answer_error([f"{instance_id} ({host.address})"], ssh_wait_s))
-        step = "read its host keys from the console"
-        keys = console_host_keys(aws, [instance_id], max(0.0, ssh_wait_s - (time.monotonic() - started))).get(
-            instance_id)
+        keys = provision.answered_keys([(instance_id, host)], lambda ids, timeout_s: console_host_keys(
+            aws, ids, timeout_s), AwsError, making, "read its host keys from the console", ssh_wait_s).get(instance_id)
         if not keys:
             raise AwsError(f"{instance_id} shows no host keys on its console: kiln does not trust a new machine on "
                            "first contact")
@@ -616,7 +608,7 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
         said = "interrupted" if isinstance(error, KeyboardInterrupt) else describe_error(error)
         left = f"; left: {'; '.join(failures)} (kiln down {name} removes it)" if failures else \
             "; nothing of it is left"
-        raise AwsError(f"cluster {name}: could not make its queue controller: could not {step}: {said}{left}",
+        raise AwsError(f"cluster {name}: could not make its queue controller: could not {making.step}: {said}{left}",
                        code=error_code(error)) from None
     state.write_known_hosts(name, state.read_known_hosts(name) + "".join(
         known_hosts_lines([host.address], keys, host.port)))  # pinned before the record names it
@@ -625,10 +617,15 @@ def make_controller(name: str, *, instance_type: str = plan.CONTROLLER_TYPE, reg
     return host, keys
 
 
-def end_controllers(aws: Aws, name: str, timeout_s: float) -> list[str]:
-    """Terminate the cluster's queue controllers and wait until they are gone, before `down` looks for the rest: a
-    resume they run launches nothing more once they are, and what one launched before is tagged, found then."""
-    return remove(aws, controllers(find_resources(aws, name, identities=False)), timeout_s)
+def controllers_ended(aws: Aws, name: str, timeout_s: float) -> tuple[list[str], list[plan.Resource]]:
+    """What `down` removes first, and what it finds for the rest: a cluster's queue controllers are terminated,
+    and waited for until they are gone, before it looks again (a resume they run launches nothing more once they
+    are, and what one launched before is tagged, found then); without one, the one look. (what was removed, what
+    is left)"""
+    found = find_resources(aws, name)
+    if not controllers(found):
+        return [], found
+    return remove(aws, controllers(found), timeout_s), find_resources(aws, name)
 
 
 def controllers(resources: Sequence[plan.Resource]) -> list[plan.Resource]:
@@ -962,8 +959,8 @@ def down(name: str, *, region: str | None = None, profile: str | None = None, aw
     aws = aws or connect(region, profile)
     caller(aws)
     try:
-        removed = end_controllers(aws, name, timeout_s)
-        removed += remove(aws, find_resources(aws, name), timeout_s)
+        removed, found = controllers_ended(aws, name, timeout_s)
+        removed += remove(aws, found, timeout_s)
     except Exception as error:
         raise AwsError(f"cluster.down {name}: {describe_error(error)}") from None
     provision.forget_local(name, "aws", found=bool(removed), looked=f"region {aws.region}")
@@ -985,8 +982,7 @@ def down_with_snapshots(name: str, *, ttl_days: float = plan.SNAPSHOT_TTL_DAYS, 
     snapshots: list[plan.Snapshot] = []
     kept: list[tuple[str, str, str]] = []
     try:
-        removed = end_controllers(aws, name, timeout_s)
-        resources = find_resources(aws, name)
+        removed, resources = controllers_ended(aws, name, timeout_s)
         instances = [r for r in resources if r.kind == "instance"]
         removed += remove(aws, instances, timeout_s)
         started: dict[str, plan.Resource] = {}
