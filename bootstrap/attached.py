@@ -28,7 +28,7 @@ from bootstrap.slurm import Partition
 from bootstrap.ssh import describe_failure
 from kiln import hostkeys
 
-LOGIN_FILE = "login.json"
+LOGIN_FILE = state.LOGIN_FILE
 PROBE_TIMEOUT_S = 60
 RSYNC_TIMEOUT_S = 60  # rsync's own: a transfer that stalls this long ends
 MISSING = 3  # read's exit where the file is not there
@@ -127,6 +127,9 @@ class Login:
     here: bool = False
     node_dir: str = ""  # the site's nodes' Slurm folder is the site's own
     docker: bool = False  # kiln runs no container there (a site has its own runtime)
+    # The login node is the controller machine of a queue kiln made on a cloud (bootstrap/controller.py): kiln
+    # down removes the cluster, where it forgets a site's
+    controller: bool = False
 
     @property
     def host(self) -> Host:
@@ -259,20 +262,30 @@ def attach(name: str, login: str, ssh: state.SshSettings, *, accept_new: bool = 
         raise AttachedError(f"--login {login}: the node's host keys, pinned under {host.address}, do not open it as "
                             f"later calls reach it ({error}); give the node's own name or address, not an ssh "
                             "config alias") from None
-    data = asdict(made)
-    del data["here"]
-    state.write_json(path(name), data)
+    save(made)
     parts = ", ".join(f"{part.name} ({part.nodes} node{'s' if part.nodes != 1 else ''})" for part in made.partitions)
     return [f"queue {name}: Slurm {made.slurm} through {login} as {made.user}, its host keys pinned "
             f"({len(probed.host_keys)}); partitions {parts}; jobs' folders in {made.folder}",
             f"  submit: kiln submit {name} -- python train.py (from your project's folder)"]
 
 
+def save(login: Login) -> None:
+    data = asdict(login)
+    del data["here"]
+    state.write_json(path(login.name), data)
+
+
 def refuse_taken(name: str) -> None:
-    """Refuse to make a cluster under the name of an attached one (they would share its folder, its pins)."""
-    if common.NAME.fullmatch(name or "") and exists(name):
-        raise UsageError(f"cluster {name} is a Slurm cluster reached through {load(name).login} (kiln down {name} "
-                         "forgets it); give another name")
+    """Refuse to make a cluster under the name of an attached one (they would share its folder, its pins), or of a
+    queue kiln made on a cloud."""
+    if not (common.NAME.fullmatch(name or "") and exists(name)):
+        return
+    login = load(name)
+    if login.controller:
+        raise UsageError(f"cluster {name} is a queue kiln made, its controller {login.login} (kiln down {name} "
+                         "removes it); give another name")
+    raise UsageError(f"cluster {name} is a Slurm cluster reached through {login.login} (kiln down {name} forgets "
+                     "it); give another name")
 
 
 def detach(name: str) -> list[str]:

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import providers, slurm, state
+from bootstrap import controller, providers, slurm, state
 from bootstrap.commands import SshOptions, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host, parse_host
@@ -202,14 +202,14 @@ def scontrol(name: str, *args: str, timeout: float = 30) -> str:
 
 
 def kiln_argv() -> list[str]:
-    """How slurmctld's programs start kiln: this Python, kiln's own program."""
-    return [sys.executable, "-m", "bootstrap.main"]
+    """How slurmctld's programs start kiln: this Python, kiln's entry for them (bootstrap/programs.py)."""
+    return [sys.executable, "-m", "bootstrap.programs"]
 
 
 def program_env() -> dict[str, str]:
     """The settings kiln runs with here, which slurmctld's programs keep (slurmctld's own environment is not the
     operator's)."""
-    kept = ("KILN_HOME", "KILN_RUNS", "HOME", "PATH", "PYTHONPATH")
+    kept = ("KILN_HOME", "KILN_RUNS", "HOME", "PATH", "PYTHONPATH", *controller.SETTINGS)
     return {key: os.environ[key] for key in kept if os.environ.get(key)}
 
 
@@ -217,12 +217,12 @@ def program_env() -> dict[str, str]:
 
 
 def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int,
-       docker: bool = False) -> list[str]:
+       docker: bool = False, options: dict | None = None) -> list[str]:
     """Make the cluster (every node a slot; with `docker`, each with its own Docker engine, as a cloud image's) and
-    its controller; resume the nodes the partitions keep up. Any failure removes what was made."""
+    its controller; resume the nodes the partitions keep up. Any failure removes what was made. On a cloud, the
+    controller is a machine of the cluster's, made with its `options` (bootstrap/controller.py)."""
     if provider.kind != "local":
-        raise UsageError(f"kiln queue up --provider {provider.kind}: a queue runs on the local provider for now "
-                         "(its controller on this machine); the clouds' controller machine comes next")
+        return controller.up(name, provider, shapes, suspend_time_s=suspend_time_s, options=options or {})
     missing = [tool for tool in TOOLS if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin")]
     if missing:
         raise UsageError(f"kiln queue up: {', '.join(missing)} not installed here (Debian: apt-get install "
@@ -276,13 +276,21 @@ def undo_up(name: str, provider: providers.Provider) -> list[str]:
 
 
 def plan_queue(name: str, shapes: Sequence[slurm.Shape], host: str, address: str, queue_dir: Path,
-               suspend_time_s: int) -> slurm.Queue:
+               suspend_time_s: int, *, cloud: bool = False) -> slurm.Queue:
+    """The queue whose slurmctld runs as `host` at `address`: on this machine (the local provider: a free port,
+    a local node's times), or on a cloud's controller machine (Slurm's own port, a cloud machine's times)."""
     programs = [str(queue_dir / "bin" / verb) for verb in PROGRAMS]
-    power = slurm.Power(*programs, suspend_time_s=suspend_time_s, resume_timeout_s=LOCAL_RESUME_TIMEOUT_S,
-                        suspend_timeout_s=LOCAL_SUSPEND_TIMEOUT_S, slurmd_timeout_s=LOCAL_SLURMD_TIMEOUT_S,
-                        requeue_delay_s=LOCAL_REQUEUE_DELAY_S)
+    if cloud:
+        power = slurm.Power(*programs, suspend_time_s=suspend_time_s)
+    else:
+        power = slurm.Power(*programs, suspend_time_s=suspend_time_s, resume_timeout_s=LOCAL_RESUME_TIMEOUT_S,
+                            suspend_timeout_s=LOCAL_SUSPEND_TIMEOUT_S, slurmd_timeout_s=LOCAL_SLURMD_TIMEOUT_S,
+                            requeue_delay_s=LOCAL_REQUEUE_DELAY_S)
+    # slurmctld as root, processes tracked by their tree: a local node shares this machine's kernel (a cloud
+    # machine's cgroups come with the image's slurm role next)
     return slurm.Queue(name, host, address, tuple(shapes), str(queue_dir / "ctl"), NODE_DIR,
-                       slurm.Munge(name).socket, power, user="root", cgroups=False, port=free_port())
+                       slurm.Munge(name).socket, power, user="root", cgroups=False,
+                       port=slurm.SLURMCTLD_PORT if cloud else free_port())
 
 
 def free_port() -> int:

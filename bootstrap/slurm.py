@@ -39,6 +39,7 @@ SLURMD_TIMEOUT_S = 180
 LOST_MARGIN_S = 10  # past SlurmdTimeout, what a failed job's script waits more for slurmctld to requeue it
 REQUEUE_DELAY_S = 120
 MAX_ARRAY = 1000  # tasks of one array job: Slurm's MaxArraySize (1001) less one
+SLURMCTLD_PORT = 6817  # Slurm's own (a controller machine of its own)
 MAX_NODES = 1024  # nodes of one shape: Slurm's own limit is far above what a team's queue holds
 MUNGE_DIR = "/run/munge"  # the distribution's own (owner munge, mode 755): a cloud image's, and each local node's
 ADDRESS = "addr=$(ip -o -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p')"  # a node's own, by its route
@@ -94,7 +95,7 @@ class Queue:
     power: Power
     user: str = "slurm"
     cgroups: bool = True
-    port: int = 6817
+    port: int = SLURMCTLD_PORT
 
 
 def check_shape(shape: Shape) -> Shape:
@@ -335,7 +336,7 @@ def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: di
     with one open would sit on it)."""
     settings = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items()))
     return (f"#!/bin/sh\n# slurmctld's {verb} program for kiln cluster {cluster} (bootstrap/queue.py)\n"
-            f"exec env {settings} {shlex.join(argv)} queue {verb} {shlex.quote(cluster)} --nodes \"$1\" "
+            f"exec env {settings} {shlex.join(argv)} {verb} {shlex.quote(cluster)} \"$1\" "
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
 
+LOGIN_FILE = "login.json"  # how the queue verbs reach a cluster's login node (bootstrap/attached.py)
 CLUSTER_FILES = ("cluster.json", "nodes.json", "aws.json", "gcp.json", "azure.json", "capacity.json", "id_ed25519",
-                 "id_ed25519.pub", "known_hosts", "known_hosts.first-contact", ".key.lock")
+                 "id_ed25519.pub", "known_hosts", "known_hosts.first-contact", ".key.lock", LOGIN_FILE)
 
 
 # ---------------------------------------------------------------- files

@@ -5,7 +5,10 @@ Both clouds serve theirs at 169.254.169.254; this serves both there, and answers
 - **EC2**: `PUT /latest/api/token` with a TTL header of 1 to 21600 seconds gives a session token (400 without
   it); a GET without a valid, unexpired token is refused with 401; `/latest/meta-data/spot/instance-action` is 404
   until `interrupt()` posts a notice, then `{"action": ..., "time": ...}`; `/latest/meta-data/instance-id` names
-  the instance.
+  the instance; with an identity (the instance profile of the instance's launch: `--iam-file`, a JSON object with
+  its role's name and temporary credentials, as the machines stand-in writes it), `/latest/meta-data/iam/
+  security-credentials/` names the role and `.../ROLE` gives its credentials as EC2 documents them (Code, Type,
+  AccessKeyId, SecretAccessKey, Token, Expiration, LastUpdated); 404 without one.
 - **GCE**: every request under `/computeMetadata/v1/` must carry `Metadata-Flavor: Google` and no
   `X-Forwarded-For` (403 otherwise), and every answer carries `Metadata-Flavor: Google`;
   `instance/preempted` is FALSE until `preempt()`, then TRUE; `instance/id` and `instance/name` name it.
@@ -46,6 +49,7 @@ GCE_PREEMPTED = {"gce": "preempted"}  # the notice file's text for a GCE preempt
 GCE_ROOT = "/computeMetadata/v1/"
 AZURE_EVICTED = {"azure": "preempt"}  # the notice file's text for an Azure Spot eviction
 AZURE_ROOT = "/metadata/"
+EC2_CREDENTIALS = "/latest/meta-data/iam/security-credentials/"  # an instance profile's role and its credentials
 AZURE_NOTICE_SECONDS = 30
 
 
@@ -58,8 +62,9 @@ def notice_text(action: str = "terminate", lead_seconds: int = NOTICE_LEAD_SECON
 class Imds(Served):
     def __init__(self, instance_id: str = "i-0123456789abcdef0", host: str = "127.0.0.1", port: int = 0,
                  notice_file: Path | None = None, azure_vm: str | None = None,
-                 azure_token: Callable[[], str | None] | None = None):
+                 azure_token: Callable[[], str | None] | None = None, iam_file: Path | None = None):
         self.instance_id = instance_id
+        self.iam_file = iam_file
         self.azure_vm = azure_vm
         self.azure_token = azure_token
         self.notice_file = notice_file
@@ -189,7 +194,26 @@ class Imds(Served):
                 return 200, self.instance_id
             if path == "/latest/meta-data/spot/instance-action" and self._posted():
                 return 200, json.dumps(self.notice)
+            if path.startswith(EC2_CREDENTIALS):
+                return self._ec2_credentials(path.removeprefix(EC2_CREDENTIALS))
             return 404, "Not Found"
+
+    def _ec2_credentials(self, role: str) -> tuple[int, str]:
+        """The instance profile's role (its name under the folder, its credentials under its name), as written to
+        the identity file; 404 where the instance has none, or for another name."""
+        try:
+            held = json.loads(self.iam_file.read_text()) if self.iam_file else None
+        except (OSError, ValueError):
+            held = None
+        if not held:
+            return 404, "Not Found"
+        if not role:
+            return 200, held["role"]
+        if role != held["role"]:
+            return 404, "Not Found"
+        return 200, json.dumps({"Code": "Success", "LastUpdated": held["issued"], "Type": "AWS-HMAC",
+                                **{key: held[key] for key in ("AccessKeyId", "SecretAccessKey", "Token",
+                                                              "Expiration")}})
 
     def _handler(self):
         imds = self
@@ -222,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance-id", default="i-0123456789abcdef0")
     parser.add_argument("--notice-file", type=Path, help="serve the notice written here (JSON), once it is")
     parser.add_argument("--ready-file", type=Path, help="made once the service listens")
+    parser.add_argument("--iam-file", type=Path, help="the instance profile's role and credentials (JSON), once "
+                                                      "written")
     args = parser.parse_args(argv)
-    imds = Imds(args.instance_id, args.host, args.port, notice_file=args.notice_file)
+    imds = Imds(args.instance_id, args.host, args.port, notice_file=args.notice_file, iam_file=args.iam_file)
     if args.ready_file:
         args.ready_file.touch()
     imds._server.serve_forever()

@@ -29,6 +29,7 @@ NODE_MOUNTS = (("etc-ssh", "/etc/ssh"), ("hosts", "/etc/hosts"), ("resolv.conf",
 # A node's root gets a fresh VM's shell start-up files (Debian's /etc/skel), not this machine's,
 # which may run slow tools (pyenv init, ...) on every ssh command.
 NODE_DOTFILES = (".bashrc", ".profile")
+IAM_FILE = "iam.json"  # the EC2 identity a node's metadata service serves (a launch's instance profile)
 METADATA_ADDRESS = "169.254.169.254"  # EC2's and GCE's instance metadata service; with --metadata each node has its own
 # With --docker: each node's Docker engine keeps its images on disk (they are GBs), its sockets and state under
 # /run; the cluster's registry listens on the bridge at REGISTRY_PORT.
@@ -172,7 +173,7 @@ def metadata_argv(python: str, node: Node, node_dir: Path, instance_id: str) -> 
     """argv that serves a stand-in metadata service (localcloud.imds) at the clouds' address in the node's network."""
     return ["ip", "netns", "exec", node.netns, python, "-m", "localcloud.imds", "--host", METADATA_ADDRESS,
             "--port", "80", "--instance-id", instance_id, "--notice-file", str(node_dir / "notice.json"),
-            "--ready-file", str(node_dir / "imds.ready")]
+            "--ready-file", str(node_dir / "imds.ready"), "--iam-file", str(node_dir / IAM_FILE)]
 
 
 def sshd_config_text(node: Node, docker_host: str | None = None) -> str:

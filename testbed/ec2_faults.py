@@ -36,6 +36,7 @@ from localcloud.guest import Served
 if TYPE_CHECKING:
     from testbed.ec2_machines import Machines
 
+SIGNER = re.compile(r"Credential=([^/]+)/")  # the access key id a request was signed with
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/[a-z0-9-]+/aws4_request")
 # EC2's messages for the errors tests ask for most (from its error code reference); others get a generic one.
 MESSAGES = {
@@ -72,6 +73,7 @@ class Ec2Faults(Served):
         self.prices: dict[str, list[tuple[str, str, float, datetime]]] = {}  # region -> (type, zone, USD, time)
         self.answered: list[tuple[str, str]] = []  # (action, region) of each request the hop answered itself
         self.launches: list[tuple[str, str]] = []  # (region, ClientToken or "") of every RunInstances that came
+        self.signers: list[tuple[str, str]] = []  # (action, access key id) of every EC2 request that came
         self.quotas: dict[tuple[str, str], tuple[str, float]] = {}  # (region, code) -> (name, value): EC2's quotas
         self.list_prices: dict[tuple[str, str], float] = {}  # (region, type) -> USD an hour on demand
         self._lock = threading.Lock()
@@ -220,6 +222,10 @@ def _handler(hop: Ec2Faults) -> type[BaseHTTPRequestHandler]:
             fields = parse_qs(body.decode(errors="replace")) if self.command == "POST" else {}
             scope = SCOPE.search(self.headers.get("Authorization", ""))
             action, region = (fields.get("Action") or [""])[0], scope.group(1) if scope else ""
+            signer = SIGNER.search(self.headers.get("Authorization", ""))
+            if action:
+                with hop._lock:
+                    hop.signers.append((action, signer.group(1) if signer else ""))
             if action == "RunInstances":
                 with hop._lock:
                     hop.launches.append((region, (fields.get("ClientToken") or [""])[0]))

@@ -9,14 +9,19 @@ What kiln sees is EC2's own API, as moto answers it, with these differences a VM
 - the public key of the launch's key pair (as ImportKeyPair brought it) is in the node's root authorized_keys, as
   cloud-init puts it in the image's user's: log in as root (`--user root`);
 - a launch of more instances than the local cluster has free slots is refused, before moto makes anything, with
-  EC2's InsufficientInstanceCapacity.
+  EC2's InsufficientInstanceCapacity;
+- a launch with an instance profile (given `moto`, the endpoint to ask IAM and STS) gives its machine the profile's
+  role: temporary credentials of it (moto's AssumeRole) that the node's metadata service serves as EC2's does (the
+  local cluster made with `metadata=True`), so a program there reaches AWS as the instance's role alone.
 
-The local cluster is made by the test with its nodes as slots (`make_cluster(name, N, start=0)`), as a queue's are.
+The local cluster is made by the test with its nodes as slots (`make_cluster(name, N, start=0, metadata=True)`), as
+a queue's are.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import re
 import threading
 import uuid
@@ -40,8 +45,8 @@ class Machine:
 
 
 class Machines:
-    def __init__(self, cluster: str, region: str):
-        self.cluster, self.region = cluster, region
+    def __init__(self, cluster: str, region: str, moto: str | None = None):
+        self.cluster, self.region, self.moto = cluster, region, moto
         self.key_pairs: dict[str, str] = {}  # key pair name -> its public key (ImportKeyPair's)
         self.running: dict[str, Machine] = {}  # instance id -> its machine
         self.ended: list[list[str]] = []  # the instances of each TerminateInstances that ended machines, in turn
@@ -81,7 +86,27 @@ class Machines:
                     authorized.write_text(authorized.read_text().rstrip("\n") + "\n" + key.strip() + "\n")
                 keys = [" ".join(line.split()[1:3]) for line in booted[node.name]]
                 self.running[instance_id] = Machine(node, keys)
+                held = self.identity(fields, instance_id)
+                if held:
+                    (netns.STATE_ROOT / self.cluster / node.name / netns.IAM_FILE).write_text(json.dumps(held))
         self.learn(answer)
+
+    def identity(self, fields: dict[str, list[str]], instance_id: str) -> dict | None:
+        """The role of the launch's instance profile and temporary credentials of it (moto's IAM and STS), as the
+        machine's metadata service serves them; None without a profile (or an endpoint to ask)."""
+        named = (fields.get("IamInstanceProfile.Name") or fields.get("IamInstanceProfile.Arn") or [""])[0]
+        if not named or not self.moto:
+            return None
+        import boto3
+
+        iam, sts = (boto3.client(service, endpoint_url=self.moto, region_name=self.region)
+                    for service in ("iam", "sts"))
+        [role] = iam.get_instance_profile(InstanceProfileName=named.rsplit("/", 1)[-1])["InstanceProfile"]["Roles"]
+        given = sts.assume_role(RoleArn=role["Arn"], RoleSessionName=instance_id)["Credentials"]
+        return {"role": role["RoleName"], "AccessKeyId": given["AccessKeyId"],
+                "SecretAccessKey": given["SecretAccessKey"], "Token": given["SessionToken"],
+                "Expiration": given["Expiration"].strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "issued": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
     def learn(self, answer: bytes) -> None:
         """Note the addresses moto gives each running instance in an answer (RunInstances', DescribeInstances'), so

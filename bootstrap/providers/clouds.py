@@ -217,6 +217,16 @@ class CloudProvider:
     def arm_autostop(self, cluster: str) -> None:
         self.cloud.arm_autostop(cluster, **self.connection())
 
+    def make_controller(self, cluster: str) -> Host:
+        """A queue's controller machine for the cluster: its identity, its machine, its host keys pinned from the
+        provider, in the cluster's file; all of it or nothing."""
+        make = getattr(self.cloud, "make_controller", None)
+        if make is None:
+            raise UsageError(f"kiln queue up --provider {self.facts.kind}: a queue's controller machine runs on aws "
+                             "for now")
+        host, _ = make(cluster, **self.connection())
+        return host
+
     def check_place(self) -> None:
         """The place it is given (its --region, --zone or --location, or an entry of --regions or --zones) is one
         the cloud has, else one line naming the nearest real ones. Unchecked where the cloud cannot be asked (no

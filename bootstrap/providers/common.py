@@ -46,6 +46,8 @@ class CloudRequest:
     user: str = "ubuntu"
     ttl_hours: float = 24.0
     idle_minutes: float | None = None
+    # A queue's cluster: the machines `up` makes now (0: none, Slurm's resume asks for each); None: all `count`.
+    start: int | None = None
 
 
 def validate_name(name) -> str:
@@ -84,6 +86,15 @@ def validate_cidr(text: str | None) -> str:
         raise UsageError(f"--ssh-cidr {text!r} is too broad: at least /{MIN_PREFIX[network.version]} for "
                          f"IPv{network.version}; kiln never opens SSH to the whole Internet")
     return str(network)
+
+
+def validate_start(start, count: int) -> int | None:
+    """A queue's machines made at once (kiln queue up): none, or a whole number up to the cluster's `count`."""
+    if start is None:
+        return None
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= count:
+        raise UsageError(f"a queue's first nodes {start!r}: a whole number from 0 to {count}")
+    return start
 
 
 def validate_count(count, machine: str = "instance") -> int:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-from bootstrap import attached, jobs, providers, queue, slurm, state
+from bootstrap import attached, jobs, programs, providers, queue, slurm, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.session import ssh_options
 from bootstrap.tasks import cluster_task
@@ -14,13 +13,13 @@ from kiln.shield import shielded
 
 VERBS = ("up", "attach", "down", "status", "env", "logs", "cancel", "fetch")
 # slurmctld's: not for people (kiln queue --help lists them)
-PROGRAM_VERBS = ("resume", "suspend", "resume-fail", "lost")
+PROGRAM_VERBS = programs.VERBS
 QUEUE_HELP = {
     "verb": f"{', '.join(VERBS)}; slurmctld itself runs {', '.join(PROGRAM_VERBS)} with --nodes",
     "name": "the cluster's name (the local provider: 1-6 of a-z, 0-9, starting with a letter; attach: 1-32 of "
             "a-z, 0-9 and -)",
-    "provider": "where its nodes are made: local (nodes in network namespaces on this machine, root; the only one "
-                "for now)",
+    "provider": "where its nodes are made: local (nodes in network namespaces on this machine, root), or aws (a "
+                "controller machine runs slurmctld and kiln's programs, which make the nodes)",
     "max_nodes": "up: the most nodes the partition runs at once (default 2)",
     "min_nodes": "up: the nodes kept up even without jobs (default 0: none, the queue scales to zero)",
     "cpus": "up: the CPUs Slurm gives each node (default 1)",
@@ -39,13 +38,20 @@ QUEUE_HELP = {
     "folder": "attach: where the jobs' folders go on the cluster, under the user's home unless absolute (default "
               "kiln-jobs); the cluster's nodes must see it (a shared home)",
     "python": "attach: the nodes' Python that runs a job's program (default python3)",
+    "region": "up --provider aws: the region of its nodes and its controller machine (default: AWS_REGION)",
+    "profile": "up --provider aws: the AWS profile whose credentials make the cluster and its controller",
+    "instance_type": "up on a cloud: its nodes' machine type (as kiln up --instance-type)",
+    "ami": "up --provider aws: the image of its nodes and its controller (default: the newest kiln image)",
+    "ssh_cidr": "up on a cloud: who may reach the controller and the nodes over SSH (as kiln up --ssh-cidr)",
+    "user": "up on a cloud: the image's login user (as kiln up --user)",
 }
 
 
 @cluster_task(name="queue", help=QUEUE_HELP)
 def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, memory_mib=1000, partition="cpu",
            idle_minutes=5.0, docker=False, nodes=None, job=None, follow=False, login=None, accept_new_host_keys=False,
-           folder="kiln-jobs", python="python3"):
+           folder="kiln-jobs", python="python3", region=None, profile=None, instance_type=None, ami=None,
+           ssh_cidr=None, user=None):
     """A Slurm queue on a cluster whose nodes kiln makes when jobs wait and removes when they are idle: up makes
     the cluster (no node yet) and its controller, down removes both (kiln down NAME does too), status shows the
     partitions, the jobs and the nodes up, env prints what sbatch, srun and squeue need to reach it, logs prints a
@@ -60,13 +66,17 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
         seconds = round(float(idle_minutes) * 60)
         if seconds < 1:
             raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
-        print("\n".join(queue.up(name, providers.named(provider), [shape], suspend_time_s=seconds,
-                                  docker=bool(docker))))
+        given = {"instance_type": instance_type, "ami": ami, "ssh_cidr": ssh_cidr, "user": user}
+        print("\n".join(queue.up(name, providers.named(provider, {"region": region, "profile": profile}), [shape],
+                                  suspend_time_s=seconds, docker=bool(docker),
+                                  options={k: v for k, v in given.items() if v is not None})))
     elif verb == "attach":
         if not login:
             raise UsageError(f"kiln queue attach {name}: give --login USER@HOST of the cluster's login node")
         print("\n".join(attached.attach(name, login, settings(c), accept_new=bool(accept_new_host_keys),
                                         folder=folder, python=python)))
+    elif verb == "down" and attached.exists(name) and attached.load(name).controller:
+        print("\n".join(queue.placed(name).down(name).lines))  # its controller ended first
     elif verb == "down" and attached.exists(name):
         print("\n".join(attached.detach(name)))
     elif verb == "down":
@@ -101,29 +111,8 @@ def settings(c) -> state.SshSettings:
 
 
 def program(verb: str, name: str, nodes: str | None) -> None:
-    """What slurmctld runs (its ResumeProgram, SuspendProgram, ResumeFailProgram, the trigger on a node going
-    down): kiln started with slurmctld's blocked signals would hand them on to every daemon it starts (which then
-    could not be stopped)."""
-    if not nodes:
-        raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST (slurmctld gives it)")
-    # A program stopped by a kill undoes what it made (slurmctld's own end of a program, SIGTERM to its group then
-    # SIGKILL 10 ms later, leaves no such time: its nodes are then powered down and suspended). Set before the
-    # signals are unblocked, so one already waiting meets it.
-    signal.signal(signal.SIGTERM, stopped)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    if verb == "resume":
-        lines = queue.resume(name, nodes)
-    elif verb == "lost":
-        lines = queue.lost(name, nodes)
-    else:
-        lines = queue.suspend(name, nodes, why="suspended" if verb == "suspend" else "not up in time")
-    print("\n".join(f"kiln queue {verb} {name}: {line}" for line in lines), flush=True)
-
-
-def stopped(signum, frame) -> None:
-    """SIGTERM as an exception: the program's finally blocks (a resume's removal of machines it made and did not
-    join) run before it ends."""
-    raise SystemExit(128 + signum)
+    """What slurmctld runs, as kiln's command line (bootstrap/programs.py: slurmctld's programs start it)."""
+    print("\n".join(programs.run(verb, name, nodes)), flush=True)
 
 
 SUBMIT_HELP = {

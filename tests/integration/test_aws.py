@@ -1341,16 +1341,17 @@ def test_a_queue_grows_the_cluster_by_instances_launched_as_its_own_and_shrinks_
 @pytest.fixture
 def machines(server):
     """The hop in front of moto whose us-east-1 instances are real machines (testbed.ec2_machines): the three
-    slots of a local cluster, booted as instances launch and taken away as they terminate."""
+    slots of a local cluster, booted as instances launch (each with its metadata service, which serves its instance
+    profile's credentials) and taken away as they terminate."""
     from localcloud import cluster as local
     from testbed.ec2_faults import Ec2Faults
     from testbed.ec2_machines import Machines
 
     local.preflight()
-    local.make_cluster("awsm", 3, start=0)
-    made = Machines("awsm", "us-east-1")
-    try:
-        with Ec2Faults(server, machines=made) as hop:
+    cluster = local.make_cluster("awsm", 3, start=0, metadata=True)
+    made = Machines("awsm", "us-east-1", moto=server)
+    try:  # on the cluster's bridge: a machine reaches EC2 there as this machine does (a queue's controller)
+        with Ec2Faults(server, host=cluster.gateway, machines=made) as hop:
             yield hop
     finally:
         made.close()
@@ -1417,6 +1418,69 @@ def test_an_aws_cluster_of_machines_is_reached_over_the_host_keys_its_consoles_s
     assert machines.machines.ended[0] == [controller["InstanceId"]]  # first: it launches nothing once it is gone
     assert machines.machines.running == {} and leftovers(ec2) == [] and identities_left(connected.iam) == []
     assert not any(local.node_is_up("awsm", machine.node) for machine in booted.values())
+
+
+def test_a_queue_on_aws_runs_slurm_on_its_controller_whose_kiln_makes_and_removes_the_nodes(env, machines, ec2,
+                                                                                            image, monkeypatch):
+    """kiln queue up --provider aws: the cluster with no node, its controller machine, kiln shipped there and the
+    queue started on it (its MUNGE key made there). A job submitted on the controller (its login shell reaches the
+    queue) waits while slurmctld runs kiln's resume there, which launches a node as the controller's own role (the
+    credentials its metadata service gives), pins the node's console keys and joins it; the job runs on that node,
+    which is removed once idle past SuspendTime. kiln queue status reaches the queue through the controller; kiln
+    down ends the controller first and leaves nothing."""
+    monkeypatch.setenv(aws.ENDPOINT_ENV, machines.endpoint)
+
+    def kiln(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO / ".venv" / "bin" / "kiln"), *argv], cwd=env, capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "KILN_HOME": str(env / "kiln")})
+
+    made = kiln("queue", "up", "awq", "--provider", "aws", "--region", "us-east-1", "--instance-type", "g5.xlarge",
+                "--user", "root", "--ssh-cidr", CIDR, "--max-nodes", "1", "--idle-minutes", "0.1")
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "slurmctld on its controller" in made.stdout and "boto3" in made.stdout, made.stdout
+    [controller] = [i for i in instances_of(ec2, "awq") if plan.tags_of(i).get(plan.TAG_ROLE) == "controller"]
+    running = machines.machines.running
+    assert list(running) == [controller["InstanceId"]]  # no node yet
+    machine = running[controller["InstanceId"]]
+    shown = kiln("queue", "status", "awq")
+    assert shown.returncode == 0 and "awq-cpu-0" in shown.stdout and "cpu" in shown.stdout, shown.stdout + shown.stderr
+    key = state.cluster_dir("awq") / "id_ed25519"
+
+    def on_controller(command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(["ssh", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o",
+                               f"UserKnownHostsFile={state.known_hosts_path('awq')}", "-o", "StrictHostKeyChecking=yes",
+                               "-o", "BatchMode=yes", f"root@{machine.node.ip}", command], capture_output=True,
+                              text=True, timeout=timeout)
+
+    ran = on_controller("bash -lc 'srun --nodes 1 --chdir /tmp hostname'", timeout=400)
+    assert ran.returncode == 0, ran.stdout + ran.stderr + on_controller(
+        "tail -5 /root/kiln/controller/home/clusters/awq/queue/resume.log").stdout
+    [node] = [m for i, m in running.items() if i != controller["InstanceId"]]
+    assert ran.stdout.strip() == node.node.name
+    role = json.loads((node_state(machine) / "iam.json").read_text())
+    assert role["role"] == "kiln-awq-us-east-1-controller"
+    assert ("RunInstances", role["AccessKeyId"]) in machines.signers  # the node: launched as the controller's role
+    assert not on_controller("ls /run/munge/kiln-awq.key").returncode  # the key is the controller's
+    assert not (state.cluster_dir("awq") / "queue").exists()  # and none of the queue's is here
+    deadline = time.monotonic() + 120
+    while len(running) > 1:  # idle past SuspendTime: kiln's suspend on the controller removes it
+        assert time.monotonic() < deadline, on_controller(
+            "tail -5 /root/kiln/controller/home/clusters/awq/queue/suspend.log").stdout
+        time.sleep(1)
+
+    gone = kiln("down", "awq")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    node_id = next(i for i in machines.machines.ended[0])
+    assert machines.machines.ended == [[node_id], [controller["InstanceId"]]]  # the node by suspend, then down's
+    assert machines.machines.running == {} and leftovers(ec2) == []
+    assert identities_left(aws.connect().iam) == [] and not state.cluster_dir("awq").exists()
+
+
+def node_state(machine) -> Path:
+    """Where the local cluster keeps a machine's files (its metadata service's identity among them)."""
+    from localcloud import netns
+
+    return netns.STATE_ROOT / "awsm" / machine.node.name
 
 
 def identities_left(iam) -> list[str]:

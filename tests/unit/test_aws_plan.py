@@ -336,3 +336,18 @@ def test_a_profile_ec2_cannot_see_yet_is_told_from_other_refusals():
                                      "iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name")
     assert not plan.profile_not_seen_yet("InvalidParameterValue", "Invalid value 'x' for instanceType")
     assert not plan.profile_not_seen_yet("UnauthorizedOperation", "iam instance profile: not authorized")
+
+
+def test_a_queues_cluster_launches_its_first_machines_alone_or_none():
+    queue = plan.validate_request("q", 4, "g5.xlarge", ssh_cidr="203.0.113.7/32", start=0)
+    assert (queue.count, queue.start, plan.launched_now(queue)) == (4, 0, None)
+    some = plan.validate_request("q", 4, "g5.xlarge", ssh_cidr="203.0.113.7/32", start=1)
+    assert plan.launched_now(some).count == 1 and plan.launched_now(some).instance_type == "g5.xlarge"
+    whole = plan.validate_request("q", 4, "g5.xlarge", ssh_cidr="203.0.113.7/32")
+    assert plan.launched_now(whole) == whole
+
+
+@pytest.mark.parametrize("start", [-1, 5, True, "1", 1.5])
+def test_a_queues_first_machines_are_a_whole_number_up_to_its_most(start):
+    with pytest.raises(UsageError, match=r"a queue's first nodes .*: a whole number from 0 to 4"):
+        plan.validate_request("q", 4, "g5.xlarge", ssh_cidr="203.0.113.7/32", start=start)

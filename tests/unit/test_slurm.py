@@ -151,11 +151,11 @@ def test_a_node_joins_with_the_key_from_stdin_and_the_controllers_configuration(
 
 
 def test_slurmctlds_programs_are_kiln_with_its_settings_and_none_of_slurmctlds_descriptors():
-    text = program_text(["/venv/bin/python", "-m", "bootstrap.main"], "resume", "kq", "/q/resume.log",
+    text = program_text(["/venv/bin/python", "-m", "bootstrap.programs"], "resume", "kq", "/q/resume.log",
                         {"KILN_HOME": "/home/a b/.kiln", "PATH": "/usr/bin"})
     assert text.startswith("#!/bin/sh\n")
     assert text.splitlines()[-1] == ("exec env KILN_HOME='/home/a b/.kiln' PATH=/usr/bin /venv/bin/python -m "
-                                     "bootstrap.main queue resume kq --nodes \"$1\" </dev/null >>/q/resume.log 2>&1")
+                                     "bootstrap.programs resume kq \"$1\" </dev/null >>/q/resume.log 2>&1")
 
 
 def test_a_torchrun_job_is_an_agent_per_node_meeting_on_the_first_with_kilns_environment():

@@ -739,12 +739,14 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
     aws = aws or connect(region, profile)
     owner = caller(aws)
     check_instance_type(aws, request)
+    now_ = plan.launched_now(request)  # a queue's cluster: its first machines, or none
     try:  # what AWS answers these looks with (a policy denying the region, throttling) is its error, as any call's
         image = find_image(aws, request)  # a region without the type or the image refuses before any quota is asked
-        check_vcpus(aws, request)
+        if now_:
+            check_vcpus(aws, now_)
         network = efa_network(aws, request)
-        if network:
-            check_addresses(aws, request)
+        if network and now_:
+            check_addresses(aws, now_)
         taken = find_resources(aws, request.name, identities=False)
     except botocore.exceptions.BotoCoreError as error:
         raise AwsError(f"cluster.up {request.name}: {describe_error(error)}; nothing was created") from None
@@ -776,7 +778,8 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
                 and r.tags.get(plan.TAG_ATTEMPT) == attempt]
 
     def make(progress: Progress, rollback: Rollback, public_key: str) -> Nodes:
-        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, efa=network, token=token)
+        steps = plan.plan_cluster(now_ or request, tags=tags, ami=image, public_key=public_key, efa=network,
+                                  token=token)
 
         progress.step = "import the key pair"
         rollback.push("delete the key pair", lambda: [delete(aws, r) for r in mine("key-pair")])
@@ -785,8 +788,8 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
         progress.step = "create the security group"
         rollback.push("delete the security group", lambda: [delete(aws, r) for r in mine("security-group")])
         made["group_id"] = aws.ec2.create_security_group(**steps.create_security_group)["GroupId"]
-        steps = plan.plan_cluster(request, tags=tags, ami=image, public_key=public_key, group_id=made["group_id"],
-                                  efa=network, token=token)
+        steps = plan.plan_cluster(now_ or request, tags=tags, ami=image, public_key=public_key,
+                                  group_id=made["group_id"], efa=network, token=token)
 
         progress.step = "allow SSH and cluster traffic in the security group"
         aws.ec2.authorize_security_group_ingress(**steps.authorize_ingress)
@@ -797,6 +800,9 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
         progress.step = "create the placement group"
         rollback.push("delete the placement group", lambda: [delete(aws, r) for r in mine("placement-group")])
         aws.ec2.create_placement_group(**steps.create_placement_group)
+        made["volumes"] = []
+        if not now_:  # a queue's cluster whose machines Slurm asks for, each in turn (grow)
+            return Nodes((), ())
 
         progress.step = "run the instances"
         rollback.push("terminate the instances",  # and release their Elastic IPs, once they are gone
@@ -811,7 +817,6 @@ def up(request: plan.Request, *, ssh_wait_s: float = SSH_WAIT_S, region: str | N
             progress.step = "give each instance an Elastic IP"
             give_addresses(aws, described, tags)
             described = described_instances(aws, made["instances"])
-        made["volumes"] = []
         if request.volume_gib:
             progress.step = "create the data volumes"
             made["volumes"] = attach_data_volumes(aws, described, request.volume_gib, tags, restored,

@@ -54,6 +54,7 @@ from bootstrap.providers.common import (  # noqa: F401  (the plan's names, as th
     validate_name,
     validate_snapshot_ttl,
     validate_ssh_wait,
+    validate_start,
     validate_ttl,
     validate_user,
     validate_volume,
@@ -139,7 +140,7 @@ class Plan:
 def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | None, ami: str | None = None,
                      image_profile: str = "gpu", spot: bool = False, max_price=None, user: str = "ubuntu",
                      ttl_hours=24.0, image_tags: str | None = None, volume_gib=None,
-                     idle_minutes: float | None = None) -> Request:
+                     idle_minutes: float | None = None, start: int | None = None) -> Request:
     """Check everything that can be checked without AWS; raise one UsageError line naming the bad input."""
     validate_name(name)
     count = validate_count(count)
@@ -158,7 +159,15 @@ def validate_request(name: str, count, instance_type: str, *, ssh_cidr: str | No
     return Request(name=name, count=count, instance_type=instance_type, ssh_cidr=validate_cidr(ssh_cidr), ami=ami,
                    image_profile=image_profile, spot=bool(spot), max_price=max_price, user=user, ttl_hours=ttl_hours,
                    image_tags=parse_image_tags(image_tags), volume_gib=validate_volume(volume_gib),
-                   idle_minutes=validate_idle_minutes(idle_minutes) or None)
+                   idle_minutes=validate_idle_minutes(idle_minutes) or None, start=validate_start(start, count))
+
+
+def launched_now(request: Request) -> Request | None:
+    """What `up` launches now: the request, or for a queue's cluster its first machines alone (None: none, each
+    made as Slurm asks for it)."""
+    if request.start is None:
+        return request
+    return dataclasses.replace(request, count=request.start) if request.start else None
 
 
 def cluster_tags(name: str, owner: str, now: datetime, ttl_hours: float) -> dict[str, str]:
@@ -506,7 +515,7 @@ def from_options(name: str, count, options: Mapping[str, Any], idle_minutes: flo
         ami=options.get("ami"), image_profile=options.get("image_profile") or "gpu", spot=bool(options.get("spot")),
         max_price=options.get("max_price"), user=options.get("user") or "ubuntu",
         ttl_hours=options.get("ttl_hours", 24.0), image_tags=options.get("image_tags"),
-        volume_gib=options.get("volume"), idle_minutes=idle_minutes)
+        volume_gib=options.get("volume"), idle_minutes=idle_minutes, start=options.get("start"))
 
 
 def dry_run(request: Request, *, key: str, place: Mapping[str, str | None], now: datetime) -> list[str]:
