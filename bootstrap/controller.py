@@ -315,10 +315,12 @@ def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: in
                 left = "not undone (Ctrl-C)"
             except Exception as undo_error:  # noqa: BLE001 - said with the error that started the undo
                 left = str(undo_error)
+        said_ = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
         if left:
-            said_ = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
             raise ControllerError(f"queue {name}: could not come up ({said_}); undoing it left {left}: run kiln "
                                   f"down {name}") from None
+        if isinstance(error, KeyboardInterrupt):
+            raise ControllerError(f"queue {name}: interrupted; everything it had made was removed") from None
         raise
     partitions = ", ".join(f"{shape.name} ({shape.min_nodes} to {shape.max_nodes} node(s))"
                            for shape in draft.shapes)

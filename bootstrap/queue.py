@@ -242,10 +242,12 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
             raise QueueError(f"queue {name}: " + "; ".join(failed))
     except BaseException as error:
         left = undo_up(name, provider)
+        said = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
         if left:
-            said = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
             raise QueueError(f"queue {name}: could not come up ({said}); undoing it left {'; '.join(left)}: "
                              f"run kiln down {name}") from None
+        if isinstance(error, KeyboardInterrupt):  # said, not Invoke's silent exit
+            raise QueueError(f"queue {name}: interrupted; everything it had made was removed") from None
         raise
     partitions = ", ".join(f"{shape.name} ({shape.min_nodes} to {shape.max_nodes} node(s))"
                            for shape in queue.shapes)

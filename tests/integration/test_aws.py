@@ -1427,15 +1427,35 @@ def test_a_queue_on_aws_runs_slurm_on_its_controller_whose_kiln_makes_and_remove
     queue) waits while slurmctld runs kiln's resume there, which launches a node as the controller's own role (the
     credentials its metadata service gives), pins the node's console keys and joins it; the job runs on that node,
     which is removed once idle past SuspendTime. kiln queue status reaches the queue through the controller; kiln
-    down ends the controller first and leaves nothing."""
+    down ends the controller first and leaves nothing. A Ctrl-C while the controller is set up removes it all."""
     monkeypatch.setenv(aws.ENDPOINT_ENV, machines.endpoint)
 
     def kiln(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(REPO / ".venv" / "bin" / "kiln"), *argv], cwd=env, capture_output=True, text=True,
                               timeout=timeout, env={**os.environ, "KILN_HOME": str(env / "kiln")})
 
-    made = kiln("queue", "up", "awq", "--provider", "aws", "--region", "us-east-1", "--instance-type", "g5.xlarge",
-                "--user", "root", "--ssh-cidr", CIDR, "--max-nodes", "1", "--idle-minutes", "0.1")
+    argv = ["queue", "up", "awq", "--provider", "aws", "--region", "us-east-1", "--instance-type", "g5.xlarge",
+            "--user", "root", "--ssh-cidr", CIDR, "--max-nodes", "1", "--idle-minutes", "0.1"]
+    # a Ctrl-C once the controller machine runs (while kiln is set up there) removes all of it
+    with subprocess.Popen([str(REPO / ".venv" / "bin" / "kiln"), *argv], cwd=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "KILN_HOME": str(env / "kiln")}) as up:
+        deadline = time.monotonic() + 120
+        while not machines.machines.running and up.poll() is None:
+            assert time.monotonic() < deadline, "no controller machine"
+            time.sleep(0.1)
+        time.sleep(1)
+        up.send_signal(signal.SIGINT)
+        out, err = up.communicate(timeout=300)
+    assert up.returncode == 1 and "Traceback" not in err, out + err
+    assert err.strip().splitlines()[-1] in ("kiln: queue awq: interrupted; everything it had made was removed",
+                                            "kiln: cluster awq: could not make its queue controller: could not "
+                                            "wait until it runs: interrupted; nothing of it is left"), out + err
+    assert machines.machines.running == {} and leftovers(ec2) == [] and identities_left(aws.connect().iam) == []
+    assert not state.cluster_dir("awq").exists()
+
+    ended = len(machines.machines.ended)  # the interrupted controller's
+
+    made = kiln(*argv)
     assert made.returncode == 0, made.stdout + made.stderr
     assert "slurmctld on its controller" in made.stdout and "boto3" in made.stdout, made.stdout
     [controller] = [i for i in instances_of(ec2, "awq") if plan.tags_of(i).get(plan.TAG_ROLE) == "controller"]
@@ -1470,8 +1490,8 @@ def test_a_queue_on_aws_runs_slurm_on_its_controller_whose_kiln_makes_and_remove
 
     gone = kiln("down", "awq")
     assert gone.returncode == 0, gone.stdout + gone.stderr
-    node_id = next(i for i in machines.machines.ended[0])
-    assert machines.machines.ended == [[node_id], [controller["InstanceId"]]]  # the node by suspend, then down's
+    [node_id] = machines.machines.ended[ended]
+    assert machines.machines.ended[ended:] == [[node_id], [controller["InstanceId"]]]  # by suspend, then down
     assert machines.machines.running == {} and leftovers(ec2) == []
     assert identities_left(aws.connect().iam) == [] and not state.cluster_dir("awq").exists()
 
