@@ -48,6 +48,7 @@ from kiln.shield import shielded
 CONTROLLER_ROOT = "/root/kiln/controller"  # kiln's folder on root's machines, as on the nodes
 LIB = f"{CONTROLLER_ROOT}/lib"  # kiln and the distributions it ships (PYTHONPATH)
 HOME = f"{CONTROLLER_ROOT}/home"  # KILN_HOME there: the cluster's folder, its queue
+JOBS = f"{CONTROLLER_ROOT}/jobs"  # the jobs' folders there, each carried to its nodes and back (queue.job_start)
 # The distributions kiln's programs import to reach each cloud (its official SDK), beside KILN_NEEDS
 SDKS: dict[str, tuple[str, ...]] = {"aws": ("boto3",)}
 KILN_NEEDS = ("rich",)  # what kiln's queue imports besides the standard library
@@ -301,7 +302,7 @@ def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: in
         probed = there.probe()
         shipped_ = there.ship(probed)
         said = there.start(draft.shapes, suspend_time_s, settings_of(os.environ))
-        login = attached.Login(name, f"{host.user or 'root'}@{host.address}", f"{HOME}/jobs",
+        login = attached.Login(name, f"{host.user or 'root'}@{host.address}", JOBS,
                                tuple(slurm.Partition(shape.name, shape.max_nodes) for shape in draft.shapes),
                                int(said["slurmd_timeout_s"]), record.python, record.ssh, slurm=probed.slurm,
                                user=host.user or "root", node_dir=queue.NODE_DIR, docker=True, controller=True)

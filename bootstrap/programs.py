@@ -1,5 +1,6 @@
-"""slurmctld's programs for a kiln queue (its ResumeProgram, SuspendProgram, ResumeFailProgram and the trigger on a
-node going down): `python -m bootstrap.programs VERB CLUSTER HOSTLIST`.
+"""slurmctld's programs for a kiln queue (its ResumeProgram, SuspendProgram, ResumeFailProgram, the trigger on a
+node going down, and on a cloud a job's PrologSlurmctld and EpilogSlurmctld): `python -m bootstrap.programs VERB
+CLUSTER HOSTLIST|JOB`.
 
 An entry of its own, not kiln's command line: it imports the queue and the cluster's provider alone (no Fabric, no
 Invoke), so it starts at once under slurmctld, and a queue controller machine runs it from the few pure-Python
@@ -8,6 +9,7 @@ packages kiln ships there (bootstrap/controller.py). Its errors are one line eac
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from bootstrap import queue
 from bootstrap.errors import KilnError, UsageError
 
-VERBS = ("resume", "suspend", "resume-fail", "lost")
+VERBS = ("resume", "suspend", "resume-fail", "lost", "job-start", "job-end")
 
 
 def run(verb: str, name: str, nodes: str | None) -> list[str]:
@@ -24,13 +26,16 @@ def run(verb: str, name: str, nodes: str | None) -> list[str]:
     if verb not in VERBS:
         raise UsageError(f"{verb}: not one of slurmctld's programs ({', '.join(VERBS)})")
     if not nodes:
-        raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST (slurmctld gives it)")
+        raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST, or a job's number (slurmctld gives it)")
     # A program stopped by a kill undoes what it made (slurmctld's own end of a program, SIGTERM to its group then
     # SIGKILL 10 ms later, leaves no such time: its nodes are then powered down and suspended). Set before the
     # signals are unblocked, so one already waiting meets it.
     signal.signal(signal.SIGTERM, stopped)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    if verb == "resume":
+    if verb in ("job-start", "job-end"):  # the job's folder and nodes, as slurmctld gives its prolog and epilog
+        where = os.environ.get("SLURM_JOB_WORK_DIR", ""), os.environ.get("SLURM_JOB_NODELIST", "")
+        lines = (queue.job_start if verb == "job-start" else queue.job_end)(name, nodes, *where)
+    elif verb == "resume":
         lines = queue.resume(name, nodes)
     elif verb == "lost":
         lines = queue.lost(name, nodes)

@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -42,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bootstrap import controller, providers, slurm, state
-from bootstrap.commands import SshOptions, ssh_argv
+from bootstrap.commands import SshOptions, rsync_pull_argv, rsync_push_argv, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host, parse_host
 from kiln.shield import shielded
@@ -52,6 +53,7 @@ PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
 # batch script from slurmd's spool.
 NODE_DIR = "/var/lib/kiln-slurm"
 JOIN_TIMEOUT_S = 120
+CARRY_TIMEOUT_S = 600  # rsync's own bound on a job's folder that stalls, to a node or back
 SHARED_ROOT = Path("/run/kiln/queues")  # SHARED_ROOT/NAME: a queue's configuration, for every user of this machine
 LOCK_TIMEOUT_S = 900  # a resume of many nodes holds the lock while it makes and joins them
 TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged", "runuser")
@@ -282,8 +284,9 @@ def plan_queue(name: str, shapes: Sequence[slurm.Shape], host: str, address: str
     """The queue whose slurmctld runs as `host` at `address`: on this machine (the local provider: a free port,
     a local node's times), or on a cloud's controller machine (Slurm's own port, a cloud machine's times)."""
     programs = [str(queue_dir / "bin" / verb) for verb in PROGRAMS]
-    if cloud:
-        power = slurm.Power(*programs, suspend_time_s=suspend_time_s)
+    if cloud:  # its nodes do not see the controller's disk: each job's folder is carried there and back
+        start, end = (str(queue_dir / "bin" / verb) for verb in slurm.JOB_PROGRAMS)
+        power = slurm.Power(*programs, job_start=start, job_end=end, suspend_time_s=suspend_time_s)
     else:
         power = slurm.Power(*programs, suspend_time_s=suspend_time_s, resume_timeout_s=LOCAL_RESUME_TIMEOUT_S,
                             suspend_timeout_s=LOCAL_SUSPEND_TIMEOUT_S, slurmd_timeout_s=LOCAL_SLURMD_TIMEOUT_S,
@@ -316,7 +319,10 @@ def start_controller(name: str, queue: slurm.Queue, docker: bool = True) -> None
     record = state.load_cluster(name)
     publish(name, queue, record.python if record else None, docker)
     power = queue.power
-    for verb, path in zip(PROGRAMS, (power.resume, power.suspend, power.resume_fail, power.lost), strict=True):
+    programs = zip((*PROGRAMS, *slurm.JOB_PROGRAMS),
+                   (power.resume, power.suspend, power.resume_fail, power.lost, power.job_start, power.job_end),
+                   strict=True)
+    for verb, path in ((verb, path) for verb, path in programs if path):
         Path(path).write_text(slurm.program_text(kiln_argv(), verb, name, str(queue_dir / f"{verb}.log"),
                                                  program_env()))
         Path(path).chmod(0o700)
@@ -554,6 +560,73 @@ def lost(name: str, nodes: str) -> list[str]:
             continue
         lines.append(f"{node}: lost: powered down, its jobs back in the queue")
     return lines
+
+
+def job_start(name: str, job: str, work_dir: str, nodes: str, poll_s: float = 1.0) -> list[str]:
+    """slurmctld's prolog of a job on a cloud's queue (its working folder and nodes, as slurmctld gives them): once
+    each of its nodes is up (slurmctld allocates powered-down
+    nodes, then resumes them), the job's folder is copied to the same path there, over the cluster's pinned SSH
+    (its nodes do not see the controller's disk). A failure requeues the job (slurmctld's own)."""
+    place = slurm.job_place(work_dir, nodes)
+    if place is None:
+        return [f"job {job}: not kiln's: nothing to carry"]
+    folder, nodes = place
+    hosts = joined_hosts(name, slurm.expand(nodes), poll_s)
+    options = ssh_options(name, state.load_cluster(name))
+    for node, host in hosts.items():
+        carry(rsync_push_argv(folder, host, folder, options, excludes=(), timeout=CARRY_TIMEOUT_S,
+                              one_writer=False), f"job {job}: its folder did not reach {node} ({host.label})")
+    return [f"job {job}: {folder} copied to {', '.join(hosts)}"]
+
+
+def job_end(name: str, job: str, work_dir: str, nodes: str) -> list[str]:
+    """slurmctld's epilog of a job on a cloud's queue (as job_start's): what each of its nodes wrote in the job's
+    folder (its code aside) comes back into the folder here, and the node's copy goes; a node that cannot be
+    reached (lost) is named, and the others still come back."""
+    place = slurm.job_place(work_dir, nodes)
+    if place is None:
+        return [f"job {job}: not kiln's: nothing to carry"]
+    folder, nodes = place
+    saved, options = load(name), ssh_options(name, state.load_cluster(name))
+    lines = []
+    for node in slurm.expand(nodes):
+        if node not in saved.nodes:
+            lines.append(f"job {job}: {node} has no machine any more: what it wrote is lost")
+            continue
+        host = parse_host(saved.nodes[node]["host"])
+        try:
+            pull = rsync_pull_argv(host, folder, folder, options, timeout=CARRY_TIMEOUT_S, excludes=("/code/",))
+            pull.insert(1, "--update")  # a file another node wrote anew is not put back as it was sent
+            carry(pull, f"job {job}: what {node} ({host.label}) wrote did not come back")
+            subprocess.run(ssh_argv(host, f"rm -rf {shlex.quote(folder)}", options), capture_output=True,
+                           timeout=JOIN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        except (QueueError, subprocess.TimeoutExpired) as error:
+            lines.append(str(error))
+            continue
+        lines.append(f"job {job}: {node}'s files came back")
+    return lines
+
+
+def joined_hosts(name: str, nodes: Sequence[str], poll_s: float) -> dict[str, Host]:
+    """The machine of each of `nodes` once slurmctld has it up (its resume joined it), within ResumeTimeout."""
+    deadline = time.monotonic() + load(name).queue.power.resume_timeout_s
+    waiting = list(nodes)
+    while True:
+        waiting = [node for node in waiting if not slurm.node_up(scontrol(name, "show", "node", "--oneliner", node))]
+        saved = load(name)
+        if not waiting and all(node in saved.nodes for node in nodes):
+            return {node: parse_host(saved.nodes[node]["host"]) for node in nodes}
+        if time.monotonic() > deadline:
+            raise QueueError(f"{', '.join(waiting) or 'its nodes'} did not come up within ResumeTimeout")
+        time.sleep(poll_s)
+
+
+def carry(argv: list[str], failed: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=CARRY_TIMEOUT_S + 60,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode:
+        said = done.stderr.strip().splitlines()
+        raise QueueError(f"{failed}: {said[-1] if said else f'rsync exited {done.returncode}'}")
 
 
 def powered_up(name: str, node: str, why: str) -> bool:

@@ -70,6 +70,10 @@ class Power:
     suspend: str
     resume_fail: str
     lost: str = ""
+    # A cloud's queue, whose nodes do not see the controller's disk: a job's folder goes to its nodes before it
+    # starts (slurmctld's PrologSlurmctld) and what they wrote comes back once it ends (EpilogSlurmctld)
+    job_start: str = ""
+    job_end: str = ""
     suspend_time_s: int = SUSPEND_TIME_S
     suspend_timeout_s: int = SUSPEND_TIMEOUT_S
     resume_timeout_s: int = RESUME_TIMEOUT_S
@@ -193,6 +197,7 @@ def slurm_conf(queue: Queue) -> str:
         f"SlurmdPidFile={nodes}/%n/slurmd.pid",
         f"SlurmdLogFile={nodes}/%n/slurmd.log",
         f"Epilog={nodes}/epilog",  # a job's containers a kill left (kiln submit --image)
+        *([f"PrologSlurmctld={power.job_start}", f"EpilogSlurmctld={power.job_end}"] if power.job_start else []),
         "ProctrackType=proctrack/cgroup" if queue.cgroups else "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/cgroup,task/affinity" if queue.cgroups else "TaskPlugin=task/none",
         "SchedulerType=sched/backfill",
@@ -331,13 +336,34 @@ def join_script(queue: Queue, node: str) -> str:
 
 
 def program_text(argv: Sequence[str], verb: str, cluster: str, log: str, env: dict[str, str]) -> str:
-    """The program slurmctld runs for `verb` (resume, suspend, resume-fail) with the nodes' hostlist: kiln's own
-    verb, with kiln's settings (`env`), its output in `log`, and no descriptor of slurmctld's (a daemon started
+    """The program slurmctld runs for `verb`: kiln's own verb, with the nodes' hostlist slurmctld hands it (resume,
+    suspend, resume-fail, lost) or the job's number from its environment (job-start, job-end: its prolog and
+    epilog), with kiln's settings (`env`), its output in `log`, and no descriptor of slurmctld's (a daemon started
     with one open would sit on it)."""
     settings = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items()))
+    given = '"$SLURM_JOB_ID"' if verb in JOB_PROGRAMS else '"$1"'
     return (f"#!/bin/sh\n# slurmctld's {verb} program for kiln cluster {cluster} (bootstrap/queue.py)\n"
-            f"exec env {settings} {shlex.join(argv)} {verb} {shlex.quote(cluster)} \"$1\" "
+            f"exec env {settings} {shlex.join(argv)} {verb} {shlex.quote(cluster)} {given} "
             f"</dev/null >>{shlex.quote(log)} 2>&1\n")
+
+
+JOB_PROGRAMS = ("job-start", "job-end")  # slurmctld's prolog and epilog of a job (Power.job_start, job_end)
+# A node that is not up yet for a job (slurmctld allocates powered-down nodes, then resumes them)
+NOT_UP = ("POWERING_UP", "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN", "NOT_RESPONDING", "DOWN", "FAIL")
+
+
+def job_place(work_dir: str, nodes: str) -> tuple[str, str] | None:
+    """A kiln job's folder and its nodes' hostlist, from what slurmctld gives its prolog and epilog
+    (SLURM_JOB_WORK_DIR: the folder's code/; SLURM_JOB_NODELIST); None for a job kiln did not write (nothing of
+    kiln's to carry)."""
+    if not work_dir.endswith("/code") or not nodes or nodes == "(null)":
+        return None
+    return work_dir.removesuffix("/code"), nodes
+
+
+def node_up(shown: str) -> bool:
+    """Whether `scontrol show node --oneliner` shows a node that is up and answers (its job can reach it)."""
+    return not any(flag in NOT_UP for flag in job_fields(shown).get("State", "").split("+"))
 
 
 @dataclass(frozen=True)

@@ -1430,12 +1430,13 @@ def test_a_queue_on_aws_runs_slurm_on_its_controller_whose_kiln_makes_and_remove
     down ends the controller first and leaves nothing. A Ctrl-C while the controller is set up removes it all."""
     monkeypatch.setenv(aws.ENDPOINT_ENV, machines.endpoint)
 
-    def kiln(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([str(REPO / ".venv" / "bin" / "kiln"), *argv], cwd=env, capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "KILN_HOME": str(env / "kiln")})
+    def kiln(*argv: str, timeout: float = 300, cwd: Path = env) -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO / ".venv" / "bin" / "kiln"), *argv], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "KILN_HOME": str(env / "kiln"),
+                                                    "KILN_RUNS": str(env / "runs")})
 
     argv = ["queue", "up", "awq", "--provider", "aws", "--region", "us-east-1", "--instance-type", "g5.xlarge",
-            "--user", "root", "--ssh-cidr", CIDR, "--max-nodes", "1", "--idle-minutes", "0.1"]
+            "--user", "root", "--ssh-cidr", CIDR, "--max-nodes", "1", "--idle-minutes", "0.5"]
     # a Ctrl-C once the controller machine runs (while kiln is set up there) removes all of it
     with subprocess.Popen([str(REPO / ".venv" / "bin" / "kiln"), *argv], cwd=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "KILN_HOME": str(env / "kiln")}) as up:
@@ -1447,9 +1448,10 @@ def test_a_queue_on_aws_runs_slurm_on_its_controller_whose_kiln_makes_and_remove
         up.send_signal(signal.SIGINT)
         out, err = up.communicate(timeout=300)
     assert up.returncode == 1 and "Traceback" not in err, out + err
-    assert err.strip().splitlines()[-1] in ("kiln: queue awq: interrupted; everything it had made was removed",
-                                            "kiln: cluster awq: could not make its queue controller: could not "
-                                            "wait until it runs: interrupted; nothing of it is left"), out + err
+    said = err.strip().splitlines()[-1]  # the queue's undo, or the controller's own where it was being made
+    assert said == "kiln: queue awq: interrupted; everything it had made was removed" or (
+        said.startswith("kiln: cluster awq: could not make its queue controller: could not ") and
+        said.endswith(": interrupted; nothing of it is left")), out + err
     assert machines.machines.running == {} and leftovers(ec2) == [] and identities_left(aws.connect().iam) == []
     assert not state.cluster_dir("awq").exists()
 
@@ -1472,10 +1474,24 @@ def test_a_queue_on_aws_runs_slurm_on_its_controller_whose_kiln_makes_and_remove
                                "-o", "BatchMode=yes", f"root@{machine.node.ip}", command], capture_output=True,
                               text=True, timeout=timeout)
 
-    ran = on_controller("bash -lc 'srun --nodes 1 --chdir /tmp hostname'", timeout=400)
-    assert ran.returncode == 0, ran.stdout + ran.stderr + on_controller(
-        "tail -5 /root/kiln/controller/home/clusters/awq/queue/resume.log").stdout
+    # kiln submit from a project: its folder goes to the node made for it and what the node wrote comes back
+    project = env / "project"
+    project.mkdir()
+    (project / "where.py").write_text("import os, socket\nopen(os.path.join(os.environ['KILN_OUTPUT_DIR'], "
+                                      "'where.txt'), 'w').write(socket.gethostname())\nprint('written')\n")
+    done = kiln("submit", "awq", "--wait", "--python", "python3", "--", "python3", "where.py", cwd=project,
+                timeout=600)
+    logs = "/root/kiln/controller/home/clusters/awq/queue/{resume,job-start,job-end}.log"
+    assert done.returncode == 0, done.stdout + done.stderr + on_controller(f"tail -5 {logs}").stdout
     [node] = [m for i, m in running.items() if i != controller["InstanceId"]]
+    job = done.stdout.split()[1]
+    fetched = kiln("queue", "fetch", "awq", "--job", job)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    [where] = (env / "runs").glob("*/output/node-0/where.txt")
+    assert where.read_text() == node.node.name and "written" in done.stdout, done.stdout
+    # Slurm's own tools on the controller, as its login user: a step on the node up
+    ran = on_controller("bash -lc 'srun --nodes 1 --chdir /tmp hostname'", timeout=400)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.strip() == node.node.name
     role = json.loads((node_state(machine) / "iam.json").read_text())
     assert role["role"] == "kiln-awq-us-east-1-controller"

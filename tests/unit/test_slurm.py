@@ -409,3 +409,34 @@ def test_a_machine_that_joins_again_stops_its_nodes_slurmd_and_no_other(tmp_path
         for process in (ours, other):
             process.kill()
             process.wait()
+
+
+def test_a_kiln_jobs_folder_and_nodes_come_from_what_slurmctld_gives_its_prolog_and_epilog():
+    from bootstrap.slurm import job_place
+
+    assert job_place("/root/kiln/controller/jobs/r1/code", "q-cpu-[0-1]") == ("/root/kiln/controller/jobs/r1",
+                                                                              "q-cpu-[0-1]")
+    assert job_place("/home/me", "q-cpu-0") is None  # a job kiln did not write: nothing of kiln's to carry
+    assert job_place("/root/kiln/controller/jobs/r1/code", "") is None
+
+
+@pytest.mark.parametrize(("state", "up"), [("IDLE+CLOUD", True), ("ALLOCATED+CLOUD", True), ("MIXED", True),
+                                           ("ALLOCATED+CLOUD+POWERING_UP", False), ("IDLE+CLOUD+POWERED_DOWN", False),
+                                           ("DOWN+CLOUD+NOT_RESPONDING", False), ("IDLE+NOT_RESPONDING", False)])
+def test_a_node_is_up_for_its_job_once_it_answers_and_no_longer_powers_up(state, up):
+    from bootstrap.slurm import node_up
+
+    assert node_up(f"NodeName=q-cpu-0 Arch=x86_64 State={state} Partitions=cpu") is up
+
+
+def test_a_clouds_queue_carries_each_jobs_folder_with_slurmctlds_prolog_and_epilog():
+    from bootstrap.slurm import Munge, Power, Queue, Shape, slurm_conf
+
+    power = Power("/q/bin/resume", "/q/bin/suspend", "/q/bin/resume-fail", "/q/bin/lost", "/q/bin/job-start",
+                  "/q/bin/job-end")
+    conf = slurm_conf(Queue("q", "ctl", "10.0.0.4", (Shape("cpu", 2, 1000, 2),), "/q/ctl", "/var/lib/kiln-slurm",
+                            Munge("q").socket, power))
+    assert "PrologSlurmctld=/q/bin/job-start\nEpilogSlurmctld=/q/bin/job-end\n" in conf
+    text = program_text(["/usr/bin/python3", "-m", "bootstrap.programs"], "job-end", "q", "/q/job-end.log", {})
+    assert text.splitlines()[-1].endswith('bootstrap.programs job-end q "$SLURM_JOB_ID" </dev/null >>/q/job-end.log '
+                                          '2>&1')
