@@ -66,6 +66,16 @@ def host_args(host: Host) -> list[str]:
     return args
 
 
+def root_command(command: str, user: str | None) -> str:
+    """`command` as root where the login is `user`'s: through sudo (no password asked) where that is not root."""
+    return command if user in (None, "root") else f"sudo -n sh -c {shlex.quote(command)}"
+
+
+def root_rsync(user: str | None) -> list[str]:
+    """rsync's options that write (or read) as root at the other end where the login is `user`'s."""
+    return [] if user in (None, "root") else ["--rsync-path=sudo -n rsync"]
+
+
 def ssh_argv(host: Host, remote_command: str, options: SshOptions) -> list[str]:
     """Run one shell command string on `host`."""
     return ["ssh", *ssh_option_args(options), *host_args(host), "--", host.address, remote_command]

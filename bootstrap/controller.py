@@ -39,16 +39,17 @@ from pathlib import Path
 import bootstrap
 import kiln
 from bootstrap import slurm, state
-from bootstrap.commands import SshOptions, rsync_push_argv, ssh_argv
+from bootstrap.commands import SshOptions, root_command, root_rsync, rsync_push_argv, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
+from bootstrap.providers import common
 from bootstrap.ssh import describe_failure
 from kiln.shield import shielded
 
 CONTROLLER_ROOT = "/root/kiln/controller"  # kiln's folder on root's machines, as on the nodes
 LIB = f"{CONTROLLER_ROOT}/lib"  # kiln and the distributions it ships (PYTHONPATH)
 HOME = f"{CONTROLLER_ROOT}/home"  # KILN_HOME there: the cluster's folder, its queue
-JOBS = f"{CONTROLLER_ROOT}/jobs"  # the jobs' folders there, each carried to its nodes and back (queue.job_start)
+JOBS = "kiln/jobs"  # the jobs' folders, under the login user's home there: each carried to its nodes and back
 # The distributions kiln's programs import to reach each cloud (its official SDK), beside KILN_NEEDS
 SDKS: dict[str, tuple[str, ...]] = {"aws": ("boto3",)}
 KILN_NEEDS = ("rich",)  # what kiln's queue imports besides the standard library
@@ -65,7 +66,9 @@ PROBE = "\n".join([
     "echo machine=$(uname -m)",
     "echo hostname=$(hostname)",
     "echo slurm=$(sinfo --version 2>&1)",
-    "for tool in slurmctld munged scontrol; do command -v $tool >/dev/null || "
+    'echo "home=$HOME"',
+    "command -v rsync >/dev/null || echo missing=rsync",
+    "for tool in slurmctld munged scontrol strigger; do command -v $tool >/dev/null || "
     "[ -x /usr/sbin/$tool ] || echo missing=$tool; done",
     "true",
 ])
@@ -82,6 +85,7 @@ class Probed:
     machine: str  # x86_64
     hostname: str
     slurm: str = ""  # 22.05.8
+    home: str = "/root"  # the login user's
 
 
 def parse_probe(text: str, where: str) -> Probed:
@@ -100,8 +104,12 @@ def parse_probe(text: str, where: str) -> Probed:
         raise ControllerError(f"the controller {where} lacks {', '.join(said['missing'])}: is it a kiln image "
                               "(the slurm role)?")
     slurm = (said.get("slurm") or [""])[0].split()
+    home = (said.get("home") or [""])[0]
+    if not home.startswith("/") or any(char.isspace() or char == "%" for char in home):
+        raise ControllerError(f"the controller {where}: its login user's home {home or '(none)'} cannot hold the "
+                              "jobs' folders (Slurm takes their paths bare)")
     return Probed(python, (said.get("machine") or ["x86_64"])[0], (said.get("hostname") or [""])[0],
-                  slurm[-1] if slurm else "")
+                  slurm[-1] if slurm else "", home.rstrip("/"))
 
 
 def marker_environment(python: str, machine: str) -> dict[str, str]:
@@ -191,10 +199,18 @@ def stage(kind: str, environment: Mapping[str, str], into: Path) -> list[str]:
     for package in PACKAGES:
         source = Path(package.__file__).parent
         shutil.copytree(source, into / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    names = closure([*SDKS[kind], *KILN_NEEDS], importlib.metadata.requires, environment)
+    try:
+        names = closure([*SDKS[kind], *KILN_NEEDS], importlib.metadata.requires, environment)
+    except importlib.metadata.PackageNotFoundError as error:
+        raise ControllerError(f"{error.args[0] if error.args else error}: not installed here, and the controller's "
+                              f"Python needs it for {', '.join(SDKS[kind])}: pip install 'kiln[{kind}]'") from None
     for name in names:
         dist = importlib.metadata.distribution(name)
-        files = [str(f) for f in dist.files or ()]
+        if dist.files is None:
+            raise ControllerError(f"{name} {dist.version} does not list its files (installed by a system package?): "
+                                  f"kiln ships what a distribution's RECORD names; pip install it into kiln's "
+                                  "environment")
+        files = [str(f) for f in dist.files]
         built = compiled(files)
         if built:
             raise ControllerError(f"{name} {dist.version} has parts built for this machine ({built[0]}): kiln "
@@ -214,14 +230,10 @@ class Controller:
     def __init__(self, name: str, kind: str, host: Host, options: SshOptions):
         self.name, self.kind, self.host, self.options = name, kind, host, options
 
-    @property
-    def root(self) -> bool:
-        return self.host.user in (None, "root")
-
-    def call(self, command: str, timeout: float, stdin: str | None = None) -> str:
-        """`command` as root there (through sudo where the login is another user's), bounded."""
-        if not self.root:
-            command = f"sudo -n sh -c {shlex.quote(command)}"
+    def call(self, command: str, timeout: float, stdin: str | None = None, as_root: bool = True) -> str:
+        """`command` there, as root (through sudo where the login is another user's) unless told, bounded."""
+        if as_root:
+            command = root_command(command, self.host.user)
         try:
             done = subprocess.run(ssh_argv(self.host, command, self.options), capture_output=True, text=True,
                                   timeout=timeout, input=stdin if stdin is not None else "")
@@ -236,7 +248,8 @@ class Controller:
         return done.stdout
 
     def probe(self) -> Probed:
-        return parse_probe(self.call(PROBE, PROBE_TIMEOUT_S), self.host.address)
+        """What the controller has, asked as its login user (whose home holds the jobs' folders)."""
+        return parse_probe(self.call(PROBE, PROBE_TIMEOUT_S, as_root=False), self.host.address)
 
     def ship(self, probed: Probed) -> list[str]:
         """kiln and its distributions into LIB, the cluster's folder into HOME (both mirrored: what is gone here
@@ -252,15 +265,15 @@ class Controller:
             record = state.load_cluster(self.name)
             if record is None:
                 raise UsageError(f"no cluster {self.name!r} in {state.kiln_home()}/clusters")
-            with pointed(home):
-                state.save_cluster(controller_record(record, HOME))
+            (folder / "cluster.json").write_text(json.dumps(state.cluster_json(controller_record(record, HOME)),
+                                                            indent=1) + "\n")
+            (folder / "id_ed25519").chmod(0o600)
             self.call(f"mkdir -p {shlex.quote(LIB)} {shlex.quote(HOME)} && chmod 700 {shlex.quote(CONTROLLER_ROOT)}",
                       PROBE_TIMEOUT_S)
             for source, target in ((lib, LIB), (home, HOME)):
                 argv = rsync_push_argv(str(source), self.host, target, self.options, excludes=(),
                                        timeout=SHIP_TIMEOUT_S, one_writer=False)
-                if not self.root:
-                    argv.insert(1, "--rsync-path=sudo -n rsync")
+                argv[1:1] = ["--chown=0:0", *root_rsync(self.host.user)]  # root's, not this machine's uid
                 done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                                       timeout=SHIP_TIMEOUT_S + 60)
                 if done.returncode:
@@ -273,7 +286,9 @@ class Controller:
         """The queue started there (serve): what it says of itself."""
         asked = {"shapes": [asdict(shape) for shape in shapes], "suspend_time_s": suspend_time_s,
                  "settings": dict(settings), "login_user": self.host.user or "root"}
-        said = self.call(serve_argv("start", self.name), START_TIMEOUT_S, stdin=json.dumps(asked))
+        kept = any(shape.min_nodes for shape in shapes)  # resumed there before it answers
+        said = self.call(serve_argv("start", self.name), START_TIMEOUT_S + (slurm.RESUME_TIMEOUT_S if kept else 0),
+                         stdin=json.dumps(asked))
         try:
             return json.loads(said.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -288,21 +303,24 @@ def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: in
     was made: the cluster's down ends the controller first."""
     from bootstrap import attached, queue
 
+    if provider.kind not in SDKS:  # before anything is made
+        raise UsageError(f"kiln queue up --provider {provider.kind}: a queue's controller machine runs on "
+                         f"{', '.join(sorted(SDKS))} for now")
     queue_dir = queue.folder(name)  # the controller's, planned here only to be checked
     draft = slurm.check_queue(queue.plan_queue(name, shapes, "controller", "0.0.0.0", queue_dir, suspend_time_s,
                                                cloud=True))
     count = sum(shape.max_nodes for shape in draft.shapes)
-    made = provider.up(provider.request(name, count, {**options, "start": 0}, None))
+    # a queue lives until kiln down: kiln sweep leaves it the longest a cluster may be kept unless told
+    asked = {"ttl_hours": common.MAX_TTL_HOURS, **options, "start": 0}
+    made = provider.up(provider.request(name, count, asked, None))
     try:
         host = provider.make_controller(name)
         record = state.load_cluster(name)
-        reach = SshOptions(identity=record.ssh.identity, known_hosts=(str(state.known_hosts_path(name)),),
-                           connect_timeout=record.ssh.connect_timeout)
-        there = Controller(name, provider.kind, host, reach)
+        there = Controller(name, provider.kind, host, queue.ssh_options(name, record))
         probed = there.probe()
-        shipped_ = there.ship(probed)
+        shipped = there.ship(probed)
         said = there.start(draft.shapes, suspend_time_s, settings_of(os.environ))
-        login = attached.Login(name, f"{host.user or 'root'}@{host.address}", JOBS,
+        login = attached.Login(name, f"{host.user or 'root'}@{host.address}", f"{probed.home}/{JOBS}",
                                tuple(slurm.Partition(shape.name, shape.max_nodes) for shape in draft.shapes),
                                int(said["slurmd_timeout_s"]), record.python, record.ssh, slurm=probed.slurm,
                                user=host.user or "root", node_dir=queue.NODE_DIR, docker=True, controller=True)
@@ -316,9 +334,9 @@ def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: in
                 left = "not undone (Ctrl-C)"
             except Exception as undo_error:  # noqa: BLE001 - said with the error that started the undo
                 left = str(undo_error)
-        said_ = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
         if left:
-            raise ControllerError(f"queue {name}: could not come up ({said_}); undoing it left {left}: run kiln "
+            why = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
+            raise ControllerError(f"queue {name}: could not come up ({why}); undoing it left {left}: run kiln "
                                   f"down {name}") from None
         if isinstance(error, KeyboardInterrupt):
             raise ControllerError(f"queue {name}: interrupted; everything it had made was removed") from None
@@ -327,28 +345,11 @@ def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: in
                            for shape in draft.shapes)
     return [*made.lines,
             f"queue {name}: slurmctld on its controller {said['host']} ({host.address}; the nodes reach it at "
-            f"{said['address']}:{said['port']}), kiln and {', '.join(shipped_)} shipped there; partitions "
+            f"{said['address']}:{said['port']}), kiln and {', '.join(shipped)} shipped there; partitions "
             f"{partitions}; an idle node is removed after "
             f"{suspend_time_s} s",
             f"  its queue: kiln queue status {name}; its controller: ssh -i {record.ssh.identity} "
             f"-o UserKnownHostsFile={state.known_hosts_path(name)} {login.login}"]
-
-
-class pointed:  # noqa: N801 - a context, read as a phrase
-    """KILN_HOME pointed at `home` for the block (the cluster file written as the controller keeps it)."""
-
-    def __init__(self, home: Path):
-        self.home, self.before = home, None
-
-    def __enter__(self) -> None:
-        self.before = os.environ.get("KILN_HOME")
-        os.environ["KILN_HOME"] = str(self.home)
-
-    def __exit__(self, *_) -> None:
-        if self.before is None:
-            os.environ.pop("KILN_HOME", None)
-        else:
-            os.environ["KILN_HOME"] = self.before
 
 
 # ---------------------------------------------------------------- there: the controller's side
@@ -367,9 +368,14 @@ def point_login(user: str, name: str, conf: str) -> None:
     user's own ssh), the file the user's still."""
     entry = pwd.getpwnam(user)
     profile = Path(entry.pw_dir) / ".profile"
+    if profile.is_symlink():  # root writes it: never where a link of the user's points
+        raise ControllerError(f"{profile} is a link: kiln does not write through it (set SLURM_CONF={conf} there)")
     had = profile.is_file()
+    text = with_profile_line(profile.read_text() if had else "", name, conf)
     # written in place: a login shell reads it whole at its start, and it may be a bind mount (a local node's)
-    profile.write_text(with_profile_line(profile.read_text() if had else "", name, conf))
+    descriptor = os.open(profile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
     if not had:
         os.chown(profile, entry.pw_uid, entry.pw_gid)
 

@@ -26,7 +26,7 @@ def run(verb: str, name: str, nodes: str | None) -> list[str]:
     if verb not in VERBS:
         raise UsageError(f"{verb}: not one of slurmctld's programs ({', '.join(VERBS)})")
     if not nodes:
-        raise UsageError(f"kiln queue {verb}: --nodes HOSTLIST, or a job's number (slurmctld gives it)")
+        raise UsageError(f"{verb}: give the nodes' hostlist, or the job's number (slurmctld gives it)")
     # A program stopped by a kill undoes what it made (slurmctld's own end of a program, SIGTERM to its group then
     # SIGKILL 10 ms later, leaves no such time: its nodes are then powered down and suspended). Set before the
     # signals are unblocked, so one already waiting meets it.

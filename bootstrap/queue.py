@@ -3,8 +3,8 @@ removes when they have been idle.
 
 `up` makes the cluster with every node a slot (none made), then the controller: the cluster's MUNGE key (made
 here, kept in the cluster's folder, readable by root alone), slurm.conf and gres.conf (bootstrap/slurm.py, one pure
-function of the queue), the programs slurmctld runs to make and remove nodes (kiln's own `queue resume`,
-`queue suspend` and `queue resume-fail`), munged and slurmctld. The nodes a partition keeps up are resumed at once,
+function of the queue), the programs slurmctld runs to make and remove nodes (kiln's own resume, suspend and
+resume-fail, bootstrap/programs.py), munged and slurmctld. The nodes a partition keeps up are resumed at once,
 the rest when a job needs them.
 
 `resume` is slurmctld's ResumeProgram: the provider makes the machines (`grow`), each one's Slurm name is given
@@ -14,7 +14,9 @@ down with the reason, and what was made for it is removed. `suspend` (the Suspen
 remove the nodes' machines (`shrink`). One of these verbs runs at a time per cluster (a lock in its folder).
 
 Where the controller runs: on the local provider, on this machine (slurmctld and munged as daemons; the nodes reach
-it at the cluster's bridge). The clouds' controller machine comes next.
+it at the cluster's bridge); on a cloud, on a controller machine of the cluster's, where kiln ships itself and runs
+this module (bootstrap/controller.py), and where each job's folder is carried to its nodes and back (job_start,
+job_end: the nodes do not see its disk).
 
 Who submits: the queue's configuration is this machine's, as a login node's /etc/slurm is (SHARED_ROOT/NAME:
 slurm.conf and what kiln submit needs to know, readable by every user, no secret in it), so any user of this
@@ -43,7 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bootstrap import controller, providers, slurm, state
-from bootstrap.commands import SshOptions, rsync_pull_argv, rsync_push_argv, ssh_argv
+from bootstrap.commands import SshOptions, root_command, root_rsync, rsync_pull_argv, rsync_push_argv, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host, parse_host
 from kiln.shield import shielded
@@ -223,8 +225,14 @@ def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *
     """Make the cluster (every node a slot; with `docker`, each with its own Docker engine, as a cloud image's) and
     its controller; resume the nodes the partitions keep up. Any failure removes what was made. On a cloud, the
     controller is a machine of the cluster's, made with its `options` (bootstrap/controller.py)."""
+    given = sorted(f"--{key.replace('_', '-')}" for key in options or {})
     if provider.kind != "local":
+        if docker:
+            raise UsageError("--docker: a cloud's queue runs its nodes from its image, which has Docker already")
         return controller.up(name, provider, shapes, suspend_time_s=suspend_time_s, options=options or {})
+    if given:
+        raise UsageError(f"{', '.join(given)}: options of a cloud's queue (the local provider's nodes are this "
+                         "machine's)")
     missing = [tool for tool in TOOLS if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin")]
     if missing:
         raise UsageError(f"kiln queue up: {', '.join(missing)} not installed here (Debian: apt-get install "
@@ -574,8 +582,9 @@ def job_start(name: str, job: str, work_dir: str, nodes: str, poll_s: float = 1.
     hosts = joined_hosts(name, slurm.expand(nodes), poll_s)
     options = ssh_options(name, state.load_cluster(name))
     for node, host in hosts.items():
-        carry(rsync_push_argv(folder, host, folder, options, excludes=(), timeout=CARRY_TIMEOUT_S,
-                              one_writer=False), f"job {job}: its folder did not reach {node} ({host.label})")
+        push = rsync_push_argv(folder, host, folder, options, excludes=(), timeout=CARRY_TIMEOUT_S, one_writer=False)
+        push[1:1] = root_rsync(host.user)  # the job's own files, as they are here (its user's)
+        carry(push, f"job {job}: its folder did not reach {node} ({host.label})")
     return [f"job {job}: {folder} copied to {', '.join(hosts)}"]
 
 
@@ -596,9 +605,10 @@ def job_end(name: str, job: str, work_dir: str, nodes: str) -> list[str]:
         host = parse_host(saved.nodes[node]["host"])
         try:
             pull = rsync_pull_argv(host, folder, folder, options, timeout=CARRY_TIMEOUT_S, excludes=("/code/",))
-            pull.insert(1, "--update")  # a file another node wrote anew is not put back as it was sent
+            pull[1:1] = ["--update", *root_rsync(host.user)]  # a file another node wrote anew stays
             carry(pull, f"job {job}: what {node} ({host.label}) wrote did not come back")
-            subprocess.run(ssh_argv(host, f"rm -rf {shlex.quote(folder)}", options), capture_output=True,
+            subprocess.run(ssh_argv(host, root_command(f"rm -rf {shlex.quote(folder)}", host.user), options),
+                           capture_output=True,
                            timeout=JOIN_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except (QueueError, subprocess.TimeoutExpired) as error:
             lines.append(str(error))
@@ -661,8 +671,8 @@ def join(name: str, queue: slurm.Queue, node: str, host: Host, options: SshOptio
     configuration and slurmd under the node's Slurm name."""
     key = (folder(name) / "munge.key").read_bytes()
     script = slurm.join_script(queue, node)
-    done = subprocess.run(ssh_argv(host, script, options), input=base64.b64encode(key), capture_output=True,
-                          timeout=JOIN_TIMEOUT_S, start_new_session=True)
+    done = subprocess.run(ssh_argv(host, root_command(script, host.user), options), input=base64.b64encode(key),
+                          capture_output=True, timeout=JOIN_TIMEOUT_S, start_new_session=True)
     if done.returncode:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         raise QueueError(f"exit {done.returncode}: {said[-1] if said else 'no output'}")

@@ -147,11 +147,16 @@ class ClusterRecord:
         return dict(self.place)
 
 
-def save_cluster(record: ClusterRecord) -> None:
+def cluster_json(record: ClusterRecord) -> dict:
+    """A cluster file's contents (pure)."""
     data = asdict(record)
     data["hosts"] = [host_to_json(h) for h in record.hosts]
     data["place"] = dict(record.place)
-    write_json(cluster_dir(record.name) / "cluster.json", data)
+    return data
+
+
+def save_cluster(record: ClusterRecord) -> None:
+    write_json(cluster_dir(record.name) / "cluster.json", cluster_json(record))
 
 
 def load_cluster(name: str) -> ClusterRecord | None:

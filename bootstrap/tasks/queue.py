@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bootstrap import attached, jobs, programs, providers, queue, slurm, state
 from bootstrap.errors import KilnError, UsageError
+from bootstrap.providers import common
 from bootstrap.session import ssh_options
 from bootstrap.tasks import cluster_task
 from bootstrap.tasks.cluster import user_command
@@ -44,6 +45,8 @@ QUEUE_HELP = {
     "ami": "up --provider aws: the image of its nodes and its controller (default: the newest kiln image)",
     "ssh_cidr": "up on a cloud: who may reach the controller and the nodes over SSH (as kiln up --ssh-cidr)",
     "user": "up on a cloud: the image's login user (as kiln up --user)",
+    "ttl_hours": "up on a cloud: when kiln sweep may remove the queue's cluster (default: the longest, "
+                 f"{common.MAX_TTL_HOURS // 24} days; kiln down removes it any time)",
 }
 
 
@@ -51,7 +54,7 @@ QUEUE_HELP = {
 def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, memory_mib=1000, partition="cpu",
            idle_minutes=5.0, docker=False, nodes=None, job=None, follow=False, login=None, accept_new_host_keys=False,
            folder="kiln-jobs", python="python3", region=None, profile=None, instance_type=None, ami=None,
-           ssh_cidr=None, user=None):
+           ssh_cidr=None, user=None, ttl_hours=None):
     """A Slurm queue on a cluster whose nodes kiln makes when jobs wait and removes when they are idle: up makes
     the cluster (no node yet) and its controller, down removes both (kiln down NAME does too), status shows the
     partitions, the jobs and the nodes up, env prints what sbatch, srun and squeue need to reach it, logs prints a
@@ -66,7 +69,8 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
         seconds = round(float(idle_minutes) * 60)
         if seconds < 1:
             raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
-        given = {"instance_type": instance_type, "ami": ami, "ssh_cidr": ssh_cidr, "user": user}
+        given = {"instance_type": instance_type, "ami": ami, "ssh_cidr": ssh_cidr, "user": user,
+                 "ttl_hours": ttl_hours}
         print("\n".join(queue.up(name, providers.named(provider, {"region": region, "profile": profile}), [shape],
                                   suspend_time_s=seconds, docker=bool(docker),
                                   options={k: v for k, v in given.items() if v is not None})))

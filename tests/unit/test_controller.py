@@ -29,19 +29,20 @@ from bootstrap.errors import UsageError
 from bootstrap.hosts import Host
 
 LINUX_311 = marker_environment("3.11.2", "x86_64")
-PROBED = "python=3.11.2\nmachine=x86_64\nhostname=ip-10-0-0-5\nslurm=slurm-wlm 22.05.8\n"
+PROBED = "python=3.11.2\nmachine=x86_64\nhostname=ip-10-0-0-5\nslurm=slurm-wlm 22.05.8\nhome=/home/ubuntu/\n"
 
 
 def test_the_probe_says_the_controllers_python_machine_name_and_slurm():
     probed = parse_probe(PROBED, "203.0.113.9")
-    assert (probed.python, probed.machine, probed.hostname, probed.slurm) == ("3.11.2", "x86_64", "ip-10-0-0-5",
-                                                                               "22.05.8")
+    assert (probed.python, probed.machine, probed.hostname, probed.slurm, probed.home) == (
+        "3.11.2", "x86_64", "ip-10-0-0-5", "22.05.8", "/home/ubuntu")
 
 
 @pytest.mark.parametrize(("said", "named"), [
     ("python=3.9.2\nmachine=x86_64\n", "python3 of 3.11 or later (3.9.2)"),
     ("machine=x86_64\n", "python3 of 3.11 or later (none)"),
     (PROBED + "missing=slurmctld\nmissing=munged\n", "lacks slurmctld, munged: is it a kiln image"),
+    (PROBED.replace("home=/home/ubuntu/", "home=/home/a b"), "home /home/a b cannot hold the jobs' folders"),
 ])
 def test_a_controller_without_what_kiln_runs_there_is_refused_naming_it(said, named):
     with pytest.raises(ControllerError, match="203.0.113.9") as refused:
