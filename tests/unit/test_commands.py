@@ -158,3 +158,13 @@ def test_waiting_for_a_node_takes_descriptors_above_1023():
         for descriptor in (read, write, high):
             os.close(descriptor)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_root_is_reached_through_sudo_where_the_login_is_another_users():
+    from bootstrap.commands import root_command, root_rsync
+
+    assert root_command("slurmd -N q-cpu-0", "root") == "slurmd -N q-cpu-0"
+    assert root_command("slurmd -N q-cpu-0", None) == "slurmd -N q-cpu-0"
+    assert root_command("rm -rf '/home/ubuntu/kiln/jobs/r 1'", "ubuntu") == \
+        "sudo -n sh -c 'rm -rf '\"'\"'/home/ubuntu/kiln/jobs/r 1'\"'\"''"
+    assert root_rsync("root") == [] and root_rsync("ubuntu") == ["--rsync-path=sudo -n rsync"]
