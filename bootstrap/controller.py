@@ -38,7 +38,7 @@ from pathlib import Path
 
 import bootstrap
 import kiln
-from bootstrap import slurm, state
+from bootstrap import attached, queue, slurm, state
 from bootstrap.commands import SshOptions, root_command, root_rsync, rsync_push_argv, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host
@@ -54,9 +54,6 @@ JOBS = "kiln/jobs"  # the jobs' folders, under the login user's home there: each
 SDKS: dict[str, tuple[str, ...]] = {"aws": ("boto3",)}
 KILN_NEEDS = ("rich",)  # what kiln's queue imports besides the standard library
 PACKAGES = (bootstrap, kiln)  # kiln's own
-# The settings the controller's programs keep from the operator's environment: where each cloud's API is, where
-# it is not the cloud's own (never a credential)
-SETTINGS = ("KILN_AWS_ENDPOINT_URL",)
 PROBE_TIMEOUT_S = 60
 SHIP_TIMEOUT_S = 300
 START_TIMEOUT_S = 180
@@ -169,8 +166,8 @@ def controller_record(record: state.ClusterRecord, home: str) -> state.ClusterRe
 
 
 def settings_of(environ: Mapping[str, str]) -> dict[str, str]:
-    """The operator's settings the controller's programs keep (SETTINGS that are set) (pure)."""
-    return {key: environ[key] for key in SETTINGS if environ.get(key)}
+    """The operator's settings the controller's programs keep (queue.SETTINGS that are set) (pure)."""
+    return {key: environ[key] for key in queue.SETTINGS if environ.get(key)}
 
 
 def serve_argv(verb: str, name: str) -> str:
@@ -296,13 +293,21 @@ class Controller:
                                   "queue runs") from None
 
 
-def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int,
-       options: Mapping[str, object]) -> list[str]:
-    """Make the cluster (no node: Slurm asks for each) and its controller machine, ship kiln there and start the
-    queue on it; keep what the queue verbs need to reach it as a login node. Any failure (or a Ctrl-C) removes what
-    was made: the cluster's down ends the controller first."""
-    from bootstrap import attached, queue
-
+def up(name: str, provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int, docker: bool = False,
+       options: Mapping[str, object] | None = None) -> list[str]:
+    """Make a queue: on the local provider, its controller on this machine (queue.up); on a cloud, the cluster (no
+    node: Slurm asks for each) and its controller machine, with kiln shipped there and the queue started on it, and
+    what the queue verbs need to reach it as a login node kept here. Any failure (or a Ctrl-C) removes what was
+    made: the cluster's down ends the controller first."""
+    given = sorted(f"--{key.replace('_', '-')}" for key in options or {})
+    if provider.kind == "local":
+        if given:
+            raise UsageError(f"{', '.join(given)}: options of a cloud's queue (the local provider's nodes are this "
+                             "machine's)")
+        return queue.up(name, provider, shapes, suspend_time_s=suspend_time_s, docker=docker)
+    if docker:
+        raise UsageError("--docker: a cloud's queue runs its nodes from its image, which has Docker already")
+    options = options or {}
     if provider.kind not in SDKS:  # before anything is made
         raise UsageError(f"kiln queue up --provider {provider.kind}: a queue's controller machine runs on "
                          f"{', '.join(sorted(SDKS))} for now")
@@ -384,13 +389,11 @@ def serve(verb: str, name: str, asked: Mapping) -> dict:
     """kiln's side on the controller. `start`: the queue of `asked` (its shapes, SuspendTime, the operator's
     settings) planned for this machine (its host name, the address the nodes reach), then its MUNGE key (made here),
     configuration, programs, munged and slurmctld (queue.start_controller), and the login user's SLURM_CONF."""
-    from bootstrap import queue
-
     if verb != "start":
         raise UsageError(f"{verb}: the controller's verbs are: start")
     shapes = [slurm.Shape(**shape) for shape in asked["shapes"]]
     os.environ.update({key: str(value) for key, value in dict(asked.get("settings") or {}).items()
-                       if key in SETTINGS})
+                       if key in queue.SETTINGS})
     planned = queue.plan_queue(name, shapes, socket.gethostname(), outward_address(), queue.folder(name),
                                int(asked["suspend_time_s"]), cloud=True)
     queue.start_controller(name, planned, docker=True)

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from bootstrap import controller, providers, slurm, state
+from bootstrap import providers, slurm, state
 from bootstrap.commands import SshOptions, root_command, root_rsync, rsync_pull_argv, rsync_push_argv, ssh_argv
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.hosts import Host, parse_host
@@ -56,6 +56,9 @@ PROGRAMS = ("resume", "suspend", "resume-fail", "lost")
 NODE_DIR = "/var/lib/kiln-slurm"
 JOIN_TIMEOUT_S = 120
 CARRY_TIMEOUT_S = 600  # rsync's own bound on a job's folder that stalls, to a node or back
+# The settings slurmctld's programs keep from the operator's environment besides kiln's own: where each cloud's API
+# is, where it is not the cloud's own (never a credential); a cloud's controller machine gets them too
+SETTINGS = ("KILN_AWS_ENDPOINT_URL",)
 SHARED_ROOT = Path("/run/kiln/queues")  # SHARED_ROOT/NAME: a queue's configuration, for every user of this machine
 LOCK_TIMEOUT_S = 900  # a resume of many nodes holds the lock while it makes and joins them
 TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "munged", "runuser")
@@ -213,7 +216,7 @@ def kiln_argv() -> list[str]:
 def program_env() -> dict[str, str]:
     """The settings kiln runs with here, which slurmctld's programs keep (slurmctld's own environment is not the
     operator's)."""
-    kept = ("KILN_HOME", "KILN_RUNS", "HOME", "PATH", "PYTHONPATH", *controller.SETTINGS)
+    kept = ("KILN_HOME", "KILN_RUNS", "HOME", "PATH", "PYTHONPATH", *SETTINGS)
     return {key: os.environ[key] for key in kept if os.environ.get(key)}
 
 
@@ -221,18 +224,13 @@ def program_env() -> dict[str, str]:
 
 
 def up(name: str, provider: providers.Provider, shapes: Sequence[slurm.Shape], *, suspend_time_s: int,
-       docker: bool = False, options: dict | None = None) -> list[str]:
+       docker: bool = False) -> list[str]:
     """Make the cluster (every node a slot; with `docker`, each with its own Docker engine, as a cloud image's) and
-    its controller; resume the nodes the partitions keep up. Any failure removes what was made. On a cloud, the
-    controller is a machine of the cluster's, made with its `options` (bootstrap/controller.py)."""
-    given = sorted(f"--{key.replace('_', '-')}" for key in options or {})
+    its controller on this machine (the local provider; a cloud's: bootstrap/controller.py); resume the nodes the
+    partitions keep up. Any failure removes what was made."""
     if provider.kind != "local":
-        if docker:
-            raise UsageError("--docker: a cloud's queue runs its nodes from its image, which has Docker already")
-        return controller.up(name, provider, shapes, suspend_time_s=suspend_time_s, options=options or {})
-    if given:
-        raise UsageError(f"{', '.join(given)}: options of a cloud's queue (the local provider's nodes are this "
-                         "machine's)")
+        raise UsageError(f"kiln queue up --provider {provider.kind}: its controller is a machine of the cluster's "
+                         "(bootstrap/controller.py up)")
     missing = [tool for tool in TOOLS if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin")]
     if missing:
         raise UsageError(f"kiln queue up: {', '.join(missing)} not installed here (Debian: apt-get install "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bootstrap import attached, jobs, programs, providers, queue, slurm, state
+from bootstrap import attached, controller, jobs, programs, providers, queue, slurm, state
 from bootstrap.errors import KilnError, UsageError
 from bootstrap.providers import common
 from bootstrap.session import ssh_options
@@ -71,9 +71,9 @@ def queue_(c, verb, name, provider="local", max_nodes=2, min_nodes=0, cpus=1, me
             raise UsageError(f"--idle-minutes {idle_minutes}: give at least a second's worth (0.02)")
         given = {"instance_type": instance_type, "ami": ami, "ssh_cidr": ssh_cidr, "user": user,
                  "ttl_hours": ttl_hours}
-        print("\n".join(queue.up(name, providers.named(provider, {"region": region, "profile": profile}), [shape],
-                                  suspend_time_s=seconds, docker=bool(docker),
-                                  options={k: v for k, v in given.items() if v is not None})))
+        print("\n".join(controller.up(name, providers.named(provider, {"region": region, "profile": profile}),
+                                       [shape], suspend_time_s=seconds, docker=bool(docker),
+                                       options={k: v for k, v in given.items() if v is not None})))
     elif verb == "attach":
         if not login:
             raise UsageError(f"kiln queue attach {name}: give --login USER@HOST of the cluster's login node")
