@@ -420,7 +420,9 @@ def test_down_leaves_no_daemon_key_or_namespace(queue):
 
 def test_bad_input_is_one_line_naming_it():
     for argv, named in ((("queue", "frob", NAME), "kiln queue frob"),
-                        (("queue", "up", NAME, "--provider", "aws"), "--provider aws"),
+                        (("queue", "up", NAME, "--provider", "gcp"), "--provider gcp"),
+                        (("queue", "up", NAME, "--provider", "aws", "--region", "us-east-1"), "--ssh-cidr"),
+                        (("queue", "up", NAME, "--instance-type", "g5.xlarge"), "--instance-type"),
                         (("queue", "up", NAME, "--max-nodes", "0"), "--max-nodes 0"),
                         (("queue", "status", "nosuch"), "nosuch"),
                         (("queue", "logs", NAME), "--job"),
